@@ -1,0 +1,13 @@
+"""torchherd's engine: configs, supervised training processes and their events; no UI code.
+
+Import what you need from here; importing it loads neither torch nor Textual.
+"""
+from engine.check import CheckReport, check_config
+from engine.config import ConfigError, Problem, RunConfig, load_config
+from engine.messages import Event
+from engine.states import WorkerState
+from engine.supervisor import PipelineView, Supervisor
+from engine.task import Task
+
+__all__ = ["CheckReport", "ConfigError", "Event", "PipelineView", "Problem", "RunConfig", "Supervisor", "Task",
+           "WorkerState", "check_config", "load_config"]

@@ -1,0 +1,90 @@
+"""Atomic checkpoints: write to a temporary file, fsync, then rename; keep the previous one.
+
+`save_checkpoint` never leaves a half-written file under a checkpoint's name, and
+`load_latest` falls back to the previous checkpoint when the newest cannot be read,
+saying why.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+LAST = "last.pt"
+PREV = "prev.pt"
+BEST = "best.pt"
+
+
+class CheckpointError(Exception):
+    """A checkpoint could not be written; the previous one is untouched."""
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, state: dict[str, Any]) -> None:
+    """Save `state` with torch.save to `path` so a crash leaves the old file or the new, never half."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"could not write {path}: {exc.strerror or exc}") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(directory: Path, state: dict[str, Any], name: str = LAST) -> Path:
+    """Write `name` in `directory`; for 'last', the one it replaces becomes 'prev'."""
+    path = directory / name
+    if name != LAST:
+        write_atomic(path, state)
+        return path
+    tmp_new = directory / ".last.new.pt"
+    write_atomic(tmp_new, state)  # fails here on a full disk, before anything is moved
+    if path.exists():
+        os.replace(path, directory / PREV)
+    os.replace(tmp_new, path)
+    _fsync_dir(directory)
+    return path
+
+
+def load_latest(directory: Path, map_location: Any = "cpu") -> tuple[dict[str, Any] | None, Path | None, str]:
+    """The newest readable checkpoint in `directory`: (state, path, note). Nothing there: (None, None, "")."""
+    import torch
+
+    notes = []
+    for name in (LAST, ".last.new.pt", PREV):
+        path = directory / name
+        if not path.exists():
+            continue
+        try:
+            state = torch.load(path, map_location=map_location, weights_only=False)
+            if not isinstance(state, dict) or "model" not in state:
+                raise ValueError("not a torchherd checkpoint")
+        except Exception as exc:  # truncated, corrupt, wrong format
+            notes.append(f"{name} unreadable ({type(exc).__name__}: {str(exc)[:120]})")
+            continue
+        if notes:
+            notes.append(f"resumed from {name}")
+        return state, path, "; ".join(notes)
+    return None, None, "; ".join(notes)

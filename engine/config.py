@@ -1,0 +1,353 @@
+"""The run configuration: a typed schema for torchherd TOML files and its loader.
+
+`load_config(path)` returns a validated `RunConfig` or raises `ConfigError`,
+which lists every problem with the file, the key path and what is wrong.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+BUILTIN_TASKS = ("regression", "digits")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config: where, and what."""
+
+    file: str
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.message}" if self.key else f"{self.file}: {self.message}"
+
+
+class ConfigError(Exception):
+    """A config that cannot be run; `problems` lists every reason."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class _Strict(BaseModel):
+    # strict: "3" is not 3; a wrong type in a config is a mistake to report.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class PipelineSettings(_Strict):
+    """Settings a pipeline takes; `[defaults]` holds the same keys."""
+
+    task: str | None = Field(None, description=(
+        "What to train: a built-in task name (regression, digits), 'path/to/file.py:build' "
+        "(relative to the config file) or 'package.module:build'."))
+    params: dict[str, Any] = Field(default_factory=dict, description=(
+        "Free-form parameters passed to the task factory; [defaults] params are merged under "
+        "each pipeline's."))
+    priority: int = Field(0, description="Higher starts first when pipelines wait for a device slot.")
+    max_epochs: int = Field(10, ge=1, description="Train at most this many epochs.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps in all.")
+    max_time: float | None = Field(None, gt=0, description="Stop after this much training time (seconds).")
+    batch_size: int = Field(32, ge=1, description="Samples per batch when the task returns a Dataset.")
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = Field("32", description=(
+        "Numeric precision: 32 (float32), bf16-mixed (autocast to bfloat16), 16-mixed "
+        "(autocast to float16 with a gradient scaler)."))
+    compile: bool = Field(False, description="Wrap the model in torch.compile (slow first steps).")
+    float32_matmul_precision: Literal["highest", "high", "medium"] = Field("highest", description=(
+        "torch.set_float32_matmul_precision: 'high' or 'medium' allow TF32 on GPUs that have it."))
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes per pipeline.")
+    pin_memory: bool = Field(False, description="DataLoader pin_memory (speeds host-to-GPU copies).")
+    persistent_workers: bool = Field(False, description="Keep DataLoader workers alive between epochs.")
+    accumulate_grad_batches: int = Field(1, ge=1, description="Batches whose gradients add up per optimizer step.")
+    log_every_n_steps: int = Field(10, ge=1, description="Report the mean loss every this many optimizer steps.")
+    checkpoint_every_n_epochs: int = Field(1, ge=1, description="Write the 'last' checkpoint every this many epochs.")
+    gpu_memory_fraction: float | None = Field(None, gt=0, le=1, description=(
+        "Cap on this pipeline's share of its GPU's memory (0-1], so it cannot starve a neighbour."))
+    seed: int = Field(0, description="Seed for torch's generators and the data order.")
+    nan_policy: Literal["warn", "stop", "restart"] = Field("stop", description=(
+        "When the training loss is NaN or infinite: warn and carry on, stop the pipeline as failed, "
+        "or restart it from its last checkpoint."))
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_from_int(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class Pipeline(PipelineSettings):
+    """One independent training pipeline."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
+        "Unique name; also the pipeline's folder in the run directory."))
+    task: str = Field(..., description=PipelineSettings.model_fields["task"].description)
+    task_ref: str = Field("", description="The task as resolved (absolute file path); filled in by the loader.")
+
+
+class DevicesConfig(_Strict):
+    """Where workers run."""
+
+    placement: str | list[int] = Field("auto", description=(
+        "'auto' (every visible GPU, else CPU slots), 'cpu', or a list of GPU indices."))
+
+    @field_validator("placement", mode="before")
+    @classmethod
+    def _placement(cls, v: Any) -> Any:
+        if v in ("auto", "cpu"):
+            return v
+        if isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                             for i in v):
+            if len(set(v)) != len(v):
+                raise ValueError(f"lists a GPU twice (got {v!r})")
+            return v
+        raise ValueError(f"must be 'auto', 'cpu' or a list of GPU indices like [0, 1] (got {v!r})")
+    cpu_slots: int | Literal["auto"] = Field("auto", description=(
+        "How many CPU workers run at once; 'auto' is the core count over threads_per_worker."))
+    threads_per_worker: int = Field(1, ge=1, description="torch threads for each CPU worker.")
+
+    @field_validator("cpu_slots")
+    @classmethod
+    def _positive_slots(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1 or 'auto'")
+        return v
+
+
+class ValidationConfig(_Strict):
+    """How and when the weights are scored on validation data."""
+
+    mode: Literal["inline", "off"] = Field("inline", description=(
+        "'inline' validates in the worker at epoch end; 'off' never validates."))
+    every_n_epochs: int = Field(1, ge=1, description="Validate every this many epochs.")
+    metric: str = Field("val_loss", description="The metric that decides the best checkpoint.")
+    metric_mode: Literal["min", "max"] = Field("min", description="Whether lower or higher `metric` is better.")
+
+
+class RestartConfig(_Strict):
+    """What happens when a worker dies unexpectedly."""
+
+    max_restarts: int = Field(3, ge=0, description="Restarts allowed per pipeline after crashes.")
+    backoff: float = Field(1.0, ge=0, description="Delay before the first restart (seconds); doubles per failed start.")
+    backoff_max: float = Field(30.0, ge=0, description="Longest delay between restarts (seconds).")
+    min_uptime: float = Field(5.0, ge=0, description=(
+        "A worker that dies sooner than this (seconds) counts as a failed start."))
+    max_failed_starts: int = Field(3, ge=1, description="Consecutive failed starts after which the pipeline fails.")
+    kill_grace: float = Field(5.0, gt=0, description="Seconds between SIGTERM and SIGKILL when killing.")
+    stop_timeout: float = Field(120.0, gt=0, description=(
+        "Seconds a graceful stop may take (finish the step, checkpoint) before the worker is killed."))
+
+
+class TelemetryConfig(_Strict):
+    """How often GPU and process figures are read and saved."""
+
+    interval: float = Field(1.0, gt=0, description="Seconds between telemetry samples (NVML and psutil).")
+    persist_every: float = Field(10.0, gt=0, description="Seconds between samples written to telemetry.jsonl.")
+    enabled: bool = Field(True, description="Sample at all; off saves the sampler's fraction of a core.")
+
+
+class RunConfig(_Strict):
+    """A whole torchherd config file."""
+
+    name: str = Field("", description="Name of the run; defaults to the file name.")
+    runs_dir: str = Field("runs", description="Where run directories go (relative to the working directory).")
+    defaults: PipelineSettings = Field(default_factory=PipelineSettings, description=(
+        "Settings every pipeline inherits unless it sets its own."))
+    pipelines: list[Pipeline] = Field(..., min_length=1, description="The pipelines to train ([[pipelines]] tables).")
+    devices: DevicesConfig = Field(default_factory=DevicesConfig, description="Device placement.")
+    validation: ValidationConfig = Field(default_factory=ValidationConfig, description="Validation settings.")
+    restart: RestartConfig = Field(default_factory=RestartConfig, description="Restart policy.")
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="Telemetry sampling.")
+    source: str = Field("", description="The file this config was read from; filled in by the loader.")
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _message(err: dict[str, Any], fields: list[str]) -> str:
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        name = str(err["loc"][-1])
+        close = difflib.get_close_matches(name, fields, n=1)
+        if close:
+            return f"unknown key (did you mean '{close[0]}'?)"
+        if "params" in fields:
+            return "unknown key (task parameters go in the pipeline's params table)"
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    msg = err.get("msg", "invalid")
+    if msg.startswith("Value error, "):
+        return msg[len("Value error, "):]
+    if "input" in err and kind not in ("model_type", "list_type", "dict_type"):
+        msg += f" (got {err['input']!r})"
+    return msg
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Known keys of the table that `loc` points into (for 'did you mean')."""
+    names = list(model.model_fields)
+    if len(loc) >= 2:
+        first = loc[0]
+        sub = {"defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig,
+               "validation": ValidationConfig, "restart": RestartConfig,
+               "telemetry": TelemetryConfig}.get(first)
+        if sub is not None:
+            names = list(sub.model_fields)
+    return [n for n in names if n not in ("task_ref", "source")]
+
+
+def _problems(exc: ValidationError, file: str, model: type[BaseModel], prefix: tuple = ()) -> list[Problem]:
+    out = []
+    for err in exc.errors():
+        loc = prefix + tuple(err["loc"])
+        # Pydantic reports a Literal|list union twice; keep the literal message only.
+        if any(isinstance(p, str) and p.startswith(("list[", "literal[", "int")) for p in loc[1:]) and \
+                err.get("type") not in ("extra_forbidden", "missing"):
+            loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith(("list[", "literal[", "int"))))
+        out.append(Problem(file, _key_path(loc), _message(err, _fields_at(model, loc))))
+    seen, unique = set(), []
+    for p in out:
+        if (p.key, p.message) not in seen:
+            seen.add((p.key, p.message))
+            unique.append(p)
+    return unique
+
+
+def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
+    """Turn a task string into an absolute reference, or say what is wrong with it."""
+    if task in BUILTIN_TASKS:
+        return task, None
+    if ":" not in task:
+        return task, (f"unknown task {task!r}: use a built-in task ({', '.join(BUILTIN_TASKS)}), "
+                      "'path/to/file.py:build' or 'package.module:build'")
+    target, _, attr = task.rpartition(":")
+    if not attr.isidentifier():
+        return task, f"{attr!r} after ':' is not a Python name"
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_absolute():
+            path = (base_dir / path).resolve()
+        if not path.is_file():
+            return task, f"task file not found: {path}"
+        return f"{path}:{attr}", None
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as exc:
+        return task, f"cannot find module {target!r}: {exc}"
+    if spec is None:
+        return task, f"cannot find module {target!r} (is it installed or on PYTHONPATH?)"
+    return task, None
+
+
+def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) -> RunConfig:
+    """Validate a decoded TOML document; raise ConfigError naming every problem."""
+    base_dir = base_dir or Path(file).resolve().parent
+    problems: list[Problem] = []
+    raw = dict(data)
+    raw_defaults = raw.get("defaults", {})
+    raw_pipelines = raw.get("pipelines")
+    if not isinstance(raw_defaults, dict):
+        problems.append(Problem(file, "defaults", "must be a table ([defaults])"))
+        raw_defaults = {}
+    try:
+        PipelineSettings.model_validate(raw_defaults)
+    except ValidationError as exc:
+        problems += _problems(exc, file, RunConfig, ("defaults",))
+
+    if raw_pipelines is None:
+        problems.append(Problem(file, "pipelines", "no pipelines: add at least one [[pipelines]] table"))
+        raw_pipelines = []
+    elif not isinstance(raw_pipelines, list) or not all(isinstance(p, dict) for p in raw_pipelines):
+        problems.append(Problem(file, "pipelines", "must be an array of tables ([[pipelines]])"))
+        raw_pipelines = []
+    elif not raw_pipelines:
+        problems.append(Problem(file, "pipelines", "no pipelines: add at least one [[pipelines]] table"))
+
+    merged_pipelines = []
+    names: dict[str, int] = {}
+    for i, pipe in enumerate(raw_pipelines):
+        merged = {**raw_defaults, **pipe}
+        merged["params"] = {**raw_defaults.get("params", {}), **pipe.get("params", {})} \
+            if isinstance(raw_defaults.get("params", {}), dict) and isinstance(pipe.get("params", {}), dict) \
+            else pipe.get("params", {})
+        try:
+            model = Pipeline.model_validate(merged)
+        except ValidationError as exc:
+            for p in _problems(exc, file, RunConfig, ("pipelines", i)):
+                key = p.key.split(".", 1)[1] if "." in p.key else ""
+                if key.split("[")[0] in raw_defaults and key.split("[")[0] not in pipe:
+                    continue  # reported once, under [defaults]
+                if key == "task" and p.message == "required key is missing":
+                    p = Problem(file, p.key, "required key is missing (set it here or in [defaults])")
+                problems.append(p)
+            merged_pipelines.append(None)
+            continue
+        if model.name in names:
+            problems.append(Problem(file, f"pipelines[{i}].name",
+                                    f"duplicate name {model.name!r} (also pipelines[{names[model.name]}])"))
+        names[model.name] = i
+        ref, err = resolve_task(model.task, base_dir)
+        if err:
+            where = f"pipelines[{i}].task" if "task" in pipe else "defaults.task"
+            problem = Problem(file, where, err)
+            if problem not in problems:
+                problems.append(problem)
+        merged_pipelines.append(model.model_copy(update={"task_ref": ref}))
+
+    rest = {k: v for k, v in raw.items() if k not in ("defaults", "pipelines")}
+    try:
+        top = RunConfig.model_validate({**rest, "pipelines": [{"name": "x", "task": "regression"}]})
+    except ValidationError as exc:
+        problems += _problems(exc, file, RunConfig)
+        top = None
+    if problems:
+        raise ConfigError(problems)
+    assert top is not None
+    name = top.name or Path(file).stem
+    return top.model_copy(update={
+        "name": name,
+        "defaults": PipelineSettings.model_validate(raw_defaults),
+        "pipelines": merged_pipelines,
+        "source": str(Path(file).resolve()) if os.path.exists(file) else file,
+    })
+
+
+def load_config(path: str | os.PathLike[str]) -> RunConfig:
+    """Read and validate a torchherd TOML file."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([Problem(file, "", "file not found")]) from None
+    except OSError as exc:
+        raise ConfigError([Problem(file, "", f"cannot read: {exc.strerror}")]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([Problem(file, "", f"TOML syntax error: {exc}")]) from None
+    return parse_config(data, file, Path(path).resolve().parent)
+
+
+def describe_fields() -> dict[str, dict[str, str]]:
+    """Every config table's keys and their descriptions (for docs and the app)."""
+    tables = {"(top level)": RunConfig, "pipelines / defaults": Pipeline, "devices": DevicesConfig,
+              "validation": ValidationConfig, "restart": RestartConfig, "telemetry": TelemetryConfig}
+    return {t: {n: f.description or "" for n, f in m.model_fields.items() if n not in ("task_ref", "source")}
+            for t, m in tables.items()}

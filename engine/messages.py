@@ -1,0 +1,402 @@
+"""Every message that crosses a process boundary: events up, commands down.
+
+Each is a frozen, picklable dataclass of primitives stamped with wall-clock
+`time` (seconds since the epoch) and a `type` tag; `to_record` and
+`from_record` turn them into the JSON objects of `events.jsonl` and back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time as _time
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+def _now() -> float:
+    return _time.time()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Message:
+    """Base of every message; `type` names it in JSON."""
+
+    type: ClassVar[str] = "message"
+    time: float = field(default_factory=_now)
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Event(Message):
+    """Base of everything the engine reports."""
+
+    type: ClassVar[str] = "event"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunStarted(Event):
+    """A run began: its id, directory and the pipelines it will train."""
+
+    type: ClassVar[str] = "run_started"
+    run_id: str
+    run_dir: str
+    config_path: str
+    pipelines: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineQueued(Event):
+    """A pipeline was added and waits for a free device slot."""
+
+    type: ClassVar[str] = "pipeline_queued"
+    pipeline: str
+    priority: int
+    position: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerStarted(Event):
+    """A worker process was spawned for a pipeline on a device."""
+
+    type: ClassVar[str] = "worker_started"
+    pipeline: str
+    pid: int
+    device: str
+    attempt: int
+    gpu_uuid: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerStateChanged(Event):
+    """A worker moved from one lifecycle state to another."""
+
+    type: ClassVar[str] = "worker_state"
+    pipeline: str
+    state: str
+    previous: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingStarted(Event):
+    """A worker built its task and is about to train (from `epoch`, `step` when resuming)."""
+
+    type: ClassVar[str] = "training_started"
+    pipeline: str
+    epoch: int
+    step: int
+    epochs_total: int
+    steps_per_epoch: int
+    device: str
+    parameters: int  # number of model parameters
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepMetrics(Event):
+    """Training progress at a reporting interval (losses averaged over it)."""
+
+    type: ClassVar[str] = "step"
+    pipeline: str
+    epoch: int
+    step: int
+    loss: float
+    lr: float
+    samples_per_s: float
+    dropped: int = 0  # step reports coalesced away before this one
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpochEnd(Event):
+    """A training epoch finished: its mean loss and how long it took."""
+
+    type: ClassVar[str] = "epoch_end"
+    pipeline: str
+    epoch: int
+    step: int
+    train_loss: float
+    duration: float  # seconds
+    samples_per_s: float
+    epochs_total: int
+    steps_per_epoch: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointSaved(Event):
+    """A checkpoint was written atomically."""
+
+    type: ClassVar[str] = "checkpoint_saved"
+    pipeline: str
+    path: str
+    epoch: int
+    step: int
+    reason: str  # "epoch", "stop", "request", "best"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resumed(Event):
+    """A worker resumed from a checkpoint instead of starting fresh."""
+
+    type: ClassVar[str] = "resumed"
+    pipeline: str
+    path: str
+    epoch: int
+    step: int
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ValResult(Event):
+    """Validation scores of the weights from a given epoch and step."""
+
+    type: ClassVar[str] = "val_result"
+    pipeline: str
+    epoch: int
+    step: int
+    metrics: dict[str, float]
+    latency: float = 0.0  # seconds from weight hand-off to result
+    mode: str = "inline"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerError(Event):
+    """A worker caught an exception; sent before it exits non-zero."""
+
+    type: ClassVar[str] = "worker_error"
+    pipeline: str
+    error: str  # "ExceptionType: message"
+    traceback: str
+    where: str  # "build", "train", "validate", "checkpoint"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerExited(Event):
+    """A worker process ended: exit code or signal, and why if known."""
+
+    type: ClassVar[str] = "worker_exited"
+    pipeline: str
+    pid: int
+    attempt: int
+    exit_code: int | None
+    signal: str = ""
+    reason: str = ""  # "completed", "stopped", "killed", "crashed", ...
+    error: str = ""
+    traceback: str = ""
+    uptime: float = 0.0  # seconds
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerRestarting(Event):
+    """A pipeline will be restarted after a delay."""
+
+    type: ClassVar[str] = "worker_restarting"
+    pipeline: str
+    attempt: int
+    delay: float  # seconds
+    restarts_left: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineFinished(Event):
+    """A pipeline reached its final status."""
+
+    type: ClassVar[str] = "pipeline_finished"
+    pipeline: str
+    status: str  # completed / failed / stopped / killed
+    reason: str = ""
+    epoch: int = 0
+    step: int = 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Notice(Event):
+    """Something a person should read that is not a failure (NaN loss, ...)."""
+
+    type: ClassVar[str] = "notice"
+    pipeline: str = ""
+    level: str = "warning"  # "info", "warning", "error"
+    text: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunFinished(Event):
+    """Every pipeline of the run reached a final status."""
+
+    type: ClassVar[str] = "run_finished"
+    ok: bool
+    statuses: dict[str, str]
+
+
+# --------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Command(Message):
+    """Base of everything the supervisor tells a worker."""
+
+    type: ClassVar[str] = "command"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stop(Command):
+    """Finish the current step, checkpoint and exit 0."""
+
+    type: ClassVar[str] = "stop"
+    reason: str = "requested"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Pause(Command):
+    """Hold before the next step until Resume (or Stop) arrives."""
+
+    type: ClassVar[str] = "pause"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Resume(Command):
+    """Carry on after Pause."""
+
+    type: ClassVar[str] = "resume"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointNow(Command):
+    """Write a checkpoint after the current step."""
+
+    type: ClassVar[str] = "checkpoint"
+
+
+# --------------------------------------------------------------- telemetry
+# A value that could not be read (no driver, no permission, a process that
+# vanished, a first reading with nothing to compare against) is None: a marked
+# absence, never an exception. GpuProcess, GpuSample and ProcessSample are parts
+# of a TelemetrySnapshot, not events of their own.
+
+OWNER_OTHER = "other"  # a process outside our workers' trees, seen in our pid namespace
+OWNER_UNKNOWN = "unknown owner"  # a pid we cannot place (gone, or a host pid inside a container)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU, the memory it holds, and whose it is."""
+
+    pid: int  # as NVML reports it; a host pid when we run in a container
+    used_memory: int | None  # bytes
+    owner: str  # a pipeline name, OWNER_OTHER or OWNER_UNKNOWN
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuSample:
+    """One GPU's readings in one sampling pass."""
+
+    index: int  # NVML (physical) index
+    uuid: str
+    name: str
+    util_gpu: int | None = None  # percent of the last sample period a kernel ran
+    util_mem: int | None = None  # percent of it the memory controller was busy
+    mem_used: int | None = None  # bytes
+    mem_total: int | None = None  # bytes
+    temperature: int | None = None  # degrees Celsius
+    power_draw: float | None = None  # watts
+    power_limit: float | None = None  # watts (enforced limit)
+    processes: tuple[GpuProcess, ...] | None = None
+    mem_other: int | None = None  # bytes held by processes that are not our workers'
+    note: str = ""  # why readings are missing, e.g. "GPU is lost"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProcessSample:
+    """A worker process and its descendants (DataLoader workers ...), summed."""
+
+    pipeline: str
+    pid: int
+    cpu_percent: float | None  # percent of one core (can exceed 100); None on its first pass
+    rss: int | None  # bytes; pages shared between forked children count once per process
+    children: int  # descendants counted into the figures
+    gpu_memory: int | None = None  # bytes on all GPUs; None when no GPU could be read
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TelemetrySnapshot(Event):
+    """GPU, worker and host readings from one sampling pass."""
+
+    type: ClassVar[str] = "telemetry"
+    gpus: tuple[GpuSample, ...] = ()
+    processes: tuple[ProcessSample, ...] = ()
+    host_cpu_percent: float | None = None  # percent of all cores
+    host_mem_used: int | None = None  # bytes (total minus available)
+    host_mem_total: int | None = None  # bytes
+    load1: float | None = None  # 1-minute load average
+    sample_ms: float = 0.0  # milliseconds the pass took
+    gpu_note: str = ""  # one line on why there are no GPUs, when there are none
+
+
+# ------------------------------------------------------------ JSON records
+
+_TYPES: dict[str, type[Message]] = {}
+
+
+def _register(cls: type[Message]) -> None:
+    for sub in cls.__subclasses__():
+        _TYPES[sub.type] = sub
+        _register(sub)
+
+
+_register(Message)
+
+
+def to_record(msg: Message) -> dict[str, Any]:
+    """The JSON-ready dict of a message, with its `type` first."""
+    record: dict[str, Any] = {"type": msg.type}
+    for f in dataclasses.fields(msg):
+        record[f.name] = _plain(getattr(msg, f.name))
+    return record
+
+
+def _plain(value: Any) -> Any:
+    """A field in JSON-ready form: tuples become lists, nested dataclasses dicts."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def from_record(record: dict[str, Any]) -> Message:
+    """Rebuild a message from `to_record` output; unknown fields are ignored."""
+    cls = _TYPES.get(record.get("type", ""))
+    if cls is None:
+        raise ValueError(f"unknown message type {record.get('type')!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    hints = _hints(cls)
+    kwargs = {k: _decode(hints.get(k), v) for k, v in record.items() if k in names}
+    return cls(**kwargs)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not resolve: lists still become tuples
+        return {}
+
+
+def _decode(hint: Any, value: Any) -> Any:
+    """Undo `_plain` by the field's annotation: lists become tuples, dicts dataclasses."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`
+        hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
+    if isinstance(value, list):
+        args = typing.get_args(hint)  # tuple[X, ...] -> (X, Ellipsis)
+        return tuple(_decode(args[0] if args else None, v) for v in value)
+    if isinstance(value, dict) and isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        hints = _hints(hint)
+        return hint(**{k: _decode(hints.get(k), v) for k, v in value.items() if k in hints})
+    return value
+
+
+def message_types() -> dict[str, type[Message]]:
+    """Every known `type` tag and its class."""
+    return dict(_TYPES)

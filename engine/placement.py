@@ -1,0 +1,86 @@
+"""Placement: the device slots a run gets from its config and this machine, and a plan of who goes where.
+
+A slot is one GPU, or a share of CPU cores. Pipelines take slots by priority; the
+rest wait in a queue until one frees.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import DevicesConfig, Problem, RunConfig
+from engine.devices import GpuInfo, Inventory
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One place a worker can run."""
+
+    name: str  # "gpu0", "cpu1"
+    device: str  # "cuda" or "cpu"
+    gpu: GpuInfo | None
+    threads: int
+
+    @property
+    def label(self) -> str:
+        if self.gpu is not None:
+            return f"gpu{self.gpu.index} ({self.gpu.name})"
+        return f"{self.name} ({self.threads} thread{'s' if self.threads != 1 else ''})"
+
+
+def plan_slots(devices: DevicesConfig, inventory: Inventory, file: str = "") -> tuple[list[Slot], list[Problem]]:
+    """The slots `devices` asks for on this machine, or the problems that prevent it."""
+    placement = devices.placement
+    if isinstance(placement, list):
+        problems = []
+        slots = []
+        for i, index in enumerate(placement):
+            gpu = inventory.gpu(index)
+            if gpu is None:
+                have = ", ".join(str(g.index) for g in inventory.gpus) or "none"
+                why = f" ({inventory.note})" if inventory.note else ""
+                problems.append(Problem(file, f"devices.placement[{i}]",
+                                        f"GPU {index} does not exist (visible GPUs: {have}){why}"))
+                continue
+            slots.append(Slot(f"gpu{index}", "cuda", gpu, devices.threads_per_worker))
+        return slots, problems
+    if placement == "auto" and inventory.gpus:
+        return [Slot(f"gpu{g.index}", "cuda", g, devices.threads_per_worker) for g in inventory.gpus], []
+    threads = devices.threads_per_worker
+    if devices.cpu_slots == "auto":
+        count = max(1, inventory.cpu_count // threads)
+    else:
+        count = devices.cpu_slots
+    return [Slot(f"cpu{i}", "cpu", None, threads) for i in range(count)], []
+
+
+def order_pipelines(config: RunConfig) -> list[str]:
+    """Pipeline names in start order: higher priority first, then as written."""
+    indexed = list(enumerate(config.pipelines))
+    indexed.sort(key=lambda ip: (-ip[1].priority, ip[0]))
+    return [p.name for _, p in indexed]
+
+
+def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) -> list[str]:
+    """Human lines saying what would launch where, for `torchherd check` and the picker."""
+    lines = []
+    if inventory.gpus:
+        for g in inventory.gpus:
+            lines.append(f"GPU {g.index}: {g.name}, {g.memory_total / 2**30:.1f} GiB ({g.uuid})")
+    else:
+        lines.append(inventory.note or "no NVIDIA GPU; using CPU slots")
+    lines.append(f"{len(slots)} slot{'s' if len(slots) != 1 else ''}: " + ", ".join(s.label for s in slots))
+    order = order_pipelines(config)
+    by_name = {p.name: p for p in config.pipelines}
+    for i, name in enumerate(order):
+        p = by_name[name]
+        where = slots[i].label if i < len(slots) else f"queued (#{i - len(slots) + 1}) until a slot frees"
+        limits = f"{p.max_epochs} epochs" + (f", max {p.max_steps} steps" if p.max_steps else "") + \
+            (f", max {p.max_time:g}s" if p.max_time else "")
+        lines.append(f"{name}: task {p.task}, {limits}, precision {p.precision} -> {where}")
+    v = config.validation
+    lines.append("validation: " + ("off" if v.mode == "off" else f"{v.mode}, every {v.every_n_epochs} epoch(s), "
+                                    f"best by {v.metric} ({v.metric_mode})"))
+    r = config.restart
+    lines.append(f"restarts: up to {r.max_restarts}, backoff {r.backoff:g}s..{r.backoff_max:g}s, "
+                 f"min uptime {r.min_uptime:g}s")
+    return lines

@@ -1,0 +1,73 @@
+"""Task preflight: build every pipeline's task in a fresh interpreter and report what fails.
+
+`probe_tasks(config)` runs `python -m engine.probe` so user code never runs (or
+prints) in the supervisor's process, and returns one Problem per broken pipeline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.config import Problem, RunConfig
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def probe_tasks(config: RunConfig, timeout: float = 180.0) -> list[Problem]:
+    """Problems found building each distinct (task, params) of `config`; empty if all build."""
+    jobs = []
+    seen = set()
+    for i, p in enumerate(config.pipelines):
+        key = (p.task_ref or p.task, json.dumps(p.params, sort_keys=True))
+        if key in seen:
+            continue
+        seen.add(key)
+        jobs.append({"index": i, "ref": key[0], "params": p.params})
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if x)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "engine.probe"], input=json.dumps(jobs), env=env,
+                              capture_output=True, text=True, timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return [Problem(config.source, "pipelines", f"building the tasks took longer than {timeout:g}s")]
+    results = None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("TORCHHERD-PROBE "):
+            results = json.loads(line[len("TORCHHERD-PROBE "):])
+            break
+    if results is None:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        return [Problem(config.source, "pipelines", "building the tasks crashed: " + " | ".join(tail))]
+    problems = []
+    for r in results:
+        if r["error"]:
+            i = r["index"]
+            where = f"pipelines[{i}].task"
+            problems.append(Problem(config.source, where, r["error"]))
+    return problems
+
+
+def _main() -> None:
+    jobs = json.loads(sys.stdin.read())
+    import torch
+
+    from engine.task import TaskError, build_task
+
+    torch.set_num_threads(1)
+    out = []
+    for job in jobs:
+        try:
+            build_task(job["ref"], job["params"])
+            out.append({"index": job["index"], "error": ""})
+        except TaskError as exc:
+            out.append({"index": job["index"], "error": str(exc)})
+        except Exception as exc:
+            out.append({"index": job["index"], "error": f"{type(exc).__name__}: {exc}"})
+    print("TORCHHERD-PROBE " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    _main()

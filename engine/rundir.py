@@ -1,0 +1,182 @@
+"""The run directory: where a run writes its config, events and metrics, and how to read one back.
+
+Layout: `<runs_dir>/<run-id>/` with `config.toml` (as written), `config.json`
+(as resolved), `events.jsonl` (every event) and, per pipeline, `metrics.jsonl`
+(step, epoch_end, val_result), `log.txt` and `checkpoints/`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from engine.config import RunConfig
+from engine.messages import (EpochEnd, Event, Message, RunFinished, RunStarted, StepMetrics, ValResult,
+                             from_record, to_record)
+
+METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "__fspath__"):
+        return str(value)
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    return str(value)
+
+
+def dumps(record: dict[str, Any]) -> str:
+    """One JSON line; NaN and infinities become null so every reader can parse it."""
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+    return json.dumps(clean, default=_json_default, separators=(",", ":"))
+
+
+def new_run_id(runs_dir: Path, name: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"{stamp}-{name}"
+    run_id, n = base, 1
+    while (runs_dir / run_id).exists():
+        n += 1
+        run_id = f"{base}-{n}"
+    return run_id
+
+
+class RunDirectory:
+    """Writes one run's files. Not thread-safe: used from the supervisor's event loop."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self._events: IO[str] = open(path / "events.jsonl", "a", encoding="utf-8")
+        self._metrics: dict[str, IO[str]] = {}
+
+    def pipeline_dir(self, pipeline: str) -> Path:
+        return self.path / pipeline
+
+    def log_path(self, pipeline: str) -> Path:
+        return self.path / pipeline / "log.txt"
+
+    def save_config(self, config: RunConfig) -> None:
+        source = Path(config.source) if config.source else None
+        target = self.path / "config.toml"
+        if source is not None and source.is_file():
+            if target.exists():  # a config added to a running session
+                target = self.path / f"config-{config.name}.toml"
+            shutil.copyfile(source, target)
+        resolved = self.path / "config.json"
+        existing = json.loads(resolved.read_text()) if resolved.exists() else []
+        existing.append(config.model_dump(mode="json"))
+        resolved.write_text(json.dumps(existing, indent=2))
+
+    def write(self, event: Message) -> None:
+        record = to_record(event)
+        line = dumps(record) + "\n"
+        self._events.write(line)
+        if isinstance(event, METRIC_TYPES):
+            pipeline = getattr(event, "pipeline")
+            fh = self._metrics.get(pipeline)
+            if fh is None:
+                (self.path / pipeline).mkdir(parents=True, exist_ok=True)
+                fh = self._metrics[pipeline] = open(self.path / pipeline / "metrics.jsonl", "a", encoding="utf-8")
+            fh.write(line)
+
+    def flush(self) -> None:
+        self._events.flush()
+        for fh in self._metrics.values():
+            fh.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._events.close()
+        for fh in self._metrics.values():
+            fh.close()
+        self._metrics.clear()
+
+
+# ------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a past run was, read from its directory."""
+
+    run_id: str
+    path: Path
+    started: float  # seconds since the epoch
+    status: str  # "completed", "failed", "stopped", "unfinished", ...
+    pipelines: tuple[str, ...]
+    statuses: dict[str, str]
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object of a .jsonl file; a torn last line (a crash mid-write) is skipped."""
+    out = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def read_events(run_dir: Path) -> list[Event]:
+    """The events of a run, in order; types this version does not know are skipped."""
+    events = []
+    for record in read_records(Path(run_dir) / "events.jsonl"):
+        for k, v in list(record.items()):
+            if v is None and k in ("loss", "train_loss"):
+                record[k] = float("nan")
+        try:
+            events.append(from_record(record))
+        except (ValueError, TypeError):
+            continue
+    return events
+
+
+def summarize(run_dir: Path) -> RunSummary | None:
+    records = read_records(run_dir / "events.jsonl")
+    started = next((r for r in records if r.get("type") == RunStarted.type), None)
+    if started is None:
+        return None
+    statuses: dict[str, str] = {}
+    for r in records:
+        if r.get("type") == "pipeline_finished":
+            statuses[r["pipeline"]] = r["status"]
+    finished = [r for r in records if r.get("type") == RunFinished.type]
+    pipelines = tuple(started.get("pipelines", ()))
+    for r in records:
+        if r.get("type") == "pipeline_queued" and r["pipeline"] not in pipelines:
+            pipelines += (r["pipeline"],)
+    if finished:
+        values = set(finished[-1].get("statuses", {}).values())
+        status = "completed" if values == {"completed"} else \
+            next((s for s in ("failed", "killed", "stopped") if s in values), "completed")
+    else:
+        status = "unfinished"
+    return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,
+                      pipelines=pipelines, statuses=statuses)
+
+
+def list_runs(runs_dir: Path) -> list[RunSummary]:
+    """Past runs under `runs_dir`, newest first."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        return []
+    out = []
+    for child in runs_dir.iterdir():
+        if child.is_dir() and (child / "events.jsonl").exists():
+            summary = summarize(child)
+            if summary is not None:
+                out.append(summary)
+    out.sort(key=lambda s: s.started, reverse=True)
+    return out

@@ -1,0 +1,82 @@
+"""The worker lifecycle: states, the transitions allowed between them, and a guard.
+
+Imports nothing outside the standard library, so any consumer can read it.
+"""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class WorkerState(str, Enum):
+    """Where a pipeline's worker is in its life. Final states end the pipeline."""
+
+    QUEUED = "queued"
+    """Waiting for a free device slot."""
+    STARTING = "starting"
+    """Process spawned; it has not reported progress yet."""
+    RUNNING = "running"
+    """Training."""
+    PAUSED = "paused"
+    """Holding between steps until resumed."""
+    STOPPING = "stopping"
+    """Asked to finish its step, checkpoint and exit."""
+    KILLING = "killing"
+    """Sent SIGTERM to its process group; SIGKILL follows after a grace period."""
+    BACKOFF = "backoff"
+    """Exited unexpectedly; waiting before the next attempt."""
+    COMPLETED = "completed"
+    """Final: trained to its limits."""
+    STOPPED = "stopped"
+    """Final: stopped on request, with a checkpoint."""
+    FAILED = "failed"
+    """Final: crashed more often than the restart policy allows."""
+    KILLED = "killed"
+    """Final: killed on request."""
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL_STATES
+
+    @property
+    def alive(self) -> bool:
+        """A process exists (or is being spawned) for this state."""
+        return self in _ALIVE
+
+
+FINAL_STATES = frozenset(
+    {WorkerState.COMPLETED, WorkerState.STOPPED, WorkerState.FAILED, WorkerState.KILLED}
+)
+_ALIVE = frozenset(
+    {WorkerState.STARTING, WorkerState.RUNNING, WorkerState.PAUSED,
+     WorkerState.STOPPING, WorkerState.KILLING}
+)
+
+_S = WorkerState
+TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
+    _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.PAUSED, _S.STOPPING, _S.KILLING, _S.BACKOFF,
+                            _S.COMPLETED, _S.STOPPED, _S.FAILED}),
+    _S.RUNNING: frozenset({_S.PAUSED, _S.STOPPING, _S.KILLING, _S.BACKOFF,
+                           _S.COMPLETED, _S.STOPPED, _S.FAILED}),
+    _S.PAUSED: frozenset({_S.RUNNING, _S.STOPPING, _S.KILLING, _S.BACKOFF,
+                          _S.STOPPED, _S.FAILED}),
+    _S.STOPPING: frozenset({_S.KILLING, _S.STOPPED, _S.COMPLETED, _S.BACKOFF, _S.FAILED}),
+    _S.KILLING: frozenset({_S.KILLED, _S.STARTING, _S.QUEUED, _S.STOPPED, _S.COMPLETED,
+                           _S.FAILED}),
+    _S.BACKOFF: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED}),
+    # A final state is left only when a person asks to restart the pipeline.
+    _S.COMPLETED: frozenset({_S.QUEUED}),
+    _S.STOPPED: frozenset({_S.QUEUED}),
+    _S.FAILED: frozenset({_S.QUEUED}),
+    _S.KILLED: frozenset({_S.QUEUED}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A state change the lifecycle does not allow."""
+
+
+def check_transition(old: WorkerState, new: WorkerState) -> None:
+    """Raise IllegalTransition unless `old -> new` is allowed."""
+    if new not in TRANSITIONS[old]:
+        raise IllegalTransition(f"{old.value} -> {new.value} is not allowed")

@@ -1,0 +1,574 @@
+"""The supervisor: an asyncio object that owns every worker process of a run and reports on them.
+
+It places pipelines on device slots, starts workers through a launcher, reads
+their events without blocking the event loop, applies the restart policy, writes
+the run directory and hands every event to its subscribers (the app, the
+headless CLI). All its methods run on one event loop; none of them blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator
+
+from engine.channel import (EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED)
+from engine.config import ConfigError, Pipeline, RunConfig
+from engine.devices import Inventory, discover_devices
+from engine.launcher import LaunchSpec, ProcessLauncher, WorkerHandle, WorkerSpec
+from engine.messages import (CheckpointNow, EpochEnd, Event, Notice, Pause, PipelineFinished, PipelineQueued,
+                             Resume, RunFinished, RunStarted, StepMetrics, Stop, TrainingStarted, ValResult,
+                             TelemetrySnapshot, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted,
+                             WorkerStateChanged)
+from engine.placement import Slot, plan_slots
+from engine.policy import RestartPolicy
+from engine.rundir import RunDirectory, new_run_id
+from engine.states import WorkerState, check_transition
+from engine.telemetry import TelemetrySampler
+
+S = WorkerState
+TICK = 0.1  # seconds between supervision passes
+HISTORY = 100_000  # events kept in memory for late subscribers
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """A pipeline as a screen shows it: plain data, safe to hand to widgets."""
+
+    name: str
+    state: WorkerState
+    device: str
+    pid: int | None
+    attempt: int
+    restarts: int
+    epoch: int
+    step: int
+    epochs_total: int
+    steps_per_epoch: int
+    train_loss: float | None
+    val_loss: float | None
+    best_val: float | None
+    samples_per_s: float | None
+    started_at: float | None
+    log_path: Path
+    last_error: str
+    priority: int = 0
+
+
+@dataclass
+class _Run:
+    """One pipeline: its plan (config, policy) and the state of its current worker."""
+
+    config: Pipeline
+    run_config: RunConfig
+    policy: RestartPolicy
+    order: int
+    state: WorkerState = S.QUEUED
+    slot: Slot | None = None
+    handle: WorkerHandle | None = None
+    attempt: int = 0
+    restarts: int = 0  # restarts spent from the budget
+    failed_starts: int = 0  # consecutive
+    started_mono: float = 0.0
+    started_at: float | None = None
+    deadline: float | None = None  # monotonic time to escalate (KILLING / STOPPING)
+    restart_at: float | None = None  # monotonic time to leave BACKOFF
+    intent: str | None = None  # "stop", "kill" or "restart": why we asked it to end
+    stop_reason: str = ""
+    escalated: bool = False
+    epoch: int = 0
+    step: int = 0
+    epochs_total: int = 0
+    steps_per_epoch: int = 0
+    train_loss: float | None = None
+    val_loss: float | None = None
+    best_val: float | None = None
+    samples_per_s: float | None = None
+    last_error: str = ""
+    last_traceback: str = ""
+    finish_reason: str = ""
+    pending: list[object] = field(default_factory=list)  # commands to send once started
+
+
+class EventStream:
+    """An async iterator of a supervisor's events; ends when the supervisor closes."""
+
+    def __init__(self, queue: asyncio.Queue):
+        self._queue = queue
+
+    def __aiter__(self) -> "EventStream":
+        return self
+
+    async def __anext__(self) -> Event:
+        item = await self._queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    def get_nowait(self) -> Event | None:
+        """The next event if one is waiting, else None (also None once closed)."""
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+
+class Supervisor:
+    """Runs the pipelines of one or more configs as supervised worker processes."""
+
+    def __init__(self, config: RunConfig, *, runs_dir: str | Path | None = None,
+                 launcher: object | None = None, inventory: Inventory | None = None,
+                 run_id: str | None = None, tick: float = TICK):
+        self.config = config
+        self.inventory = inventory if inventory is not None else discover_devices()
+        slots, problems = plan_slots(config.devices, self.inventory, config.source)
+        if problems:
+            raise ConfigError(problems)
+        self._slots = slots
+        self._free: list[Slot] = list(slots)
+        self._launcher = launcher if launcher is not None else ProcessLauncher()
+        base = Path(runs_dir if runs_dir is not None else config.runs_dir)
+        self.run_id = run_id or new_run_id(base, config.name)
+        self.run_dir = base / self.run_id
+        self._tick_interval = tick
+        self._runs: dict[str, _Run] = {}
+        self._order = 0
+        self._subscribers: list[asyncio.Queue] = []
+        self._history: deque[Event] = deque(maxlen=HISTORY)
+        self._rundir: RunDirectory | None = None
+        self._tick_task: asyncio.Task | None = None
+        self._finished = asyncio.Event()
+        self._finished_sent = False
+        self._closed = False
+        self._pids: dict[str, int] = {}  # replaced whole on change: the sampler thread reads it
+        self._sampler: TelemetrySampler | None = None
+        self.telemetry: TelemetrySnapshot | None = None  # the newest sample
+
+    # ------------------------------------------------------------ public
+
+    async def start(self) -> None:
+        """Create the run directory and start the pipelines that fit on the slots."""
+        if self._rundir is not None:
+            raise RuntimeError("supervisor already started")
+        self._rundir = RunDirectory(self.run_dir)
+        self._rundir.save_config(self.config)
+        names = self._add(self.config)
+        self._emit(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir), config_path=self.config.source,
+                              pipelines=tuple(names)))
+        self._queue_events(names)
+        self._schedule()
+        loop = asyncio.get_running_loop()
+        self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
+        t = self.config.telemetry
+        if t.enabled:
+            self._sampler = TelemetrySampler(
+                interval=t.interval, pids=lambda: self._pids,
+                on_snapshot=lambda snap: loop.call_soon_threadsafe(self._on_telemetry, snap),
+                persist_path=self.run_dir / "telemetry.jsonl", persist_every=t.persist_every)
+            self._sampler.start()
+
+    def add_config(self, config: RunConfig) -> list[str]:
+        """Add another config's pipelines to this session; they queue for free slots. Returns their names."""
+        if self._rundir is None or self._closed:
+            raise RuntimeError("supervisor is not running")
+        self._rundir.save_config(config)
+        names = self._add(config)
+        self._queue_events(names)
+        self._finished.clear()
+        self._finished_sent = False
+        self._schedule()
+        return names
+
+    def subscribe(self, replay: bool = True) -> EventStream:
+        """A stream of every event from now on (and, with `replay`, those already emitted)."""
+        queue: asyncio.Queue = asyncio.Queue()
+        if replay:
+            for event in self._history:
+                queue.put_nowait(event)
+        if self._closed:
+            queue.put_nowait(None)
+        self._subscribers.append(queue)
+        return EventStream(queue)
+
+    def views(self) -> list[PipelineView]:
+        """Every pipeline, in the order they were added."""
+        return [self._view(r) for r in self._runs.values()]
+
+    def view(self, name: str) -> PipelineView:
+        return self._view(self._get(name))
+
+    @property
+    def alive(self) -> bool:
+        """Some worker process exists."""
+        return any(r.handle is not None for r in self._runs.values())
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    async def wait(self) -> dict[str, str]:
+        """Wait until every pipeline has a final status; returns them by name."""
+        await self._finished.wait()
+        return {n: r.state.value for n, r in self._runs.items()}
+
+    def stop(self, name: str | None = None, reason: str = "requested") -> None:
+        """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit."""
+        for run in self._select(name):
+            if run.state in (S.QUEUED, S.BACKOFF):
+                run.finish_reason = "stopped before it started" if run.state == S.QUEUED else "stopped"
+                self._finish(run, S.STOPPED)  # QUEUED/BACKOFF -> STOPPED
+            elif run.state in (S.STARTING, S.RUNNING, S.PAUSED):
+                run.intent, run.stop_reason = "stop", reason
+                run.deadline = time.monotonic() + run.run_config.restart.stop_timeout
+                self._send(run, Stop(reason=reason))
+                self._set_state(run, S.STOPPING)  # STARTING/RUNNING/PAUSED -> STOPPING
+        self._check_finished()
+
+    def pause(self, name: str) -> None:
+        run = self._get(name)
+        if run.state in (S.STARTING, S.RUNNING):
+            self._send(run, Pause())
+            self._set_state(run, S.PAUSED)  # STARTING/RUNNING -> PAUSED
+
+    def resume(self, name: str) -> None:
+        run = self._get(name)
+        if run.state == S.PAUSED:
+            self._send(run, Resume())
+            self._set_state(run, S.RUNNING)  # PAUSED -> RUNNING
+
+    def checkpoint(self, name: str) -> None:
+        run = self._get(name)
+        if run.state in (S.STARTING, S.RUNNING, S.PAUSED):
+            self._send(run, CheckpointNow())
+
+    def kill(self, name: str) -> None:
+        """SIGTERM to the worker's process group, SIGKILL after the grace period."""
+        run = self._get(name)
+        if run.state in (S.QUEUED, S.BACKOFF):
+            run.finish_reason = "killed before it started"
+            self._finish(run, S.KILLED)  # QUEUED/BACKOFF -> KILLED
+        elif run.handle is not None and run.state != S.KILLING:
+            run.intent = "kill"
+            self._terminate(run)
+        elif run.state == S.KILLING:
+            run.intent = "kill"  # a restart in progress becomes a kill
+        self._check_finished()
+
+    def restart(self, name: str) -> None:
+        """Kill the worker and start it again from its last checkpoint (no restart budget spent)."""
+        run = self._get(name)
+        if run.handle is not None:
+            run.intent = "restart"
+            if run.state != S.KILLING:
+                self._terminate(run)
+        elif run.state == S.BACKOFF:
+            self._launch(run)
+        elif run.state.final:
+            run.failed_starts = 0
+            run.finish_reason = ""
+            self._set_state(run, S.QUEUED)  # final -> QUEUED: a person asked for another go
+            self._finished.clear()
+            self._finished_sent = False
+            self._queue_events([run.config.name])
+            self._schedule()
+
+    async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
+        """End the session: stop (or kill) every worker, flush the run directory, end the streams."""
+        if self._closed:
+            return
+        if self._rundir is None:
+            self._closed = True
+            return
+        if graceful:
+            self.stop(reason="shutdown")
+            deadline = time.monotonic() + timeout
+            while self.alive and time.monotonic() < deadline:
+                await asyncio.sleep(self._tick_interval)
+        for run in self._runs.values():
+            if run.handle is not None:
+                if run.intent != "stop":
+                    run.intent = "kill"
+                if run.state != S.KILLING:
+                    self._set_state(run, S.KILLING)  # alive -> KILLING
+                run.handle.signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while self.alive and time.monotonic() < deadline:
+            self._tick()
+            await asyncio.sleep(0.02)
+        for run in self._runs.values():
+            if not run.state.final and run.handle is None:
+                run.finish_reason = run.finish_reason or "session ended"
+                self._finish(run, S.KILLED if run.state != S.STOPPING else S.STOPPED)
+        self._check_finished()
+        if self._sampler is not None:
+            await asyncio.to_thread(self._sampler.stop)
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            try:
+                await self._tick_task
+            except asyncio.CancelledError:
+                pass
+        self._closed = True
+        self._rundir.close()
+        for queue in self._subscribers:
+            queue.put_nowait(None)
+
+    # ---------------------------------------------------------- internals
+
+    def _get(self, name: str) -> _Run:
+        try:
+            return self._runs[name]
+        except KeyError:
+            raise KeyError(f"no pipeline named {name!r}") from None
+
+    def _select(self, name: str | None) -> list[_Run]:
+        return list(self._runs.values()) if name is None else [self._get(name)]
+
+    def _add(self, config: RunConfig) -> list[str]:
+        policy = RestartPolicy(config.restart)
+        names = []
+        for pipe in config.pipelines:
+            name = pipe.name
+            n = 2
+            while name in self._runs:
+                name = f"{pipe.name}-{n}"
+                n += 1
+            if name != pipe.name:
+                pipe = pipe.model_copy(update={"name": name})
+            self._runs[name] = _Run(config=pipe, run_config=config, policy=policy, order=self._order,
+                                    epochs_total=pipe.max_epochs)
+            self._order += 1
+            names.append(name)
+        return names
+
+    def _queue_events(self, names: list[str]) -> None:
+        queued = self._queued()
+        for name in names:
+            run = self._runs[name]
+            self._emit(PipelineQueued(pipeline=name, priority=run.config.priority,
+                                      position=queued.index(run) + 1 if run in queued else 0))
+
+    def _queued(self) -> list[_Run]:
+        waiting = [r for r in self._runs.values() if r.state == S.QUEUED]
+        waiting.sort(key=lambda r: (-r.config.priority, r.order))
+        return waiting
+
+    def _schedule(self) -> None:
+        if self._closed:
+            return
+        for run in self._queued():
+            if not self._free:
+                break
+            run.slot = self._free.pop(0)
+            self._launch(run)
+
+    def _launch(self, run: _Run) -> None:
+        assert self._rundir is not None and run.slot is not None
+        slot = run.slot
+        run.attempt += 1
+        name = run.config.name
+        spec = LaunchSpec(
+            worker=WorkerSpec(pipeline=run.config.model_dump(mode="json"),
+                              validation=run.run_config.validation.model_dump(mode="json"),
+                              device=slot.device, threads=slot.threads,
+                              pipeline_dir=str(self._rundir.pipeline_dir(name)), attempt=run.attempt),
+            log_path=self._rundir.log_path(name),
+            gpu_index=slot.gpu.index if slot.gpu is not None else None)
+        run.intent, run.deadline, run.restart_at, run.escalated = None, None, None, False
+        try:
+            handle = self._launcher.launch(spec)
+        except OSError as exc:
+            run.last_error = f"could not start the worker: {exc}"
+            self._set_state(run, S.STARTING)  # -> STARTING (it failed at once)
+            self._after_crash(run, uptime=0.0, exit_desc=run.last_error)
+            return
+        run.handle = handle
+        run.started_mono = time.monotonic()
+        run.started_at = time.time()
+        handle.attach(lambda events, run=run, handle=handle: self._on_events(run, handle, events))
+        self._update_pids()
+        self._set_state(run, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
+        self._emit(WorkerStarted(pipeline=name, pid=handle.pid, device=slot.label, attempt=run.attempt,
+                                 gpu_uuid=slot.gpu.uuid if slot.gpu is not None else ""))
+
+    def _on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
+        if self._closed:
+            return
+        self.telemetry = snapshot
+        for queue in self._subscribers:  # not in events.jsonl: telemetry.jsonl keeps it
+            queue.put_nowait(snapshot)
+
+    def _update_pids(self) -> None:
+        self._pids = {n: r.handle.pid for n, r in self._runs.items() if r.handle is not None}
+
+    def _send(self, run: _Run, command: object) -> None:
+        if run.handle is not None:
+            run.handle.send(command)
+
+    def _terminate(self, run: _Run) -> None:
+        assert run.handle is not None
+        run.handle.signal_group(signal.SIGTERM)
+        run.deadline = time.monotonic() + run.run_config.restart.kill_grace
+        self._set_state(run, S.KILLING)  # alive -> KILLING
+
+    def _on_events(self, run: _Run, handle: WorkerHandle, events: list[Event]) -> None:
+        if run.handle is not handle:
+            return  # a late batch from an attempt already reaped
+        for event in events:
+            if isinstance(event, StepMetrics):
+                run.epoch, run.step, run.train_loss = event.epoch, event.step, event.loss
+                run.samples_per_s = event.samples_per_s
+            elif isinstance(event, EpochEnd):
+                run.epoch, run.step, run.train_loss = event.epoch + 1, event.step, event.train_loss
+                run.samples_per_s = event.samples_per_s
+                run.steps_per_epoch = event.steps_per_epoch
+            elif isinstance(event, ValResult):
+                metric = run.run_config.validation.metric
+                value = event.metrics.get(metric, event.metrics.get("val_loss"))
+                run.val_loss = event.metrics.get("val_loss", value)
+                if value is not None:
+                    better_max = run.run_config.validation.metric_mode == "max"
+                    if run.best_val is None or (value > run.best_val if better_max else value < run.best_val):
+                        run.best_val = value
+            elif isinstance(event, TrainingStarted):
+                run.epoch, run.step = event.epoch, event.step
+                run.epochs_total, run.steps_per_epoch = event.epochs_total, event.steps_per_epoch
+                if run.state == S.STARTING:
+                    self._set_state(run, S.RUNNING)  # STARTING -> RUNNING
+            elif isinstance(event, WorkerError):
+                run.last_error, run.last_traceback = event.error, event.traceback
+            self._emit(event)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                self._tick()
+            except Exception as exc:  # keep supervising; say what went wrong
+                self._emit(Notice(level="error", text=f"supervisor error: {type(exc).__name__}: {exc}"))
+            await asyncio.sleep(self._tick_interval)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for run in list(self._runs.values()):
+            handle = run.handle
+            if handle is not None:
+                code = handle.poll()
+                if code is not None:
+                    self._on_exit(run, handle, code)
+                elif run.deadline is not None and now >= run.deadline:
+                    if run.state == S.KILLING and not run.escalated:
+                        run.escalated = True
+                        handle.signal_group(signal.SIGKILL)  # it ignored SIGTERM for kill_grace
+                    elif run.state == S.STOPPING:
+                        run.stop_reason = f"did not stop within {run.run_config.restart.stop_timeout:g}s; killed"
+                        self._terminate(run)
+            elif run.state == S.BACKOFF and run.restart_at is not None and now >= run.restart_at:
+                self._launch(run)
+        self._schedule()
+        if self._rundir is not None:
+            self._rundir.flush()
+        self._check_finished()
+
+    def _on_exit(self, run: _Run, handle: WorkerHandle, code: int) -> None:
+        self._on_events(run, handle, handle.drain())
+        handle.close()
+        run.handle = None
+        self._update_pids()
+        uptime = time.monotonic() - run.started_mono
+        sig = signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ else ""
+        exit_desc = f"killed by {sig}" if sig else f"exit code {code}"
+        intent = run.intent
+        if intent == "restart":
+            reason = "restarted"
+        elif intent == "kill":
+            reason = "killed"
+        elif code == EXIT_STOPPED or (intent == "stop" and code != EXIT_COMPLETED):
+            reason = "stopped"
+        elif code == EXIT_COMPLETED:
+            reason = "completed"
+        else:
+            reason = "failed" if code == EXIT_FATAL else "crashed"
+        error = run.last_error if reason in ("failed", "crashed") else ""
+        self._emit(WorkerExited(pipeline=run.config.name, pid=handle.pid, attempt=run.attempt,
+                                exit_code=code if code >= 0 else None, signal=sig, reason=reason,
+                                error=error or ("" if reason not in ("failed", "crashed") else exit_desc),
+                                traceback=run.last_traceback if error else "", uptime=uptime))
+        if reason == "restarted":
+            run.last_error = run.last_traceback = ""
+            self._launch(run)  # KILLING -> STARTING, same slot, no budget spent
+        elif reason == "killed":
+            run.finish_reason = "killed on request"
+            self._finish(run, S.KILLED)
+        elif reason == "stopped":
+            run.finish_reason = run.stop_reason or "stopped"
+            self._finish(run, S.STOPPED)
+        elif reason == "completed":
+            run.finish_reason = "trained to its limits"
+            self._finish(run, S.COMPLETED)
+        elif reason == "failed":
+            run.finish_reason = run.last_error or exit_desc
+            self._finish(run, S.FAILED)
+        else:
+            self._after_crash(run, uptime, exit_desc)
+
+    def _after_crash(self, run: _Run, uptime: float, exit_desc: str) -> None:
+        decision = run.policy.decide(run.restarts, run.failed_starts, uptime)
+        run.failed_starts = decision.failed_starts
+        what = run.last_error or exit_desc
+        if not decision.restart:
+            run.finish_reason = f"{what} ({decision.reason})"
+            self._finish(run, S.FAILED)
+            return
+        run.restarts += 1
+        run.restart_at = time.monotonic() + decision.delay
+        run.last_error, run.last_traceback = what, run.last_traceback
+        self._set_state(run, S.BACKOFF)  # STARTING/RUNNING/... -> BACKOFF
+        self._emit(WorkerRestarting(pipeline=run.config.name, attempt=run.attempt + 1, delay=decision.delay,
+                                    restarts_left=run.run_config.restart.max_restarts - run.restarts,
+                                    reason=f"{decision.reason}: {what}"))
+
+    def _finish(self, run: _Run, state: WorkerState) -> None:
+        self._set_state(run, state)
+        if run.slot is not None:
+            self._free.append(run.slot)
+            self._free.sort(key=self._slots.index)
+            run.slot = None
+        self._emit(PipelineFinished(pipeline=run.config.name, status=state.value, reason=run.finish_reason,
+                                    epoch=run.epoch, step=run.step))
+
+    def _set_state(self, run: _Run, state: WorkerState) -> None:
+        check_transition(run.state, state)
+        previous, run.state = run.state, state
+        if previous != state:
+            self._emit(WorkerStateChanged(pipeline=run.config.name, state=state.value, previous=previous.value))
+
+    def _check_finished(self) -> None:
+        if self._finished_sent or not self._runs or self._rundir is None:
+            return
+        if all(r.state.final for r in self._runs.values()):
+            statuses = {n: r.state.value for n, r in self._runs.items()}
+            self._finished_sent = True
+            self._emit(RunFinished(ok=all(s == "completed" for s in statuses.values()), statuses=statuses))
+            self._rundir.flush()
+            self._finished.set()
+
+    def _emit(self, event: Event) -> None:
+        self._history.append(event)
+        if self._rundir is not None and not self._closed:
+            self._rundir.write(event)
+        for queue in self._subscribers:
+            queue.put_nowait(event)
+
+    def _view(self, r: _Run) -> PipelineView:
+        return PipelineView(
+            name=r.config.name, state=r.state,
+            device=r.slot.label if r.slot is not None else "",
+            pid=r.handle.pid if r.handle is not None else None, attempt=r.attempt, restarts=r.restarts,
+            epoch=r.epoch, step=r.step, epochs_total=r.epochs_total, steps_per_epoch=r.steps_per_epoch,
+            train_loss=r.train_loss, val_loss=r.val_loss, best_val=r.best_val, samples_per_s=r.samples_per_s,
+            started_at=r.started_at, log_path=self.run_dir / r.config.name / "log.txt",
+            last_error=r.finish_reason if r.state == S.FAILED else r.last_error,
+            priority=r.config.priority)

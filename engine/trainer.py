@@ -1,0 +1,349 @@
+"""The training loop a worker runs: epochs of optimizer steps, reports, checkpoints, commands.
+
+`Trainer` builds nothing itself: it takes a built `Task`, the pipeline's settings
+and the two pipe ends, and trains until its limits, a Stop, or an error.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine import checkpoint as ckpt
+from engine.channel import (EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED, ControlReceiver,
+                            StatusSender)
+from engine.config import Pipeline, ValidationConfig
+from engine.evaluate import evaluate
+from engine.messages import (CheckpointNow, CheckpointSaved, EpochEnd, Notice, Pause, Resume, Resumed,
+                             StepMetrics, Stop, TrainingStarted, ValResult)
+from engine.task import Task
+
+CONTROL_INTERVAL = 0.02  # seconds between looks at the control pipe
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """A shuffled order fixed by (seed, epoch), so a resumed epoch can skip what was done."""
+
+    def __init__(self, size: int, seed: int, shuffle: bool = True):
+        self.size, self.seed, self.shuffle = size, seed, shuffle
+        self.epoch, self.skip = 0, 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip
+
+    def __iter__(self):
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(self.size, generator=gen).tolist()
+        else:
+            order = list(range(self.size))
+        return iter(order[self.skip:])
+
+    def __len__(self) -> int:
+        return self.size - self.skip
+
+
+def _is_dataset(data: Any) -> bool:
+    return hasattr(data, "__getitem__") and hasattr(data, "__len__") and \
+        not isinstance(data, torch.utils.data.DataLoader)
+
+
+class Trainer:
+    """Trains one pipeline in this process; `run()` returns the worker's exit code."""
+
+    def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
+                 pipeline_dir: Path, sender: StatusSender, control: ControlReceiver):
+        self.task, self.pipe, self.validation = task, pipe, validation
+        self.device = torch.device(device)
+        self.dir = pipeline_dir
+        self.ckpt_dir = pipeline_dir / "checkpoints"
+        self.sender, self.control = sender, control
+        self.name = pipe.name
+        self.epoch = 0  # the epoch being trained (0-based)
+        self.step = 0  # optimizer steps so far, all epochs
+        self.batch_in_epoch = 0  # micro-batches of `epoch` already trained
+        self.trained_time = 0.0  # seconds of training in earlier attempts
+        self.best: float | None = None
+        self.epoch_loss = torch.zeros((), device=self.device)
+        self.epoch_batches = 0
+        self._next_control = 0.0
+        self._paused = False
+        self._stop: str | None = None
+        self._checkpoint_requested = False
+        self._start: float | None = None  # monotonic time training began in this attempt
+        self._pause_time = 0.0  # seconds spent paused in this attempt
+
+        is_cuda = self.device.type == "cuda"
+        dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(pipe.precision)
+        self.autocast = (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+        self.scaler = torch.amp.GradScaler(self.device.type) if pipe.precision == "16-mixed" else None
+        self.non_blocking = is_cuda and pipe.pin_memory
+        self.model = task.model.to(self.device)
+        self.train_model = torch.compile(self.model) if pipe.compile else self.model
+        self.optimizer = task.optimizer
+        self.sampler: EpochSampler | None = None
+        self.train_loader = self._loader(task.train_data, shuffle=True)
+        self.val_loader = self._loader(task.val_data, shuffle=False) if task.val_data is not None else None
+
+    # ------------------------------------------------------------ data
+
+    def _loader(self, data: Any, shuffle: bool):
+        if not _is_dataset(data):
+            return data  # the user's own iterable or DataLoader, used as it is
+        sampler = EpochSampler(len(data), self.pipe.seed, shuffle)
+        if shuffle:
+            self.sampler = sampler
+        workers = self.pipe.num_workers
+        return torch.utils.data.DataLoader(
+            data, batch_size=self.pipe.batch_size, sampler=sampler, num_workers=workers,
+            pin_memory=self.pipe.pin_memory and self.device.type == "cuda",
+            persistent_workers=self.pipe.persistent_workers and workers > 0)
+
+    def _batches_per_epoch(self) -> int:
+        try:
+            return len(self.train_loader)
+        except TypeError:
+            return 0
+
+    def _epoch_batches(self):
+        if self.sampler is not None:
+            self.sampler.set_epoch(self.epoch, self.batch_in_epoch * self.pipe.batch_size)
+            return iter(self.train_loader)
+        return islice(iter(self.train_loader), self.batch_in_epoch, None)
+
+    # ------------------------------------------------------ checkpoints
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.task.scheduler.state_dict() if self.task.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+            "epoch_loss": float(self.epoch_loss), "epoch_batches": self.epoch_batches,
+            "trained_time": self.trained_time + self._elapsed(), "best": self.best,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
+            "pipeline": self.name,
+        }
+
+    def resume(self) -> None:
+        state, path, note = ckpt.load_latest(self.ckpt_dir, map_location=self.device)
+        if note:
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
+        if state is None:
+            return
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scheduler") is not None and self.task.scheduler is not None:
+            self.task.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler") is not None and self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.step = state["epoch"], state["step"]
+        self.batch_in_epoch = state.get("batch_in_epoch", 0)
+        self.epoch_loss.fill_(state.get("epoch_loss", 0.0))
+        self.epoch_batches = state.get("epoch_batches", 0)
+        self.trained_time = state.get("trained_time", 0.0)
+        self.best = state.get("best")
+        rng = state.get("rng") or {}
+        if rng.get("torch") is not None:
+            torch.set_rng_state(rng["torch"])
+        if rng.get("python") is not None:
+            random.setstate(rng["python"])
+        if rng.get("cuda") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.sender.send(Resumed(pipeline=self.name, path=str(path), epoch=self.epoch, step=self.step, note=note))
+
+    def save(self, reason: str, name: str = ckpt.LAST) -> None:
+        try:
+            path = ckpt.save_checkpoint(self.ckpt_dir, self._state(), name)
+        except ckpt.CheckpointError as exc:
+            # Training goes on; the previous checkpoint is still there.
+            self.sender.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
+            return
+        self.sender.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=self.epoch,
+                                         step=self.step, reason=reason))
+
+    # ---------------------------------------------------------- control
+
+    def _handle_commands(self, timeout: float = 0.0) -> None:
+        for cmd in self.control.poll(timeout):
+            if isinstance(cmd, Stop):
+                self._stop = cmd.reason
+            elif isinstance(cmd, Pause):
+                self._paused = True
+            elif isinstance(cmd, Resume):
+                self._paused = False
+            elif isinstance(cmd, CheckpointNow):
+                self._checkpoint_requested = True
+
+    def _between_steps(self) -> None:
+        """Obey commands; holds here while paused. Cheap when nothing is waiting."""
+        now = time.monotonic()
+        if now < self._next_control:
+            return
+        self._next_control = now + CONTROL_INTERVAL
+        self._handle_commands()
+        if self._paused:
+            paused_at = time.monotonic()
+            while self._paused and self._stop is None:
+                self._handle_commands(timeout=0.5)
+                if self._checkpoint_requested:
+                    self._checkpoint_requested = False
+                    self.save("request")
+            self._pause_time += time.monotonic() - paused_at
+        if self._checkpoint_requested:
+            self._checkpoint_requested = False
+            self.save("request")
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._start - self._pause_time if self._start is not None else 0.0
+
+    # ------------------------------------------------------------- train
+
+    def _out_of_budget(self) -> bool:
+        if self.pipe.max_steps is not None and self.step >= self.pipe.max_steps:
+            return True
+        if self.pipe.max_time is not None and self.trained_time + self._elapsed() >= self.pipe.max_time:
+            return True
+        return False
+
+    def _check_finite(self, value: float, where: str) -> int | None:
+        if math.isfinite(value):
+            return None
+        text = f"training loss is {value} at epoch {self.epoch} step {self.step} ({where})"
+        policy = self.pipe.nan_policy
+        if policy == "warn":
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=text))
+            return None
+        from engine.messages import WorkerError
+        self.sender.send(WorkerError(pipeline=self.name, error=f"NonFiniteLoss: {text}", traceback="",
+                                     where="train"))
+        return EXIT_FATAL if policy == "stop" else EXIT_RESTART
+
+    def run(self) -> int:
+        pipe = self.pipe
+        self.resume()
+        per_epoch = self._batches_per_epoch()
+        steps_per_epoch = per_epoch // pipe.accumulate_grad_batches if per_epoch else 0
+        params = sum(p.numel() for p in self.model.parameters())
+        self.sender.send(TrainingStarted(pipeline=self.name, epoch=self.epoch, step=self.step,
+                                         epochs_total=pipe.max_epochs, steps_per_epoch=steps_per_epoch,
+                                         device=str(self.device), parameters=params))
+        self._start = time.monotonic()
+        self.model.train()
+        accum = pipe.accumulate_grad_batches
+        log_every = pipe.log_every_n_steps
+        window_loss = torch.zeros((), device=self.device)
+        window_batches = 0
+        window_samples = 0
+        window_start = time.monotonic()
+        self._between_steps()
+        while self.epoch < pipe.max_epochs and self._stop is None and not self._out_of_budget():
+            epoch_start = time.monotonic()
+            epoch_samples = 0
+            for batch in self._epoch_batches():
+                inputs, targets = batch
+                inputs = inputs.to(self.device, non_blocking=self.non_blocking)
+                targets = targets.to(self.device, non_blocking=self.non_blocking)
+                with self.autocast():
+                    loss = self.task.loss_fn(self.train_model(inputs), targets)
+                scaled = loss / accum if accum > 1 else loss
+                if self.scaler is not None:
+                    self.scaler.scale(scaled).backward()
+                else:
+                    scaled.backward()
+                detached = loss.detach()
+                # Loss sums stay on the device: no sync per step, one .item() per report.
+                window_loss += detached
+                self.epoch_loss += detached
+                window_batches += 1
+                self.epoch_batches += 1
+                self.batch_in_epoch += 1
+                n = len(targets)
+                window_samples += n
+                epoch_samples += n
+                if self.batch_in_epoch % accum:
+                    continue
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                if self.step % log_every == 0:
+                    mean = float(window_loss) / window_batches
+                    code = self._check_finite(mean, "step report")
+                    if code is not None:
+                        return code
+                    now = time.monotonic()
+                    self.sender.step(StepMetrics(
+                        pipeline=self.name, epoch=self.epoch, step=self.step, loss=mean,
+                        lr=float(self.optimizer.param_groups[0]["lr"]),
+                        samples_per_s=window_samples / max(now - window_start, 1e-9)))
+                    window_loss.zero_()
+                    window_batches = window_samples = 0
+                    window_start = now
+                self._between_steps()
+                if self._stop is not None or self._out_of_budget():
+                    break
+            else:
+                code = self._end_epoch(epoch_start, epoch_samples, steps_per_epoch)
+                if code is not None:
+                    return code
+                continue
+            break  # stopped or out of budget mid-epoch
+        self.trained_time += self._elapsed()
+        self._start = None
+        if self._stop is not None:
+            self.save("stop")
+            return EXIT_STOPPED
+        self.save("final")
+        return EXIT_COMPLETED
+
+    def _end_epoch(self, epoch_start: float, samples: int, steps_per_epoch: int) -> int | None:
+        duration = time.monotonic() - epoch_start
+        train_loss = float(self.epoch_loss) / max(self.epoch_batches, 1)
+        code = self._check_finite(train_loss, "epoch mean")
+        if code is not None:
+            return code
+        if self.task.scheduler is not None:
+            self.task.scheduler.step()
+        finished = self.epoch
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self.epoch_loss.zero_()
+        self.epoch_batches = 0
+        self._validate(finished)  # inline: its result goes out before the epoch's end
+        self.sender.send(EpochEnd(pipeline=self.name, epoch=finished, step=self.step, train_loss=train_loss,
+                                  duration=duration, samples_per_s=samples / max(duration, 1e-9),
+                                  epochs_total=self.pipe.max_epochs, steps_per_epoch=steps_per_epoch))
+        if self.epoch % self.pipe.checkpoint_every_n_epochs == 0 or self.epoch >= self.pipe.max_epochs:
+            self.save("epoch")
+        return None
+
+    # --------------------------------------------------------- validate
+
+    def _validate(self, epoch: int) -> None:
+        """Inline validation: the seam where background validation hands off a snapshot instead."""
+        v = self.validation
+        if v.mode != "inline" or self.val_loader is None or (epoch + 1) % v.every_n_epochs:
+            return
+        start = time.monotonic()
+        metrics = evaluate(self.model, self.val_loader, self.task.loss_fn, self.task.metrics_fn,
+                           self.device, self.autocast, self.non_blocking)
+        self.sender.send(ValResult(pipeline=self.name, epoch=epoch, step=self.step, metrics=metrics,
+                                   latency=time.monotonic() - start, mode="inline"))
+        value = metrics.get(v.metric)
+        if value is None:
+            return
+        better = self.best is None or (value < self.best if v.metric_mode == "min" else value > self.best)
+        if better:
+            self.best = value
+            self.save("best", ckpt.BEST)

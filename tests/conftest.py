@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny configs, a supervisor runner, and the no-orphans check every test ends with."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from engine.config import RunConfig, parse_config
+
+TASKS = Path(__file__).parent / "tasks"
+
+
+def make_config(tmp_path: Path, pipelines: list[dict[str, Any]], **top: Any) -> RunConfig:
+    """A validated config as if read from tmp_path/test.toml; tasks default to tests/tasks/tiny.py."""
+    defaults = {"task": f"{TASKS / 'tiny.py'}:build", "max_epochs": 3, "batch_size": 32,
+                "log_every_n_steps": 2, **top.pop("defaults", {})}
+    data = {"runs_dir": str(tmp_path / "runs"), "defaults": defaults, "pipelines": pipelines,
+            "devices": {"placement": "cpu", "cpu_slots": 2, **top.pop("devices", {})},
+            "restart": {"backoff": 0.1, "min_uptime": 0.5, **top.pop("restart", {})}, **top}
+    return parse_config(data, str(tmp_path / "test.toml"), tmp_path)
+
+
+async def wait_for(stream, predicate, timeout: float = 60.0):
+    """The first event from `stream` that satisfies `predicate`; fails the test after `timeout` seconds."""
+    async def scan():
+        async for event in stream:
+            if predicate(event):
+                return event
+        raise AssertionError("event stream ended before the expected event")
+    return await asyncio.wait_for(scan(), timeout)
+
+
+def children() -> list[psutil.Process]:
+    try:
+        return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """Every test must leave no child process of ours alive."""
+    yield
+    deadline = time.monotonic() + 10.0
+    left = children()
+    while left and time.monotonic() < deadline:
+        psutil.wait_procs(left, timeout=0.2)
+        left = children()
+    names = [f"{p.pid} {' '.join(p.cmdline()[:4])}" for p in left if p.is_running()]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert not names, f"child processes left behind: {names}"

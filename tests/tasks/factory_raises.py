@@ -1,0 +1,2 @@
+def build(params):
+    raise ValueError("no data at /nonexistent/path")

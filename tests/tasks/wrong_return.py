@@ -1,0 +1,2 @@
+def build(params):
+    return {"model": None}

@@ -1,0 +1,179 @@
+"""Supervisor state machine driven by a scripted launcher: restarts, budgets, escalation, queueing."""
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from engine.devices import Inventory
+from engine.messages import Pause, Resume, Stop, TrainingStarted, WorkerRestarting
+from engine.states import WorkerState
+from engine.supervisor import Supervisor
+from tests.conftest import make_config
+
+
+class FakeHandle:
+    """A worker that exits when told to; `ignore_term` makes it shrug off SIGTERM."""
+
+    def __init__(self, pid: int, ignore_term: bool = False):
+        self.pid, self.code, self.ignore_term = pid, None, ignore_term
+        self.signals: list[int] = []
+        self.sent: list[object] = []
+        self.on_events = None
+
+    def poll(self):
+        return self.code
+
+    def signal_group(self, sig):
+        self.signals.append(sig)
+        if sig == signal.SIGKILL or not self.ignore_term:
+            self.code = -sig
+
+    def send(self, command):
+        self.sent.append(command)
+        return True
+
+    def attach(self, on_events):
+        self.on_events = on_events
+
+    def drain(self):
+        return []
+
+    def close(self):
+        pass
+
+    def started(self, name):
+        self.on_events([TrainingStarted(pipeline=name, epoch=0, step=0, epochs_total=1, steps_per_epoch=1,
+                                        device="cpu", parameters=1)])
+
+
+class ScriptedLauncher:
+    def __init__(self, ignore_term: bool = False):
+        self.handles: list[FakeHandle] = []
+        self.ignore_term = ignore_term
+
+    def launch(self, spec):
+        handle = FakeHandle(10_000 + len(self.handles), self.ignore_term)
+        self.handles.append(handle)
+        return handle
+
+
+async def until(condition, timeout: float = 5.0):
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0.005)
+    await asyncio.wait_for(poll(), timeout)
+
+
+def make(tmp_path, pipelines, launcher, **top):
+    top.setdefault("telemetry", {"enabled": False})
+    config = make_config(tmp_path, pipelines, **top)
+    return Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=2), tick=0.005)
+
+
+@pytest.fixture
+def launcher():
+    return ScriptedLauncher()
+
+
+async def test_crashes_restart_with_backoff_until_the_budget_is_spent(tmp_path, launcher):
+    sup = make(tmp_path, [{"name": "a"}], launcher,
+               restart={"max_restarts": 2, "backoff": 0.01, "min_uptime": 0.0})
+    events = sup.subscribe()
+    await sup.start()
+    for attempt in range(3):
+        await until(lambda: len(launcher.handles) == attempt + 1)
+        launcher.handles[-1].code = 1  # crash
+    await until(lambda: sup.finished)
+    assert sup.view("a").state == WorkerState.FAILED
+    assert sup.view("a").restarts == 2 and len(launcher.handles) == 3
+    seen = []
+    while (e := events.get_nowait()) is not None:
+        seen.append(e)
+    assert [e.restarts_left for e in seen if isinstance(e, WorkerRestarting)] == [1, 0]
+    assert "budget of 2" in sup.view("a").last_error
+    await sup.shutdown()
+
+
+async def test_failed_starts_in_a_row_end_the_pipeline_early(tmp_path, launcher):
+    sup = make(tmp_path, [{"name": "a"}], launcher,
+               restart={"max_restarts": 10, "backoff": 0.001, "min_uptime": 60.0, "max_failed_starts": 2})
+    await sup.start()
+    for attempt in range(2):
+        await until(lambda: len(launcher.handles) == attempt + 1)
+        launcher.handles[-1].code = 1
+    await until(lambda: sup.finished)
+    assert sup.view("a").state == WorkerState.FAILED
+    assert len(launcher.handles) == 2 and "2 failed starts in a row" in sup.view("a").last_error
+    await sup.shutdown()
+
+
+async def test_kill_escalates_to_sigkill_after_the_grace_period(tmp_path):
+    launcher = ScriptedLauncher(ignore_term=True)
+    sup = make(tmp_path, [{"name": "a"}], launcher, restart={"kill_grace": 0.05})
+    await sup.start()
+    await until(lambda: launcher.handles)
+    sup.kill("a")
+    assert sup.view("a").state == WorkerState.KILLING
+    await until(lambda: sup.finished)
+    assert launcher.handles[0].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert sup.view("a").state == WorkerState.KILLED
+    await sup.shutdown()
+
+
+async def test_restart_on_request_spends_no_budget(tmp_path, launcher):
+    sup = make(tmp_path, [{"name": "a"}], launcher, restart={"max_restarts": 0})
+    await sup.start()
+    await until(lambda: launcher.handles)
+    sup.restart("a")
+    await until(lambda: len(launcher.handles) == 2)
+    assert sup.view("a").attempt == 2 and sup.view("a").restarts == 0
+    assert sup.view("a").state == WorkerState.STARTING
+    launcher.handles[-1].code = 0
+    await until(lambda: sup.finished)
+    assert sup.view("a").state == WorkerState.COMPLETED
+    await sup.shutdown()
+
+
+async def test_queued_pipeline_waits_for_a_slot_and_can_be_stopped_unstarted(tmp_path, launcher):
+    sup = make(tmp_path, [{"name": "a"}, {"name": "b"}, {"name": "c", "priority": 2}], launcher,
+               devices={"cpu_slots": 1})
+    await sup.start()
+    await until(lambda: launcher.handles)
+    assert [v.state for v in sup.views()] == [WorkerState.QUEUED, WorkerState.QUEUED, WorkerState.STARTING]
+    sup.stop("b")
+    assert sup.view("b").state == WorkerState.STOPPED
+    launcher.handles[0].code = 0  # c completes, a takes the slot
+    await until(lambda: len(launcher.handles) == 2)
+    assert sup.view("a").state == WorkerState.STARTING and sup.view("a").device.startswith("cpu0")
+    launcher.handles[1].code = 0
+    await until(lambda: sup.finished)
+    assert {v.name: v.state.value for v in sup.views()} == {"a": "completed", "b": "stopped", "c": "completed"}
+    await sup.shutdown()
+
+
+async def test_pause_resume_and_stop_send_commands(tmp_path, launcher):
+    sup = make(tmp_path, [{"name": "a"}], launcher)
+    await sup.start()
+    await until(lambda: launcher.handles)
+    launcher.handles[0].started("a")
+    assert sup.view("a").state == WorkerState.RUNNING
+    sup.pause("a")
+    assert sup.view("a").state == WorkerState.PAUSED
+    sup.resume("a")
+    sup.stop("a")
+    assert [type(c) for c in launcher.handles[0].sent] == [Pause, Resume, Stop]
+    assert sup.view("a").state == WorkerState.STOPPING
+    launcher.handles[0].code = 10  # the worker's "stopped after a checkpoint"
+    await until(lambda: sup.finished)
+    assert sup.view("a").state == WorkerState.STOPPED
+    await sup.shutdown()
+
+
+async def test_unknown_pipeline_name_is_a_key_error(tmp_path, launcher):
+    sup = make(tmp_path, [{"name": "a"}], launcher)
+    await sup.start()
+    with pytest.raises(KeyError, match="no pipeline named 'zz'"):
+        sup.kill("zz")
+    await sup.shutdown(graceful=False)

@@ -1,0 +1,138 @@
+"""`torchherd run CONFIG --headless`: run a config with no screen, one line per event worth reading.
+
+Ctrl-C once stops every pipeline gracefully (checkpoint, exit); twice kills them.
+SIGTERM and SIGHUP stop gracefully too. The exit status says how the run ended.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from typing import TextIO
+
+from engine.config import RunConfig
+from engine.messages import (CheckpointSaved, EpochEnd, Event, Notice, PipelineFinished, Resumed, RunFinished,
+                             RunStarted, ValResult, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted)
+from engine.supervisor import Supervisor
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # some pipeline failed or was killed
+EXIT_CONFIG = 2  # the config is invalid; nothing launched
+EXIT_STOPPED = 3  # stopped before every pipeline completed (Ctrl-C, SIGTERM, SIGHUP)
+
+
+def _fmt(value: float | None, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class LinePrinter:
+    """Turns events into the lines a person watching a headless run wants to read."""
+
+    def __init__(self, out: TextIO, metric: str = "val_loss"):
+        self.out = out
+        self.metric = metric
+        self.val: dict[str, tuple[int, dict[str, float]]] = {}
+        self.start = time.monotonic()
+
+    def _line(self, text: str) -> None:
+        elapsed = time.monotonic() - self.start
+        self.out.write(f"[{elapsed:7.1f}s] {text}\n")
+        self.out.flush()
+
+    def handle(self, ev: Event) -> None:
+        if isinstance(ev, RunStarted):
+            self._line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
+        elif isinstance(ev, WorkerStarted):
+            self._line(f"{ev.pipeline}: started pid {ev.pid} on {ev.device} (attempt {ev.attempt})")
+        elif isinstance(ev, Resumed):
+            note = f" ({ev.note})" if ev.note else ""
+            self._line(f"{ev.pipeline}: resumed at epoch {ev.epoch} step {ev.step}{note}")
+        elif isinstance(ev, EpochEnd):
+            val = self.val.get(ev.pipeline)
+            val_text = "val -"
+            if val is not None:
+                epoch, metrics = val
+                extra = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "val_loss")
+                val_text = f"val {_fmt(metrics.get('val_loss'))}" + (f" {extra}" if extra else "")
+                if epoch != ev.epoch:
+                    val_text += f" (epoch {epoch + 1})"
+            self._line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} "
+                       f"{val_text} {ev.samples_per_s:,.0f} samples/s")
+        elif isinstance(ev, ValResult):
+            self.val[ev.pipeline] = (ev.epoch, ev.metrics)
+            if ev.mode != "inline":
+                self._line(f"{ev.pipeline}: validated epoch {ev.epoch + 1}: " +
+                           " ".join(f"{k} {v:.4f}" for k, v in ev.metrics.items()) +
+                           f" ({ev.latency:.1f}s after hand-off)")
+        elif isinstance(ev, CheckpointSaved) and ev.reason in ("stop", "request"):
+            self._line(f"{ev.pipeline}: checkpoint {ev.path} (epoch {ev.epoch}, step {ev.step})")
+        elif isinstance(ev, WorkerError):
+            self._line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")
+            if ev.traceback:
+                for line in ev.traceback.rstrip().splitlines():
+                    self.out.write(f"    {line}\n")
+        elif isinstance(ev, WorkerExited) and ev.reason in ("crashed", "failed"):
+            how = f"signal {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
+            self._line(f"{ev.pipeline}: worker pid {ev.pid} {ev.reason} ({how}) after {ev.uptime:.1f}s")
+        elif isinstance(ev, WorkerRestarting):
+            self._line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "
+                       f"{ev.restarts_left} restart(s) left)")
+        elif isinstance(ev, Notice):
+            who = f"{ev.pipeline}: " if ev.pipeline else ""
+            self._line(f"{who}{ev.level}: {ev.text}")
+        elif isinstance(ev, PipelineFinished):
+            reason = f" ({ev.reason})" if ev.reason else ""
+            self._line(f"{ev.pipeline}: {ev.status}{reason}")
+        elif isinstance(ev, RunFinished):
+            summary = ", ".join(f"{k} {v}" for k, v in ev.statuses.items())
+            self._line(f"run finished: {summary}")
+
+
+def exit_status(statuses: dict[str, str]) -> int:
+    values = set(statuses.values())
+    if values <= {"completed"}:
+        return EXIT_OK
+    if values & {"failed", "killed"}:
+        return EXIT_FAILED
+    return EXIT_STOPPED
+
+
+async def run_headless(config: RunConfig, runs_dir: str | None = None, out: TextIO = sys.stdout) -> int:
+    """Run `config` to the end, printing to `out`; returns the process exit status."""
+    supervisor = Supervisor(config, runs_dir=runs_dir)
+    printer = LinePrinter(out, config.validation.metric)
+    stream = supervisor.subscribe()
+    loop = asyncio.get_running_loop()
+    interrupts = 0
+
+    def on_interrupt(signame: str) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1 and signame == "SIGINT":
+            out.write("\nstopping every pipeline gracefully (Ctrl-C again to kill)\n")
+            supervisor.stop(reason="interrupted")
+        elif interrupts == 1:
+            out.write(f"\n{signame}: stopping every pipeline gracefully\n")
+            supervisor.stop(reason=signame)
+        else:
+            out.write("\nkilling every pipeline\n")
+            for view in supervisor.views():
+                supervisor.kill(view.name)
+        out.flush()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, on_interrupt, signal.Signals(sig).name)
+    try:
+        await supervisor.start()
+        async for event in stream:
+            printer.handle(event)
+            if isinstance(event, RunFinished):
+                break
+        statuses = await supervisor.wait()
+    finally:
+        await supervisor.shutdown(graceful=False, timeout=0)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+    out.write(f"run directory: {supervisor.run_dir}\n")
+    return exit_status(statuses)
