@@ -1,0 +1,134 @@
+"""What supervision costs: training speed bare vs under the supervisor, and the status channel's capacity.
+
+Prints samples/s of one task trained by a plain loop in this process and by a
+supervised worker (same task, one thread each, best of several alternating runs),
+their ratio, how many step events per second 4 workers push into the supervisor,
+and the worker-side CPU per reported step. Run: python benchmarks/supervision_overhead.py
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.config import parse_config  # noqa: E402
+from engine.devices import Inventory  # noqa: E402
+from engine.launcher import LaunchSpec, ProcessLauncher, WorkerSpec  # noqa: E402
+from engine.messages import EpochEnd, Notice, StepMetrics  # noqa: E402
+from engine.supervisor import Supervisor  # noqa: E402
+
+PARAMS = {"samples": 40_000, "features": 64, "hidden": 256, "lr": 0.01}
+EPOCHS = 3
+BATCH = 64
+
+
+def bare_samples_per_s() -> float:
+    """The task trained by the loop anyone would write, in this process, one thread."""
+    import torch
+
+    from engine.builtin_tasks import regression
+
+    torch.set_num_threads(1)
+    task = regression(PARAMS)
+    loader = torch.utils.data.DataLoader(task.train_data, batch_size=BATCH, shuffle=True)
+    model, opt = task.model, task.optimizer
+    samples, start = 0, time.perf_counter()
+    for _ in range(EPOCHS):
+        for x, y in loader:
+            loss = task.loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            samples += len(y)
+        loss.item()
+    return samples / (time.perf_counter() - start)
+
+
+async def supervised_samples_per_s(tmp: Path) -> float:
+    data = {"runs_dir": str(tmp), "pipelines": [{"name": "bench", "task": "regression", "params": PARAMS,
+                                                 "max_epochs": EPOCHS, "batch_size": BATCH,
+                                                 "log_every_n_steps": 10}],
+            "devices": {"placement": "cpu", "cpu_slots": 1, "threads_per_worker": 1},
+            "validation": {"mode": "off"}, "telemetry": {"enabled": False}}
+    config = parse_config(data, str(tmp / "bench.toml"), tmp)
+    sup = Supervisor(config, inventory=Inventory(cpu_count=os.cpu_count() or 1))
+    stream = sup.subscribe()
+    await sup.start()
+    await sup.wait()
+    await sup.shutdown()
+    samples = duration = 0.0
+    async for ev in stream:
+        if isinstance(ev, EpochEnd):
+            samples += ev.samples_per_s * ev.duration
+            duration += ev.duration
+    return samples / duration
+
+
+async def channel_capacity(tmp: Path, workers: int = 4, count: int = 200_000) -> dict[str, float]:
+    """Step events/s from `workers` flood workers into an asyncio reader, and their CPU per step."""
+    launcher = ProcessLauncher()
+    received = 0
+    reports: list[dict] = []
+    done = asyncio.Event()
+
+    def on_events(events):
+        nonlocal received
+        for ev in events:
+            if isinstance(ev, StepMetrics):
+                received += 1
+            elif isinstance(ev, Notice):
+                reports.append(json.loads(ev.text))
+                if len(reports) == workers:
+                    done.set()
+
+    handles = []
+    start = time.perf_counter()
+    for i in range(workers):
+        spec = LaunchSpec(worker=WorkerSpec(pipeline={"name": f"w{i}", "params": {"count": count}}, validation={},
+                                            device="cpu", threads=1, pipeline_dir=str(tmp / f"w{i}"), attempt=1),
+                          log_path=tmp / f"w{i}" / "log.txt", gpu_index=None, module="benchmarks._flood_worker")
+        handle = launcher.launch(spec)
+        handle.attach(on_events)
+        handles.append(handle)
+    first = None
+    while not done.is_set():
+        await asyncio.sleep(0.01)
+        if first is None and received:
+            first = time.perf_counter()  # exclude interpreter start-up from the rate
+    elapsed = time.perf_counter() - (first or start)
+    for h in handles:
+        h.proc.wait()
+        h.close()
+    assert received == workers * count, (received, workers * count)
+    return {"events_per_s": received / elapsed,
+            "loop_us": 1e6 * sum(r["loop_cpu"] for r in reports) / (workers * count),
+            "total_us": 1e6 * sum(r["total_cpu"] for r in reports) / (workers * count)}
+
+
+def main() -> None:
+    rounds = int(os.environ.get("ROUNDS", "3"))
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        bare, supervised = [], []
+        for i in range(rounds):  # alternate, so drift on a shared machine hits both alike
+            bare.append(bare_samples_per_s())
+            supervised.append(asyncio.run(supervised_samples_per_s(tmp / f"run{i}")))
+            print(f"round {i + 1}: bare {bare[-1]:,.0f} samples/s, supervised {supervised[-1]:,.0f} samples/s")
+        b, s = max(bare), max(supervised)
+        print(f"training speed: bare {b:,.0f} samples/s, supervised {s:,.0f} samples/s, "
+              f"ratio supervised/bare {s / b:.3f} (goal >= 0.97)")
+        cap = asyncio.run(channel_capacity(tmp / "flood"))
+        print(f"status channel: {cap['events_per_s']:,.0f} step events/s from 4 workers into one reader "
+              f"(goal >= 100,000)")
+        print(f"worker CPU per reported step: {cap['loop_us']:.2f} us in the training thread, "
+              f"{cap['total_us']:.2f} us including the sender thread's pickling and writes (goal <= 10 us)")
+
+
+if __name__ == "__main__":
+    main()
