@@ -42,12 +42,12 @@ class StatusSender:
         self._thread = threading.Thread(target=self._run, name="torchherd-status", daemon=True)
         self._thread.start()
 
-    def step(self, event: StepMetrics) -> None:
-        """Queue a step report; dropped (and counted) when too many are waiting."""
+    def step(self, event: Event) -> None:
+        """Queue a report that a newer one supersedes (steps, heartbeats); dropped when too many wait."""
         if len(self._queue) >= self._max_pending:
             self._dropped += 1
             return
-        if self._dropped:
+        if self._dropped and isinstance(event, StepMetrics):
             event = dataclasses.replace(event, dropped=self._dropped)
             self._dropped = 0
         self._queue.append(event)

@@ -122,11 +122,28 @@ class DevicesConfig(_Strict):
 class ValidationConfig(_Strict):
     """How and when the weights are scored on validation data."""
 
-    mode: Literal["inline", "off"] = Field("inline", description=(
-        "'inline' validates in the worker at epoch end; 'off' never validates."))
+    mode: Literal["auto", "background", "inline", "off"] = Field("auto", description=(
+        "'background' hands weight snapshots to one validation process while training goes on; 'inline' "
+        "validates in the worker, which waits; 'auto' picks background when there is a spare GPU or core, "
+        "else inline; 'off' never validates."))
     every_n_epochs: int = Field(1, ge=1, description="Validate every this many epochs.")
+    every_n_steps: int | None = Field(None, ge=1, description=(
+        "Also hand off a snapshot every this many optimizer steps (background mode)."))
+    policy: Literal["latest", "all"] = Field("latest", description=(
+        "When the validator falls behind: 'latest' validates the newest snapshot and records the skipped "
+        "ones; 'all' validates every snapshot, dropping (and saying so) only when every slot is unread."))
+    slots: int = Field(2, ge=2, le=64, description=(
+        "Snapshot slots per pipeline in shared memory (each the size of the model's weights)."))
+    device: Literal["auto", "cpu"] | int = Field("auto", description=(
+        "Where the validator runs: 'auto' (a GPU no worker uses, else the last GPU, else the CPU), 'cpu', "
+        "or a GPU index."))
+    threads: int = Field(1, ge=1, description="torch threads for the validator on the CPU.")
     metric: str = Field("val_loss", description="The metric that decides the best checkpoint.")
     metric_mode: Literal["min", "max"] = Field("min", description="Whether lower or higher `metric` is better.")
+    patience: int | None = Field(None, ge=1, description=(
+        "Stop a pipeline after this many validations without improving `metric` (early stopping)."))
+    checksum: bool = Field(False, description=(
+        "Record a checksum of every snapshot and of the weights validated (costs one pass over the weights)."))
 
 
 class RestartConfig(_Strict):
@@ -139,6 +156,10 @@ class RestartConfig(_Strict):
         "A worker that dies sooner than this (seconds) counts as a failed start."))
     max_failed_starts: int = Field(3, ge=1, description="Consecutive failed starts after which the pipeline fails.")
     kill_grace: float = Field(5.0, gt=0, description="Seconds between SIGTERM and SIGKILL when killing.")
+    hang_timeout: float | None = Field(None, gt=0, description=(
+        "Seconds without a training step after which a running worker is declared hung: its stack goes to "
+        "its log, it is killed and the restart policy applies. Must exceed the slowest step or validation. "
+        "Unset: never."))
     stop_timeout: float = Field(120.0, gt=0, description=(
         "Seconds a graceful stop may take (finish the step, checkpoint) before the worker is killed."))
 

@@ -36,6 +36,7 @@ class WorkerSpec:
     threads: int  # torch threads for a CPU worker
     pipeline_dir: str
     attempt: int
+    snapshot_dir: str = ""  # background validation: where this pipeline's snapshot slots live
     status_fd: int = -1
     control_fd: int = -1
     supervisor_pid: int = 0
@@ -69,6 +70,9 @@ class WorkerHandle(Protocol):
 
     def signal_group(self, sig: int) -> None:
         """Send `sig` to the worker's whole process group (it and its DataLoader workers)."""
+
+    def signal_process(self, sig: int) -> None:
+        """Send `sig` to the worker process alone."""
 
     def send(self, command: Command) -> bool:
         """Deliver a command; False if the worker can no longer hear it."""
@@ -108,6 +112,12 @@ class ProcessHandle:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
+
+    def signal_process(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def send(self, command: Command) -> bool:
         try:

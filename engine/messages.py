@@ -109,6 +109,15 @@ class StepMetrics(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Heartbeat(Event):
+    """The training thread is alive and stepping (sent at most once a second; not in events.jsonl)."""
+
+    type: ClassVar[str] = "heartbeat"
+    pipeline: str
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EpochEnd(Event):
     """A training epoch finished: its mean loss and how long it took."""
 
@@ -157,7 +166,58 @@ class ValResult(Event):
     step: int
     metrics: dict[str, float]
     latency: float = 0.0  # seconds from weight hand-off to result
-    mode: str = "inline"
+    mode: str = "inline"  # "inline" or "background"
+    seq: int = 0  # the snapshot scored (background)
+    checksum: float | None = None  # sum of the weights scored, when validation.checksum is on
+    error: str = ""  # validation raised: metrics is empty and this says why
+    traceback: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SnapshotTaken(Event):
+    """A worker copied its weights into a snapshot slot for the validator and carried on."""
+
+    type: ClassVar[str] = "snapshot_taken"
+    pipeline: str
+    seq: int  # 1, 2, ... per pipeline and attempt chain
+    epoch: int
+    step: int
+    slot: int
+    stall_ms: float  # how long training waited for the copy
+    nbytes: int
+    checksum: float | None = None  # sum of every weight, when validation.checksum is on
+    dropped: bool = False  # policy "all" and every slot unread: this snapshot was not kept
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ValidatorStarted(Event):
+    """The background validation process was spawned."""
+
+    type: ClassVar[str] = "validator_started"
+    pid: int
+    device: str
+    attempt: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SnapshotSkipped(Event):
+    """A snapshot was never validated (a newer one was, or the validator was down)."""
+
+    type: ClassVar[str] = "snapshot_skipped"
+    pipeline: str
+    seq: int
+    epoch: int
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EarlyStop(Event):
+    """The validator saw no improvement for `patience` results and asks the pipeline to stop."""
+
+    type: ClassVar[str] = "early_stop"
+    pipeline: str
+    reason: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -78,9 +78,59 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
             (f", max {p.max_time:g}s" if p.max_time else "")
         lines.append(f"{name}: task {p.task}, {limits}, precision {p.precision} -> {where}")
     v = config.validation
-    lines.append("validation: " + ("off" if v.mode == "off" else f"{v.mode}, every {v.every_n_epochs} epoch(s), "
-                                    f"best by {v.metric} ({v.metric_mode})"))
+    plan = plan_validation(config, slots, inventory)
+    lines.append("validation: " + ("off" if plan.mode == "off" else
+                                    f"{plan.label} ({plan.why}), every {v.every_n_epochs} epoch(s)"
+                                    + (f" and {v.every_n_steps} steps" if v.every_n_steps and plan.mode == "background" else "")
+                                    + f", best by {v.metric} ({v.metric_mode})"
+                                    + (f", policy {v.policy}" if plan.mode == "background" else "")
+                                    + (f", early stop after {v.patience}" if v.patience else "")))
     r = config.restart
     lines.append(f"restarts: up to {r.max_restarts}, backoff {r.backoff:g}s..{r.backoff_max:g}s, "
                  f"min uptime {r.min_uptime:g}s")
     return lines
+
+
+@dataclass(frozen=True)
+class ValidationPlan:
+    """Where validation runs for a config: its resolved mode and, in the background, on which device."""
+
+    mode: str  # "background", "inline" or "off"
+    device: str  # "cpu" or "cuda" (background only)
+    gpu: GpuInfo | None
+    threads: int
+    why: str
+
+    @property
+    def label(self) -> str:
+        if self.mode != "background":
+            return self.mode
+        where = f"gpu{self.gpu.index}" if self.gpu is not None else f"cpu ({self.threads} thread)"
+        return f"background on {where}"
+
+
+def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) -> ValidationPlan:
+    """Resolve `validation.mode` and `validation.device` against the slots this run uses."""
+    v = config.validation
+    if v.mode in ("off", "inline"):
+        return ValidationPlan(v.mode, "", None, v.threads, "as configured")
+    used = {s.gpu.index for s in slots if s.gpu is not None}
+    spare = [g for g in inventory.gpus if g.index not in used]
+    if isinstance(v.device, int):
+        gpu = inventory.gpu(v.device)
+        if gpu is not None:
+            return ValidationPlan("background", "cuda", gpu, v.threads, "as configured")
+    if v.device == "cpu":
+        return ValidationPlan("background", "cpu", None, v.threads, "as configured")
+    if spare:
+        return ValidationPlan("background", "cuda", spare[0], v.threads, "a GPU no worker uses")
+    if inventory.gpus:
+        gpu = inventory.gpus[-1]
+        return ValidationPlan("background", "cuda", gpu, v.threads, "sharing the last GPU")
+    busy = sum(s.threads for s in slots if s.gpu is None)
+    if v.mode == "background" or inventory.cpu_count > busy:
+        why = "as configured" if v.mode == "background" else f"{inventory.cpu_count - busy} spare core(s)"
+        return ValidationPlan("background", "cpu", None, v.threads, why)
+    # Every core already trains: a validator would only slow the workers down (see
+    # benchmarks/validation_overlap.py), so validate inline.
+    return ValidationPlan("inline", "", None, v.threads, f"no spare core ({busy} of {inventory.cpu_count} train)")

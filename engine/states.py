@@ -22,6 +22,8 @@ class WorkerState(str, Enum):
     """Asked to finish its step, checkpoint and exit."""
     KILLING = "killing"
     """Sent SIGTERM to its process group; SIGKILL follows after a grace period."""
+    HUNG = "hung"
+    """Made no progress for `hang_timeout`; its stack is in its log and it is being killed."""
     BACKOFF = "backoff"
     """Exited unexpectedly; waiting before the next attempt."""
     COMPLETED = "completed"
@@ -48,7 +50,7 @@ FINAL_STATES = frozenset(
 )
 _ALIVE = frozenset(
     {WorkerState.STARTING, WorkerState.RUNNING, WorkerState.PAUSED,
-     WorkerState.STOPPING, WorkerState.KILLING}
+     WorkerState.STOPPING, WorkerState.KILLING, WorkerState.HUNG}
 )
 
 _S = WorkerState
@@ -56,13 +58,14 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
     _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED}),
     _S.STARTING: frozenset({_S.RUNNING, _S.PAUSED, _S.STOPPING, _S.KILLING, _S.BACKOFF,
                             _S.COMPLETED, _S.STOPPED, _S.FAILED}),
-    _S.RUNNING: frozenset({_S.PAUSED, _S.STOPPING, _S.KILLING, _S.BACKOFF,
+    _S.RUNNING: frozenset({_S.PAUSED, _S.STOPPING, _S.KILLING, _S.HUNG, _S.BACKOFF,
                            _S.COMPLETED, _S.STOPPED, _S.FAILED}),
+    _S.HUNG: frozenset({_S.KILLING, _S.BACKOFF, _S.FAILED, _S.STOPPED, _S.KILLED, _S.COMPLETED}),
     _S.PAUSED: frozenset({_S.RUNNING, _S.STOPPING, _S.KILLING, _S.BACKOFF,
                           _S.STOPPED, _S.FAILED}),
-    _S.STOPPING: frozenset({_S.KILLING, _S.STOPPED, _S.COMPLETED, _S.BACKOFF, _S.FAILED}),
+    _S.STOPPING: frozenset({_S.KILLING, _S.HUNG, _S.STOPPED, _S.COMPLETED, _S.BACKOFF, _S.FAILED}),
     _S.KILLING: frozenset({_S.KILLED, _S.STARTING, _S.QUEUED, _S.STOPPED, _S.COMPLETED,
-                           _S.FAILED}),
+                           _S.FAILED, _S.BACKOFF}),
     _S.BACKOFF: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED}),
     # A final state is left only when a person asks to restart the pipeline.
     _S.COMPLETED: frozenset({_S.QUEUED}),

@@ -19,11 +19,13 @@ from engine.channel import (EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED)
 from engine.config import ConfigError, Pipeline, RunConfig
 from engine.devices import Inventory, discover_devices
 from engine.launcher import LaunchSpec, ProcessLauncher, WorkerHandle, WorkerSpec
-from engine.messages import (CheckpointNow, EpochEnd, Event, Notice, Pause, PipelineFinished, PipelineQueued,
+from engine.messages import (CheckpointNow, EarlyStop, EpochEnd, Event, Heartbeat, Notice, SnapshotSkipped,
+                             SnapshotTaken, ValidatorStarted, Pause, PipelineFinished, PipelineQueued,
                              Resume, RunFinished, RunStarted, StepMetrics, Stop, TrainingStarted, ValResult,
                              TelemetrySnapshot, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted,
                              WorkerStateChanged)
-from engine.placement import Slot, plan_slots
+from engine.placement import Slot, ValidationPlan, plan_slots, plan_validation
+from engine.snapshot import remove_root, snapshot_root
 from engine.policy import RestartPolicy
 from engine.rundir import RunDirectory, new_run_id
 from engine.states import WorkerState, check_transition
@@ -31,6 +33,8 @@ from engine.telemetry import TelemetrySampler
 
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
+VALIDATOR_BACKOFF = (1.0, 30.0)  # seconds: first and longest delay before restarting the validator
+HANG_DUMP_WAIT = 1.0  # seconds between asking a hung worker for its stack and killing it
 HISTORY = 100_000  # events kept in memory for late subscribers
 
 
@@ -79,6 +83,7 @@ class _Run:
     intent: str | None = None  # "stop", "kill" or "restart": why we asked it to end
     stop_reason: str = ""
     escalated: bool = False
+    last_progress: float = 0.0  # monotonic time of the worker's last sign of training
     epoch: int = 0
     step: int = 0
     epochs_total: int = 0
@@ -90,7 +95,21 @@ class _Run:
     last_error: str = ""
     last_traceback: str = ""
     finish_reason: str = ""
-    pending: list[object] = field(default_factory=list)  # commands to send once started
+    validation: ValidationPlan | None = None
+    handed: dict[int, tuple[int, int]] = field(default_factory=dict)  # snapshot seq -> (epoch, step), unscored
+    validation_broken: bool = False  # the validator cannot score this pipeline at all
+
+
+@dataclass
+class _Validator:
+    """The one background validation process of a session."""
+
+    plan: ValidationPlan
+    handle: WorkerHandle | None = None
+    attempt: int = 0
+    restart_at: float | None = None
+    failures: int = 0  # consecutive deaths; sets the backoff
+    started_mono: float = 0.0
 
 
 class EventStream:
@@ -143,8 +162,11 @@ class Supervisor:
         self._finished = asyncio.Event()
         self._finished_sent = False
         self._closed = False
+        self._closing = False  # shutdown has begun: no more restarts of the validator
         self._pids: dict[str, int] = {}  # replaced whole on change: the sampler thread reads it
         self._sampler: TelemetrySampler | None = None
+        self._validator: _Validator | None = None
+        self.snapshot_root = snapshot_root(self.run_id, self.run_dir)
         self.telemetry: TelemetrySnapshot | None = None  # the newest sample
 
     # ------------------------------------------------------------ public
@@ -236,6 +258,7 @@ class Supervisor:
     def resume(self, name: str) -> None:
         run = self._get(name)
         if run.state == S.PAUSED:
+            run.last_progress = time.monotonic()
             self._send(run, Resume())
             self._set_state(run, S.RUNNING)  # PAUSED -> RUNNING
 
@@ -287,6 +310,20 @@ class Supervisor:
             deadline = time.monotonic() + timeout
             while self.alive and time.monotonic() < deadline:
                 await asyncio.sleep(self._tick_interval)
+            # Let the validator score what the stopped workers handed off last.
+            while self._validation_pending() and time.monotonic() < deadline and \
+                    self._validator is not None and self._validator.handle is not None:
+                await asyncio.sleep(self._tick_interval)
+        self._closing = True
+        v = self._validator
+        if v is not None and v.handle is not None:
+            v.handle.send(Stop(reason="shutdown"))
+            end = time.monotonic() + 5.0
+            while v.handle.poll() is None and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+            self._on_validator_events(v.handle, v.handle.drain())
+            v.handle.close()
+            v.handle = None
         for run in self._runs.values():
             if run.handle is not None:
                 if run.intent != "stop":
@@ -312,6 +349,7 @@ class Supervisor:
             except asyncio.CancelledError:
                 pass
         self._closed = True
+        remove_root(self.snapshot_root)
         self._rundir.close()
         for queue in self._subscribers:
             queue.put_nowait(None)
@@ -329,6 +367,10 @@ class Supervisor:
 
     def _add(self, config: RunConfig) -> list[str]:
         policy = RestartPolicy(config.restart)
+        plan = plan_validation(config, self._slots, self.inventory)
+        if plan.mode == "background" and self._validator is None:
+            self._validator = _Validator(plan)
+            self._launch_validator()
         names = []
         for pipe in config.pipelines:
             name = pipe.name
@@ -339,7 +381,7 @@ class Supervisor:
             if name != pipe.name:
                 pipe = pipe.model_copy(update={"name": name})
             self._runs[name] = _Run(config=pipe, run_config=config, policy=policy, order=self._order,
-                                    epochs_total=pipe.max_epochs)
+                                    epochs_total=pipe.max_epochs, validation=plan)
             self._order += 1
             names.append(name)
         return names
@@ -372,9 +414,12 @@ class Supervisor:
         name = run.config.name
         spec = LaunchSpec(
             worker=WorkerSpec(pipeline=run.config.model_dump(mode="json"),
-                              validation=run.run_config.validation.model_dump(mode="json"),
+                              validation={**run.run_config.validation.model_dump(mode="json"),
+                                          "mode": run.validation.mode if run.validation else "inline"},
                               device=slot.device, threads=slot.threads,
-                              pipeline_dir=str(self._rundir.pipeline_dir(name)), attempt=run.attempt),
+                              pipeline_dir=str(self._rundir.pipeline_dir(name)), attempt=run.attempt,
+                              snapshot_dir=str(self.snapshot_root / name)
+                              if run.validation is not None and run.validation.mode == "background" else ""),
             log_path=self._rundir.log_path(name),
             gpu_index=slot.gpu.index if slot.gpu is not None else None)
         run.intent, run.deadline, run.restart_at, run.escalated = None, None, None, False
@@ -402,7 +447,10 @@ class Supervisor:
             queue.put_nowait(snapshot)
 
     def _update_pids(self) -> None:
-        self._pids = {n: r.handle.pid for n, r in self._runs.items() if r.handle is not None}
+        pids = {n: r.handle.pid for n, r in self._runs.items() if r.handle is not None}
+        if self._validator is not None and self._validator.handle is not None:
+            pids["(validator)"] = self._validator.handle.pid
+        self._pids = pids
 
     def _send(self, run: _Run, command: object) -> None:
         if run.handle is not None:
@@ -417,7 +465,10 @@ class Supervisor:
     def _on_events(self, run: _Run, handle: WorkerHandle, events: list[Event]) -> None:
         if run.handle is not handle:
             return  # a late batch from an attempt already reaped
+        run.last_progress = time.monotonic()
         for event in events:
+            if isinstance(event, Heartbeat):
+                continue  # only proves progress; not worth a line anywhere
             if isinstance(event, StepMetrics):
                 run.epoch, run.step, run.train_loss = event.epoch, event.step, event.loss
                 run.samples_per_s = event.samples_per_s
@@ -425,14 +476,12 @@ class Supervisor:
                 run.epoch, run.step, run.train_loss = event.epoch + 1, event.step, event.train_loss
                 run.samples_per_s = event.samples_per_s
                 run.steps_per_epoch = event.steps_per_epoch
+            elif isinstance(event, SnapshotTaken):
+                if not event.dropped:
+                    run.handed[event.seq] = (event.epoch, event.step)
             elif isinstance(event, ValResult):
-                metric = run.run_config.validation.metric
-                value = event.metrics.get(metric, event.metrics.get("val_loss"))
-                run.val_loss = event.metrics.get("val_loss", value)
-                if value is not None:
-                    better_max = run.run_config.validation.metric_mode == "max"
-                    if run.best_val is None or (value > run.best_val if better_max else value < run.best_val):
-                        run.best_val = value
+                self._record_val(run, event)
+                continue
             elif isinstance(event, TrainingStarted):
                 run.epoch, run.step = event.epoch, event.step
                 run.epochs_total, run.steps_per_epoch = event.epochs_total, event.steps_per_epoch
@@ -441,6 +490,96 @@ class Supervisor:
             elif isinstance(event, WorkerError):
                 run.last_error, run.last_traceback = event.error, event.traceback
             self._emit(event)
+
+    # -------------------------------------------------------- validator
+
+    def _launch_validator(self) -> None:
+        v = self._validator
+        assert v is not None
+        v.attempt += 1
+        v.restart_at = None
+        directory = self.run_dir / "validator"
+        spec = LaunchSpec(
+            worker=WorkerSpec(pipeline={"name": "validator", "snapshot_root": str(self.snapshot_root)},
+                              validation={}, device=v.plan.device, threads=v.plan.threads,
+                              pipeline_dir=str(directory), attempt=v.attempt),
+            log_path=directory / "log.txt", gpu_index=v.plan.gpu.index if v.plan.gpu is not None else None,
+            module="engine.validator")
+        try:
+            v.handle = self._launcher.launch(spec)
+        except OSError as exc:
+            self._emit(Notice(level="error", text=f"could not start the validator: {exc}"))
+            self._validator_died()
+            return
+        v.started_mono = time.monotonic()
+        handle = v.handle
+        self._emit(ValidatorStarted(pid=handle.pid, device=v.plan.label, attempt=v.attempt))
+        handle.attach(lambda events, handle=handle: self._on_validator_events(handle, events))
+        self._update_pids()
+
+    def _validator_died(self, code: int | None = None) -> None:
+        v = self._validator
+        assert v is not None
+        if v.handle is not None:
+            self._on_validator_events(v.handle, v.handle.drain())
+            v.handle.close()
+            v.handle = None
+            self._update_pids()
+        healthy = time.monotonic() - v.started_mono > 60.0  # seconds: long enough to reset the backoff
+        v.failures = 1 if healthy else v.failures + 1
+        first, longest = VALIDATOR_BACKOFF
+        delay = min(first * 2 ** (v.failures - 1), longest)
+        v.restart_at = time.monotonic() + delay
+        how = "" if code is None else (f" (killed by {signal.Signals(-code).name})" if code < 0 and
+                                       -code in signal.Signals._value2member_map_ else f" (exit code {code})")
+        self._emit(Notice(level="error", text=f"validator exited{how}; restarting in {delay:g}s; "
+                                              "training goes on and the snapshots it misses are recorded as skipped"))
+
+    def _on_validator_events(self, handle: WorkerHandle, events: list[Event]) -> None:
+        v = self._validator
+        if v is None or v.handle is not handle:
+            return
+        for event in events:
+            run = self._runs.get(getattr(event, "pipeline", ""))
+            if isinstance(event, ValResult) and run is not None:
+                if event.seq == 0 and event.error:
+                    run.validation_broken = True
+                self._resolve_snapshots(run, event.seq)
+                if event.error:
+                    self._emit(event)
+                    continue
+                self._record_val(run, event)
+                continue
+            if isinstance(event, EarlyStop) and run is not None:
+                self._emit(event)
+                if run.state in (S.STARTING, S.RUNNING, S.PAUSED):
+                    self.stop(run.config.name, reason=event.reason)
+                continue
+            self._emit(event)
+
+    def _record_val(self, run: _Run, event: ValResult) -> None:
+        """Note a validation result (inline or background) in the pipeline's figures and emit it."""
+        metric = run.run_config.validation.metric
+        value = event.metrics.get(metric, event.metrics.get("val_loss"))
+        run.val_loss = event.metrics.get("val_loss", value)
+        if value is not None:
+            better_max = run.run_config.validation.metric_mode == "max"
+            if run.best_val is None or (value > run.best_val if better_max else value < run.best_val):
+                run.best_val = value
+        self._emit(event)
+
+    def _resolve_snapshots(self, run: _Run, seq: int) -> None:
+        """Snapshots older than `seq` that were never scored are recorded as skipped."""
+        for old in sorted(k for k in run.handed if k < seq):
+            epoch, step = run.handed.pop(old)
+            self._emit(SnapshotSkipped(pipeline=run.config.name, seq=old, epoch=epoch, step=step,
+                                       reason="a newer snapshot was validated first"))
+        run.handed.pop(seq, None)
+
+    def _validation_pending(self) -> bool:
+        if self._validator is None:
+            return False
+        return any(r.handed and not r.validation_broken for r in self._runs.values())
 
     async def _tick_loop(self) -> None:
         while True:
@@ -459,18 +598,40 @@ class Supervisor:
                 if code is not None:
                     self._on_exit(run, handle, code)
                 elif run.deadline is not None and now >= run.deadline:
-                    if run.state == S.KILLING and not run.escalated:
+                    if run.state == S.HUNG:
+                        self._terminate(run)  # its stack had time to reach the log
+                    elif run.state == S.KILLING and not run.escalated:
                         run.escalated = True
                         handle.signal_group(signal.SIGKILL)  # it ignored SIGTERM for kill_grace
                     elif run.state == S.STOPPING:
                         run.stop_reason = f"did not stop within {run.run_config.restart.stop_timeout:g}s; killed"
                         self._terminate(run)
+                elif self._is_hung(run, now):
+                    run.intent = "hung"
+                    handle.signal_process(signal.SIGUSR1)  # faulthandler writes every thread's stack to the log
+                    run.deadline = now + HANG_DUMP_WAIT
+                    timeout = run.run_config.restart.hang_timeout
+                    run.last_error = f"hung: no training step for {timeout:g}s (stack dumped to its log)"
+                    self._set_state(run, S.HUNG)  # RUNNING/STOPPING -> HUNG
+                    self._emit(Notice(pipeline=run.config.name, level="error", text=run.last_error))
             elif run.state == S.BACKOFF and run.restart_at is not None and now >= run.restart_at:
                 self._launch(run)
+        v = self._validator
+        if v is not None and not self._closing:
+            if v.handle is not None:
+                code = v.handle.poll()
+                if code is not None:
+                    self._validator_died(code)
+            elif v.restart_at is not None and now >= v.restart_at:
+                self._launch_validator()
         self._schedule()
         if self._rundir is not None:
             self._rundir.flush()
         self._check_finished()
+
+    def _is_hung(self, run: _Run, now: float) -> bool:
+        timeout = run.run_config.restart.hang_timeout
+        return timeout is not None and run.state == S.RUNNING and now - run.last_progress > timeout
 
     def _on_exit(self, run: _Run, handle: WorkerHandle, code: int) -> None:
         self._on_events(run, handle, handle.drain())
@@ -485,16 +646,18 @@ class Supervisor:
             reason = "restarted"
         elif intent == "kill":
             reason = "killed"
+        elif intent == "hung":
+            reason = "hung"
         elif code == EXIT_STOPPED or (intent == "stop" and code != EXIT_COMPLETED):
             reason = "stopped"
         elif code == EXIT_COMPLETED:
             reason = "completed"
         else:
             reason = "failed" if code == EXIT_FATAL else "crashed"
-        error = run.last_error if reason in ("failed", "crashed") else ""
+        error = run.last_error if reason in ("failed", "crashed", "hung") else ""
         self._emit(WorkerExited(pipeline=run.config.name, pid=handle.pid, attempt=run.attempt,
                                 exit_code=code if code >= 0 else None, signal=sig, reason=reason,
-                                error=error or ("" if reason not in ("failed", "crashed") else exit_desc),
+                                error=error or ("" if reason not in ("failed", "crashed", "hung") else exit_desc),
                                 traceback=run.last_traceback if error else "", uptime=uptime))
         if reason == "restarted":
             run.last_error = run.last_traceback = ""
@@ -548,7 +711,7 @@ class Supervisor:
     def _check_finished(self) -> None:
         if self._finished_sent or not self._runs or self._rundir is None:
             return
-        if all(r.state.final for r in self._runs.values()):
+        if all(r.state.final for r in self._runs.values()) and (self._closing or not self._validation_pending()):
             statuses = {n: r.state.value for n, r in self._runs.items()}
             self._finished_sent = True
             self._emit(RunFinished(ok=all(s == "completed" for s in statuses.values()), statuses=statuses))

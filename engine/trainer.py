@@ -20,11 +20,13 @@ from engine.channel import (EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPP
                             StatusSender)
 from engine.config import Pipeline, ValidationConfig
 from engine.evaluate import evaluate
-from engine.messages import (CheckpointNow, CheckpointSaved, EpochEnd, Notice, Pause, Resume, Resumed,
+from engine.messages import (CheckpointNow, CheckpointSaved, EpochEnd, Heartbeat, Notice, Pause, Resume, Resumed,
+                             SnapshotTaken,
                              StepMetrics, Stop, TrainingStarted, ValResult)
 from engine.task import Task
 
 CONTROL_INTERVAL = 0.02  # seconds between looks at the control pipe
+HEARTBEAT_INTERVAL = 1.0  # seconds between "still stepping" reports from the training thread
 
 
 class EpochSampler(torch.utils.data.Sampler):
@@ -58,7 +60,8 @@ class Trainer:
     """Trains one pipeline in this process; `run()` returns the worker's exit code."""
 
     def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
-                 pipeline_dir: Path, sender: StatusSender, control: ControlReceiver):
+                 pipeline_dir: Path, sender: StatusSender, control: ControlReceiver,
+                 snapshot_dir: Path | None = None):
         self.task, self.pipe, self.validation = task, pipe, validation
         self.device = torch.device(device)
         self.dir = pipeline_dir
@@ -73,6 +76,7 @@ class Trainer:
         self.epoch_loss = torch.zeros((), device=self.device)
         self.epoch_batches = 0
         self._next_control = 0.0
+        self._next_heartbeat = 0.0
         self._paused = False
         self._stop: str | None = None
         self._checkpoint_requested = False
@@ -90,6 +94,9 @@ class Trainer:
         self.sampler: EpochSampler | None = None
         self.train_loader = self._loader(task.train_data, shuffle=True)
         self.val_loader = self._loader(task.val_data, shuffle=False) if task.val_data is not None else None
+        self.snapshot_dir = snapshot_dir
+        self._writer = None  # SnapshotWriter, made at the first hand-off (after resume)
+        self._snapshot_seq = 0  # carried in checkpoints so seqs keep rising across restarts
 
     # ------------------------------------------------------------ data
 
@@ -127,6 +134,7 @@ class Trainer:
             "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
             "epoch_loss": float(self.epoch_loss), "epoch_batches": self.epoch_batches,
             "trained_time": self.trained_time + self._elapsed(), "best": self.best,
+            "snapshot_seq": self._snapshot_seq,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
             "pipeline": self.name,
@@ -150,6 +158,7 @@ class Trainer:
         self.epoch_batches = state.get("epoch_batches", 0)
         self.trained_time = state.get("trained_time", 0.0)
         self.best = state.get("best")
+        self._snapshot_seq = state.get("snapshot_seq", 0)
         rng = state.get("rng") or {}
         if rng.get("torch") is not None:
             torch.set_rng_state(rng["torch"])
@@ -188,6 +197,10 @@ class Trainer:
         if now < self._next_control:
             return
         self._next_control = now + CONTROL_INTERVAL
+        if now >= self._next_heartbeat:
+            # From the training thread itself: a stuck step stops these, the sender thread would not.
+            self._next_heartbeat = now + HEARTBEAT_INTERVAL
+            self.sender.step(Heartbeat(pipeline=self.name, step=self.step))
         self._handle_commands()
         if self._paused:
             paused_at = time.monotonic()
@@ -239,6 +252,8 @@ class Trainer:
         self.model.train()
         accum = pipe.accumulate_grad_batches
         log_every = pipe.log_every_n_steps
+        v = self.validation
+        self._step_handoff = v.every_n_steps if v.mode == "background" and v.every_n_steps else 0
         window_loss = torch.zeros((), device=self.device)
         window_batches = 0
         window_samples = 0
@@ -277,6 +292,8 @@ class Trainer:
                     self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
+                if self._step_handoff and self.step % self._step_handoff == 0:
+                    self._hand_off(self.epoch)
                 if self.step % log_every == 0:
                     mean = float(window_loss) / window_batches
                     code = self._check_finite(mean, "step report")
@@ -331,9 +348,14 @@ class Trainer:
     # --------------------------------------------------------- validate
 
     def _validate(self, epoch: int) -> None:
-        """Inline validation: the seam where background validation hands off a snapshot instead."""
+        """Validate at an epoch's end: inline here, or by handing a snapshot to the validator."""
         v = self.validation
-        if v.mode != "inline" or self.val_loader is None or (epoch + 1) % v.every_n_epochs:
+        if v.mode == "off" or (epoch + 1) % v.every_n_epochs:
+            return
+        if v.mode == "background":
+            self._hand_off(epoch)
+            return
+        if self.val_loader is None:
             return
         start = time.monotonic()
         metrics = evaluate(self.model, self.val_loader, self.task.loss_fn, self.task.metrics_fn,
@@ -347,3 +369,23 @@ class Trainer:
         if better:
             self.best = value
             self.save("best", ckpt.BEST)
+
+    def _hand_off(self, epoch: int) -> None:
+        """Copy the weights into a snapshot slot for the validator and carry on training."""
+        if self.snapshot_dir is None:
+            return
+        if self._writer is None:
+            from engine.snapshot import SnapshotWriter
+
+            v = self.validation
+            meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
+                    "pipeline_dir": str(self.dir), "best": self.best}
+            self._writer = SnapshotWriter(self.snapshot_dir, self.model, v.slots, v.policy, v.checksum, meta)
+            self._writer.seq = self._snapshot_seq
+        info = self._writer.hand_off(epoch, self.step)
+        self._snapshot_seq = info["seq"]
+        self.sender.send(SnapshotTaken(pipeline=self.name, epoch=epoch, step=self.step, **info))
+        if info["dropped"]:
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=(
+                f"snapshot of epoch {epoch + 1} step {self.step} dropped: all {self.validation.slots} slots "
+                "hold snapshots the validator has not read (policy 'all')")))

@@ -60,7 +60,8 @@ def run(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> int
                                     traceback=traceback.format_exc()))
             return EXIT_FATAL
         where = "train"
-        trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control)
+        trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
+                          Path(spec.snapshot_dir) if spec.snapshot_dir else None)
         return trainer.run()
     except SupervisorGone:
         raise

@@ -41,6 +41,28 @@ def children() -> list[psutil.Process]:
         return []
 
 
+def still_alive(pids: list[int], timeout: float = 5.0) -> list[int]:
+    """The pids among `pids` still running (zombies excluded) after waiting up to `timeout` seconds."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not left or time.monotonic() >= deadline:
+            return [p.pid for p in left]
+        psutil.wait_procs(left, timeout=0.1)
+
+
 @pytest.fixture(autouse=True)
 def no_orphans():
     """Every test must leave no child process of ours alive."""

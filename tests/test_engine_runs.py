@@ -12,7 +12,7 @@ from engine.messages import (CheckpointSaved, StepMetrics, EpochEnd, PipelineFin
                              ValResult, WorkerError, WorkerExited, WorkerStarted, WorkerStateChanged)
 from engine.rundir import read_events, read_records
 from engine.supervisor import Supervisor
-from tests.conftest import make_config, wait_for
+from tests.conftest import make_config, still_alive, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -161,7 +161,7 @@ async def test_kill_takes_the_process_group_with_it(tmp_path):
         sup.kill("a")
         finished = await wait_for(stream, lambda e: isinstance(e, PipelineFinished))
         assert finished.status == "killed"
-        assert not [p for p in group if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        assert still_alive(group) == []
     finally:
         await sup.shutdown(graceful=False)
 

@@ -30,6 +30,9 @@ class FakeHandle:
         if sig == signal.SIGKILL or not self.ignore_term:
             self.code = -sig
 
+    def signal_process(self, sig):
+        self.signals.append(sig)
+
     def send(self, command):
         self.sent.append(command)
         return True
@@ -176,4 +179,18 @@ async def test_unknown_pipeline_name_is_a_key_error(tmp_path, launcher):
     await sup.start()
     with pytest.raises(KeyError, match="no pipeline named 'zz'"):
         sup.kill("zz")
+    await sup.shutdown(graceful=False)
+
+
+async def test_a_silent_worker_is_declared_hung_dumped_killed_and_restarted(tmp_path, launcher):
+    sup = make(tmp_path, [{"name": "a"}], launcher,
+               restart={"hang_timeout": 0.05, "min_uptime": 0.0, "backoff": 0.01})
+    await sup.start()
+    await until(lambda: launcher.handles)
+    launcher.handles[0].started("a")  # RUNNING, then silence
+    await until(lambda: len(launcher.handles) == 2, timeout=10)
+    first = launcher.handles[0]
+    assert signal.SIGUSR1 in first.signals and signal.SIGTERM in first.signals
+    assert first.signals.index(signal.SIGUSR1) < first.signals.index(signal.SIGTERM)
+    assert sup.view("a").restarts == 1
     await sup.shutdown(graceful=False)

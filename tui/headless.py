@@ -12,8 +12,9 @@ import time
 from typing import TextIO
 
 from engine.config import RunConfig
-from engine.messages import (CheckpointSaved, EpochEnd, Event, Notice, PipelineFinished, Resumed, RunFinished,
-                             RunStarted, ValResult, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted)
+from engine.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
+                             RunFinished, RunStarted, SnapshotSkipped, ValidatorStarted, ValResult, WorkerError,
+                             WorkerExited, WorkerRestarting, WorkerStarted)
 from engine.supervisor import Supervisor
 
 EXIT_OK = 0
@@ -33,6 +34,7 @@ class LinePrinter:
         self.out = out
         self.metric = metric
         self.val: dict[str, tuple[int, dict[str, float]]] = {}
+        self.skipped: dict[str, int] = {}
         self.start = time.monotonic()
 
     def _line(self, text: str) -> None:
@@ -59,12 +61,24 @@ class LinePrinter:
                     val_text += f" (epoch {epoch + 1})"
             self._line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} "
                        f"{val_text} {ev.samples_per_s:,.0f} samples/s")
+        elif isinstance(ev, ValResult) and ev.error:
+            self._line(f"{ev.pipeline}: validation failed: {ev.error} (training goes on)")
+            for line in ev.traceback.rstrip().splitlines()[-6:]:
+                self.out.write(f"    {line}\n")
         elif isinstance(ev, ValResult):
             self.val[ev.pipeline] = (ev.epoch, ev.metrics)
             if ev.mode != "inline":
-                self._line(f"{ev.pipeline}: validated epoch {ev.epoch + 1}: " +
+                skipped = self.skipped.pop(ev.pipeline, 0)
+                self._line(f"{ev.pipeline}: validated epoch {ev.epoch + 1} step {ev.step}: " +
                            " ".join(f"{k} {v:.4f}" for k, v in ev.metrics.items()) +
-                           f" ({ev.latency:.1f}s after hand-off)")
+                           f" ({ev.latency:.1f}s after hand-off" +
+                           (f"; {skipped} older snapshot(s) skipped)" if skipped else ")"))
+        elif isinstance(ev, SnapshotSkipped):
+            self.skipped[ev.pipeline] = self.skipped.get(ev.pipeline, 0) + 1
+        elif isinstance(ev, ValidatorStarted):
+            self._line(f"validator: started pid {ev.pid}, {ev.device} (attempt {ev.attempt})")
+        elif isinstance(ev, EarlyStop):
+            self._line(f"{ev.pipeline}: {ev.reason}")
         elif isinstance(ev, CheckpointSaved) and ev.reason in ("stop", "request"):
             self._line(f"{ev.pipeline}: checkpoint {ev.path} (epoch {ev.epoch}, step {ev.step})")
         elif isinstance(ev, WorkerError):

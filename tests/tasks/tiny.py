@@ -60,3 +60,28 @@ def build(params):
     val = Slow(64, 0.0, 2)
     opt = torch.optim.SGD(model.parameters(), lr=float(params.get("lr", 0.05)))
     return Task(model=model, optimizer=opt, train_data=data, val_data=val, loss_fn=nn.functional.mse_loss)
+
+
+class SlowVal(Dataset):
+    """Validation data whose every item takes `delay` seconds: a validator slow on purpose."""
+
+    def __init__(self, delay):
+        self.inner = Slow(64, 0.0, 2)
+        self.delay = delay
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)  # workload knob, not a wait
+        return self.inner[i]
+
+
+def build_slow_val(params):
+    task = build(params)
+    task.val_data = SlowVal(float(params.get("val_delay", 0.0)))
+    if params.get("val_raises"):
+        def broken(outputs, targets):
+            raise ValueError("validation metric exploded on purpose")
+        task.metrics_fn = broken
+    return task

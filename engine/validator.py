@@ -1,0 +1,178 @@
+"""The validation process: `python -m engine.validator SPEC.json` scores weight snapshots while workers train.
+
+One long-lived process for the whole run. It finds each pipeline's snapshot
+folder (a worker writes `meta.json` there when it first hands off), builds that
+pipeline's task once, and then validates the newest snapshot each time one
+appears, keeping the best checkpoint and asking for early stops.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from engine.channel import ControlReceiver, StatusSender, SupervisorGone
+from engine.launcher import WorkerSpec
+from engine.messages import EarlyStop, Notice, Stop, ValResult
+
+POLL = 0.02  # seconds between looks for new snapshots when idle
+
+
+class PipelineScorer:
+    """One pipeline as the validator sees it: its model and data, built once, and its best score."""
+
+    def __init__(self, name: str, directory: Path, device: str):
+        import torch
+
+        from engine.config import Pipeline, ValidationConfig
+        from engine.snapshot import SnapshotReader
+        from engine.task import build_task
+
+        self.name = name
+        self.reader = SnapshotReader(directory)
+        meta = self.reader.meta
+        self.pipe = Pipeline.model_validate(meta["pipeline"])
+        self.validation = ValidationConfig.model_validate(meta["validation"])
+        self.pipeline_dir = Path(meta["pipeline_dir"])
+        self.device = torch.device(device)
+        self.last_seq = 0
+        self.best: float | None = meta.get("best")
+        self.since_best = 0
+        self.failed = ""
+        task = build_task(self.pipe.task_ref or self.pipe.task, self.pipe.params)
+        self.task = task
+        self.model = task.model.to(self.device)
+        self.model.eval()
+        data = task.val_data
+        if data is not None and hasattr(data, "__getitem__") and hasattr(data, "__len__") and \
+                not isinstance(data, torch.utils.data.DataLoader):
+            data = torch.utils.data.DataLoader(data, batch_size=self.pipe.batch_size, shuffle=False)
+        self.data = data
+        import contextlib
+        dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.pipe.precision)
+        self.autocast = (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+
+    def score_newest(self, sender: StatusSender) -> bool:
+        """Validate the newest unseen snapshot, if any; True if one was scored."""
+        from engine import checkpoint as ckpt
+        from engine.evaluate import evaluate
+        from engine.snapshot import weights_checksum
+
+        if self.data is None:
+            return False
+        for _ in range(5):  # a torn read means a newer snapshot just landed: take that one
+            found = self.reader.newest(after=self.last_seq, oldest=self.validation.policy == "all")
+            if found is None:
+                return False
+            loaded = self.reader.load_into(self.model, found[0])
+            if loaded is not None:
+                break
+        else:
+            return False
+        self.last_seq = loaded.seq
+        checksum = weights_checksum(self.model.state_dict()) if self.validation.checksum else None
+        try:
+            metrics = evaluate(self.model, self.data, self.task.loss_fn, self.task.metrics_fn, self.device,
+                               self.autocast)
+        except Exception as exc:
+            tb = traceback.format_exc()
+            print(tb, file=sys.stderr, flush=True)
+            sender.send(ValResult(pipeline=self.name, epoch=loaded.epoch, step=loaded.step, metrics={},
+                                  latency=time.time() - loaded.handoff, mode="background", seq=loaded.seq,
+                                  error=f"{type(exc).__name__}: {exc}", traceback=tb))
+            return True
+        sender.send(ValResult(pipeline=self.name, epoch=loaded.epoch, step=loaded.step, metrics=metrics,
+                              latency=time.time() - loaded.handoff, mode="background", seq=loaded.seq,
+                              checksum=checksum))
+        value = metrics.get(self.validation.metric)
+        if value is None:
+            return True
+        better = self.best is None or (value < self.best if self.validation.metric_mode == "min" else value > self.best)
+        if better:
+            self.best, self.since_best = value, 0
+            try:
+                ckpt.save_checkpoint(self.pipeline_dir / "checkpoints", {
+                    "model": self.model.state_dict(), "epoch": loaded.epoch, "step": loaded.step,
+                    "metric": self.validation.metric, "value": value, "pipeline": self.name}, ckpt.BEST)
+            except ckpt.CheckpointError as exc:
+                sender.send(Notice(pipeline=self.name, level="error", text=f"best checkpoint failed: {exc}"))
+        else:
+            self.since_best += 1
+            patience = self.validation.patience
+            if patience is not None and self.since_best >= patience:
+                sender.send(EarlyStop(pipeline=self.name, reason=(
+                    f"early stopping: {self.validation.metric} did not improve on {self.best:.6g} "
+                    f"in {patience} validations")))
+                self.since_best = 0
+        return True
+
+
+def serve(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> int:
+    import torch
+
+    root = Path(spec.pipeline["snapshot_root"])
+    if spec.device == "cpu":
+        torch.set_num_threads(spec.threads)
+    scorers: dict[str, PipelineScorer] = {}
+    broken: set[str] = set()
+    while True:
+        for cmd in control.poll(0.0):
+            if isinstance(cmd, Stop):
+                return 0
+        if root.is_dir():
+            for meta in root.glob("*/meta.json"):
+                name = meta.parent.name
+                if name in scorers or name in broken:
+                    continue
+                try:
+                    scorers[name] = PipelineScorer(name, meta.parent, spec.device)
+                except Exception as exc:
+                    broken.add(name)
+                    tb = traceback.format_exc()
+                    print(tb, file=sys.stderr, flush=True)
+                    sender.send(ValResult(pipeline=name, epoch=-1, step=-1, metrics={}, mode="background",
+                                          error=f"building the validation task failed: {type(exc).__name__}: {exc}",
+                                          traceback=tb))
+        worked = False
+        # Oldest result first, so one busy pipeline cannot starve the others.
+        for scorer in sorted(scorers.values(), key=lambda s: s.last_seq):
+            worked |= scorer.score_newest(sender)
+        if not worked:
+            for cmd in control.poll(POLL):
+                if isinstance(cmd, Stop):
+                    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.worker import _die_with_parent
+    import faulthandler
+
+    argv = sys.argv[1:] if argv is None else argv
+    spec = WorkerSpec.from_json(Path(argv[0]).read_text())
+    _die_with_parent(spec.supervisor_pid)
+    faulthandler.enable(all_threads=True)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"torchherd validator pid {os.getpid()} attempt {spec.attempt} device {spec.device}", flush=True)
+    sender = StatusSender(Connection(spec.status_fd, readable=False))
+    control = ControlReceiver(Connection(spec.control_fd, writable=False))
+    try:
+        code = serve(spec, sender, control)
+    except SupervisorGone:
+        os._exit(13)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sender.close(timeout=10.0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Background validation with real worker and validator processes on a tiny CPU task."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+import torch
+
+from engine.evaluate import evaluate
+from engine.messages import (EarlyStop, PipelineFinished, RunFinished, SnapshotSkipped, SnapshotTaken, ValidatorStarted,
+                             ValResult)
+from engine.rundir import read_events
+from engine.supervisor import Supervisor
+from tests.conftest import TASKS, make_config, wait_for
+
+pytestmark = pytest.mark.slow
+SLOW_VAL = f"{TASKS / 'tiny.py'}:build_slow_val"
+
+
+def background(**extra):
+    return {"mode": "background", "device": "cpu", **extra}
+
+
+async def run_to_end(sup: Supervisor, timeout: float = 120.0):
+    await sup.start()
+    try:
+        await asyncio.wait_for(sup.wait(), timeout)
+    finally:
+        await sup.shutdown(graceful=False)
+    return read_events(sup.run_dir)
+
+
+def of(events, cls, pipeline="a"):
+    return [e for e in events if isinstance(e, cls) and getattr(e, "pipeline", pipeline) == pipeline]
+
+
+async def test_policy_all_validates_every_epoch_with_the_exact_weights(tmp_path):
+    config = make_config(tmp_path, [{"name": "a", "params": {"delay": 0.002}}], defaults={"max_epochs": 4},
+                         validation=background(policy="all", slots=8, checksum=True))
+    events = await run_to_end(Supervisor(config))
+    taken, results = of(events, SnapshotTaken), of(events, ValResult)
+    assert [t.epoch for t in taken] == [0, 1, 2, 3] and not any(t.dropped for t in taken)
+    assert sorted(r.epoch for r in results) == [0, 1, 2, 3]
+    assert all(r.mode == "background" and "val_loss" in r.metrics for r in results)
+    by_seq = {t.seq: t.checksum for t in taken}
+    for r in results:  # the validator scored exactly the weights the worker handed off
+        assert r.checksum is not None and r.checksum == by_seq[r.seq]
+    assert not of(events, SnapshotSkipped)
+
+
+async def test_policy_latest_skips_stale_snapshots_and_always_scores_the_newest(tmp_path):
+    config = make_config(tmp_path, [{"name": "a", "task": SLOW_VAL, "params": {"val_delay": 0.01}}],
+                         defaults={"max_epochs": 8},
+                         validation=background(policy="latest", every_n_steps=2))
+    events = await run_to_end(Supervisor(config))
+    taken, results, skipped = of(events, SnapshotTaken), of(events, ValResult), of(events, SnapshotSkipped)
+    assert skipped, "a validator slower than the hand-offs must skip some snapshots"
+    assert max(r.seq for r in results) == max(t.seq for t in taken)  # the newest is always validated
+    assert {r.seq for r in results} | {s.seq for s in skipped} == {t.seq for t in taken}
+    assert not {r.seq for r in results} & {s.seq for s in skipped}
+    assert of(events, PipelineFinished)[0].status == "completed"
+
+
+async def test_killed_validator_is_restarted_and_training_completes(tmp_path):
+    config = make_config(tmp_path, [{"name": "a", "params": {"delay": 0.004}}], defaults={"max_epochs": 6},
+                         validation=background())
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        first = await wait_for(stream, lambda e: isinstance(e, ValidatorStarted))
+        await wait_for(stream, lambda e: isinstance(e, ValResult))
+        os.kill(first.pid, signal.SIGKILL)
+        second = await wait_for(stream, lambda e: isinstance(e, ValidatorStarted))
+        assert second.attempt == 2 and second.pid != first.pid
+        after = await wait_for(stream, lambda e: isinstance(e, ValResult))
+        assert after.seq > 0
+        done = await wait_for(stream, lambda e: isinstance(e, RunFinished))
+        assert done.statuses == {"a": "completed"}
+    finally:
+        await sup.shutdown(graceful=False)
+    events = read_events(sup.run_dir)
+    taken = {t.seq for t in of(events, SnapshotTaken)}
+    accounted = {r.seq for r in of(events, ValResult)} | {s.seq for s in of(events, SnapshotSkipped)}
+    assert taken == accounted  # every snapshot was either scored or recorded as skipped
+
+
+async def test_best_checkpoint_holds_the_weights_of_the_best_result(tmp_path):
+    config = make_config(tmp_path, [{"name": "a"}], defaults={"max_epochs": 5},
+                         validation=background(policy="all", slots=8))
+    sup = Supervisor(config)
+    events = await run_to_end(sup)
+    best_reported = min(r.metrics["val_loss"] for r in of(events, ValResult))
+    state = torch.load(sup.run_dir / "a" / "checkpoints" / "best.pt", weights_only=False)
+    from tests.tasks.tiny import build
+    task = build({})
+    task.model.load_state_dict(state["model"])
+    loader = torch.utils.data.DataLoader(task.val_data, batch_size=32)
+    scored = evaluate(task.model, loader, task.loss_fn, None, "cpu", __import__("contextlib").nullcontext)
+    assert state["value"] == pytest.approx(best_reported)
+    assert scored["val_loss"] == pytest.approx(best_reported, rel=1e-5)
+
+
+async def test_early_stopping_stops_the_worker(tmp_path):
+    # lr 0: the validation loss never improves after the first result.
+    config = make_config(tmp_path, [{"name": "a", "params": {"lr": 0.0, "delay": 0.004}}],
+                         defaults={"max_epochs": 200}, validation=background(patience=2, policy="all", slots=4))
+    events = await run_to_end(Supervisor(config))
+    assert of(events, EarlyStop)
+    finished = of(events, PipelineFinished)[0]
+    assert finished.status == "stopped" and "early stopping" in finished.reason
+    assert finished.epoch < 200
+
+
+async def test_validation_that_raises_is_reported_and_training_goes_on(tmp_path):
+    config = make_config(tmp_path, [{"name": "a", "task": SLOW_VAL, "params": {"val_raises": True}}],
+                         defaults={"max_epochs": 3}, validation=background())
+    events = await run_to_end(Supervisor(config))
+    failed = [r for r in of(events, ValResult) if r.error]
+    assert failed and "exploded on purpose" in failed[0].error and "Traceback" in failed[0].traceback
+    assert of(events, PipelineFinished)[0].status == "completed"
