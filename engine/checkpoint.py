@@ -36,17 +36,21 @@ def write_atomic(path: Path, state: dict[str, Any]) -> None:
     """Save `state` with torch.save to `path` so a crash leaves the old file or the new, never half."""
     import torch
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
             torch.save(state, fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"could not write {path}: {exc.strerror or exc}") from exc
+    except (OSError, RuntimeError) as exc:  # torch.save reports a short write as RuntimeError
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).splitlines()[0]
+        raise CheckpointError(f"could not write {path}: {reason}") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -233,14 +233,17 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return [n for n in names if n not in ("task_ref", "source")]
 
 
+def _is_branch(part: Any) -> bool:
+    return isinstance(part, str) and (part in ("int", "float", "str", "bool", "none")
+                                      or part.startswith(("list[", "literal[", "function-")))
+
+
 def _problems(exc: ValidationError, file: str, model: type[BaseModel], prefix: tuple = ()) -> list[Problem]:
     out = []
     for err in exc.errors():
         loc = prefix + tuple(err["loc"])
-        # Pydantic reports a Literal|list union twice; keep the literal message only.
-        if any(isinstance(p, str) and p.startswith(("list[", "literal[", "int")) for p in loc[1:]) and \
-                err.get("type") not in ("extra_forbidden", "missing"):
-            loc = tuple(p for p in loc if not (isinstance(p, str) and p.startswith(("list[", "literal[", "int"))))
+        # Pydantic names union branches in the location ("int", "literal['auto']"); drop them.
+        loc = tuple(p for p in loc if not _is_branch(p))
         out.append(Problem(file, _key_path(loc), _message(err, _fields_at(model, loc))))
     seen, unique = set(), []
     for p in out:

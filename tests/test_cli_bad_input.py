@@ -1,0 +1,40 @@
+"""The real `torchherd` CLI on bad configs: exit status 2, the file and key on stderr, nothing launched."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "tests" / "configs"
+
+
+def torchherd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize("name, key, substring", [
+    ("toml_syntax", "", "TOML syntax error"),
+    ("gpu_missing", "devices.placement[0]", "GPU 7 does not exist"),
+    ("task_factory_raises", "pipelines[0].task", "ValueError: no data at /nonexistent/path"),
+])
+def test_run_refuses_bad_config(tmp_path: Path, name: str, key: str, substring: str):
+    config = CONFIGS / "bad" / f"{name}.toml"
+    runs = tmp_path / "runs"
+    proc = torchherd("run", str(config), "--headless", "--runs-dir", str(runs), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    where = f"{config}: {key}: " if key else f"{config}: "
+    assert any(line.startswith(where) and substring in line for line in proc.stderr.splitlines()), proc.stderr
+    assert not runs.exists()
+
+
+def test_check_good_config_says_ok(tmp_path: Path):
+    proc = torchherd("check", str(CONFIGS / "good" / "validation_off.toml"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "ok"
+    assert "digits-only" in proc.stdout

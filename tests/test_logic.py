@@ -1,0 +1,282 @@
+"""Pure engine logic: restart policy, lifecycle guard, checkpoints, message records and the status pipe."""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import itertools
+import json
+import multiprocessing
+import types
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import checkpoint as ckpt
+from engine.channel import StatusSender, decode_batch
+from engine.config import RestartConfig
+from engine.messages import (Event, EpochEnd, Heartbeat, Message, Notice, StepMetrics, from_record,
+                             message_types, to_record)
+from engine.policy import RestartPolicy
+from engine.states import FINAL_STATES, IllegalTransition, WorkerState, check_transition
+
+S = WorkerState
+
+# ------------------------------------------------------------ restart policy
+
+
+def policy(**overrides) -> RestartPolicy:
+    settings = dict(max_restarts=100, backoff=1.0, backoff_max=5.0, min_uptime=10.0, max_failed_starts=10)
+    return RestartPolicy(RestartConfig(**{**settings, **overrides}))
+
+
+def test_restart_budget_runs_out():
+    p = policy(max_restarts=2)
+    assert p.decide(restarts_used=1, failed_starts=0, uptime=100).restart
+    last = p.decide(restarts_used=2, failed_starts=0, uptime=100)
+    assert not last.restart and "budget of 2" in last.reason
+
+
+def test_failed_start_streak_ends_the_pipeline():
+    p = policy(max_failed_starts=3)
+    second = p.decide(restarts_used=0, failed_starts=1, uptime=1)
+    assert second.restart and second.failed_starts == 2
+    third = p.decide(restarts_used=0, failed_starts=2, uptime=1)
+    assert not third.restart and third.failed_starts == 3 and "3 failed starts" in third.reason
+
+
+def test_backoff_doubles_up_to_the_cap():
+    p = policy(backoff=1.0, backoff_max=5.0)
+    delays = [p.decide(restarts_used=0, failed_starts=n, uptime=1).delay for n in range(5)]
+    assert delays == [1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def test_healthy_uptime_resets_the_streak():
+    decision = policy(min_uptime=10.0).decide(restarts_used=0, failed_starts=4, uptime=10.0)
+    assert (decision.restart, decision.failed_starts, decision.delay, decision.reason) == (True, 0, 1.0, "crashed")
+
+
+# ------------------------------------------------------------ lifecycle guard
+
+
+@pytest.mark.parametrize("old, new", [(S.QUEUED, S.STARTING), (S.STARTING, S.RUNNING), (S.RUNNING, S.HUNG),
+                                      (S.KILLING, S.KILLED), (S.BACKOFF, S.STARTING)])
+def test_legal_transitions_pass(old, new):
+    check_transition(old, new)
+
+
+@pytest.mark.parametrize("old, new", [(S.QUEUED, S.RUNNING), (S.RUNNING, S.QUEUED), (S.BACKOFF, S.RUNNING),
+                                      (S.STOPPING, S.RUNNING), (S.COMPLETED, S.STARTING)])
+def test_illegal_transitions_raise(old, new):
+    with pytest.raises(IllegalTransition, match=f"{old.value} -> {new.value}"):
+        check_transition(old, new)
+
+
+@pytest.mark.parametrize("final", sorted(FINAL_STATES, key=lambda s: s.value))
+def test_final_states_only_go_back_to_queued(final):
+    allowed = []
+    for new in WorkerState:
+        try:
+            check_transition(final, new)
+            allowed.append(new)
+        except IllegalTransition:
+            pass
+    assert allowed == [S.QUEUED]
+
+
+# ------------------------------------------------------------ checkpoints
+
+
+def state(value: float) -> dict:
+    return {"model": {"w": torch.full((4,), value)}, "epoch": int(value)}
+
+
+def loaded_value(path: Path) -> float:
+    return float(torch.load(path, weights_only=False)["model"]["w"][0])
+
+
+def test_save_keeps_the_previous_as_prev(tmp_path):
+    ckpt.save_checkpoint(tmp_path, state(1.0))
+    ckpt.save_checkpoint(tmp_path, state(2.0))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "prev.pt"]
+    assert (loaded_value(tmp_path / "last.pt"), loaded_value(tmp_path / "prev.pt")) == (2.0, 1.0)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_load_latest_falls_back_to_prev(tmp_path, damage):
+    ckpt.save_checkpoint(tmp_path, state(1.0))
+    ckpt.save_checkpoint(tmp_path, state(2.0))
+    last = tmp_path / "last.pt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x00not a checkpoint" * 10)
+    loaded, path, note = ckpt.load_latest(tmp_path)
+    assert path == tmp_path / "prev.pt" and float(loaded["model"]["w"][0]) == 1.0
+    assert note.startswith("last.pt unreadable") and note.endswith("resumed from prev.pt")
+
+
+def test_load_latest_of_nothing(tmp_path):
+    assert ckpt.load_latest(tmp_path) == (None, None, "")
+
+
+def test_failed_write_keeps_last_and_leaves_no_temp(tmp_path, monkeypatch):
+    ckpt.save_checkpoint(tmp_path, state(1.0))
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(ckpt.CheckpointError, match="No space left on device"):
+        ckpt.save_checkpoint(tmp_path, state(2.0))
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    assert loaded_value(tmp_path / "last.pt") == 1.0
+
+
+# Bug: write_atomic calls mkdir outside its try, so a checkpoint directory that
+# is a file raises FileExistsError instead of CheckpointError (and trainer.save,
+# which catches only CheckpointError, crashes the worker).
+def test_directory_that_is_a_file_raises_checkpoint_error(tmp_path):
+    blocker = tmp_path / "ckpt"
+    blocker.write_text("not a folder")
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.save_checkpoint(blocker, state(1.0))
+
+
+# Bug: a real write failure inside torch.save (ENOSPC; EFBIG under RLIMIT_FSIZE
+# reproduces it) surfaces as this RuntimeError from torch's zip writer, not as
+# OSError, so it escapes write_atomic unwrapped and trainer.save crashes the worker.
+def test_torch_writer_failure_raises_checkpoint_error(tmp_path, monkeypatch):
+    ckpt.save_checkpoint(tmp_path, state(1.0))
+
+    def writer_fails(obj, f, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 768 vs 662")
+
+    monkeypatch.setattr(torch, "save", writer_fails)
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.save_checkpoint(tmp_path, state(2.0))
+
+
+# ------------------------------------------------------------ message records
+
+_values = itertools.count(1)
+
+
+def sample(hint):
+    """A distinct value of type `hint`, so swapped or lost fields show."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return sample(next(a for a in args if a is not type(None)))
+    if hint is bool:
+        return True
+    if hint is int:
+        return next(_values)
+    if hint is float:
+        return next(_values) + 0.5
+    if hint is str:
+        return f"s{next(_values)}"
+    if origin is tuple:
+        return (sample(args[0]), sample(args[0]))
+    if origin is dict:
+        return {sample(args[0]): sample(args[1]), sample(args[0]): sample(args[1])}
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return hint(**{f.name: sample(hints[f.name]) for f in dataclasses.fields(hint)})
+    raise TypeError(f"no sample for {hint!r}")
+
+
+EVENT_TYPES = sorted((c for c in message_types().values() if issubclass(c, Event) and c is not Event),
+                     key=lambda c: c.type)
+
+
+def test_every_event_type_is_covered():
+    assert {"step", "epoch_end", "val_result", "worker_exited", "telemetry", "run_finished"} <= \
+        {c.type for c in EVENT_TYPES}
+
+
+@pytest.mark.parametrize("cls", EVENT_TYPES, ids=lambda c: c.type)
+def test_record_round_trip(cls: type[Message]):
+    msg = sample(cls)
+    record = json.loads(json.dumps(to_record(msg)))
+    assert record["type"] == cls.type
+    assert from_record(record) == msg
+
+
+# ------------------------------------------------------------ status pipe
+
+
+def step(i: int) -> StepMetrics:
+    return StepMetrics(pipeline="p", epoch=0, step=i, loss=1.0 / (i + 1), lr=0.1, samples_per_s=100.0)
+
+
+def receive(conn, count: int) -> list[Event]:
+    """The next `count` events off the pipe, whatever batches they came in."""
+    out: list[Event] = []
+    while len(out) < count:
+        assert conn.poll(30), f"only {len(out)} of {count} events arrived"
+        out += decode_batch(conn.recv_bytes())
+    return out
+
+
+@pytest.fixture
+def pipe():
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    senders: list[StatusSender] = []
+
+    def make(max_pending: int) -> StatusSender:
+        # An hour's flush interval: the sender thread ships only when send() wakes it.
+        senders.append(StatusSender(writer, flush_interval=3600, max_pending=max_pending))
+        return senders[-1]
+
+    yield reader, make
+    for s in senders:
+        s.close()
+    reader.close()
+    writer.close()
+
+
+def test_dropped_steps_are_counted_on_the_next_delivered(pipe):
+    reader, make = pipe
+    sender = make(max_pending=3)
+    for i in range(6):  # 3 fit, 3 dropped
+        sender.step(step(i))
+    sender.send(EpochEnd(pipeline="p", epoch=0, step=5, train_loss=0.5, duration=1.0, samples_per_s=10.0,
+                         epochs_total=1, steps_per_epoch=6))
+    first = receive(reader, 4)
+    assert [(type(e).__name__, getattr(e, "dropped", None)) for e in first] == \
+        [("StepMetrics", 0)] * 3 + [("EpochEnd", None)]
+    assert [e.step for e in first] == [0, 1, 2, 5]
+    # The queue is empty now (the batch was taken off it before it was sent).
+    sender.step(step(6))
+    sender.step(step(7))
+    sender.send(Notice(pipeline="p", text="flush"))
+    second = receive(reader, 3)
+    assert [(e.step, e.dropped) for e in second[:2]] == [(6, 3), (7, 0)]
+
+
+def test_critical_events_are_never_dropped(pipe):
+    reader, make = pipe
+    sender = make(max_pending=2)
+    for i in range(4):
+        sender.step(step(i))
+    for i in range(5):
+        sender.send(Notice(pipeline="p", text=f"n{i}"))
+    got = receive(reader, 7)
+    assert [e.step if isinstance(e, StepMetrics) else e.text for e in got] == [0, 1, "n0", "n1", "n2", "n3", "n4"]
+    sender.close()
+    assert not reader.poll(0)
+
+
+def test_order_is_preserved(pipe):
+    reader, make = pipe
+    sender = make(max_pending=100)
+    expected = []
+    for i in range(10):
+        ev = Notice(pipeline="p", text=f"n{i}") if i % 3 == 0 else \
+            Heartbeat(pipeline="p", step=i) if i % 3 == 1 else step(i)
+        (sender.send if isinstance(ev, Notice) else sender.step)(ev)
+        expected.append(ev)
+    end = Notice(pipeline="p", text="end")
+    sender.send(end)
+    assert receive(reader, 11) == expected + [end]
