@@ -82,10 +82,16 @@ class SnapshotWriter:
         self.model = model
         self.policy = policy
         self.checksum = checksum
-        self.entries, self.nbytes = layout(model.state_dict())
+        state = model.state_dict()
+        self.entries, self.nbytes = layout(state)
+        # Optimizers update parameters in place, so these stay the live weights; a
+        # state_dict() per hand-off would cost more than copying a small model.
+        self.tensors = list(state.values())
         directory.mkdir(parents=True, exist_ok=True)
         self.header = _map(directory / "header", slots * FIELDS, torch.int64, create=True).view(slots, FIELDS)
         self.slots = [_map(directory / f"slot-{i}", self.nbytes, torch.uint8, create=True) for i in range(slots)]
+        for buf in self.slots:
+            buf.fill_(0)  # touch every page now, not during the first hand-off to each slot
         self.seq = 0
         meta = {**meta, "slots": slots, "nbytes": self.nbytes, "entries": [e.__dict__ for e in self.entries]}
         tmp = directory / ".meta.json.tmp"
@@ -109,14 +115,13 @@ class SnapshotWriter:
         start = time.perf_counter()
         self.seq += 1
         slot, _ = self._choose()
-        state = self.model.state_dict()
-        checksum = weights_checksum(state) if self.checksum else None
+        checksum = weights_checksum(self.model.state_dict()) if self.checksum else None
         if slot is None:
             return {"seq": self.seq, "slot": -1, "stall_ms": (time.perf_counter() - start) * 1e3,
                     "nbytes": self.nbytes, "checksum": checksum, "dropped": True}
         h, buf = self.header[slot], self.slots[slot]
         h[VERSION] += 1  # odd: a reader that started now will see the change and retry
-        for entry, t in zip(self.entries, state.values()):
+        for entry, t in zip(self.entries, self.tensors):
             buf[entry.offset:entry.offset + entry.nbytes].copy_(_as_bytes(t))
         h[SEQ], h[EPOCH], h[STEP], h[HANDOFF_NS] = self.seq, epoch, step, time.time_ns()
         h[CHECKSUM_BITS] = torch.tensor([checksum or 0.0], dtype=torch.float64).view(torch.int64)[0]

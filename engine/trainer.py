@@ -245,6 +245,15 @@ class Trainer:
         per_epoch = self._batches_per_epoch()
         steps_per_epoch = per_epoch // pipe.accumulate_grad_batches if per_epoch else 0
         params = sum(p.numel() for p in self.model.parameters())
+        if self.validation.mode == "background" and self.snapshot_dir is not None:
+            from engine.snapshot import SnapshotWriter
+
+            v = self.validation
+            meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
+                    "pipeline_dir": str(self.dir), "best": self.best}
+            # Set up before training starts: slots are allocated once, not at a hand-off.
+            self._writer = SnapshotWriter(self.snapshot_dir, self.model, v.slots, v.policy, v.checksum, meta)
+            self._writer.seq = self._snapshot_seq
         self.sender.send(TrainingStarted(pipeline=self.name, epoch=self.epoch, step=self.step,
                                          epochs_total=pipe.max_epochs, steps_per_epoch=steps_per_epoch,
                                          device=str(self.device), parameters=params))
@@ -372,16 +381,8 @@ class Trainer:
 
     def _hand_off(self, epoch: int) -> None:
         """Copy the weights into a snapshot slot for the validator and carry on training."""
-        if self.snapshot_dir is None:
-            return
         if self._writer is None:
-            from engine.snapshot import SnapshotWriter
-
-            v = self.validation
-            meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
-                    "pipeline_dir": str(self.dir), "best": self.best}
-            self._writer = SnapshotWriter(self.snapshot_dir, self.model, v.slots, v.policy, v.checksum, meta)
-            self._writer.seq = self._snapshot_seq
+            return
         info = self._writer.hand_off(epoch, self.step)
         self._snapshot_seq = info["seq"]
         self.sender.send(SnapshotTaken(pipeline=self.name, epoch=epoch, step=self.step, **info))
