@@ -51,6 +51,8 @@ class RunDirectory:
     def __init__(self, path: Path):
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
+        import os
+        (path / PID_FILE).write_text(f"{os.getpid()}\n")
         self._events: IO[str] = open(path / "events.jsonl", "a", encoding="utf-8")
         self._metrics: dict[str, IO[str]] = {}
 
@@ -61,6 +63,8 @@ class RunDirectory:
         return self.path / pipeline / "log.txt"
 
     def save_config(self, config: RunConfig) -> None:
+        if getattr(self, "resuming", False):
+            return  # config.json already holds it
         source = Path(config.source) if config.source else None
         target = self.path / "config.toml"
         if source is not None and source.is_file():
@@ -90,6 +94,7 @@ class RunDirectory:
             fh.flush()
 
     def close(self) -> None:
+        (self.path / PID_FILE).unlink(missing_ok=True)
         self.flush()
         self._events.close()
         for fh in self._metrics.values():
@@ -110,6 +115,12 @@ class RunSummary:
     status: str  # "completed", "failed", "stopped", "unfinished", ...
     pipelines: tuple[str, ...]
     statuses: dict[str, str]
+    live: bool = False  # a torchherd process is still running it
+
+    @property
+    def resumable(self) -> bool:
+        """Unfinished, and nobody runs it: `torchherd resume` can pick it up from its checkpoints."""
+        return self.status == "unfinished" and not self.live
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -164,7 +175,30 @@ def summarize(run_dir: Path) -> RunSummary | None:
     else:
         status = "unfinished"
     return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,
-                      pipelines=pipelines, statuses=statuses)
+                      pipelines=pipelines, statuses=statuses, live=owner_alive(run_dir))
+
+
+PID_FILE = "supervisor.pid"
+
+
+def owner_alive(run_dir: Path) -> bool:
+    """Whether the torchherd process that wrote `run_dir/supervisor.pid` still runs."""
+    try:
+        pid = int((run_dir / PID_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        import psutil
+
+        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def load_resolved_configs(run_dir: Path) -> list[RunConfig]:
+    """The configs a run was started with (and added later), as resolved then."""
+    data = json.loads((Path(run_dir) / "config.json").read_text())
+    return [RunConfig.model_validate(c, strict=False) for c in data]
 
 
 def list_runs(runs_dir: Path) -> list[RunSummary]:

@@ -27,7 +27,7 @@ from engine.messages import (CheckpointNow, EarlyStop, EpochEnd, Event, Heartbea
 from engine.placement import Slot, ValidationPlan, plan_slots, plan_validation
 from engine.snapshot import remove_root, snapshot_root
 from engine.policy import RestartPolicy
-from engine.rundir import RunDirectory, new_run_id
+from engine.rundir import RunDirectory, load_resolved_configs, new_run_id, read_events
 from engine.states import WorkerState, check_transition
 from engine.telemetry import TelemetrySampler
 
@@ -166,18 +166,42 @@ class Supervisor:
         self._pids: dict[str, int] = {}  # replaced whole on change: the sampler thread reads it
         self._sampler: TelemetrySampler | None = None
         self._validator: _Validator | None = None
+        self._resume_configs: list[RunConfig] | None = None
         self.snapshot_root = snapshot_root(self.run_id, self.run_dir)
         self.telemetry: TelemetrySnapshot | None = None  # the newest sample
 
     # ------------------------------------------------------------ public
 
+    @classmethod
+    def resume_run(cls, run_dir: str | Path, **kwargs) -> "Supervisor":
+        """A supervisor that carries on an unfinished run: same directory, each pipeline from its checkpoint."""
+        run_dir = Path(run_dir)
+        configs = load_resolved_configs(run_dir)
+        sup = cls(configs[0], runs_dir=run_dir.parent, run_id=run_dir.name, **kwargs)
+        sup._resume_configs = configs
+        return sup
+
     async def start(self) -> None:
         """Create the run directory and start the pipelines that fit on the slots."""
         if self._rundir is not None:
             raise RuntimeError("supervisor already started")
+        resuming = self._resume_configs is not None
+        done: dict[str, str] = {}
+        if resuming:
+            done = {e.pipeline: e.status for e in read_events(self.run_dir) if isinstance(e, PipelineFinished)}
         self._rundir = RunDirectory(self.run_dir)
+        self._rundir.resuming = resuming
         self._rundir.save_config(self.config)
         names = self._add(self.config)
+        for config in (self._resume_configs or [])[1:]:
+            names += self._add(config)
+        for name in names:
+            if done.get(name) == "completed":  # nothing left to train; keep it out of the queue
+                self._runs[name].state = S.COMPLETED
+                self._runs[name].finish_reason = "completed before the run was resumed"
+        if resuming:
+            self._emit(Notice(level="info", text=f"resuming run {self.run_id}: " + ", ".join(
+                f"{n} {'done' if done.get(n) == 'completed' else 'from its last checkpoint'}" for n in names)))
         self._emit(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir), config_path=self.config.source,
                               pipelines=tuple(names)))
         self._queue_events(names)
@@ -390,6 +414,8 @@ class Supervisor:
         queued = self._queued()
         for name in names:
             run = self._runs[name]
+            if run.state != S.QUEUED:
+                continue
             self._emit(PipelineQueued(pipeline=name, priority=run.config.priority,
                                       position=queued.index(run) + 1 if run in queued else 0))
 

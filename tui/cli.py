@@ -12,7 +12,8 @@ from pathlib import Path
 
 USAGE = """torchherd [DIR|CONFIG]                      open the app on a folder of configs (default ./sample_configs)
        torchherd run CONFIG [--headless] [--runs-dir DIR]
-       torchherd check CONFIG [--probe]"""
+       torchherd check CONFIG [--probe]
+       torchherd resume RUN_DIR [--headless]      carry on an unfinished run from its checkpoints"""
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -40,6 +41,29 @@ def _run(args: argparse.Namespace) -> int:
     return asyncio.run(run_headless(report.config, args.runs_dir))
 
 
+def _resume(args: argparse.Namespace) -> int:
+    from engine.rundir import summarize
+    from engine.supervisor import Supervisor
+    from tui.headless import run_headless
+
+    run_dir = Path(args.run_dir)
+    summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
+    if summary is None or not (run_dir / "config.json").exists():
+        print(f"torchherd: {run_dir}: not a torchherd run directory", file=sys.stderr)
+        return 2
+    if summary.live:
+        print(f"torchherd: {run_dir}: another torchherd process is still running it", file=sys.stderr)
+        return 2
+    if summary.status != "unfinished":
+        print(f"torchherd: {run_dir}: already finished ({summary.status}); nothing to resume", file=sys.stderr)
+        return 2
+    if not args.headless:
+        from tui.app import run_app
+
+        return run_app(run_dir, None, launch=True)
+    return asyncio.run(run_headless(None, supervisor=Supervisor.resume_run(run_dir)))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="torchherd", usage=USAGE,
@@ -52,9 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="validate a config and say what would launch where")
     check.add_argument("config")
     check.add_argument("--probe", action="store_true", help="also build every task in a fresh process")
-    if argv and argv[0] in ("run", "check", "-h", "--help"):
+    resume = sub.add_parser("resume", help="carry on an unfinished run from its checkpoints")
+    resume.add_argument("run_dir")
+    resume.add_argument("--headless", action="store_true", help="no screen: print one line per event")
+    if argv and argv[0] in ("run", "check", "resume", "-h", "--help"):
         args = parser.parse_args(argv)
-        return _run(args) if args.command == "run" else _check(args)
+        return {"run": _run, "check": _check, "resume": _resume}[args.command](args)
     app = argparse.ArgumentParser(prog="torchherd", usage=USAGE)
     app.add_argument("target", nargs="?", help="a folder of configs or one config file")
     app.add_argument("--runs-dir", help="where run directories go")

@@ -112,10 +112,13 @@ def exit_status(statuses: dict[str, str]) -> int:
     return EXIT_STOPPED
 
 
-async def run_headless(config: RunConfig, runs_dir: str | None = None, out: TextIO = sys.stdout) -> int:
-    """Run `config` to the end, printing to `out`; returns the process exit status."""
-    supervisor = Supervisor(config, runs_dir=runs_dir)
-    printer = LinePrinter(out, config.validation.metric)
+async def run_headless(config: RunConfig | None, runs_dir: str | None = None, out: TextIO = sys.stdout,
+                       supervisor: Supervisor | None = None) -> int:
+    """Run `config` (or carry on `supervisor`'s run) to the end, printing to `out`; returns the exit status."""
+    if supervisor is None:
+        assert config is not None
+        supervisor = Supervisor(config, runs_dir=runs_dir)
+    printer = LinePrinter(out, supervisor.config.validation.metric)
     stream = supervisor.subscribe()
     loop = asyncio.get_running_loop()
     interrupts = 0
