@@ -637,7 +637,8 @@ class Supervisor:
                     handle.signal_process(signal.SIGUSR1)  # faulthandler writes every thread's stack to the log
                     run.deadline = now + HANG_DUMP_WAIT
                     timeout = run.run_config.restart.hang_timeout
-                    run.last_error = f"hung: no training step for {timeout:g}s (stack dumped to its log)"
+                    run.last_error = f"hung: no training step for {timeout:g}s (stack dumped to its log)" + \
+                        self._gpu_note(run)
                     self._set_state(run, S.HUNG)  # RUNNING/STOPPING -> HUNG
                     self._emit(Notice(pipeline=run.config.name, level="error", text=run.last_error))
             elif run.state == S.BACKOFF and run.restart_at is not None and now >= run.restart_at:
@@ -703,10 +704,23 @@ class Supervisor:
         else:
             self._after_crash(run, uptime, exit_desc)
 
+    def _gpu_note(self, run: _Run) -> str:
+        """The worker's GPU memory from the newest telemetry, when that GPU is nearly full."""
+        gpu = run.slot.gpu if run.slot is not None else None
+        snap = self.telemetry
+        if gpu is None or snap is None:
+            return ""
+        for sample in snap.gpus:
+            if sample.index == gpu.index and sample.mem_used is not None and sample.mem_total:
+                if sample.mem_used / sample.mem_total >= 0.95:
+                    return (f"; GPU {gpu.index} memory was full: {sample.mem_used / 2**30:.1f} of "
+                            f"{sample.mem_total / 2**30:.1f} GiB used")
+        return ""
+
     def _after_crash(self, run: _Run, uptime: float, exit_desc: str) -> None:
         decision = run.policy.decide(run.restarts, run.failed_starts, uptime)
         run.failed_starts = decision.failed_starts
-        what = run.last_error or exit_desc
+        what = (run.last_error or exit_desc) + self._gpu_note(run)
         if not decision.restart:
             run.finish_reason = f"{what} ({decision.reason})"
             self._finish(run, S.FAILED)

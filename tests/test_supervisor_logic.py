@@ -71,6 +71,7 @@ async def until(condition, timeout: float = 5.0):
 
 def make(tmp_path, pipelines, launcher, **top):
     top.setdefault("telemetry", {"enabled": False})
+    top.setdefault("validation", {"mode": "inline"})  # no validator process among the scripted handles
     config = make_config(tmp_path, pipelines, **top)
     return Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=2), tick=0.005)
 
@@ -193,4 +194,24 @@ async def test_a_silent_worker_is_declared_hung_dumped_killed_and_restarted(tmp_
     assert signal.SIGUSR1 in first.signals and signal.SIGTERM in first.signals
     assert first.signals.index(signal.SIGUSR1) < first.signals.index(signal.SIGTERM)
     assert sup.view("a").restarts == 1
+    await sup.shutdown(graceful=False)
+
+
+async def test_a_crash_on_a_full_gpu_says_so(tmp_path, launcher):
+    from engine.devices import GpuInfo
+    from engine.messages import GpuSample, TelemetrySnapshot
+
+    gpu = GpuInfo(index=0, name="Fake GPU", uuid="GPU-0", memory_total=80 * 2**30)
+    config = make_config(tmp_path, [{"name": "a"}], devices={"placement": [0]}, telemetry={"enabled": False},
+                         restart={"max_restarts": 0}, validation={"mode": "inline"})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(gpus=(gpu,), cpu_count=2), tick=0.005)
+    await sup.start()
+    await until(lambda: launcher.handles)
+    sup._on_telemetry(TelemetrySnapshot(gpus=(GpuSample(
+        index=0, uuid="GPU-0", name="Fake GPU", util_gpu=100, util_mem=90, mem_used=79 * 2**30,
+        mem_total=80 * 2**30, temperature=80, power_draw=300.0, power_limit=350.0, processes=()),),
+        processes=(), host_cpu_percent=1.0, host_mem_used=1, host_mem_total=2, load1=0.1, sample_ms=1.0))
+    launcher.handles[0].code = 1
+    await until(lambda: sup.finished)
+    assert "GPU 0 memory was full: 79.0 of 80.0 GiB used" in sup.view("a").last_error
     await sup.shutdown(graceful=False)
