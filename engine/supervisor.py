@@ -98,6 +98,8 @@ class _Run:
     validation: ValidationPlan | None = None
     handed: dict[int, tuple[int, int]] = field(default_factory=dict)  # snapshot seq -> (epoch, step), unscored
     validation_broken: bool = False  # the validator cannot score this pipeline at all
+    scored: set[int] = field(default_factory=set)  # snapshot seqs with a result
+    scored_max: int = 0
 
 
 @dataclass
@@ -503,7 +505,15 @@ class Supervisor:
                 run.samples_per_s = event.samples_per_s
                 run.steps_per_epoch = event.steps_per_epoch
             elif isinstance(event, SnapshotTaken):
-                if not event.dropped:
+                # The validator's result can overtake the worker's report of the hand-off.
+                if event.dropped or event.seq in run.scored:
+                    pass
+                elif event.seq < run.scored_max:
+                    self._emit(event)
+                    self._emit(SnapshotSkipped(pipeline=run.config.name, seq=event.seq, epoch=event.epoch,
+                                               step=event.step, reason="a newer snapshot was validated first"))
+                    continue
+                else:
                     run.handed[event.seq] = (event.epoch, event.step)
             elif isinstance(event, ValResult):
                 self._record_val(run, event)
@@ -601,6 +611,9 @@ class Supervisor:
             self._emit(SnapshotSkipped(pipeline=run.config.name, seq=old, epoch=epoch, step=step,
                                        reason="a newer snapshot was validated first"))
         run.handed.pop(seq, None)
+        if seq:
+            run.scored.add(seq)
+            run.scored_max = max(run.scored_max, seq)
 
     def _validation_pending(self) -> bool:
         if self._validator is None:

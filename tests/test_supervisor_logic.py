@@ -215,3 +215,24 @@ async def test_a_crash_on_a_full_gpu_says_so(tmp_path, launcher):
     await until(lambda: sup.finished)
     assert "GPU 0 memory was full: 79.0 of 80.0 GiB used" in sup.view("a").last_error
     await sup.shutdown(graceful=False)
+
+
+# Regression: a validator result that overtook the worker's snapshot_taken left the
+# snapshot pending forever, so run_finished never came.
+async def test_a_result_that_overtakes_its_hand_off_report_still_finishes_the_run(tmp_path, launcher):
+    from engine.messages import SnapshotTaken, ValResult
+
+    config = make_config(tmp_path, [{"name": "a"}], validation={"mode": "background", "device": "cpu"})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=4), tick=0.005)
+    await sup.start()
+    await until(lambda: len(launcher.handles) == 2)
+    validator, worker = launcher.handles
+    worker.started("a")
+    validator.on_events([ValResult(pipeline="a", epoch=0, step=8, metrics={"val_loss": 1.0}, mode="background",
+                                   seq=2)])
+    worker.on_events([SnapshotTaken(pipeline="a", seq=1, epoch=0, step=4, slot=0, stall_ms=0.1, nbytes=8),
+                      SnapshotTaken(pipeline="a", seq=2, epoch=0, step=8, slot=1, stall_ms=0.1, nbytes=8)])
+    worker.code = 0
+    await until(lambda: sup.finished)
+    validator.code = 0
+    await sup.shutdown(graceful=False)
