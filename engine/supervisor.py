@@ -13,7 +13,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
 
 from engine.channel import (EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED)
 from engine.config import ConfigError, Pipeline, RunConfig
@@ -464,7 +463,7 @@ class Supervisor:
         handle.attach(lambda events, run=run, handle=handle: self._on_events(run, handle, events))
         self._update_pids()
         self._set_state(run, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
-        self._emit(WorkerStarted(pipeline=name, pid=handle.pid, device=slot.label, attempt=run.attempt,
+        self._emit(WorkerStarted(pipeline=name, pid=handle.pid, device=slot.name, attempt=run.attempt,
                                  gpu_uuid=slot.gpu.uuid if slot.gpu is not None else ""))
 
     def _on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
@@ -781,7 +780,7 @@ class Supervisor:
     def _view(self, r: _Run) -> PipelineView:
         return PipelineView(
             name=r.config.name, state=r.state,
-            device=r.slot.label if r.slot is not None else "",
+            device=r.slot.name if r.slot is not None else "",
             pid=r.handle.pid if r.handle is not None else None, attempt=r.attempt, restarts=r.restarts,
             epoch=r.epoch, step=r.step, epochs_total=r.epochs_total, steps_per_epoch=r.steps_per_epoch,
             train_loss=r.train_loss, val_loss=r.val_loss, best_val=r.best_val, samples_per_s=r.samples_per_s,

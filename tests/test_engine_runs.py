@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from engine.messages import (CheckpointSaved, StepMetrics, EpochEnd, PipelineFinished, Resumed, RunFinished, TrainingStarted,
-                             ValResult, WorkerError, WorkerExited, WorkerStarted, WorkerStateChanged)
+                             ValResult, WorkerError, WorkerExited, WorkerStarted)
 from engine.rundir import read_events, read_records
 from engine.supervisor import Supervisor
 from tests.conftest import make_config, still_alive, wait_for

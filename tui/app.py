@@ -1,0 +1,203 @@
+"""The torchherd Textual app: picker first, then the dashboard of one session; `run_app` is the entry point.
+
+The app owns a `Bridge` (the only holder of engine objects) and routes screen requests to it; quitting
+while workers are alive asks first, and the app never exits leaving them behind.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+
+from engine.config import ConfigError
+from tui.bridge import Bridge, SupervisorFactory, replay_run
+from tui.messages import PipelineCommand, RunChanged
+from tui.runstate import RunState
+from tui.screens.dashboard import DashboardScreen
+from tui.screens.dialogs import HelpScreen, QuitScreen
+from tui.screens.picker import PickerResult, PickerScreen
+
+
+class TorchherdApp(App[int]):
+    """Pick a config, launch it, watch and steer it."""
+
+    TITLE = "torchherd"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [Binding("ctrl+q,ctrl+c", "request_quit", "quit", priority=True, show=False)]
+
+    def __init__(self, target: Path | None = None, runs_dir: Path | None = None, *,
+                 factory: SupervisorFactory | None = None, refresh_hz: float = 2.0,
+                 clock: Callable[[], float] = time.time,
+                 launch: bool = False):
+        super().__init__()
+        self.launch = launch  # start the target (a config, or an unfinished run to resume) at once
+        target = Path(target) if target is not None else Path("sample_configs")
+        self.target = target
+        self.directory = target if not target.is_file() else target.parent
+        self.initial = target if target.is_file() else None
+        self.runs_dir = runs_dir
+        self.refresh_hz, self.clock = refresh_hz, clock
+        self.bridge = Bridge(lambda: self.post_message(RunChanged()), runs_dir, factory)
+        self.dashboard: DashboardScreen | None = None
+        self.stopping = ""  # "graceful" or "kill" once quitting has begun
+
+    # ------------------------------------------------------------ lifecycle
+    def on_mount(self) -> None:
+        self.install_signal_handlers()
+        if self.launch and self.target.is_file():
+            self.call_later(self._picked, ("launch", self.target))
+        elif self.launch and self.target.is_dir():
+            self.directory = Path("sample_configs")
+            self.call_later(self._picked, ("resume", self.target))
+        else:
+            self.push_screen(self._picker(adding=False), self._picked)
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGHUP (the SSH session went away) stop the runs gracefully, then exit."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                loop.add_signal_handler(sig, lambda: self.call_later(self._stop_and_exit, True))
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
+                pass
+
+    async def on_unmount(self) -> None:
+        if self.bridge.live:  # an exit we did not plan (an exception): leave no worker behind
+            await self.bridge.shutdown(graceful=False, timeout=5.0)
+
+    def _picker(self, adding: bool) -> PickerScreen:
+        runs = self.runs_dir if self.runs_dir is not None else Path("runs")
+        return PickerScreen(self.directory, runs, self.initial, adding=adding)
+
+    async def _picked(self, result: PickerResult) -> None:
+        if result is None:
+            return
+        kind, path = result
+        if kind == "open":
+            self._replay(path)
+            return
+        adding = self.bridge.live
+        try:
+            if kind == "resume":
+                await self.bridge.resume(path)
+                names = list(self.bridge.state.rows)
+            else:
+                names = await self.bridge.launch(path)
+        except ConfigError as exc:
+            self.notify("\n".join(str(p) for p in exc.problems) or str(exc), title="cannot launch",
+                        severity="error", timeout=10)
+            if not adding:
+                self.push_screen(self._picker(adding=False), self._picked)
+            return
+        except Exception as exc:  # the engine refused: say so and stay usable
+            self.notify(f"{type(exc).__name__}: {exc}", title="cannot launch", severity="error", timeout=10)
+            if not adding:
+                self.push_screen(self._picker(adding=False), self._picked)
+            return
+        if adding:
+            self.notify(f"added {', '.join(names)}", timeout=4)
+        else:
+            self._show_dashboard(self.bridge.state)
+
+    def _show_dashboard(self, state: RunState) -> None:
+        self.dashboard = DashboardScreen(state, self.refresh_hz, self.clock)
+        self.push_screen(self.dashboard)
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="replay")
+    def _replay(self, run_dir: Path) -> None:
+        try:
+            state = replay_run(run_dir)
+        except Exception as exc:
+            self.call_from_thread(self.notify, f"cannot read {run_dir}: {exc}", severity="error")
+            self.call_from_thread(self.push_screen, self._picker(adding=False), self._picked)
+            return
+        self.call_from_thread(self._open_replay, state)
+
+    def _open_replay(self, state: RunState) -> None:
+        self.bridge.show(state)
+        self._show_dashboard(state)
+
+    # ------------------------------------------------------------ messages
+    def on_run_changed(self, message: RunChanged) -> None:
+        if self.dashboard is not None and self.dashboard.state is not self.bridge.state and self.bridge.live:
+            self.dashboard.state = self.bridge.state
+        if self.dashboard is not None and self.dashboard.is_attached:
+            self.dashboard.data_changed()
+
+    def on_pipeline_command(self, message: PipelineCommand) -> None:
+        try:
+            self.bridge.command(message.command, message.pipeline)
+        except (KeyError, ValueError, RuntimeError) as exc:
+            self.notify(str(exc).strip("'\""), severity="warning", timeout=4)
+        else:
+            self.notify(f"{message.command}: {message.pipeline}", timeout=2)
+
+    # ------------------------------------------------------------ actions
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_launch_more(self) -> None:
+        if not self.bridge.live:
+            self.notify("a past run is read-only: quit and launch from the picker", severity="warning")
+            return
+        self.push_screen(self._picker(adding=True), self._picked)
+
+    def action_back_to_picker(self) -> None:
+        if self.dashboard is not None and self.screen is self.dashboard and not self.bridge.live:
+            self.pop_screen()
+            self.dashboard = None
+            self.push_screen(self._picker(adding=False), self._picked)
+
+    async def action_request_quit(self) -> None:
+        if self.stopping:
+            self.notify("still stopping; press q again to kill now" if self.stopping == "graceful" else
+                        "killing workers…", severity="warning")
+            if self.stopping == "graceful":
+                self.stopping = "kill"
+                await self._stop_and_exit(False)
+            return
+        if not self.bridge.alive:
+            await self._stop_and_exit(True)
+            return
+        running = [r.name for r in self.bridge.state.rows.values() if r.finished_at is None]
+
+        async def answered(choice: str | None) -> None:
+            if choice == "stop":
+                await self._stop_and_exit(True)
+
+        self.push_screen(QuitScreen(running), answered)
+
+    async def _stop_and_exit(self, graceful: bool) -> None:
+        if self.bridge.alive:
+            self.stopping = "graceful" if graceful else "kill"
+            self.notify("stopping every pipeline gracefully (checkpoints first)…" if graceful else
+                        "killing every pipeline…", timeout=30)
+            self._end_session(graceful)
+        else:
+            await self.bridge.shutdown(graceful=True, timeout=5.0)
+            self.exit(0)
+
+    @work(exclusive=True, exit_on_error=False, group="shutdown")
+    async def _end_session(self, graceful: bool) -> None:
+        await self.bridge.shutdown(graceful=graceful, timeout=30.0 if graceful else 5.0)
+        self.exit(0)
+
+
+def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bool = False) -> int:
+    """Open the app on a config directory (or one config); with `launch`, start the config (or resume
+    the run directory) at once. Returns the exit status: with `launch`, 0 only if every pipeline completed."""
+    app = TorchherdApp(target, runs_dir, launch=launch)
+    app.run()
+    if app.return_code:
+        return app.return_code
+    if launch:
+        rows = app.bridge.state.rows.values()
+        return 0 if rows and all(r.state == "completed" for r in rows) else 1
+    return 0

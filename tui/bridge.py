@@ -1,0 +1,203 @@
+"""The one module of the app that holds live engine objects: the session's Supervisor and its telemetry
+sampler, plus the blocking loaders for configs and past runs (call those from thread workers).
+
+Screens read `Bridge.state` (plain data) and ask for commands by name; nothing else in `tui/` calls the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.config import RunConfig, load_config
+
+from tui.runstate import RunState
+
+COMMANDS = ("kill", "restart", "pause", "resume", "stop", "checkpoint")
+SupervisorFactory = Callable[[RunConfig, "Path | None"], Any]
+
+
+def real_supervisor(config: RunConfig, runs_dir: Path | None) -> Any:
+    from engine.supervisor import Supervisor
+
+    return Supervisor(config, runs_dir=runs_dir)
+
+
+# ------------------------------------------------------------ blocking loaders
+
+
+@dataclass(frozen=True)
+class ConfigCheck:
+    """A config file's text and the verdict of `torchherd check` on it."""
+
+    path: Path
+    text: str
+    ok: bool
+    lines: list[str] = field(default_factory=list)  # what would launch where
+    problems: list[str] = field(default_factory=list)
+
+
+def check_config_file(path: Path) -> ConfigCheck:
+    """Read and validate a config the way `torchherd check` does (blocking: use a thread)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        return ConfigCheck(path, "", False, problems=[f"{path}: cannot read: {exc.strerror}"])
+    from engine.check import check_config
+
+    report = check_config(path)
+    return ConfigCheck(path, text, report.ok, list(report.lines), [str(p) for p in report.problems])
+
+
+def list_configs(directory: Path) -> list[Path]:
+    """The TOML configs in a directory, by name."""
+    try:
+        return sorted(p for p in directory.iterdir() if p.suffix == ".toml" and p.is_file())
+    except OSError:
+        return []
+
+
+@dataclass(frozen=True)
+class PastRun:
+    """A past run as the picker lists it."""
+
+    run_id: str
+    path: Path
+    started: float  # seconds since the epoch
+    status: str
+    pipelines: tuple[str, ...]
+
+
+def list_past_runs(runs_dir: Path) -> list[PastRun]:
+    """Past runs under `runs_dir`, newest first (blocking: use a thread)."""
+    from engine.rundir import list_runs
+
+    try:
+        return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines)) for r in list_runs(runs_dir)]
+    except OSError:
+        return []
+
+
+def replay_run(run_dir: Path) -> RunState:
+    """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
+    from engine.rundir import read_events
+
+    state = RunState(read_only=True, run_dir=run_dir, run_id=run_dir.name)
+    try:
+        configs = json.loads((run_dir / "config.json").read_text())
+        validation = (configs[0] if isinstance(configs, list) else configs).get("validation", {})
+        state.metric = validation.get("metric", state.metric)
+        state.metric_mode = validation.get("metric_mode", state.metric_mode)
+    except (OSError, ValueError, AttributeError, IndexError):
+        pass
+    for event in read_events(run_dir):
+        state.apply(event)
+    state.run_dir = run_dir  # the directory as found now, whatever the run called it then
+    for row in state.rows.values():
+        row.log_path = run_dir / row.name / "log.txt"
+    state.read_only = True
+    return state
+
+
+# ------------------------------------------------------------ the live session
+
+
+class Bridge:
+    """Owns the session: starts the supervisor, folds its events into `state`, forwards commands."""
+
+    def __init__(self, on_change: Callable[[], None], runs_dir: Path | None = None,
+                 factory: SupervisorFactory | None = None):
+        self.on_change = on_change  # called on the event loop after each batch of events
+        self.runs_dir = runs_dir
+        self.state = RunState()
+        self._factory = factory or real_supervisor
+        self._sup: Any = None
+        self._consumer: asyncio.Task | None = None
+        self._closed = False
+        self._signalled = False  # a change signal is scheduled
+
+    @property
+    def live(self) -> bool:
+        """A supervisor session exists and has not been shut down."""
+        return self._sup is not None and not self._closed
+
+    @property
+    def alive(self) -> bool:
+        """Some worker process exists."""
+        return self.live and bool(self._sup.alive)
+
+    async def launch(self, path: Path) -> list[str]:
+        """Start a session with this config, or add it to the running one; raises ConfigError."""
+        config = load_config(path)
+        if self.live:
+            return list(self._sup.add_config(config))
+        if self._closed:
+            raise RuntimeError("the session has ended")
+        sup = self._factory(config, self.runs_dir)
+        await self._start(sup, RunState(metric=config.validation.metric, metric_mode=config.validation.metric_mode))
+        return [p.name for p in config.pipelines]
+
+    async def resume(self, run_dir: Path) -> None:
+        """Carry on an unfinished run from its checkpoints, showing its history so far."""
+        from engine.supervisor import Supervisor
+
+        if self.live or self._closed:
+            raise RuntimeError("a session is already running")
+        state = await asyncio.to_thread(replay_run, run_dir)  # the curves so far
+        state.read_only = False
+        await self._start(Supervisor.resume_run(run_dir), state)
+
+    async def _start(self, sup: Any, state: RunState) -> None:
+        self.state = state
+        await sup.start()  # spawns processes: must run on this loop's thread
+        self._sup = sup
+        self._consumer = asyncio.get_running_loop().create_task(self._consume(sup.subscribe()))
+
+    def show(self, state: RunState) -> None:
+        """Show a replayed run (only when no live session)."""
+        if not self.live:
+            self.state = state
+
+    def command(self, command: str, pipeline: str) -> None:
+        """Forward a command; raises KeyError for an unknown pipeline, RuntimeError when read-only."""
+        if command not in COMMANDS:
+            raise ValueError(f"unknown command {command!r}")
+        if not self.live:
+            raise RuntimeError("this run is read-only" if self.state.read_only else "no run is active")
+        getattr(self._sup, command)(pipeline)
+
+    async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
+        """Stop (gracefully: checkpoint first) or kill every worker and end the session."""
+        if self._sup is None or self._closed:
+            self._closed = True
+            return
+        await self._sup.shutdown(graceful=graceful, timeout=timeout)
+        self._closed = True
+        if self._consumer is not None:
+            try:
+                await asyncio.wait_for(self._consumer, 5.0)  # the stream ends once the supervisor closes
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._consumer.cancel()
+        self.on_change()
+
+    # ------------------------------------------------------------ internals
+    async def _consume(self, stream) -> None:
+        # Queued events are taken without suspending, so one burst is applied before the
+        # call_soon'd signal runs: a burst costs one RunChanged, not one per event.
+        loop = asyncio.get_running_loop()
+        burst = 0
+        async for event in stream:
+            self.state.apply(event)
+            if not self._signalled:
+                self._signalled = True
+                loop.call_soon(self._signal)
+            burst += 1
+            if burst % 2000 == 0:
+                await asyncio.sleep(0)  # a very long burst must not starve keys and redraws
+        self._signal()
+
+    def _signal(self) -> None:
+        self._signalled = False
+        self.on_change()

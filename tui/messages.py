@@ -1,0 +1,25 @@
+"""App-level Textual messages: what screens ask of the app, and the bridge's change signal.
+
+`RunChanged` supersedes itself (`can_replace`), so a flood of engine events queues one repaint.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+
+@dataclass
+class RunChanged(Message):
+    """The run state moved on; the dashboard should redraw when its rate limit allows."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RunChanged)
+
+
+@dataclass
+class PipelineCommand(Message):
+    """A person asked for `command` (kill, restart, pause, resume, stop, checkpoint) on a pipeline."""
+
+    command: str
+    pipeline: str

@@ -1,0 +1,1 @@
+"""Screens of the torchherd app, one module and one .tcss each."""

@@ -1,0 +1,178 @@
+"""The dashboard: pipeline table, loss chart, device pane, log tail and event log of one run.
+
+It reads a `RunState` (plain data) the app hands it and redraws at most `refresh_hz` times a second,
+however many events arrive; keys become `PipelineCommand` messages for the app to carry out.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from tui.messages import PipelineCommand
+from tui.runstate import RunState
+from tui.screens.dialogs import ConfirmScreen
+from tui.screens.log_view import LogScreen
+from tui.widgets.device_pane import DevicePane
+from tui.widgets.log_views import EventLog, LogTail
+from tui.widgets.loss_chart import LossChart
+from tui.widgets.pipeline_table import PipelineTable
+
+
+class DashboardScreen(Screen[None]):
+    """One run, live or read-only; set `state` and call `data_changed()` when it moves on."""
+
+    CSS_PATH = "dashboard.tcss"
+    BINDINGS = [
+        Binding("k", "kill", "kill"), Binding("r", "command('restart')", "restart"),
+        Binding("p", "pause", "pause"), Binding("s", "command('stop')", "stop"),
+        Binding("c", "command('checkpoint')", "ckpt"), Binding("l", "full_log", "log"),
+        Binding("n", "app.launch_more", "more"),
+        Binding("a", "chart('overlay')", "all", show=False), Binding("g", "chart('log_y')", "log y", show=False),
+        Binding("e", "chart('smooth')", "ema", show=False), Binding("x", "chart('x_mode')", "x axis", show=False),
+        Binding("escape", "app.back_to_picker", "back", show=False),
+        Binding("question_mark", "app.help", "help"), Binding("q", "app.request_quit", "quit"),
+    ]
+
+    def __init__(self, state: RunState, refresh_hz: float = 2.0, clock: Callable[[], float] = time.time):
+        super().__init__()
+        self.state = state
+        self.interval = 1.0 / refresh_hz  # seconds between redraws at most
+        self.clock = clock
+        self.selected: str | None = None
+        self._pending = False  # a redraw is scheduled
+        self._status_text = ""
+        self._last = 0.0  # monotonic time of the last redraw
+        self._seen = (-1, -1, -1)  # versions of rows, series, telemetry last drawn
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="status")
+        yield PipelineTable(id="table")
+        with Horizontal(id="middle"):
+            yield LossChart(id="chart")
+            yield DevicePane(id="devices")
+        with Horizontal(id="bottom"):
+            yield LogTail(id="logtail")
+            yield EventLog(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(PipelineTable).focus()
+        self.set_interval(1.0, self._tick)  # elapsed and ETA move even when no event arrives
+        self.redraw()
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.width < 100, "-narrow")
+        self.set_class(self.size.height < 30, "-short")
+        self._seen = (-1, self._seen[1], self._seen[2])  # the table picks its columns for the new width
+        self.data_changed()
+
+    # ------------------------------------------------------------ redraws
+    def data_changed(self) -> None:
+        """Schedule a redraw, coalescing everything that arrives before it."""
+        if self._pending:
+            return
+        self._pending = True
+        delay = self._last + self.interval - time.monotonic()
+        if delay > 0:
+            self.set_timer(delay, self.redraw)
+        else:  # not set_timer(0): Textual's timer divides by its interval when it runs late
+            self.call_later(self.redraw)
+
+    def _tick(self) -> None:
+        if self.state.alive_count and not self.state.read_only:
+            self._seen = (-1, self._seen[1], self._seen[2])
+            self.data_changed()
+
+    def redraw(self) -> None:
+        self._pending = False
+        self._last = time.monotonic()
+        state = self.state
+        table = self.query_one(PipelineTable)
+        if state.rows_version != self._seen[0]:
+            table.update_rows(list(state.rows.values()), self.clock(), self.size.width)
+            if self.selected is None and table.selected is not None:
+                self._select(table.selected)
+            self._status()
+        if state.series_version != self._seen[1]:
+            self.query_one(LossChart).redraw()
+        if state.telemetry_version != self._seen[2]:
+            self.query_one(DevicePane).show(state.telemetry)
+        events = self.query_one(EventLog)
+        if state.log_seq != events.last_seq:
+            events.add(e for e in state.log if e.seq > events.last_seq)
+        self._seen = (state.rows_version, state.series_version, state.telemetry_version)
+
+    def _status(self) -> None:
+        state = self.state
+        counts: dict[str, int] = {}
+        for row in state.rows.values():
+            counts[row.state] = counts.get(row.state, 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no pipelines yet"
+        tag = "  [reverse] read-only [/reverse]" if state.read_only else ""
+        done = "  [b]finished[/b]" if state.finished else ""
+        text = f"[b]{state.run_id or 'starting…'}[/b]  {summary}{tag}{done}"
+        if text != self._status_text:  # one line either way: no layout pass
+            self._status_text = text
+            self.query_one("#status", Static).update(text, layout=False)
+
+    def _select(self, name: str) -> None:
+        self.selected = name
+        chart = self.query_one(LossChart)
+        chart.series, chart.selected = self.state.series, name
+        chart.redraw()
+        row = self.state.rows.get(name)
+        self.query_one(LogTail).follow(row.log_path if row else None, f"log: {name}")
+
+    def on_pipeline_table_selected(self, message: PipelineTable.Selected) -> None:
+        if message.name != self.selected:
+            self._select(message.name)
+
+    # ------------------------------------------------------------ actions
+    def _target(self) -> str | None:
+        if self.selected is None:
+            self.notify("no pipeline selected", severity="warning")
+        return self.selected
+
+    def action_command(self, command: str) -> None:
+        name = self._target()
+        if name is not None:
+            self.post_message(PipelineCommand(command, name))
+
+    def action_pause(self) -> None:
+        name = self._target()
+        if name is not None:
+            row = self.state.rows.get(name)
+            self.post_message(PipelineCommand("resume" if row and row.state == "paused" else "pause", name))
+
+    def action_kill(self) -> None:
+        name = self._target()
+        if name is None:
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.post_message(PipelineCommand("kill", name))
+
+        self.app.push_screen(ConfirmScreen(f"Kill [b]{name}[/b]?\nIts process group gets SIGTERM, then SIGKILL; "
+                                           "progress since the last checkpoint is lost.", yes="Kill"), answered)
+
+    def action_full_log(self) -> None:
+        name = self._target()
+        row = self.state.rows.get(name) if name else None
+        if row is not None and row.log_path is not None:
+            self.app.push_screen(LogScreen(row.log_path, name))
+
+    def action_chart(self, what: str) -> None:
+        chart = self.query_one(LossChart)
+        if what == "x_mode":
+            chart.x_mode = "time" if chart.x_mode == "step" else "step"
+        else:
+            setattr(chart, what, not getattr(chart, what))
+        chart.series = self.state.series
+        chart.redraw()

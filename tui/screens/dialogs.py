@@ -1,0 +1,103 @@
+"""Modal questions and help: confirm an action, decide what quitting does to live runs, list the keys.
+
+Each is a `ModalScreen[T]` that dismisses with its answer; every choice has a key.
+"""
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+HELP = """\
+[b]Dashboard[/b]
+  ↑/↓        select a pipeline
+  k          kill the pipeline (asks first)
+  r          restart it (from its last checkpoint)
+  p          pause / resume it
+  s          stop it gracefully (checkpoint, then exit)
+  c          write a checkpoint now
+  l          full log of the pipeline
+  n          launch more: add another config to this session
+  a          chart: selected pipeline / all overlaid
+  g          chart: log scale on / off
+  e          chart: EMA smoothing on / off
+  x          chart: x axis step / wall time
+  tab        move focus
+  escape     back to the picker (past runs)
+  ?          this help
+  q          quit (asks whether to stop live runs)
+
+[b]Picker[/b]
+  ↑/↓        select a config or a past run
+  enter      launch the config / open the run read-only
+  escape     back (or quit)
+"""
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Yes or no about one action; `y`/enter confirm, `n`/escape cancel."""
+
+    CSS_PATH = "dialogs.tcss"
+    BINDINGS = [Binding("y,enter", "answer(True)", "yes"), Binding("n,escape", "answer(False)", "no")]
+
+    def __init__(self, question: str, yes: str = "Yes") -> None:
+        super().__init__()
+        self.question, self.yes = question, yes
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question, classes="question")
+            with Horizontal(classes="buttons"):
+                yield Button(f"{self.yes} (y)", id="yes", variant="error")
+                yield Button("Cancel (n)", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, value: bool) -> None:
+        self.dismiss(value)
+
+
+class QuitScreen(ModalScreen[str]):
+    """Live runs are still going: stop them gracefully and quit ("stop"), or not ("cancel")."""
+
+    CSS_PATH = "dialogs.tcss"
+    BINDINGS = [Binding("s,enter", "answer('stop')", "stop and quit"),
+                Binding("c,n,escape", "answer('cancel')", "cancel")]
+
+    def __init__(self, running: list[str]) -> None:
+        super().__init__()
+        self.running = running
+
+    def compose(self) -> ComposeResult:
+        names = ", ".join(self.running[:6]) + (" …" if len(self.running) > 6 else "")
+        count = len(self.running)
+        with Vertical(classes="dialog"):
+            yield Static(f"[b]{count} pipeline{'s are' if count != 1 else ' is'} still running[/b]\n{names}\n\n"
+                         "Stop them gracefully (each writes a checkpoint) and quit?", classes="question")
+            with Horizontal(classes="buttons"):
+                yield Button("Stop & quit (s)", id="stop", variant="warning")
+                yield Button("Cancel (c)", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id or "cancel")
+
+    def action_answer(self, value: str) -> None:
+        self.dismiss(value)
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key, in one place."""
+
+    CSS_PATH = "dialogs.tcss"
+    BINDINGS = [Binding("escape,question_mark,q,enter", "close", "close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog help"):
+            yield Static(HELP)
+            yield Static("[dim]escape to close[/dim]")
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,1 @@
+"""Reusable widgets of the torchherd app; each carries its DEFAULT_CSS."""
