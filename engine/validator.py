@@ -14,7 +14,6 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 from engine.channel import ControlReceiver, StatusSender, SupervisorGone
 from engine.launcher import WorkerSpec
