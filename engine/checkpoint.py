@@ -32,6 +32,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _remove_stale_temps(directory: Path) -> None:
+    """Delete temporary files left by writers that died mid-write (named `.NAME.PID.tmp`)."""
+    for tmp in directory.glob(".*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # its writer is gone; a live one (validator, ...) is left alone
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 def write_atomic(path: Path, state: dict[str, Any]) -> None:
     """Save `state` with torch.save to `path` so a crash leaves the old file or the new, never half."""
     import torch
@@ -39,6 +53,7 @@ def write_atomic(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(path.parent)  # a SIGKILL mid-write leaves one, as big as a checkpoint
         with open(tmp, "wb") as fh:
             torch.save(state, fh)
             fh.flush()

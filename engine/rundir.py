@@ -19,6 +19,7 @@ from engine.messages import (EpochEnd, Event, Message, RunFinished, RunStarted, 
                              from_record, to_record)
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
+PID_FILE = "supervisor.pid"  # the pid of the torchherd process writing a run (or snapshot folder)
 
 
 def _json_default(value: Any) -> Any:
@@ -33,6 +34,37 @@ def dumps(record: dict[str, Any]) -> str:
     """One JSON line; NaN and infinities become null so every reader can parse it."""
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
     return json.dumps(clean, default=_json_default, separators=(",", ":"))
+
+
+def snapshot_root(run_id: str, run_dir: Path) -> Path:
+    """Where a run's weight snapshots live: RAM-backed /dev/shm when there is one, else the run directory."""
+    import os
+
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"torchherd-{run_id}"
+    return run_dir / ".snapshots"
+
+
+def remove_root(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def claim_root(root: Path) -> None:
+    """Create `root` for this process, and free the snapshots of torchherd processes that died without."""
+    import os
+
+    import time
+
+    for other in root.parent.glob("torchherd-*"):
+        try:
+            young = time.time() - other.stat().st_mtime < 60  # seconds: its owner may not have written its pid yet
+        except OSError:
+            continue
+        if other != root and not young and not owner_alive(other):  # RAM a SIGKILLed supervisor never gave back
+            remove_root(other)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / PID_FILE).write_text(f"{os.getpid()}\n")
 
 
 def new_run_id(runs_dir: Path, name: str) -> str:
@@ -177,8 +209,6 @@ def summarize(run_dir: Path) -> RunSummary | None:
     return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,
                       pipelines=pipelines, statuses=statuses, live=owner_alive(run_dir))
 
-
-PID_FILE = "supervisor.pid"
 
 
 def owner_alive(run_dir: Path) -> bool:

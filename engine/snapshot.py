@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,18 +20,6 @@ import torch
 # Header fields, one int64 each per slot.
 VERSION, SEQ, EPOCH, STEP, HANDOFF_NS, CONSUMED, CHECKSUM_BITS, FIELDS = 0, 1, 2, 3, 4, 5, 6, 8
 ALIGN = 64  # bytes; each tensor starts on a cache line
-
-
-def snapshot_root(run_id: str, run_dir: Path) -> Path:
-    """Where a run's snapshots live: RAM-backed /dev/shm when there is one, else the run directory."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"torchherd-{run_id}"
-    return run_dir / ".snapshots"
-
-
-def remove_root(root: Path) -> None:
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from engine.messages import (CheckpointNow, EarlyStop, EpochEnd, Event, Heartbea
                              TelemetrySnapshot, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted,
                              WorkerStateChanged)
 from engine.placement import Slot, ValidationPlan, plan_slots, plan_validation
-from engine.snapshot import remove_root, snapshot_root
 from engine.policy import RestartPolicy
-from engine.rundir import RunDirectory, load_resolved_configs, new_run_id, read_events
+from engine.rundir import (RunDirectory, claim_root, load_resolved_configs, new_run_id, read_events, remove_root,
+                           snapshot_root)
 from engine.states import WorkerState, check_transition
 from engine.telemetry import TelemetrySampler
 
@@ -531,6 +531,8 @@ class Supervisor:
     def _launch_validator(self) -> None:
         v = self._validator
         assert v is not None
+        if v.attempt == 0:
+            claim_root(self.snapshot_root)
         v.attempt += 1
         v.restart_at = None
         directory = self.run_dir / "validator"
