@@ -6,6 +6,7 @@ while workers are alive asks first, and the app never exits leaving them behind.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from textual.binding import Binding
 
 from engine.config import ConfigError
 from tui.bridge import Bridge, SupervisorFactory, replay_run
+from tui.headless import EXIT_STOPPED
 from tui.messages import PipelineCommand, RunChanged
 from tui.runstate import RunState
 from tui.screens.dashboard import DashboardScreen
@@ -46,6 +48,7 @@ class TorchherdApp(App[int]):
         self.bridge = Bridge(lambda: self.post_message(RunChanged()), runs_dir, factory)
         self.dashboard: DashboardScreen | None = None
         self.stopping = ""  # "graceful" or "kill" once quitting has begun
+        self.hung_up = False  # SIGHUP: the terminal went away
 
     # ------------------------------------------------------------ lifecycle
     def on_mount(self) -> None:
@@ -63,9 +66,21 @@ class TorchherdApp(App[int]):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGHUP):
             try:
-                loop.add_signal_handler(sig, lambda: self.call_later(self._stop_and_exit, True))
+                loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
                 pass
+
+    def _on_signal(self, sig: int) -> None:
+        if sig == signal.SIGHUP:
+            self.hung_up = True
+        self.call_later(self._stop_and_exit, True)
+
+    def _leave(self, code: int) -> None:
+        if self.hung_up:
+            # The terminal is gone: restoring it would block Textual's writer for ever. The
+            # runs are stopped and the run directory closed, so nothing is lost by leaving now.
+            os._exit(EXIT_STOPPED)
+        self.exit(code)
 
     async def on_unmount(self) -> None:
         if self.bridge.live:  # an exit we did not plan (an exception): leave no worker behind
@@ -182,12 +197,12 @@ class TorchherdApp(App[int]):
             self._end_session(graceful)
         else:
             await self.bridge.shutdown(graceful=True, timeout=5.0)
-            self.exit(0)
+            self._leave(0)
 
     @work(exclusive=True, exit_on_error=False, group="shutdown")
     async def _end_session(self, graceful: bool) -> None:
         await self.bridge.shutdown(graceful=graceful, timeout=30.0 if graceful else 5.0)
-        self.exit(0)
+        self._leave(0)
 
 
 def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bool = False) -> int:
