@@ -35,12 +35,22 @@ class LinePrinter:
         self.metric = metric
         self.val: dict[str, tuple[int, dict[str, float]]] = {}
         self.skipped: dict[str, int] = {}
+        self.gone = False
         self.start = time.monotonic()
 
     def _line(self, text: str) -> None:
         elapsed = time.monotonic() - self.start
-        self.out.write(f"[{elapsed:7.1f}s] {text}\n")
-        self.out.flush()
+        self.write(f"[{elapsed:7.1f}s] {text}\n")
+
+    def write(self, text: str) -> None:
+        """Print, unless the terminal is gone (SSH dropped): then the run carries on silently."""
+        if self.gone:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (OSError, ValueError):  # EIO, EPIPE, or a closed stream
+            self.gone = True
 
     def handle(self, ev: Event) -> None:
         if isinstance(ev, RunStarted):
@@ -64,7 +74,7 @@ class LinePrinter:
         elif isinstance(ev, ValResult) and ev.error:
             self._line(f"{ev.pipeline}: validation failed: {ev.error} (training goes on)")
             for line in ev.traceback.rstrip().splitlines()[-6:]:
-                self.out.write(f"    {line}\n")
+                self.write(f"    {line}\n")
         elif isinstance(ev, ValResult):
             self.val[ev.pipeline] = (ev.epoch, ev.metrics)
             if ev.mode != "inline":
@@ -85,7 +95,7 @@ class LinePrinter:
             self._line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")
             if ev.traceback:
                 for line in ev.traceback.rstrip().splitlines():
-                    self.out.write(f"    {line}\n")
+                    self.write(f"    {line}\n")
         elif isinstance(ev, WorkerExited) and ev.reason in ("crashed", "failed"):
             how = f"signal {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
             self._line(f"{ev.pipeline}: worker pid {ev.pid} {ev.reason} ({how}) after {ev.uptime:.1f}s")
@@ -127,16 +137,15 @@ async def run_headless(config: RunConfig | None, runs_dir: str | None = None, ou
         nonlocal interrupts
         interrupts += 1
         if interrupts == 1 and signame == "SIGINT":
-            out.write("\nstopping every pipeline gracefully (Ctrl-C again to kill)\n")
             supervisor.stop(reason="interrupted")
+            printer.write("\nstopping every pipeline gracefully (Ctrl-C again to kill)\n")
         elif interrupts == 1:
-            out.write(f"\n{signame}: stopping every pipeline gracefully\n")
             supervisor.stop(reason=signame)
-        else:
-            out.write("\nkilling every pipeline\n")
+            printer.write(f"\n{signame}: stopping every pipeline gracefully\n")
+        elif signame == "SIGINT":
             for view in supervisor.views():
                 supervisor.kill(view.name)
-        out.flush()
+            printer.write("\nkilling every pipeline\n")
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_interrupt, signal.Signals(sig).name)
@@ -151,5 +160,5 @@ async def run_headless(config: RunConfig | None, runs_dir: str | None = None, ou
         await supervisor.shutdown(graceful=False, timeout=0)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
-    out.write(f"run directory: {supervisor.run_dir}\n")
+    printer.write(f"run directory: {supervisor.run_dir}\n")
     return exit_status(statuses)
