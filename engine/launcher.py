@@ -87,6 +87,30 @@ class WorkerHandle(Protocol):
         """Release pipes and reap stragglers of the process group."""
 
 
+class FrameReader:
+    """Splits a byte stream into the messages `Connection.send_bytes` framed (a length, then the bytes)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        out = []
+        while True:
+            if len(self._buf) < 4:
+                return out
+            size = int.from_bytes(self._buf[:4], "big", signed=True)
+            start = 4
+            if size == -1:  # over 2 GiB: an 8-byte length follows
+                if len(self._buf) < 12:
+                    return out
+                size, start = int.from_bytes(self._buf[4:12], "big"), 12
+            if len(self._buf) < start + size:
+                return out
+            out.append(bytes(self._buf[start:start + size]))
+            del self._buf[:start + size]
+
+
 class ProcessHandle:
     """A real worker process with its status and control pipes."""
 
@@ -94,6 +118,9 @@ class ProcessHandle:
         self.proc = proc
         self.pid = proc.pid
         self._status = status
+        # Non-blocking: a worker frozen half-way through writing a batch must not freeze the loop.
+        os.set_blocking(status.fileno(), False)
+        self._frames = FrameReader()
         self._control = control
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_events: Callable[[list[Event]], None] | None = None
@@ -138,22 +165,44 @@ class ProcessHandle:
             self._reading = False
 
     def _readable(self) -> None:
-        try:
-            payload = self._status.recv_bytes()
-        except (EOFError, OSError):
+        batches, eof = self._read_available()
+        if eof:
             self._stop_reading()  # the worker closed its end; its exit is seen by poll()
-            return
         if self._on_events is not None:
-            self._on_events(decode_batch(payload))
+            for events in batches:
+                self._on_events(events)
+
+    def _read_available(self) -> tuple[list[list[Event]], bool]:
+        """Every whole batch readable now, and whether the worker closed its end."""
+        fd = self._status.fileno()
+        chunks = []
+        eof = False
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            except OSError:
+                eof = True
+                break
+            if not chunk:
+                eof = True
+                break
+            chunks.append(chunk)
+            if len(chunk) < 1 << 16:
+                break
+        return [decode_batch(p) for p in self._frames.feed(b"".join(chunks))], eof
 
     def drain(self) -> list[Event]:
         events: list[Event] = []
-        try:
-            while not self._status.closed and self._status.poll(0):
-                events += decode_batch(self._status.recv_bytes())
-        except (EOFError, OSError):
-            pass
-        return events
+        if self._status.closed:
+            return events
+        while True:
+            batches, eof = self._read_available()
+            for batch in batches:
+                events += batch
+            if eof or not batches:
+                return events
 
     def close(self) -> None:
         self._stop_reading()
