@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.channel import (EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED)
+from engine.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED
 from engine.config import ConfigError, Pipeline, RunConfig
 from engine.devices import Inventory, discover_devices
 from engine.launcher import LaunchSpec, ProcessLauncher, WorkerHandle, WorkerSpec
@@ -653,7 +653,7 @@ class Supervisor:
                     timeout = run.run_config.restart.hang_timeout
                     run.last_error = f"hung: no training step for {timeout:g}s (stack dumped to its log)" + \
                         self._gpu_note(run)
-                    self._set_state(run, S.HUNG)  # RUNNING/STOPPING -> HUNG
+                    self._set_state(run, S.HUNG)  # STARTING/RUNNING -> HUNG
                     self._emit(Notice(pipeline=run.config.name, level="error", text=run.last_error))
             elif run.state == S.BACKOFF and run.restart_at is not None and now >= run.restart_at:
                 self._launch(run)
@@ -672,7 +672,11 @@ class Supervisor:
 
     def _is_hung(self, run: _Run, now: float) -> bool:
         timeout = run.run_config.restart.hang_timeout
-        return timeout is not None and run.state == S.RUNNING and now - run.last_progress > timeout
+        if timeout is None:
+            return False
+        if run.state == S.STARTING:  # building the task: data loading gets three times as long
+            return now - max(run.last_progress, run.started_mono) > 3 * timeout
+        return run.state == S.RUNNING and now - run.last_progress > timeout
 
     def _on_exit(self, run: _Run, handle: WorkerHandle, code: int) -> None:
         self._on_events(run, handle, handle.drain())
@@ -693,9 +697,11 @@ class Supervisor:
             reason = "stopped"
         elif code == EXIT_COMPLETED:
             reason = "completed"
+        elif code == EXIT_RESTART:
+            reason = "restart requested"
         else:
             reason = "failed" if code == EXIT_FATAL else "crashed"
-        error = run.last_error if reason in ("failed", "crashed", "hung") else ""
+        error = run.last_error if reason in ("failed", "crashed", "hung", "restart requested") else ""
         self._emit(WorkerExited(pipeline=run.config.name, pid=handle.pid, attempt=run.attempt,
                                 exit_code=code if code >= 0 else None, signal=sig, reason=reason,
                                 error=error or ("" if reason not in ("failed", "crashed", "hung") else exit_desc),
@@ -715,6 +721,10 @@ class Supervisor:
         elif reason == "failed":
             run.finish_reason = run.last_error or exit_desc
             self._finish(run, S.FAILED)
+        elif reason == "restart requested":
+            # nan_policy = "restart": back to the last checkpoint. It spends the budget, so a
+            # loss that always diverges still ends, but it is no failed start however quick.
+            self._after_crash(run, uptime=float("inf"), exit_desc="the worker asked to be restarted")
         else:
             self._after_crash(run, uptime, exit_desc)
 

@@ -236,3 +236,25 @@ async def test_a_result_that_overtakes_its_hand_off_report_still_finishes_the_ru
     await until(lambda: sup.finished)
     validator.code = 0
     await sup.shutdown(graceful=False)
+
+
+async def test_a_worker_stuck_building_its_task_is_declared_hung_too(tmp_path, launcher):
+    # Regression: hang_timeout only watched RUNNING, so a task build stuck on a dead mount held its slot for ever.
+    sup = make(tmp_path, [{"name": "a"}], launcher,
+               restart={"hang_timeout": 0.02, "min_uptime": 0.0, "backoff": 0.01})
+    await sup.start()
+    await until(lambda: len(launcher.handles) == 2, timeout=10)  # never reported TrainingStarted
+    assert signal.SIGUSR1 in launcher.handles[0].signals
+    await sup.shutdown(graceful=False)
+
+
+async def test_a_worker_asking_for_a_restart_is_not_a_failed_start(tmp_path, launcher):
+    # Regression: exit code 12 (nan_policy "restart") was treated as a crash and counted as a failed start.
+    sup = make(tmp_path, [{"name": "a"}], launcher,
+               restart={"max_restarts": 5, "min_uptime": 60.0, "max_failed_starts": 1, "backoff": 0.01})
+    await sup.start()
+    await until(lambda: launcher.handles)
+    launcher.handles[0].code = 12
+    await until(lambda: len(launcher.handles) == 2)
+    assert sup.view("a").restarts == 1 and sup.view("a").state == WorkerState.STARTING
+    await sup.shutdown(graceful=False)

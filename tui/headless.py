@@ -101,7 +101,7 @@ class LinePrinter:
             self._line(f"{ev.pipeline}: worker pid {ev.pid} {ev.reason} ({how}) after {ev.uptime:.1f}s")
         elif isinstance(ev, WorkerRestarting):
             self._line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "
-                       f"{ev.restarts_left} restart(s) left)")
+                       f"{ev.restarts_left} restart(s) left): {ev.reason}")
         elif isinstance(ev, Notice):
             who = f"{ev.pipeline}: " if ev.pipeline else ""
             self._line(f"{who}{ev.level}: {ev.text}")
