@@ -37,6 +37,7 @@ class WorkerSpec:
     pipeline_dir: str
     attempt: int
     snapshot_dir: str = ""  # background validation: where this pipeline's snapshot slots live
+    snapshot_seq: int = 0  # the highest snapshot seq handed off so far: seqs never repeat across attempts
     status_fd: int = -1
     control_fd: int = -1
     supervisor_pid: int = 0

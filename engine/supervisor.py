@@ -99,6 +99,7 @@ class _Run:
     validation_broken: bool = False  # the validator cannot score this pipeline at all
     scored: set[int] = field(default_factory=set)  # snapshot seqs with a result
     scored_max: int = 0
+    seq_max: int = 0  # highest snapshot seq any attempt handed off
 
 
 @dataclass
@@ -251,6 +252,12 @@ class Supervisor:
     def alive(self) -> bool:
         """Some worker process exists."""
         return any(r.handle is not None for r in self._runs.values())
+
+    @property
+    def validator_pid(self) -> int | None:
+        """The background validator's pid while it runs."""
+        v = self._validator
+        return v.handle.pid if v is not None and v.handle is not None else None
 
     @property
     def finished(self) -> bool:
@@ -446,7 +453,8 @@ class Supervisor:
                               device=slot.device, threads=slot.threads,
                               pipeline_dir=str(self._rundir.pipeline_dir(name)), attempt=run.attempt,
                               snapshot_dir=str(self.snapshot_root / name)
-                              if run.validation is not None and run.validation.mode == "background" else ""),
+                              if run.validation is not None and run.validation.mode == "background" else "",
+                              snapshot_seq=run.seq_max),
             log_path=self._rundir.log_path(name),
             gpu_index=slot.gpu.index if slot.gpu is not None else None)
         run.intent, run.deadline, run.restart_at, run.escalated = None, None, None, False
@@ -504,6 +512,7 @@ class Supervisor:
                 run.samples_per_s = event.samples_per_s
                 run.steps_per_epoch = event.steps_per_epoch
             elif isinstance(event, SnapshotTaken):
+                run.seq_max = max(run.seq_max, event.seq)
                 # The validator's result can overtake the worker's report of the hand-off.
                 if event.dropped or event.seq in run.scored:
                     pass
@@ -617,8 +626,8 @@ class Supervisor:
             run.scored_max = max(run.scored_max, seq)
 
     def _validation_pending(self) -> bool:
-        if self._validator is None:
-            return False
+        if self._validator is None or self._validator.failures >= 3:
+            return False  # no validator, or one that keeps dying: the run must still end
         return any(r.handed and not r.validation_broken for r in self._runs.values())
 
     async def _tick_loop(self) -> None:

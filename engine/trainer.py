@@ -61,7 +61,7 @@ class Trainer:
 
     def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
                  pipeline_dir: Path, sender: StatusSender, control: ControlReceiver,
-                 snapshot_dir: Path | None = None):
+                 snapshot_dir: Path | None = None, snapshot_seq: int = 0):
         self.task, self.pipe, self.validation = task, pipe, validation
         self.device = torch.device(device)
         self.dir = pipeline_dir
@@ -96,7 +96,10 @@ class Trainer:
         self.val_loader = self._loader(task.val_data, shuffle=False) if task.val_data is not None else None
         self.snapshot_dir = snapshot_dir
         self._writer = None  # SnapshotWriter, made at the first hand-off (after resume)
-        self._snapshot_seq = 0  # carried in checkpoints so seqs keep rising across restarts
+        # Snapshot seqs keep rising across restarts: a resumed worker may hand off after
+        # its checkpoint what an earlier attempt already handed off under the same numbers.
+        self._seq_floor = snapshot_seq
+        self._snapshot_seq = snapshot_seq
 
     # ------------------------------------------------------------ data
 
@@ -158,7 +161,7 @@ class Trainer:
         self.epoch_batches = state.get("epoch_batches", 0)
         self.trained_time = state.get("trained_time", 0.0)
         self.best = state.get("best")
-        self._snapshot_seq = state.get("snapshot_seq", 0)
+        self._snapshot_seq = max(state.get("snapshot_seq", 0), self._seq_floor)
         rng = state.get("rng") or {}
         if rng.get("torch") is not None:
             torch.set_rng_state(rng["torch"])

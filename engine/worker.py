@@ -61,7 +61,7 @@ def run(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> int
             return EXIT_FATAL
         where = "train"
         trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
-                          Path(spec.snapshot_dir) if spec.snapshot_dir else None)
+                          Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq)
         return trainer.run()
     except SupervisorGone:
         raise

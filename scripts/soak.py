@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from engine.config import parse_config  # noqa: E402
 from engine.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, RunFinished,  # noqa: E402
-                             StepMetrics, TrainingStarted, WorkerExited, WorkerRestarting, WorkerStarted)
+                             SnapshotSkipped, SnapshotTaken, StepMetrics, TrainingStarted, ValidatorStarted,
+                             ValResult, WorkerExited, WorkerRestarting, WorkerStarted)
 from engine.rundir import read_events, read_records  # noqa: E402
 from engine.states import WorkerState  # noqa: E402
 from engine.supervisor import Supervisor  # noqa: E402
@@ -83,9 +84,17 @@ class Soak:
 
     def inject(self) -> None:
         sup = self.sup
-        kind = self.rng.choices(["sigkill", "stop", "restart", "kill", "pause", "checkpoint"],
-                                weights=[4, 2, 2, 1, 2, 1])[0]
-        if kind == "sigkill":
+        kind = self.rng.choices(["sigkill", "stop", "restart", "kill", "pause", "checkpoint", "validator"],
+                                weights=[4, 2, 2, 1, 2, 1, 1])[0]
+        if kind == "validator":
+            pid = sup.validator_pid
+            if pid is None:
+                return
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+        elif kind == "sigkill":
             name = self._pick((WorkerState.RUNNING, WorkerState.PAUSED, WorkerState.STARTING))
             pid = sup.view(name).pid if name else None
             if pid is None:
@@ -197,6 +206,19 @@ def check(run_dir: Path, names: list[str], sigkilled: set[int]) -> tuple[list[st
         if len(metrics) != len([e for e in mine if isinstance(e, EpochEnd)]):
             violations.append(f"{name}: metrics.jsonl has {len(metrics)} epoch_end records, events.jsonl "
                               f"{len([e for e in mine if isinstance(e, EpochEnd)])}")
+    validators = [e for e in events if isinstance(e, ValidatorStarted)]
+    figures["validator_restarts"] = max(len(validators) - 1, 0)
+    taken = {(e.pipeline, e.seq) for e in events if isinstance(e, SnapshotTaken) and not e.dropped}
+    scored = {(e.pipeline, e.seq) for e in events if isinstance(e, ValResult) and e.mode == "background"}
+    skipped = {(e.pipeline, e.seq) for e in events if isinstance(e, SnapshotSkipped)}
+    figures["snapshots"] = (len(taken), len(scored & taken), len(skipped & taken))
+    # A snapshot handed off just before the end may still be in flight; anything else must be accounted for.
+    last_seq = {}
+    for pipeline, seq in taken:
+        last_seq[pipeline] = max(last_seq.get(pipeline, 0), seq)
+    lost = sorted(k for k in taken - scored - skipped if k[1] != last_seq[k[0]])
+    if lost:
+        violations.append(f"snapshots neither validated nor recorded as skipped: {lost[:10]}")
     figures["crash_restarts"] = len([e for e in events if isinstance(e, WorkerRestarting)])
     figures["user_restarts"] = len([e for e in events if isinstance(e, WorkerExited) and e.reason == "restarted"])
     figures["epochs_redone"] = sum(redone.values())
@@ -252,7 +274,7 @@ async def soak(args: argparse.Namespace) -> int:
 
     async def watch() -> None:
         async for event in stream:
-            if isinstance(event, WorkerStarted):
+            if isinstance(event, (WorkerStarted, ValidatorStarted)):
                 try:
                     worker_procs.append(psutil.Process(event.pid))
                 except psutil.NoSuchProcess:
@@ -283,6 +305,9 @@ async def soak(args: argparse.Namespace) -> int:
     print(f"progress lost: {figures['epochs_redone']} whole epoch(s) redone "
           f"{figures['redone_by_pipeline'] or ''}".rstrip() +
           f"; {figures['steps_redone']} optimizer step(s) redone since the last checkpoint (partial epochs)")
+    taken, scored, skipped = figures["snapshots"]
+    print(f"validator restarts {figures['validator_restarts']}; snapshots handed off {taken}, "
+          f"validated {scored}, recorded as skipped {skipped}")
     print(f"orphans: {len(left)}")
     if violations:
         print(f"VIOLATIONS ({len(violations)}):")

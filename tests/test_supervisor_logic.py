@@ -54,9 +54,11 @@ class FakeHandle:
 class ScriptedLauncher:
     def __init__(self, ignore_term: bool = False):
         self.handles: list[FakeHandle] = []
+        self.specs: list = []
         self.ignore_term = ignore_term
 
     def launch(self, spec):
+        self.specs.append(spec)
         handle = FakeHandle(10_000 + len(self.handles), self.ignore_term)
         self.handles.append(handle)
         return handle
@@ -257,4 +259,23 @@ async def test_a_worker_asking_for_a_restart_is_not_a_failed_start(tmp_path, lau
     launcher.handles[0].code = 12
     await until(lambda: len(launcher.handles) == 2)
     assert sup.view("a").restarts == 1 and sup.view("a").state == WorkerState.STARTING
+    await sup.shutdown(graceful=False)
+
+
+# Regression (found by scripts/soak.py): a restarted worker numbered its snapshots from its checkpoint,
+# reusing seqs an earlier attempt had handed off; the validator ignored them and the run never finished.
+async def test_a_restarted_worker_continues_the_snapshot_numbering(tmp_path, launcher):
+    from engine.messages import SnapshotTaken
+
+    config = make_config(tmp_path, [{"name": "a"}], validation={"mode": "background", "device": "cpu"},
+                         restart={"min_uptime": 0.0, "backoff": 0.01})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=4), tick=0.005)
+    await sup.start()
+    await until(lambda: len(launcher.handles) == 2)
+    worker = launcher.handles[1]
+    worker.on_events([SnapshotTaken(pipeline="a", seq=7, epoch=3, step=70, slot=0, stall_ms=0.1, nbytes=8)])
+    worker.code = -9
+    await until(lambda: len(launcher.handles) == 3)
+    assert launcher.specs[2].worker.snapshot_seq == 7
+    launcher.handles[0].code = 0
     await sup.shutdown(graceful=False)
