@@ -68,6 +68,7 @@ class PastRun:
     started: float  # seconds since the epoch
     status: str
     pipelines: tuple[str, ...]
+    resumable: bool = False  # unfinished and nobody runs it (its torchherd died)
 
 
 def list_past_runs(runs_dir: Path) -> list[PastRun]:
@@ -75,7 +76,8 @@ def list_past_runs(runs_dir: Path) -> list[PastRun]:
     from engine.rundir import list_runs
 
     try:
-        return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines)) for r in list_runs(runs_dir)]
+        return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines), r.resumable)
+                for r in list_runs(runs_dir)]
     except OSError:
         return []
 

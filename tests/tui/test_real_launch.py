@@ -39,3 +39,38 @@ async def test_real_config_reaches_val_result(runs_dir):
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == []
     assert list(runs_dir.glob("*/events.jsonl"))
+
+
+async def test_unfinished_run_is_offered_and_resumed_from_the_picker(runs_dir, tmp_path):
+    """A run whose torchherd died (no run_finished, its pid gone) shows as resumable; r carries it on."""
+    import json
+    import subprocess
+    import sys
+
+    from engine.config import load_config
+    from engine.messages import RunStarted, to_record
+
+    config = load_config(CONFIGS / "tiny.toml")
+    run_dir = runs_dir / "20260101-000000-tiny"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps([config.model_dump(mode="json")]))
+    started = RunStarted(run_id=run_dir.name, run_dir=str(run_dir), config_path=config.source,
+                         pipelines=tuple(p.name for p in config.pipelines))
+    (run_dir / "events.jsonl").write_text(json.dumps(to_record(started)) + "\n")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (run_dir / "supervisor.pid").write_text(gone.stdout)  # a pid that has exited
+
+    app = TorchherdApp(CONFIGS, runs_dir)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await wait_for(pilot, lambda: getattr(app.screen, "runs", None), timeout=30, what="past runs listed")
+        assert app.screen.runs[0].resumable
+        await pilot.press("end")  # the past run is the last entry
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), timeout=30, what="dashboard")
+        await wait_for(pilot, lambda: app.bridge.state.finished, timeout=120, what="the resumed run to finish")
+        await pilot.press("q")
+        if isinstance(app.screen, QuitScreen):
+            await pilot.press("s")
+        await wait_for(pilot, lambda: not app.is_running, timeout=60, what="app exit")
+    records = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert any(r["type"] == "run_finished" and r["ok"] for r in records)

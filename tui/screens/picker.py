@@ -29,8 +29,8 @@ class PickerScreen(Screen[PickerResult]):
     """Choose a config to launch (or add to the session), or a past run to open."""
 
     CSS_PATH = "picker.tcss"
-    BINDINGS = [Binding("escape", "back", "back"), Binding("question_mark", "app.help", "help"),
-                Binding("q", "app.request_quit", "quit")]
+    BINDINGS = [Binding("escape", "back", "back"), Binding("r", "resume", "resume run"),
+                Binding("question_mark", "app.help", "help"), Binding("q", "app.request_quit", "quit")]
 
     @dataclass
     class Listed(Message):
@@ -82,7 +82,8 @@ class PickerScreen(Screen[PickerResult]):
             choices.add_option(Option(Text("past runs", style="bold"), disabled=True))
             for i, run in enumerate(self.runs):
                 when = time.strftime("%m-%d %H:%M", time.localtime(run.started))
-                choices.add_option(Option(f"  {run.run_id}\n    [dim]{when} {run.status}[/dim]", id=f"run:{i}"))
+                status = "unfinished: r resumes" if run.resumable else run.status
+                choices.add_option(Option(f"  {run.run_id}\n    [dim]{when} {status}[/dim]", id=f"run:{i}"))
         first = 1
         if self.initial is not None and self.initial.resolve() in [p.resolve() for p in self.configs]:
             first = 1 + [p.resolve() for p in self.configs].index(self.initial.resolve())
@@ -168,7 +169,24 @@ class PickerScreen(Screen[PickerResult]):
         self.query_one("#source", Static).update(Text(
             f"run {run.run_id}\nstarted {when}\nstatus {run.status}\npipelines: {', '.join(run.pipelines)}"))
         self.query_one("#source-scroll").border_title = "past run"
-        self.query_one("#verdict", Static).update(Text("enter opens it read-only in the dashboard", style="dim"))
+        hint = "enter opens it read-only in the dashboard"
+        if run.resumable and not self.adding:
+            hint = ("its torchherd stopped before it finished: r resumes it from its checkpoints, "
+                    "enter opens it read-only")
+        self.query_one("#verdict", Static).update(Text(hint, style="dim"))
+
+    def action_resume(self) -> None:
+        """Carry on the highlighted unfinished run from its checkpoints."""
+        choices = self.query_one(OptionList)
+        option = choices.get_option_at_index(choices.highlighted) if choices.highlighted is not None else None
+        chosen = self._chosen(option.id if option is not None else None)
+        if chosen is None or chosen[0] != "run":
+            return
+        run = chosen[1]
+        if not run.resumable or self.adding:
+            self.notify(f"{run.run_id} is {run.status}: nothing to resume", timeout=4)
+            return
+        self.dismiss(("resume", run.path))
 
     def action_back(self) -> None:
         if self.adding:
