@@ -32,6 +32,7 @@ HELP = """\
 [b]Picker[/b]
   ↑/↓        select a config or a past run
   enter      launch the config / open the run read-only
+  r          resume an unfinished run from its checkpoints
   escape     back (or quit)
 """
 
