@@ -7,15 +7,12 @@ appears, keeping the best checkpoint and asking for early stops.
 """
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import time
 import traceback
-from multiprocessing.connection import Connection
 from pathlib import Path
 
-from engine.channel import ControlReceiver, StatusSender, SupervisorGone
+from engine.channel import ControlReceiver, StatusSender
 from engine.launcher import WorkerSpec
 from engine.messages import EarlyStop, Notice, Stop, ValResult
 
@@ -147,31 +144,7 @@ def serve(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> i
                     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from engine.worker import _die_with_parent
-    import faulthandler
-
-    argv = sys.argv[1:] if argv is None else argv
-    spec = WorkerSpec.from_json(Path(argv[0]).read_text())
-    _die_with_parent(spec.supervisor_pid)
-    faulthandler.enable(all_threads=True)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    print(f"torchherd validator pid {os.getpid()} attempt {spec.attempt} device {spec.device}", flush=True)
-    sender = StatusSender(Connection(spec.status_fd, readable=False))
-    control = ControlReceiver(Connection(spec.control_fd, writable=False))
-    try:
-        code = serve(spec, sender, control)
-    except SupervisorGone:
-        os._exit(13)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sender.close(timeout=10.0)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    main()
+    from engine.worker import serve_child
+
+    serve_child("validator", serve)

@@ -14,6 +14,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Callable
 
 from engine.channel import EXIT_ERROR, EXIT_FATAL, EXIT_ORPHANED, ControlReceiver, StatusSender, SupervisorGone
 from engine.launcher import WorkerSpec
@@ -75,22 +76,32 @@ def run(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> int
         return EXIT_ERROR
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve_child(role: str, body: Callable[[WorkerSpec, StatusSender, ControlReceiver], int],
+                argv: list[str] | None = None) -> None:
+    """Run `body` as a supervised child process (a worker or the validator) and exit with its code.
+
+    Reads the spec, dies with the supervisor, dumps stacks on a crash or on SIGUSR1,
+    ignores the terminal's Ctrl-C (the supervisor decides when to stop) and ships
+    every queued event before exiting.
+    """
     argv = sys.argv[1:] if argv is None else argv
     spec = WorkerSpec.from_json(Path(argv[0]).read_text())
     _die_with_parent(spec.supervisor_pid)
     faulthandler.enable(all_threads=True)  # a segfault leaves its stack in the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor's "where are you stuck?"
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the supervisor decides when we stop
-    print(f"torchherd worker pid {os.getpid()} pipeline {spec.pipeline['name']} attempt {spec.attempt} "
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"torchherd {role} pid {os.getpid()} {spec.pipeline['name']} attempt {spec.attempt} "
           f"device {spec.device}", flush=True)
     sender = StatusSender(Connection(spec.status_fd, readable=False))
     control = ControlReceiver(Connection(spec.control_fd, writable=False))
     try:
-        code = run(spec, sender, control)
+        code = body(spec, sender, control)
     except SupervisorGone:
         print("torchherd: the supervisor went away; exiting", file=sys.stderr, flush=True)
         os._exit(EXIT_ORPHANED)
+    except BaseException:
+        traceback.print_exc()
+        code = EXIT_ERROR
     sender.close(timeout=10.0)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -99,4 +110,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    serve_child("worker", run)
