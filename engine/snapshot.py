@@ -43,12 +43,19 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).view(torch.uint8)
 
 
-def _map(path: Path, count: int, dtype: torch.dtype, create: bool) -> torch.Tensor:
+def _map(path: Path, count: int, dtype: torch.dtype, create: bool) -> tuple[torch.Tensor, bool]:
+    """A shared mapping of `path` as `count` values; (tensor, whether the file was made anew).
+
+    With `create`, a file of the right size is kept as it is: a restarted worker must not
+    wipe the snapshots its previous attempt handed off before the validator read them.
+    """
     nbytes = count * torch.empty((), dtype=dtype).element_size()
-    if create:
+    fresh = False
+    if create and not (path.exists() and path.stat().st_size == nbytes):
         with open(path, "wb") as fh:
             fh.truncate(nbytes)
-    return torch.from_file(str(path), shared=True, size=count, dtype=dtype)
+        fresh = True
+    return torch.from_file(str(path), shared=True, size=count, dtype=dtype), fresh
 
 
 def weights_checksum(state: dict[str, torch.Tensor]) -> float:
@@ -75,12 +82,17 @@ class SnapshotWriter:
         # state_dict() per hand-off would cost more than copying a small model.
         self.tensors = list(state.values())
         directory.mkdir(parents=True, exist_ok=True)
-        header = _map(directory / "header", slots * FIELDS, torch.int64, create=True).view(slots, FIELDS)
+        header, fresh = _map(directory / "header", slots * FIELDS, torch.int64, create=True)
+        header = header.view(slots, FIELDS)
         self.header = header.numpy()  # numpy stores into shared memory cost ~100 ns; torch indexing, microseconds
         self._keep = header  # the mapping lives as long as this tensor does
-        self.slots = [_map(directory / f"slot-{i}", self.nbytes, torch.uint8, create=True) for i in range(slots)]
-        for buf in self.slots:
-            buf.fill_(0)  # touch every page now, not during the first hand-off to each slot
+        self.slots = []
+        for i in range(slots):
+            buf, new_slot = _map(directory / f"slot-{i}", self.nbytes, torch.uint8, create=True)
+            if new_slot or fresh:
+                buf.fill_(0)  # touch every page now, not during the first hand-off to this slot
+                self.header[i, :] = 0
+            self.slots.append(buf)
         # Typed views of each slot, one per tensor, so a hand-off is a single foreach copy.
         self.views = [[buf[e.offset:e.offset + e.nbytes].view(t.dtype).view(t.shape)
                        for e, t in zip(self.entries, self.tensors)] for buf in self.slots]
@@ -144,10 +156,10 @@ class SnapshotReader:
         self.meta = json.loads((directory / "meta.json").read_text())
         slots = self.meta["slots"]
         self.entries = [Entry(**e) for e in self.meta["entries"]]
-        header = _map(directory / "header", slots * FIELDS, torch.int64, create=False).view(slots, FIELDS)
+        header = _map(directory / "header", slots * FIELDS, torch.int64, create=False)[0].view(slots, FIELDS)
         self.header = header.numpy()
         self._keep = header
-        self.slots = [_map(directory / f"slot-{i}", self.meta["nbytes"], torch.uint8, create=False)
+        self.slots = [_map(directory / f"slot-{i}", self.meta["nbytes"], torch.uint8, create=False)[0]
                       for i in range(slots)]
 
     def newest(self, after: int = 0, oldest: bool = False) -> tuple[int, int] | None:

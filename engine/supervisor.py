@@ -33,6 +33,7 @@ from engine.telemetry import TelemetrySampler
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
 VALIDATOR_BACKOFF = (1.0, 30.0)  # seconds: first and longest delay before restarting the validator
+VALIDATION_DRAIN = 120.0  # seconds the run waits, all training done, for results that make no progress
 HANG_DUMP_WAIT = 1.0  # seconds between asking a hung worker for its stack and killing it
 HISTORY = 100_000  # events kept in memory for late subscribers
 
@@ -169,6 +170,8 @@ class Supervisor:
         self._sampler: TelemetrySampler | None = None
         self._validator: _Validator | None = None
         self._resume_configs: list[RunConfig] | None = None
+        self._last_result = time.monotonic()  # when the validator last reported
+        self._drain_start: float | None = None  # when training ended with results still to come
         self.snapshot_root = snapshot_root(self.run_id, self.run_dir)
         self.telemetry: TelemetrySnapshot | None = None  # the newest sample
 
@@ -587,6 +590,8 @@ class Supervisor:
             return
         for event in events:
             run = self._runs.get(getattr(event, "pipeline", ""))
+            if isinstance(event, ValResult):
+                self._last_result = time.monotonic()
             if isinstance(event, ValResult) and run is not None:
                 if event.seq == 0 and event.error:
                     run.validation_broken = True
@@ -628,7 +633,23 @@ class Supervisor:
     def _validation_pending(self) -> bool:
         if self._validator is None or self._validator.failures >= 3:
             return False  # no validator, or one that keeps dying: the run must still end
-        return any(r.handed and not r.validation_broken for r in self._runs.values())
+        pending = [r for r in self._runs.values() if r.handed and not r.validation_broken]
+        if not pending:
+            return False
+        now = time.monotonic()
+        if not all(r.state.final for r in self._runs.values()):
+            self._drain_start = None
+            return True
+        if self._drain_start is None:
+            self._drain_start = now
+        if now - max(self._last_result, self._drain_start) > VALIDATION_DRAIN:
+            for run in pending:  # lost (say, /dev/shm cleared under us): say so rather than wait for ever
+                for seq, (epoch, step) in sorted(run.handed.items()):
+                    self._emit(SnapshotSkipped(pipeline=run.config.name, seq=seq, epoch=epoch, step=step,
+                                               reason=f"no validation result within {VALIDATION_DRAIN:g}s"))
+                run.handed.clear()
+            return False
+        return True
 
     async def _tick_loop(self) -> None:
         while True:

@@ -121,3 +121,20 @@ async def test_validation_that_raises_is_reported_and_training_goes_on(tmp_path)
     failed = [r for r in of(events, ValResult) if r.error]
     assert failed and "exploded on purpose" in failed[0].error and "Traceback" in failed[0].traceback
     assert of(events, PipelineFinished)[0].status == "completed"
+
+
+# Regression (found by scripts/soak.py): a restarted worker re-created its snapshot slots and wiped the
+# snapshot its previous attempt had handed off, so it was never validated and the run never finished.
+async def test_a_restarted_worker_keeps_the_unread_snapshots_of_its_previous_attempt(tmp_path):
+    from engine.snapshot import SnapshotReader, SnapshotWriter
+    from tests.tasks.tiny import build
+
+    model = build({}).model
+    writer = SnapshotWriter(tmp_path / "p", model, 2, "latest", False, {})
+    writer.hand_off(epoch=3, step=30)
+    SnapshotWriter(tmp_path / "p", model, 2, "latest", False, {})  # the next attempt starts
+    reader = SnapshotReader(tmp_path / "p")
+    found = reader.newest()
+    assert found is not None and found[1] == 1
+    loaded = reader.load_into(build({}).model, found[0])
+    assert loaded is not None and (loaded.epoch, loaded.step) == (3, 30)
