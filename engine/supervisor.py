@@ -282,6 +282,9 @@ class Supervisor:
                 run.deadline = time.monotonic() + run.run_config.restart.stop_timeout
                 self._send(run, Stop(reason=reason))
                 self._set_state(run, S.STOPPING)  # STARTING/RUNNING/PAUSED -> STOPPING
+            elif run.state in (S.KILLING, S.HUNG) and run.intent in ("restart", "hung"):
+                # Already on its way out to be started again: let it end there instead.
+                run.intent, run.stop_reason = "stop", reason
         self._check_finished()
 
     def pause(self, name: str) -> None:

@@ -279,3 +279,19 @@ async def test_a_restarted_worker_continues_the_snapshot_numbering(tmp_path, lau
     assert launcher.specs[2].worker.snapshot_seq == 7
     launcher.handles[0].code = 0
     await sup.shutdown(graceful=False)
+
+
+# Regression (found by scripts/soak.py): stop() during a restart in progress was ignored, the worker
+# came back and the run never finished.
+async def test_stop_during_a_restart_ends_the_pipeline_stopped(tmp_path):
+    launcher = ScriptedLauncher(ignore_term=True)
+    sup = make(tmp_path, [{"name": "a"}], launcher, restart={"kill_grace": 30.0})
+    await sup.start()
+    await until(lambda: launcher.handles)
+    sup.restart("a")
+    assert sup.view("a").state == WorkerState.KILLING
+    sup.stop("a")
+    launcher.handles[0].code = -15
+    await until(lambda: sup.finished)
+    assert sup.view("a").state == WorkerState.STOPPED and len(launcher.handles) == 1
+    await sup.shutdown(graceful=False)
