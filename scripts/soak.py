@@ -290,7 +290,9 @@ async def soak(args: argparse.Namespace) -> int:
         try:
             await asyncio.wait_for(sup.wait(), 60)
         except asyncio.TimeoutError:
-            print("soak: pipelines did not stop within 60 s; killing them", flush=True)
+            states = ", ".join(f"{v.name} {v.state.value}" for v in sup.views())
+            print(f"soak: pipelines did not stop within 60 s ({states}; validator pid {sup.validator_pid}); "
+                  "killing them", flush=True)
         await sup.shutdown(graceful=False)
         await asyncio.wait_for(watcher, 10)
 
