@@ -5,8 +5,8 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from engine.channel import StatusSender
-from engine.messages import Notice, StepMetrics
+from torchherd.engine.channel import StatusSender
+from torchherd.engine.messages import Notice, StepMetrics
 
 
 def main() -> None:

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from engine import Task
+from torchherd.engine import Task
 
 
 def build(params):

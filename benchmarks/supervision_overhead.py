@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.config import parse_config  # noqa: E402
-from engine.devices import Inventory  # noqa: E402
-from engine.launcher import LaunchSpec, ProcessLauncher, WorkerSpec  # noqa: E402
-from engine.messages import EpochEnd, Notice, StepMetrics  # noqa: E402
-from engine.supervisor import Supervisor  # noqa: E402
+from torchherd.engine.config import parse_config  # noqa: E402
+from torchherd.engine.devices import Inventory  # noqa: E402
+from torchherd.engine.launcher import LaunchSpec, ProcessLauncher, WorkerSpec  # noqa: E402
+from torchherd.engine.messages import EpochEnd, Notice, StepMetrics  # noqa: E402
+from torchherd.engine.supervisor import Supervisor  # noqa: E402
 
 PARAMS = {"samples": 40_000, "features": 64, "hidden": 256, "lr": 0.01}
 EPOCHS = 3
@@ -32,7 +32,7 @@ def bare_samples_per_s() -> float:
     """The task trained by the loop anyone would write, in this process, one thread."""
     import torch
 
-    from engine.builtin_tasks import regression
+    from torchherd.engine.builtin_tasks import regression
 
     torch.set_num_threads(1)
     task = regression(PARAMS)
@@ -92,7 +92,8 @@ async def channel_capacity(tmp: Path, workers: int = 4, count: int = 200_000) ->
     for i in range(workers):
         spec = LaunchSpec(worker=WorkerSpec(pipeline={"name": f"w{i}", "params": {"count": count}}, validation={},
                                             device="cpu", threads=1, pipeline_dir=str(tmp / f"w{i}"), attempt=1),
-                          log_path=tmp / f"w{i}" / "log.txt", gpu_index=None, module="benchmarks._flood_worker")
+                          log_path=tmp / f"w{i}" / "log.txt", gpu_index=None, module="benchmarks._flood_worker",
+                          env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
         handle = launcher.launch(spec)
         handle.attach(on_events)
         handles.append(handle)

@@ -46,8 +46,8 @@ def run_child(args: argparse.Namespace) -> None:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "tui")]
     from fakes import FakeSupervisor
 
-    from engine import messages as m
-    from tui.app import TorchherdApp
+    from torchherd.engine import messages as m
+    from torchherd.tui.app import TorchherdApp
 
     class StreamingSupervisor(FakeSupervisor):
         """Preloads `history` points per pipeline, then streams `rate` step events per second."""

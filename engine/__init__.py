@@ -2,12 +2,12 @@
 
 Import what you need from here; importing it loads neither torch nor Textual.
 """
-from engine.check import CheckReport, check_config
-from engine.config import ConfigError, Problem, RunConfig, load_config
-from engine.messages import Event
-from engine.states import WorkerState
-from engine.supervisor import PipelineView, Supervisor
-from engine.task import Task
+from torchherd.engine.check import CheckReport, check_config
+from torchherd.engine.config import ConfigError, Problem, RunConfig, load_config
+from torchherd.engine.messages import Event
+from torchherd.engine.states import WorkerState
+from torchherd.engine.supervisor import PipelineView, Supervisor
+from torchherd.engine.task import Task
 
 __all__ = ["CheckReport", "ConfigError", "Event", "PipelineView", "Problem", "RunConfig", "Supervisor", "Task",
            "WorkerState", "check_config", "load_config"]

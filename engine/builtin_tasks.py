@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.task import Task
+from torchherd.engine.task import Task
 
 
 def _optimizer(params: dict[str, Any], model):

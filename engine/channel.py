@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from multiprocessing.connection import Connection
 
-from engine.messages import Command, Event, StepMetrics
+from torchherd.engine.messages import Command, Event, StepMetrics
 
 EXIT_COMPLETED = 0
 EXIT_ERROR = 1  # an exception in training: the restart policy applies

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import ConfigError, Problem, RunConfig, load_config
-from engine.devices import Inventory, discover_devices
-from engine.placement import describe_plan, plan_slots
+from torchherd.engine.config import ConfigError, Problem, RunConfig, load_config
+from torchherd.engine.devices import Inventory, discover_devices
+from torchherd.engine.placement import describe_plan, plan_slots
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     inventory = inventory if inventory is not None else discover_devices()
     slots, problems = plan_slots(config.devices, inventory, config.source or str(path))
     if probe and not problems:
-        from engine.probe import probe_tasks
+        from torchherd.engine.probe import probe_tasks
 
         problems = probe_tasks(config)
     if problems:

@@ -1,6 +1,6 @@
 """Starting worker processes and talking to them: the only place that spawns, signals and reaps.
 
-`ProcessLauncher.launch` starts `python -m engine.worker` in a fresh interpreter
+`ProcessLauncher.launch` starts `python -m torchherd.engine.worker` in a fresh interpreter
 and a session of its own (so a signal to its process group reaches its DataLoader
 workers, and the terminal's Ctrl-C does not), with stdout and stderr in the
 pipeline's log file from the first byte. The supervisor sees only `WorkerHandle`,
@@ -20,10 +20,18 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable, Protocol
 
-from engine.channel import decode_batch
-from engine.messages import Command, Event
+from torchherd.engine.channel import decode_batch
+from torchherd.engine.messages import Command, Event
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def python_module_command(module: str) -> list[str]:
+    """The command that runs `module` with this Python, as `python -m` would, minus the shadowing.
+
+    `-P` keeps the working directory off sys.path: a user's project may hold its own
+    `torchherd.py`, `engine.py` or `tui.py`, and none of them may stand in for ours.
+    """
+    return [sys.executable, "-P", "-m", module]
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,7 @@ class LaunchSpec:
     log_path: Path
     gpu_index: int | None  # physical GPU for CUDA_VISIBLE_DEVICES; None on CPU
     env: dict[str, str] = field(default_factory=dict)
-    module: str = "engine.worker"
+    module: str = "torchherd.engine.worker"
 
 
 class WorkerHandle(Protocol):
@@ -234,7 +242,6 @@ class ProcessLauncher:
         spec_path.write_text(worker.to_json())
         env = dict(os.environ)
         env.update(spec.env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"  # the log file shows prints as they happen
         if spec.gpu_index is None:
             env["CUDA_VISIBLE_DEVICES"] = ""
@@ -250,7 +257,7 @@ class ProcessLauncher:
             # Popen is called from the event-loop thread on purpose: the parent-death
             # signal fires when the *thread* that forked the child exits.
             proc = subprocess.Popen(
-                [sys.executable, "-m", spec.module, str(spec_path)],
+                python_module_command(spec.module) + [str(spec_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(status_w, control_r), start_new_session=True, env=env,
                 cwd=os.getcwd())

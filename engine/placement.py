@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import DevicesConfig, Problem, RunConfig
-from engine.devices import GpuInfo, Inventory
+from torchherd.engine.config import DevicesConfig, Problem, RunConfig
+from torchherd.engine.devices import GpuInfo, Inventory
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.config import RestartConfig
+from torchherd.engine.config import RestartConfig
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Task preflight: build every pipeline's task in a fresh interpreter and report what fails.
 
-`probe_tasks(config)` runs `python -m engine.probe` so user code never runs (or
+`probe_tasks(config)` runs `python -m torchherd.engine.probe` so user code never runs (or
 prints) in the supervisor's process, and returns one Problem per broken pipeline.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.config import Problem, RunConfig
+from torchherd.engine.config import Problem, RunConfig
+from torchherd.engine.launcher import python_module_command
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def probe_tasks(config: RunConfig, timeout: float = 180.0) -> list[Problem]:
@@ -27,9 +27,8 @@ def probe_tasks(config: RunConfig, timeout: float = 180.0) -> list[Problem]:
         seen.add(key)
         jobs.append({"index": i, "ref": key[0], "params": p.params})
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(x for x in (_PACKAGE_ROOT, env.get("PYTHONPATH", "")) if x)
     try:
-        proc = subprocess.run([sys.executable, "-m", "engine.probe"], input=json.dumps(jobs), env=env,
+        proc = subprocess.run(python_module_command("torchherd.engine.probe"), input=json.dumps(jobs), env=env,
                               capture_output=True, text=True, timeout=timeout, start_new_session=True)
     except subprocess.TimeoutExpired:
         return [Problem(config.source, "pipelines", f"building the tasks took longer than {timeout:g}s")]
@@ -54,7 +53,7 @@ def _main() -> None:
     jobs = json.loads(sys.stdin.read())
     import torch
 
-    from engine.task import TaskError, build_task
+    from torchherd.engine.task import TaskError, build_task
 
     torch.set_num_threads(1)
     out = []

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from engine.config import RunConfig
-from engine.messages import (EpochEnd, Event, Message, RunFinished, RunStarted, StepMetrics, ValResult,
+from torchherd.engine.config import RunConfig
+from torchherd.engine.messages import (EpochEnd, Event, Message, RunFinished, RunStarted, StepMetrics, ValResult,
                              from_record, to_record)
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)

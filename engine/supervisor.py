@@ -14,21 +14,21 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED
-from engine.config import ConfigError, Pipeline, RunConfig
-from engine.devices import Inventory, discover_devices
-from engine.launcher import LaunchSpec, ProcessLauncher, WorkerHandle, WorkerSpec
-from engine.messages import (CheckpointNow, EarlyStop, EpochEnd, Event, Heartbeat, Notice, SnapshotSkipped,
+from torchherd.engine.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED
+from torchherd.engine.config import ConfigError, Pipeline, RunConfig
+from torchherd.engine.devices import Inventory, discover_devices
+from torchherd.engine.launcher import LaunchSpec, ProcessLauncher, WorkerHandle, WorkerSpec
+from torchherd.engine.messages import (CheckpointNow, EarlyStop, EpochEnd, Event, Heartbeat, Notice, SnapshotSkipped,
                              SnapshotTaken, ValidatorStarted, Pause, PipelineFinished, PipelineQueued,
                              Resume, RunFinished, RunStarted, StepMetrics, Stop, TrainingStarted, ValResult,
                              TelemetrySnapshot, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted,
                              WorkerStateChanged)
-from engine.placement import Slot, ValidationPlan, plan_slots, plan_validation
-from engine.policy import RestartPolicy
-from engine.rundir import (RunDirectory, claim_root, load_resolved_configs, new_run_id, read_events, remove_root,
+from torchherd.engine.placement import Slot, ValidationPlan, plan_slots, plan_validation
+from torchherd.engine.policy import RestartPolicy
+from torchherd.engine.rundir import (RunDirectory, claim_root, load_resolved_configs, new_run_id, read_events, remove_root,
                            snapshot_root)
-from engine.states import WorkerState, check_transition
-from engine.telemetry import TelemetrySampler
+from torchherd.engine.states import WorkerState, check_transition
+from torchherd.engine.telemetry import TelemetrySampler
 
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
@@ -556,7 +556,7 @@ class Supervisor:
                               validation={}, device=v.plan.device, threads=v.plan.threads,
                               pipeline_dir=str(directory), attempt=v.attempt),
             log_path=directory / "log.txt", gpu_index=v.plan.gpu.index if v.plan.gpu is not None else None,
-            module="engine.validator")
+            module="torchherd.engine.validator")
         try:
             v.handle = self._launcher.launch(spec)
         except OSError as exc:

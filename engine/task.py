@@ -41,10 +41,10 @@ class TaskError(Exception):
 
 
 def _load_callable(ref: str) -> Callable[..., Any]:
-    from engine.config import BUILTIN_TASKS
+    from torchherd.engine.config import BUILTIN_TASKS
 
     if ref in BUILTIN_TASKS:
-        from engine import builtin_tasks
+        from torchherd.engine import builtin_tasks
         return getattr(builtin_tasks, ref)
     target, _, attr = ref.rpartition(":")
     if target.endswith(".py"):
@@ -88,7 +88,7 @@ def build_task(ref: str, params: dict[str, Any]) -> Task:
     except Exception as exc:
         raise TaskError(f"task factory {ref} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(task, Task):
-        raise TaskError(f"task factory {ref} returned {type(task).__name__}; it must return engine.Task(...)")
+        raise TaskError(f"task factory {ref} returned {type(task).__name__}; it must return torchherd.Task(...)")
     problems = []
     if not isinstance(task.model, torch.nn.Module):
         problems.append(f"model is {type(task.model).__name__}, not a torch.nn.Module")

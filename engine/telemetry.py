@@ -19,8 +19,8 @@ from typing import Any, TextIO
 
 import psutil
 
-from engine.devices import GpuInfo, filter_visible, list_gpus, nvml_reason, visible_from_env
-from engine.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample,
+from torchherd.engine.devices import GpuInfo, filter_visible, list_gpus, nvml_reason, visible_from_env
+from torchherd.engine.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample,
                              TelemetrySnapshot, to_record)
 
 log = logging.getLogger(__name__)

@@ -15,15 +15,15 @@ from typing import Any
 
 import torch
 
-from engine import checkpoint as ckpt
-from engine.channel import (EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED, ControlReceiver,
+from torchherd.engine import checkpoint as ckpt
+from torchherd.engine.channel import (EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED, ControlReceiver,
                             StatusSender)
-from engine.config import Pipeline, ValidationConfig
-from engine.evaluate import evaluate
-from engine.messages import (CheckpointNow, CheckpointSaved, EpochEnd, Heartbeat, Notice, Pause, Resume, Resumed,
+from torchherd.engine.config import Pipeline, ValidationConfig
+from torchherd.engine.evaluate import evaluate
+from torchherd.engine.messages import (CheckpointNow, CheckpointSaved, EpochEnd, Heartbeat, Notice, Pause, Resume, Resumed,
                              SnapshotTaken,
                              StepMetrics, Stop, TrainingStarted, ValResult)
-from engine.task import Task
+from torchherd.engine.task import Task
 
 CONTROL_INTERVAL = 0.02  # seconds between looks at the control pipe
 HEARTBEAT_INTERVAL = 1.0  # seconds between "still stepping" reports from the training thread
@@ -237,7 +237,7 @@ class Trainer:
         if policy == "warn":
             self.sender.send(Notice(pipeline=self.name, level="warning", text=text))
             return None
-        from engine.messages import WorkerError
+        from torchherd.engine.messages import WorkerError
         self.sender.send(WorkerError(pipeline=self.name, error=f"NonFiniteLoss: {text}", traceback="",
                                      where="train"))
         return EXIT_FATAL if policy == "stop" else EXIT_RESTART
@@ -249,7 +249,7 @@ class Trainer:
         steps_per_epoch = per_epoch // pipe.accumulate_grad_batches if per_epoch else 0
         params = sum(p.numel() for p in self.model.parameters())
         if self.validation.mode == "background" and self.snapshot_dir is not None:
-            from engine.snapshot import SnapshotWriter
+            from torchherd.engine.snapshot import SnapshotWriter
 
             v = self.validation
             meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),

@@ -1,4 +1,4 @@
-"""The validation process: `python -m engine.validator SPEC.json` scores weight snapshots while workers train.
+"""The validation process: `python -m torchherd.engine.validator SPEC.json` scores weight snapshots while workers train.
 
 One long-lived process for the whole run. It finds each pipeline's snapshot
 folder (a worker writes `meta.json` there when it first hands off), builds that
@@ -12,9 +12,9 @@ import time
 import traceback
 from pathlib import Path
 
-from engine.channel import ControlReceiver, StatusSender
-from engine.launcher import WorkerSpec
-from engine.messages import EarlyStop, Notice, Stop, ValResult
+from torchherd.engine.channel import ControlReceiver, StatusSender
+from torchherd.engine.launcher import WorkerSpec
+from torchherd.engine.messages import EarlyStop, Notice, Stop, ValResult
 
 POLL = 0.02  # seconds between looks for new snapshots when idle
 
@@ -25,9 +25,9 @@ class PipelineScorer:
     def __init__(self, name: str, directory: Path, device: str):
         import torch
 
-        from engine.config import Pipeline, ValidationConfig
-        from engine.snapshot import SnapshotReader
-        from engine.task import build_task
+        from torchherd.engine.config import Pipeline, ValidationConfig
+        from torchherd.engine.snapshot import SnapshotReader
+        from torchherd.engine.task import build_task
 
         self.name = name
         self.reader = SnapshotReader(directory)
@@ -55,9 +55,9 @@ class PipelineScorer:
 
     def score_newest(self, sender: StatusSender) -> bool:
         """Validate the newest unseen snapshot, if any; True if one was scored."""
-        from engine import checkpoint as ckpt
-        from engine.evaluate import evaluate
-        from engine.snapshot import weights_checksum
+        from torchherd.engine import checkpoint as ckpt
+        from torchherd.engine.evaluate import evaluate
+        from torchherd.engine.snapshot import weights_checksum
 
         if self.data is None:
             return False
@@ -145,6 +145,6 @@ def serve(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> i
 
 
 if __name__ == "__main__":
-    from engine.worker import serve_child
+    from torchherd.engine.worker import serve_child
 
     serve_child("validator", serve)

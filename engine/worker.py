@@ -1,4 +1,4 @@
-"""The worker process: `python -m engine.worker SPEC.json` builds a pipeline's task and trains it.
+"""The worker process: `python -m torchherd.engine.worker SPEC.json` builds a pipeline's task and trains it.
 
 It talks to the supervisor only through the two pipe descriptors named in the
 spec, dies with its parent (parent-death signal plus the control pipe's EOF),
@@ -16,9 +16,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
 
-from engine.channel import EXIT_ERROR, EXIT_FATAL, EXIT_ORPHANED, ControlReceiver, StatusSender, SupervisorGone
-from engine.launcher import WorkerSpec
-from engine.messages import WorkerError
+from torchherd.engine.channel import EXIT_ERROR, EXIT_FATAL, EXIT_ORPHANED, ControlReceiver, StatusSender, SupervisorGone
+from torchherd.engine.launcher import WorkerSpec
+from torchherd.engine.messages import WorkerError
 
 PR_SET_PDEATHSIG = 1
 
@@ -41,9 +41,9 @@ def run(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> int
     try:
         import torch
 
-        from engine.config import Pipeline, ValidationConfig
-        from engine.task import TaskError, build_task
-        from engine.trainer import Trainer
+        from torchherd.engine.config import Pipeline, ValidationConfig
+        from torchherd.engine.task import TaskError, build_task
+        from torchherd.engine.trainer import Trainer
 
         pipe = Pipeline.model_validate(spec.pipeline)
         validation = ValidationConfig.model_validate(spec.validation)

@@ -73,7 +73,7 @@ run_size() {
     echo "== $SIZE (TERM=$term)"
     tmux -L "$SOCKET" -f /dev/null new-session -d -s smoke -x "$cols" -y "$rows" \
         "cd '$ROOT' && TERM=$term PYTHONPATH='$ROOT' '$PY' -c 'import sys; from pathlib import Path; \
-from tui.app import run_app; sys.exit(run_app(Path(sys.argv[1]), Path(sys.argv[2])))' '$CONFIG' '$RUNS'; \
+from torchherd.tui.app import run_app; sys.exit(run_app(Path(sys.argv[1]), Path(sys.argv[2])))' '$CONFIG' '$RUNS'; \
 echo \$? > '$rc_file'; sleep 600"
 
     wait_for "ready: enter launches" "the picker's check"

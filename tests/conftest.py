@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import pytest
 
-from engine.config import RunConfig, parse_config
+from torchherd.engine.config import RunConfig, parse_config
 
 TASKS = Path(__file__).parent / "tasks"
 

@@ -1,7 +1,6 @@
 """The real `torchherd` CLI on bad configs: exit status 2, the file and key on stderr, nothing launched."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,7 @@ CONFIGS = ROOT / "tests" / "configs"
 
 
 def torchherd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "torchherd", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=180)
 
 

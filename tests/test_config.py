@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.check import check_config
-from engine.config import ConfigError, Problem, parse_config
-from engine.devices import Inventory
+from torchherd.engine.check import check_config
+from torchherd.engine.config import ConfigError, Problem, parse_config
+from torchherd.engine.devices import Inventory
 
 CONFIGS = Path(__file__).parent / "configs"
 BAD = sorted((CONFIGS / "bad").glob("*.toml"))

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
-from engine.channel import StatusSender, decode_batch
-from engine.config import RestartConfig
-from engine.messages import (Event, EpochEnd, Heartbeat, Message, Notice, StepMetrics, from_record,
+from torchherd.engine import checkpoint as ckpt
+from torchherd.engine.channel import StatusSender, decode_batch
+from torchherd.engine.config import RestartConfig
+from torchherd.engine.messages import (Event, EpochEnd, Heartbeat, Message, Notice, StepMetrics, from_record,
                              message_types, to_record)
-from engine.policy import RestartPolicy
-from engine.states import FINAL_STATES, IllegalTransition, WorkerState, check_transition
+from torchherd.engine.policy import RestartPolicy
+from torchherd.engine.states import FINAL_STATES, IllegalTransition, WorkerState, check_transition
 
 S = WorkerState
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.messages import PipelineFinished, Resumed, TrainingStarted
-from engine.rundir import list_runs, read_events, read_records
+from torchherd.engine.messages import PipelineFinished, Resumed, TrainingStarted
+from torchherd.engine.rundir import list_runs, read_events, read_records
 from tests.conftest import TASKS, children, still_alive
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ params = {{ delay = 0.004 }}
 
 def cli(*args: str, **kw) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "tui.cli", *args], env=env, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "torchherd", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
 

@@ -6,69 +6,12 @@ import signal
 
 import pytest
 
-from engine.devices import Inventory
-from engine.messages import Pause, Resume, Stop, TrainingStarted, WorkerRestarting
-from engine.states import WorkerState
-from engine.supervisor import Supervisor
+from torchherd.engine.devices import Inventory
+from torchherd.engine.messages import Pause, Resume, Stop, TrainingStarted, WorkerRestarting
+from torchherd.engine.states import WorkerState
+from torchherd.engine.supervisor import Supervisor
 from tests.conftest import make_config
-
-
-class FakeHandle:
-    """A worker that exits when told to; `ignore_term` makes it shrug off SIGTERM."""
-
-    def __init__(self, pid: int, ignore_term: bool = False):
-        self.pid, self.code, self.ignore_term = pid, None, ignore_term
-        self.signals: list[int] = []
-        self.sent: list[object] = []
-        self.on_events = None
-
-    def poll(self):
-        return self.code
-
-    def signal_group(self, sig):
-        self.signals.append(sig)
-        if sig == signal.SIGKILL or not self.ignore_term:
-            self.code = -sig
-
-    def signal_process(self, sig):
-        self.signals.append(sig)
-
-    def send(self, command):
-        self.sent.append(command)
-        return True
-
-    def attach(self, on_events):
-        self.on_events = on_events
-
-    def drain(self):
-        return []
-
-    def close(self):
-        pass
-
-    def started(self, name):
-        self.on_events([TrainingStarted(pipeline=name, epoch=0, step=0, epochs_total=1, steps_per_epoch=1,
-                                        device="cpu", parameters=1)])
-
-
-class ScriptedLauncher:
-    def __init__(self, ignore_term: bool = False):
-        self.handles: list[FakeHandle] = []
-        self.specs: list = []
-        self.ignore_term = ignore_term
-
-    def launch(self, spec):
-        self.specs.append(spec)
-        handle = FakeHandle(10_000 + len(self.handles), self.ignore_term)
-        self.handles.append(handle)
-        return handle
-
-
-async def until(condition, timeout: float = 5.0):
-    async def poll():
-        while not condition():
-            await asyncio.sleep(0.005)
-    await asyncio.wait_for(poll(), timeout)
+from tests.scripted import FakeHandle, ScriptedLauncher, until
 
 
 def make(tmp_path, pipelines, launcher, **top):
@@ -200,8 +143,8 @@ async def test_a_silent_worker_is_declared_hung_dumped_killed_and_restarted(tmp_
 
 
 async def test_a_crash_on_a_full_gpu_says_so(tmp_path, launcher):
-    from engine.devices import GpuInfo
-    from engine.messages import GpuSample, TelemetrySnapshot
+    from torchherd.engine.devices import GpuInfo
+    from torchherd.engine.messages import GpuSample, TelemetrySnapshot
 
     gpu = GpuInfo(index=0, name="Fake GPU", uuid="GPU-0", memory_total=80 * 2**30)
     config = make_config(tmp_path, [{"name": "a"}], devices={"placement": [0]}, telemetry={"enabled": False},
@@ -222,7 +165,7 @@ async def test_a_crash_on_a_full_gpu_says_so(tmp_path, launcher):
 # Regression: a validator result that overtook the worker's snapshot_taken left the
 # snapshot pending forever, so run_finished never came.
 async def test_a_result_that_overtakes_its_hand_off_report_still_finishes_the_run(tmp_path, launcher):
-    from engine.messages import SnapshotTaken, ValResult
+    from torchherd.engine.messages import SnapshotTaken, ValResult
 
     config = make_config(tmp_path, [{"name": "a"}], validation={"mode": "background", "device": "cpu"})
     sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=4), tick=0.005)
@@ -265,7 +208,7 @@ async def test_a_worker_asking_for_a_restart_is_not_a_failed_start(tmp_path, lau
 # Regression (found by scripts/soak.py): a restarted worker numbered its snapshots from its checkpoint,
 # reusing seqs an earlier attempt had handed off; the validator ignored them and the run never finished.
 async def test_a_restarted_worker_continues_the_snapshot_numbering(tmp_path, launcher):
-    from engine.messages import SnapshotTaken
+    from torchherd.engine.messages import SnapshotTaken
 
     config = make_config(tmp_path, [{"name": "a"}], validation={"mode": "background", "device": "cpu"},
                          restart={"min_uptime": 0.0, "backoff": 0.01})

@@ -17,9 +17,9 @@ import psutil
 import pynvml
 import pytest
 
-from engine.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample, RunStarted,
+from torchherd.engine.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample, RunStarted,
                              TelemetrySnapshot, ValResult, from_record, to_record)
-from engine.telemetry import TelemetrySampler
+from torchherd.engine.telemetry import TelemetrySampler
 
 MiB = 1 << 20
 NO_SUCH_PID = 4_194_303  # the largest pid_max allows; not running here
@@ -302,7 +302,7 @@ def test_other_messages_still_round_trip():
 
 
 def test_engine_telemetry_imports_no_screen_code():
-    code = "import sys, engine.telemetry, engine.devices; print(sorted({'textual', 'rich'} & set(sys.modules)))"
+    code = "import sys, torchherd.engine.telemetry, torchherd.engine.devices; print(sorted({'textual', 'rich'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert out.stdout.strip() == "[]"

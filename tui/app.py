@@ -16,14 +16,14 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from engine.config import ConfigError
-from tui.bridge import Bridge, SupervisorFactory, replay_run
-from tui.headless import EXIT_STOPPED
-from tui.messages import PipelineCommand, RunChanged
-from tui.runstate import RunState
-from tui.screens.dashboard import DashboardScreen
-from tui.screens.dialogs import HelpScreen, QuitScreen
-from tui.screens.picker import PickerResult, PickerScreen
+from torchherd.engine.config import ConfigError
+from torchherd.tui.bridge import Bridge, SupervisorFactory, replay_run
+from torchherd.tui.headless import EXIT_STOPPED
+from torchherd.tui.messages import PipelineCommand, RunChanged
+from torchherd.tui.runstate import RunState
+from torchherd.tui.screens.dashboard import DashboardScreen
+from torchherd.tui.screens.dialogs import HelpScreen, QuitScreen
+from torchherd.tui.screens.picker import PickerResult, PickerScreen
 
 
 class TorchherdApp(App[int]):

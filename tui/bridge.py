@@ -11,16 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.config import RunConfig, load_config
+from torchherd.engine.config import RunConfig, load_config
 
-from tui.runstate import RunState
+from torchherd.tui.runstate import RunState
 
 COMMANDS = ("kill", "restart", "pause", "resume", "stop", "checkpoint")
 SupervisorFactory = Callable[[RunConfig, "Path | None"], Any]
 
 
 def real_supervisor(config: RunConfig, runs_dir: Path | None) -> Any:
-    from engine.supervisor import Supervisor
+    from torchherd.engine.supervisor import Supervisor
 
     return Supervisor(config, runs_dir=runs_dir)
 
@@ -45,7 +45,7 @@ def check_config_file(path: Path) -> ConfigCheck:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         return ConfigCheck(path, "", False, problems=[f"{path}: cannot read: {exc.strerror}"])
-    from engine.check import check_config
+    from torchherd.engine.check import check_config
 
     report = check_config(path)
     return ConfigCheck(path, text, report.ok, list(report.lines), [str(p) for p in report.problems])
@@ -73,7 +73,7 @@ class PastRun:
 
 def list_past_runs(runs_dir: Path) -> list[PastRun]:
     """Past runs under `runs_dir`, newest first (blocking: use a thread)."""
-    from engine.rundir import list_runs
+    from torchherd.engine.rundir import list_runs
 
     try:
         return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines), r.resumable)
@@ -84,7 +84,7 @@ def list_past_runs(runs_dir: Path) -> list[PastRun]:
 
 def replay_run(run_dir: Path) -> RunState:
     """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
-    from engine.rundir import read_events
+    from torchherd.engine.rundir import read_events
 
     state = RunState(read_only=True, run_dir=run_dir, run_id=run_dir.name)
     try:
@@ -143,7 +143,7 @@ class Bridge:
 
     async def resume(self, run_dir: Path) -> None:
         """Carry on an unfinished run from its checkpoints, showing its history so far."""
-        from engine.supervisor import Supervisor
+        from torchherd.engine.supervisor import Supervisor
 
         if self.live or self._closed:
             raise RuntimeError("a session is already running")

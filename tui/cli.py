@@ -17,7 +17,7 @@ USAGE = """torchherd [DIR|CONFIG]                      open the app on a folder 
 
 
 def _check(args: argparse.Namespace) -> int:
-    from engine.check import check_config
+    from torchherd.engine.check import check_config
 
     report = check_config(args.config, probe=args.probe)
     print(report.render())
@@ -25,8 +25,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from engine.check import check_config
-    from tui.headless import EXIT_CONFIG, run_headless
+    from torchherd.engine.check import check_config
+    from torchherd.tui.headless import EXIT_CONFIG, run_headless
 
     # Every pipeline's task is built once in a throwaway process first: a bad config launches nothing.
     report = check_config(args.config, probe=True)
@@ -35,16 +35,16 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     assert report.config is not None
     if not args.headless:
-        from tui.app import run_app
+        from torchherd.tui.app import run_app
 
         return run_app(Path(args.config), Path(args.runs_dir) if args.runs_dir else None, launch=True)
     return asyncio.run(run_headless(report.config, args.runs_dir))
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from engine.rundir import summarize
-    from engine.supervisor import Supervisor
-    from tui.headless import run_headless
+    from torchherd.engine.rundir import summarize
+    from torchherd.engine.supervisor import Supervisor
+    from torchherd.tui.headless import run_headless
 
     run_dir = Path(args.run_dir)
     summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
@@ -58,7 +58,7 @@ def _resume(args: argparse.Namespace) -> int:
         print(f"torchherd: {run_dir}: already finished ({summary.status}); nothing to resume", file=sys.stderr)
         return 2
     if not args.headless:
-        from tui.app import run_app
+        from torchherd.tui.app import run_app
 
         return run_app(run_dir, None, launch=True)
     return asyncio.run(run_headless(None, supervisor=Supervisor.resume_run(run_dir)))
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     app.add_argument("target", nargs="?", help="a folder of configs or one config file")
     app.add_argument("--runs-dir", help="where run directories go")
     args = app.parse_args(argv)
-    from tui.app import run_app
+    from torchherd.tui.app import run_app
 
     target = Path(args.target) if args.target else None
     if target is not None and not target.exists():

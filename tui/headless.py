@@ -11,11 +11,11 @@ import sys
 import time
 from typing import TextIO
 
-from engine.config import RunConfig
-from engine.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
+from torchherd.engine.config import RunConfig
+from torchherd.engine.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
                              RunFinished, RunStarted, SnapshotSkipped, ValidatorStarted, ValResult, WorkerError,
                              WorkerExited, WorkerRestarting, WorkerStarted)
-from engine.supervisor import Supervisor
+from torchherd.engine.supervisor import Supervisor
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # some pipeline failed or was killed

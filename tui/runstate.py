@@ -11,9 +11,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine import messages as m
+from torchherd.engine import messages as m
 
-from tui.series import LossSeries
+from torchherd.tui.series import LossSeries
 
 LOG_KEEP = 1000  # event-log entries kept in memory
 

@@ -14,10 +14,10 @@ from typing import Any, AsyncIterator, Callable, Iterable
 
 import psutil
 
-from engine.config import RunConfig
-from engine.messages import Event
-from engine.rundir import read_events
-from engine.supervisor import EventStream, Supervisor
+from torchherd.engine.config import RunConfig
+from torchherd.engine.messages import Event
+from torchherd.engine.rundir import read_events
+from torchherd.engine.supervisor import EventStream, Supervisor
 from tests.conftest import TASKS, make_config
 
 FAULTY = f"{TASKS / 'faulty.py'}:build"
@@ -123,7 +123,7 @@ def write_toml(path: Path, text: str) -> Path:
 
 
 class HeadlessCli:
-    """`python -m tui.cli run CONFIG --headless --runs-dir DIR` in a session of its own."""
+    """`python -m torchherd run CONFIG --headless --runs-dir DIR` in a session of its own."""
 
     def __init__(self, config: Path, runs_dir: Path, stdout: Any = None):
         self.runs_dir = runs_dir
@@ -131,7 +131,7 @@ class HeadlessCli:
         self._out = stdout if stdout is not None else open(self.output, "wb")
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "run", str(config), "--headless", "--runs-dir", str(runs_dir)],
+            [sys.executable, "-m", "torchherd", "run", str(config), "--headless", "--runs-dir", str(runs_dir)],
             stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,
             cwd=REPO, env=env)
         self.known: list[psutil.Process] = []  # every descendant we have seen, for the orphan check

@@ -11,19 +11,19 @@ import io
 
 import pytest
 
-from engine.messages import (EpochEnd, Notice, PipelineFinished, Resumed, WorkerError, WorkerExited,
+from torchherd.engine.messages import (EpochEnd, Notice, PipelineFinished, Resumed, WorkerError, WorkerExited,
                              WorkerRestarting, WorkerStarted)
-from engine.supervisor import Supervisor
+from torchherd.engine.supervisor import Supervisor
 from tests.conftest import TASKS
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
-from tui.headless import LinePrinter
+from torchherd.tui.headless import LinePrinter
 
 pytestmark = pytest.mark.slow
 
 EPOCHS = 3
 FATAL = {  # pipeline -> (task, words its failure must carry)
     "syntax": (f"{TASKS / 'bad_syntax.py'}:build", ["syntax error in", "bad_syntax.py", "line 1"]),
-    "wrong": (f"{TASKS / 'wrong_return.py'}:build", ["returned dict", "must return engine.Task"]),
+    "wrong": (f"{TASKS / 'wrong_return.py'}:build", ["returned dict", "must return torchherd.Task"]),
     "raises": (f"{TASKS / 'factory_raises.py'}:build", ["ValueError: no data at /nonexistent/path"]),
 }
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import checkpoint as ckpt
-from engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed, TrainingStarted,
+from torchherd.engine import checkpoint as ckpt
+from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed, TrainingStarted,
                              WorkerExited, WorkerStarted)
-from engine.supervisor import Supervisor
+from torchherd.engine.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
 

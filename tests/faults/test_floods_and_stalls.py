@@ -19,8 +19,8 @@ import time
 import pytest
 import torch
 
-from engine.messages import CheckpointSaved, EpochEnd, PipelineFinished, StepMetrics, WorkerExited, WorkerStarted
-from engine.supervisor import Supervisor
+from torchherd.engine.messages import CheckpointSaved, EpochEnd, PipelineFinished, StepMetrics, WorkerExited, WorkerStarted
+from torchherd.engine.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
 

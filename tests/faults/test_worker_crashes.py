@@ -13,9 +13,9 @@ import signal
 
 import pytest
 
-from engine.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, WorkerError, WorkerExited,
+from torchherd.engine.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, WorkerError, WorkerExited,
                              WorkerRestarting, WorkerStarted)
-from engine.supervisor import Supervisor
+from torchherd.engine.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from engine import Task
+from torchherd.engine import Task
 
 
 class Slow(Dataset):

@@ -12,9 +12,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fakes import T0, FakeSupervisor  # noqa: E402
 
-from engine import messages as m  # noqa: E402
-from engine.rundir import RunDirectory  # noqa: E402
-from tui.app import TorchherdApp  # noqa: E402
+from torchherd.engine import messages as m  # noqa: E402
+from torchherd.engine.rundir import RunDirectory  # noqa: E402
+from torchherd.tui.app import TorchherdApp  # noqa: E402
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -66,7 +66,7 @@ async def wait_for(pilot, condition, timeout: float = 10.0, what: str = "conditi
 
 async def launch_good(pilot) -> FakeSupervisor:
     """From the picker, launch good.toml and wait for the dashboard."""
-    from tui.screens.dashboard import DashboardScreen
+    from torchherd.tui.screens.dashboard import DashboardScreen
 
     await wait_for(pilot, lambda: ".toml" in _highlighted(pilot.app), what="configs listed")
     while "good.toml" not in _highlighted(pilot.app):

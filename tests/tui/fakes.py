@@ -9,7 +9,7 @@ import asyncio
 import math
 from pathlib import Path
 
-from engine import messages as m
+from torchherd.engine import messages as m
 
 T0 = 1_700_000_000.0  # fixed wall-clock origin of scripted events (seconds since the epoch)
 TRACEBACK = """Traceback (most recent call last):

@@ -5,13 +5,13 @@ import pytest
 from conftest import launch_good, wait_for, write_past_run
 from textual.widgets import OptionList
 
-from tui.screens.dashboard import DashboardScreen
-from tui.screens.dialogs import ConfirmScreen, HelpScreen, QuitScreen
-from tui.screens.log_view import LogScreen
-from tui.screens.picker import PickerScreen
-from tui.widgets.log_views import EventLog
-from tui.widgets.loss_chart import LossChart
-from tui.widgets.pipeline_table import PipelineTable
+from torchherd.tui.screens.dashboard import DashboardScreen
+from torchherd.tui.screens.dialogs import ConfirmScreen, HelpScreen, QuitScreen
+from torchherd.tui.screens.log_view import LogScreen
+from torchherd.tui.screens.picker import PickerScreen
+from torchherd.tui.widgets.log_views import EventLog
+from torchherd.tui.widgets.loss_chart import LossChart
+from torchherd.tui.widgets.pipeline_table import PipelineTable
 
 pytestmark = pytest.mark.asyncio
 

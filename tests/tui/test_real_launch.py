@@ -6,11 +6,11 @@ import psutil
 import pytest
 from conftest import CONFIGS, wait_for
 
-from tui.app import TorchherdApp
-from tui.screens.dashboard import DashboardScreen
-from tui.screens.dialogs import QuitScreen
-from tui.widgets.log_views import EventLog
-from tui.widgets.pipeline_table import PipelineTable
+from torchherd.tui.app import TorchherdApp
+from torchherd.tui.screens.dashboard import DashboardScreen
+from torchherd.tui.screens.dialogs import QuitScreen
+from torchherd.tui.widgets.log_views import EventLog
+from torchherd.tui.widgets.pipeline_table import PipelineTable
 
 pytestmark = pytest.mark.asyncio
 
@@ -47,8 +47,8 @@ async def test_unfinished_run_is_offered_and_resumed_from_the_picker(runs_dir, t
     import subprocess
     import sys
 
-    from engine.config import load_config
-    from engine.messages import RunStarted, to_record
+    from torchherd.engine.config import load_config
+    from torchherd.engine.messages import RunStarted, to_record
 
     config = load_config(CONFIGS / "tiny.toml")
     run_dir = runs_dir / "20260101-000000-tiny"

@@ -9,11 +9,11 @@ import pytest
 from conftest import CONFIGS, launch_good, wait_for, write_past_run
 from fakes import T0
 
-import engine.check
-from engine import messages as m
-from engine.devices import Inventory
-from tui.screens.dashboard import DashboardScreen
-from tui.widgets.log_views import LogTail
+import torchherd.engine.check
+from torchherd.engine import messages as m
+from torchherd.engine.devices import Inventory
+from torchherd.tui.screens.dashboard import DashboardScreen
+from torchherd.tui.widgets.log_views import LogTail
 
 GIB = 2 ** 30
 
@@ -21,7 +21,7 @@ GIB = 2 ** 30
 @pytest.fixture
 def fixed_machine(monkeypatch):
     """The check's device lines and the config paths must not depend on the machine or the checkout."""
-    monkeypatch.setattr(engine.check, "discover_devices",
+    monkeypatch.setattr(torchherd.engine.check, "discover_devices",
                         lambda: Inventory(cpu_count=2, note="no NVIDIA GPU (test machine); using CPU slots"))
     monkeypatch.chdir(CONFIGS.parent)
 

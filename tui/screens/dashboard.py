@@ -14,14 +14,14 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from tui.messages import PipelineCommand
-from tui.runstate import RunState
-from tui.screens.dialogs import ConfirmScreen
-from tui.screens.log_view import LogScreen
-from tui.widgets.device_pane import DevicePane
-from tui.widgets.log_views import EventLog, LogTail
-from tui.widgets.loss_chart import LossChart
-from tui.widgets.pipeline_table import PipelineTable
+from torchherd.tui.messages import PipelineCommand
+from torchherd.tui.runstate import RunState
+from torchherd.tui.screens.dialogs import ConfirmScreen
+from torchherd.tui.screens.log_view import LogScreen
+from torchherd.tui.widgets.device_pane import DevicePane
+from torchherd.tui.widgets.log_views import EventLog, LogTail
+from torchherd.tui.widgets.loss_chart import LossChart
+from torchherd.tui.widgets.pipeline_table import PipelineTable
 
 
 class DashboardScreen(Screen[None]):

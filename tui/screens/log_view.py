@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from tui.widgets.log_views import LogTail
+from torchherd.tui.widgets.log_views import LogTail
 
 FULL_BYTES = 4 * 2 ** 20  # bytes of the file shown at most
 

@@ -20,7 +20,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tui.bridge import ConfigCheck, PastRun, check_config_file, list_configs, list_past_runs
+from torchherd.tui.bridge import ConfigCheck, PastRun, check_config_file, list_configs, list_past_runs
 
 PickerResult = tuple[str, Path] | None
 

@@ -13,7 +13,7 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
-from tui.series import LossSeries, reduce_columns
+from torchherd.tui.series import LossSeries, reduce_columns
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "bright_blue", "bright_red", "bright_white", "bright_magenta")
 GUTTER = 9  # cells for the y labels and the axis

@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from tui.runstate import PipelineRow
+from torchherd.tui.runstate import PipelineRow
 
 WIDE = 118  # terminal columns from which every column is shown
 STATE_STYLE = {
