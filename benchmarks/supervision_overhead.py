@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from torchherd.engine.config import parse_config  # noqa: E402
 from torchherd.engine.devices import Inventory  # noqa: E402
-from torchherd.engine.launcher import LaunchSpec, ProcessLauncher, WorkerSpec  # noqa: E402
+from torchherd.engine.launcher import LaunchSpec, ProcessLauncher  # noqa: E402
+from torchherd.engine.spec import WorkerSpec  # noqa: E402
 from torchherd.engine.messages import EpochEnd, Notice, StepMetrics  # noqa: E402
 from torchherd.engine.supervisor import Supervisor  # noqa: E402
 
@@ -90,7 +91,7 @@ async def channel_capacity(tmp: Path, workers: int = 4, count: int = 200_000) ->
     handles = []
     start = time.perf_counter()
     for i in range(workers):
-        spec = LaunchSpec(worker=WorkerSpec(pipeline={"name": f"w{i}", "params": {"count": count}}, validation={},
+        spec = LaunchSpec(child=WorkerSpec(pipeline={"name": f"w{i}", "params": {"count": count}}, validation={},
                                             device="cpu", threads=1, pipeline_dir=str(tmp / f"w{i}"), attempt=1),
                           log_path=tmp / f"w{i}" / "log.txt", gpu_index=None, module="benchmarks._flood_worker",
                           env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})

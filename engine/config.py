@@ -89,6 +89,11 @@ class Pipeline(PipelineSettings):
     task: str = Field(..., description=PipelineSettings.model_fields["task"].description)
     task_ref: str = Field("", description="The task as resolved (absolute file path); filled in by the loader.")
 
+    @property
+    def kind(self) -> str:
+        """Which runner trains it: "task" (torchherd's own loop over a `Task`)."""
+        return "task"
+
 
 class DevicesConfig(_Strict):
     """Where workers run."""

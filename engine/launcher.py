@@ -1,10 +1,9 @@
-"""Starting worker processes and talking to them: the only place that spawns, signals and reaps.
+"""The launcher protocol (`launch(spec) -> Handle`) and its local implementation, the only code that spawns,
+signals and reaps.
 
-`ProcessLauncher.launch` starts `python -m torchherd.engine.worker` in a fresh interpreter
-and a session of its own (so a signal to its process group reaches its DataLoader
-workers, and the terminal's Ctrl-C does not), with stdout and stderr in the
-pipeline's log file from the first byte. The supervisor sees only `WorkerHandle`,
-so its state machine can be driven by a scripted launcher in tests.
+`ProcessLauncher` starts each child as a fresh `python -P -m torchherd.engine.child` in a session of
+its own (a signal to its group reaches its DataLoader workers; the terminal's Ctrl-C does not), its
+output in the pipeline's log from the first byte. The supervisor sees only `Handle`s.
 """
 from __future__ import annotations
 
@@ -14,14 +13,14 @@ import signal
 import subprocess
 import sys
 import time
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable, Protocol
 
 from torchherd.engine.channel import decode_batch
 from torchherd.engine.messages import Command, Event
+from torchherd.engine.spec import CHILD_MODULE, ChildSpec, Transport, write_spec
 
 
 
@@ -35,65 +34,58 @@ def python_module_command(module: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a worker process needs, written as JSON by the launcher."""
-
-    pipeline: dict  # engine.config.Pipeline, dumped
-    validation: dict  # engine.config.ValidationConfig, dumped
-    device: str  # "cpu" or "cuda" (CUDA_VISIBLE_DEVICES already narrows it to one GPU)
-    threads: int  # torch threads for a CPU worker
-    pipeline_dir: str
-    attempt: int
-    snapshot_dir: str = ""  # background validation: where this pipeline's snapshot slots live
-    snapshot_seq: int = 0  # the highest snapshot seq handed off so far: seqs never repeat across attempts
-    status_fd: int = -1
-    control_fd: int = -1
-    supervisor_pid: int = 0
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "WorkerSpec":
-        return cls(**json.loads(text))
-
-
-@dataclass(frozen=True)
 class LaunchSpec:
-    """Where and how to start one attempt of a pipeline's worker."""
+    """Where and how to start one child: its spec, its log, its GPU and any extra environment."""
 
-    worker: WorkerSpec
+    child: ChildSpec
     log_path: Path
     gpu_index: int | None  # physical GPU for CUDA_VISIBLE_DEVICES; None on CPU
     env: dict[str, str] = field(default_factory=dict)
-    module: str = "torchherd.engine.worker"
+    module: str = CHILD_MODULE
 
 
-class WorkerHandle(Protocol):
-    """A running worker as the supervisor sees it."""
+class Handle(Protocol):
+    """A running child as the supervisor sees it, whatever launched it and wherever it runs."""
 
-    pid: int
+    pid: int  # the child's main process, as people see it
+    node: str  # where it runs: "" for this machine
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Every process the launcher started for it (their descendants are found by telemetry)."""
 
     def poll(self) -> int | None:
-        """The exit status once it has exited (negative: killed by that signal), else None."""
+        """The exit status once it has exited (negative: ended by that signal), else None."""
 
-    def signal_group(self, sig: int) -> None:
-        """Send `sig` to the worker's whole process group (it and its DataLoader workers)."""
+    def terminate(self) -> None:
+        """Ask it to end now: it and its helpers (DataLoader workers) get the polite signal."""
 
-    def signal_process(self, sig: int) -> None:
-        """Send `sig` to the worker process alone."""
+    def kill(self) -> None:
+        """End it and its helpers at once."""
+
+    def dump_stacks(self) -> None:
+        """Have it write every thread's stack to its log (for a hang)."""
 
     def send(self, command: Command) -> bool:
-        """Deliver a command; False if the worker can no longer hear it."""
+        """Deliver a command; False if the child can no longer hear it."""
 
     def attach(self, on_events: Callable[[list[Event]], None]) -> None:
-        """Call `on_events` on the event loop whenever the worker sends a batch."""
+        """Call `on_events` on the event loop whenever the child sends a batch."""
 
     def drain(self) -> list[Event]:
-        """Whatever the worker sent that was not delivered yet (called after it exited)."""
+        """Whatever the child sent that was not delivered yet (called after it exited)."""
 
     def close(self) -> None:
-        """Release pipes and reap stragglers of the process group."""
+        """Release its channels and reap stragglers of its process group."""
+
+
+class Launcher(Protocol):
+    """Turns a launch spec into a running handle; raises OSError if it cannot."""
+
+    def launch(self, spec: LaunchSpec) -> Handle: ...
+
+
+WorkerHandle = Handle  # the name the supervisor's older callers know
 
 
 class FrameReader:
@@ -123,6 +115,8 @@ class FrameReader:
 class ProcessHandle:
     """A real worker process with its status and control pipes."""
 
+    node = ""
+
     def __init__(self, proc: subprocess.Popen, status: Connection, control: Connection):
         self.proc = proc
         self.pid = proc.pid
@@ -138,7 +132,23 @@ class ProcessHandle:
     def poll(self) -> int | None:
         return self.proc.poll()
 
-    def signal_group(self, sig: int) -> None:
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return (self.pid,)
+
+    def terminate(self) -> None:
+        self._signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal_group(signal.SIGKILL)
+
+    def dump_stacks(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGUSR1)  # faulthandler writes every thread's stack to the log
+        except ProcessLookupError:
+            pass
+
+    def _signal_group(self, sig: int) -> None:
         try:
             os.killpg(self.pid, sig)  # start_new_session made pid its own group id
         except ProcessLookupError:
@@ -148,12 +158,6 @@ class ProcessHandle:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
-
-    def signal_process(self, sig: int) -> None:
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def send(self, command: Command) -> bool:
         try:
@@ -216,7 +220,7 @@ class ProcessHandle:
     def close(self) -> None:
         self._stop_reading()
         # DataLoader workers outlive a SIGKILLed leader; the group id still reaches them.
-        self.signal_group(signal.SIGKILL)
+        self.kill()
         for conn in (self._status, self._control):
             try:
                 conn.close()
@@ -230,28 +234,26 @@ class ProcessHandle:
 
 
 class ProcessLauncher:
-    """Starts workers as fresh Python interpreters (the `spawn` model) in their own sessions."""
+    """Starts children as fresh Python interpreters (the `spawn` model) in their own sessions."""
 
     def launch(self, spec: LaunchSpec) -> ProcessHandle:
         status_r, status_w = os.pipe()
         control_r, control_w = os.pipe()
-        worker = WorkerSpec(**{**spec.worker.__dict__, "status_fd": status_w, "control_fd": control_r,
-                               "supervisor_pid": os.getpid()})
-        spec_path = Path(worker.pipeline_dir) / "worker.json"
-        spec_path.parent.mkdir(parents=True, exist_ok=True)
-        spec_path.write_text(worker.to_json())
+        child = spec.child
+        transport = Transport(status_fd=status_w, control_fd=control_r, supervisor_pid=os.getpid())
+        spec_path = write_spec(spec.log_path.parent / f"{child.role}.json", child, transport)
         env = dict(os.environ)
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"  # the log file shows prints as they happen
         if spec.gpu_index is None:
             env["CUDA_VISIBLE_DEVICES"] = ""
-            env.setdefault("OMP_NUM_THREADS", str(worker.threads))
+            env.setdefault("OMP_NUM_THREADS", str(child.threads))
         else:
             env["CUDA_VISIBLE_DEVICES"] = str(spec.gpu_index)
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML and CUDA agree on indices
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(spec.log_path, "ab")
-        log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {worker.attempt} ====\n".encode())
+        log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} ====\n".encode())
         log.flush()
         try:
             # Popen is called from the event-loop thread on purpose: the parent-death

@@ -5,8 +5,6 @@ and the two pipe ends, and trains until its limits, a Stop, or an error.
 """
 from __future__ import annotations
 
-import contextlib
-import math
 import random
 import time
 from itertools import islice
@@ -16,51 +14,23 @@ from typing import Any
 import torch
 
 from torchherd.engine import checkpoint as ckpt
-from torchherd.engine.channel import (EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED, ControlReceiver,
-                            StatusSender)
+from torchherd.engine.channel import EXIT_COMPLETED, EXIT_STOPPED, StatusSender
 from torchherd.engine.config import Pipeline, ValidationConfig
+from torchherd.engine.control import WorkerControl
+from torchherd.engine.data import EpochSampler, make_loader
 from torchherd.engine.evaluate import evaluate
-from torchherd.engine.messages import (CheckpointNow, CheckpointSaved, EpochEnd, Heartbeat, Notice, Pause, Resume, Resumed,
-                             SnapshotTaken,
-                             StepMetrics, Stop, TrainingStarted, ValResult)
+from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, Resumed, SnapshotTaken, StepMetrics,
+                                       TrainingStarted, ValResult)
+from torchherd.engine.precision import autocast, grad_scaler
+from torchherd.engine.progress import better
 from torchherd.engine.task import Task
-
-CONTROL_INTERVAL = 0.02  # seconds between looks at the control pipe
-HEARTBEAT_INTERVAL = 1.0  # seconds between "still stepping" reports from the training thread
-
-
-class EpochSampler(torch.utils.data.Sampler):
-    """A shuffled order fixed by (seed, epoch), so a resumed epoch can skip what was done."""
-
-    def __init__(self, size: int, seed: int, shuffle: bool = True):
-        self.size, self.seed, self.shuffle = size, seed, shuffle
-        self.epoch, self.skip = 0, 0
-
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        self.epoch, self.skip = epoch, skip
-
-    def __iter__(self):
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-            order = torch.randperm(self.size, generator=gen).tolist()
-        else:
-            order = list(range(self.size))
-        return iter(order[self.skip:])
-
-    def __len__(self) -> int:
-        return self.size - self.skip
-
-
-def _is_dataset(data: Any) -> bool:
-    return hasattr(data, "__getitem__") and hasattr(data, "__len__") and \
-        not isinstance(data, torch.utils.data.DataLoader)
 
 
 class Trainer:
     """Trains one pipeline in this process; `run()` returns the worker's exit code."""
 
     def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
-                 pipeline_dir: Path, sender: StatusSender, control: ControlReceiver,
+                 pipeline_dir: Path, sender: StatusSender, control: WorkerControl,
                  snapshot_dir: Path | None = None, snapshot_seq: int = 0):
         self.task, self.pipe, self.validation = task, pipe, validation
         self.device = torch.device(device)
@@ -75,25 +45,17 @@ class Trainer:
         self.best: float | None = None
         self.epoch_loss = torch.zeros((), device=self.device)
         self.epoch_batches = 0
-        self._next_control = 0.0
-        self._next_heartbeat = 0.0
-        self._paused = False
-        self._stop: str | None = None
-        self._checkpoint_requested = False
         self._start: float | None = None  # monotonic time training began in this attempt
-        self._pause_time = 0.0  # seconds spent paused in this attempt
 
-        is_cuda = self.device.type == "cuda"
-        dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(pipe.precision)
-        self.autocast = (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
-        self.scaler = torch.amp.GradScaler(self.device.type) if pipe.precision == "16-mixed" else None
-        self.non_blocking = is_cuda and pipe.pin_memory
+        self.autocast = autocast(self.device, pipe.precision)
+        self.scaler = grad_scaler(self.device, pipe.precision)
+        self.non_blocking = self.device.type == "cuda" and pipe.pin_memory
         self.model = task.model.to(self.device)
         self.train_model = torch.compile(self.model) if pipe.compile else self.model
         self.optimizer = task.optimizer
-        self.sampler: EpochSampler | None = None
-        self.train_loader = self._loader(task.train_data, shuffle=True)
-        self.val_loader = self._loader(task.val_data, shuffle=False) if task.val_data is not None else None
+        self.train_loader, self.sampler = make_loader(task.train_data, pipe, self.device, shuffle=True)
+        self.val_loader = make_loader(task.val_data, pipe, self.device, shuffle=False)[0] \
+            if task.val_data is not None else None
         self.snapshot_dir = snapshot_dir
         self._writer = None  # SnapshotWriter, made at the first hand-off (after resume)
         # Snapshot seqs keep rising across restarts: a resumed worker may hand off after
@@ -102,18 +64,6 @@ class Trainer:
         self._snapshot_seq = snapshot_seq
 
     # ------------------------------------------------------------ data
-
-    def _loader(self, data: Any, shuffle: bool):
-        if not _is_dataset(data):
-            return data  # the user's own iterable or DataLoader, used as it is
-        sampler = EpochSampler(len(data), self.pipe.seed, shuffle)
-        if shuffle:
-            self.sampler = sampler
-        workers = self.pipe.num_workers
-        return torch.utils.data.DataLoader(
-            data, batch_size=self.pipe.batch_size, sampler=sampler, num_workers=workers,
-            pin_memory=self.pipe.pin_memory and self.device.type == "cuda",
-            persistent_workers=self.pipe.persistent_workers and workers > 0)
 
     def _batches_per_epoch(self) -> int:
         try:
@@ -183,42 +133,14 @@ class Trainer:
 
     # ---------------------------------------------------------- control
 
-    def _handle_commands(self, timeout: float = 0.0) -> None:
-        for cmd in self.control.poll(timeout):
-            if isinstance(cmd, Stop):
-                self._stop = cmd.reason
-            elif isinstance(cmd, Pause):
-                self._paused = True
-            elif isinstance(cmd, Resume):
-                self._paused = False
-            elif isinstance(cmd, CheckpointNow):
-                self._checkpoint_requested = True
-
     def _between_steps(self) -> None:
-        """Obey commands; holds here while paused. Cheap when nothing is waiting."""
-        now = time.monotonic()
-        if now < self._next_control:
-            return
-        self._next_control = now + CONTROL_INTERVAL
-        if now >= self._next_heartbeat:
-            # From the training thread itself: a stuck step stops these, the sender thread would not.
-            self._next_heartbeat = now + HEARTBEAT_INTERVAL
-            self.sender.step(Heartbeat(pipeline=self.name, step=self.step))
-        self._handle_commands()
-        if self._paused:
-            paused_at = time.monotonic()
-            while self._paused and self._stop is None:
-                self._handle_commands(timeout=0.5)
-                if self._checkpoint_requested:
-                    self._checkpoint_requested = False
-                    self.save("request")
-            self._pause_time += time.monotonic() - paused_at
-        if self._checkpoint_requested:
-            self._checkpoint_requested = False
+        """Obey commands (holding here while paused); cheap when nothing is waiting."""
+        self.control.between_steps(self.step, self.save)
+        if self.control.take_checkpoint_request():
             self.save("request")
 
     def _elapsed(self) -> float:
-        return time.monotonic() - self._start - self._pause_time if self._start is not None else 0.0
+        return time.monotonic() - self._start - self.control.paused_time if self._start is not None else 0.0
 
     # ------------------------------------------------------------- train
 
@@ -230,17 +152,7 @@ class Trainer:
         return False
 
     def _check_finite(self, value: float, where: str) -> int | None:
-        if math.isfinite(value):
-            return None
-        text = f"training loss is {value} at epoch {self.epoch} step {self.step} ({where})"
-        policy = self.pipe.nan_policy
-        if policy == "warn":
-            self.sender.send(Notice(pipeline=self.name, level="warning", text=text))
-            return None
-        from torchherd.engine.messages import WorkerError
-        self.sender.send(WorkerError(pipeline=self.name, error=f"NonFiniteLoss: {text}", traceback="",
-                                     where="train"))
-        return EXIT_FATAL if policy == "stop" else EXIT_RESTART
+        return self.control.non_finite(value, f"epoch {self.epoch} step {self.step} ({where})")
 
     def run(self) -> int:
         pipe = self.pipe
@@ -271,7 +183,7 @@ class Trainer:
         window_samples = 0
         window_start = time.monotonic()
         self._between_steps()
-        while self.epoch < pipe.max_epochs and self._stop is None and not self._out_of_budget():
+        while self.epoch < pipe.max_epochs and not self.control.should_stop and not self._out_of_budget():
             epoch_start = time.monotonic()
             epoch_samples = 0
             for batch in self._epoch_batches():
@@ -320,7 +232,7 @@ class Trainer:
                     window_batches = window_samples = 0
                     window_start = now
                 self._between_steps()
-                if self._stop is not None or self._out_of_budget():
+                if self.control.should_stop or self._out_of_budget():
                     break
             else:
                 code = self._end_epoch(epoch_start, epoch_samples, steps_per_epoch)
@@ -330,7 +242,7 @@ class Trainer:
             break  # stopped or out of budget mid-epoch
         self.trained_time += self._elapsed()
         self._start = None
-        if self._stop is not None:
+        if self.control.should_stop:
             self.save("stop")
             return EXIT_STOPPED
         self.save("final")
@@ -377,8 +289,7 @@ class Trainer:
         value = metrics.get(v.metric)
         if value is None:
             return
-        better = self.best is None or (value < self.best if v.metric_mode == "min" else value > self.best)
-        if better:
+        if better(value, self.best, v.metric_mode):
             self.best = value
             self.save("best", ckpt.BEST)
 

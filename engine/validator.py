@@ -1,4 +1,4 @@
-"""The validation process: `python -m torchherd.engine.validator SPEC.json` scores weight snapshots while workers train.
+"""The validation process: scores weight snapshots while workers train.
 
 One long-lived process for the whole run. It finds each pipeline's snapshot
 folder (a worker writes `meta.json` there when it first hands off), builds that
@@ -13,8 +13,9 @@ import traceback
 from pathlib import Path
 
 from torchherd.engine.channel import ControlReceiver, StatusSender
-from torchherd.engine.launcher import WorkerSpec
 from torchherd.engine.messages import EarlyStop, Notice, Stop, ValResult
+from torchherd.engine.progress import better
+from torchherd.engine.spec import ValidatorSpec
 
 POLL = 0.02  # seconds between looks for new snapshots when idle
 
@@ -26,6 +27,8 @@ class PipelineScorer:
         import torch
 
         from torchherd.engine.config import Pipeline, ValidationConfig
+        from torchherd.engine.data import make_loader
+        from torchherd.engine.precision import autocast
         from torchherd.engine.snapshot import SnapshotReader
         from torchherd.engine.task import build_task
 
@@ -44,14 +47,9 @@ class PipelineScorer:
         self.task = task
         self.model = task.model.to(self.device)
         self.model.eval()
-        data = task.val_data
-        if data is not None and hasattr(data, "__getitem__") and hasattr(data, "__len__") and \
-                not isinstance(data, torch.utils.data.DataLoader):
-            data = torch.utils.data.DataLoader(data, batch_size=self.pipe.batch_size, shuffle=False)
-        self.data = data
-        import contextlib
-        dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.pipe.precision)
-        self.autocast = (lambda: torch.autocast(self.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+        self.data = make_loader(task.val_data, self.pipe, self.device, shuffle=False, num_workers=0)[0] \
+            if task.val_data is not None else None
+        self.autocast = autocast(self.device, self.pipe.precision)
 
     def score_newest(self, sender: StatusSender) -> bool:
         """Validate the newest unseen snapshot, if any; True if one was scored."""
@@ -88,8 +86,7 @@ class PipelineScorer:
         value = metrics.get(self.validation.metric)
         if value is None:
             return True
-        better = self.best is None or (value < self.best if self.validation.metric_mode == "min" else value > self.best)
-        if better:
+        if better(value, self.best, self.validation.metric_mode):
             self.best, self.since_best = value, 0
             try:
                 ckpt.save_checkpoint(self.pipeline_dir / "checkpoints", {
@@ -108,10 +105,11 @@ class PipelineScorer:
         return True
 
 
-def serve(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> int:
+def serve(spec: ValidatorSpec, sender: StatusSender, control: ControlReceiver) -> int:
+    """Score snapshots until the supervisor says stop; returns the exit code."""
     import torch
 
-    root = Path(spec.pipeline["snapshot_root"])
+    root = Path(spec.snapshot_root)
     if spec.device == "cpu":
         torch.set_num_threads(spec.threads)
     scorers: dict[str, PipelineScorer] = {}
@@ -142,9 +140,3 @@ def serve(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> i
             for cmd in control.poll(POLL):
                 if isinstance(cmd, Stop):
                     return 0
-
-
-if __name__ == "__main__":
-    from torchherd.engine.worker import serve_child
-
-    serve_child("validator", serve)

@@ -1,49 +1,50 @@
-"""The worker process: `python -m torchherd.engine.worker SPEC.json` builds a pipeline's task and trains it.
+"""A pipeline's worker: set up torch for its slot, pick the runner for the pipeline's kind, and run it.
 
-It talks to the supervisor only through the two pipe descriptors named in the
-spec, dies with its parent (parent-death signal plus the control pipe's EOF),
-and reports any exception with its traceback before exiting non-zero.
+A runner decides how training runs (today the `Task` trainer); every runner shares
+the same control (`WorkerControl`), data loading, precision and checkpoints, and
+reports the same events. Any exception is reported with its traceback before the
+worker exits non-zero.
 """
 from __future__ import annotations
 
-import ctypes
-import faulthandler
-import os
-import signal
 import sys
 import traceback
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
 
-from torchherd.engine.channel import EXIT_ERROR, EXIT_FATAL, EXIT_ORPHANED, ControlReceiver, StatusSender, SupervisorGone
-from torchherd.engine.launcher import WorkerSpec
+from torchherd.engine.channel import EXIT_ERROR, EXIT_FATAL, ControlReceiver, StatusSender, SupervisorGone
 from torchherd.engine.messages import WorkerError
+from torchherd.engine.spec import WorkerSpec
 
-PR_SET_PDEATHSIG = 1
 
+def run_task(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) -> int:
+    """The `Task` runner: build the user's task and train it with torchherd's own loop."""
+    from torchherd.engine.task import TaskError, build_task
+    from torchherd.engine.trainer import Trainer
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL us when the supervisor dies; the control pipe's EOF is the fallback."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux
-        return
-    if parent_pid and os.getppid() != parent_pid:  # it died before prctl took effect
-        os._exit(EXIT_ORPHANED)
+        task = build_task(pipe.task_ref or pipe.task, pipe.params)
+    except TaskError as exc:
+        print(f"torchherd: {exc}", file=sys.stderr)
+        sender.send(WorkerError(pipeline=pipe.name, error=str(exc), where="build", traceback=traceback.format_exc()))
+        return EXIT_FATAL
+    trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
+                      Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq)
+    return trainer.run()
 
 
+RUNNERS: dict[str, Callable[..., int]] = {"task": run_task}  # by the pipeline's kind
 
-def run(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> int:
-    name = spec.pipeline["name"]
+
+def run(spec: WorkerSpec, sender: StatusSender, receiver: ControlReceiver) -> int:
+    """Train one attempt of a pipeline; returns the worker's exit code."""
+    name = spec.name
     where = "build"
     try:
         import torch
 
         from torchherd.engine.config import Pipeline, ValidationConfig
-        from torchherd.engine.task import TaskError, build_task
-        from torchherd.engine.trainer import Trainer
+        from torchherd.engine.control import WorkerControl
 
         pipe = Pipeline.model_validate(spec.pipeline)
         validation = ValidationConfig.model_validate(spec.validation)
@@ -53,17 +54,9 @@ def run(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> int
         torch.manual_seed(pipe.seed)
         if spec.device.startswith("cuda") and pipe.gpu_memory_fraction is not None:
             torch.cuda.set_per_process_memory_fraction(pipe.gpu_memory_fraction, 0)
-        try:
-            task = build_task(pipe.task_ref or pipe.task, pipe.params)
-        except TaskError as exc:
-            print(f"torchherd: {exc}", file=sys.stderr)
-            sender.send(WorkerError(pipeline=name, error=str(exc), where="build",
-                                    traceback=traceback.format_exc()))
-            return EXIT_FATAL
+        control = WorkerControl(name, sender, receiver, pipe.nan_policy)
         where = "train"
-        trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
-                          Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq)
-        return trainer.run()
+        return RUNNERS[pipe.kind](spec, pipe, validation, sender, control)
     except SupervisorGone:
         raise
     except BaseException as exc:
@@ -74,40 +67,3 @@ def run(spec: WorkerSpec, sender: StatusSender, control: ControlReceiver) -> int
             error = f"CUDA out of memory: {exc}"
         sender.send(WorkerError(pipeline=name, error=error, traceback=tb, where=where))
         return EXIT_ERROR
-
-
-def serve_child(role: str, body: Callable[[WorkerSpec, StatusSender, ControlReceiver], int],
-                argv: list[str] | None = None) -> None:
-    """Run `body` as a supervised child process (a worker or the validator) and exit with its code.
-
-    Reads the spec, dies with the supervisor, dumps stacks on a crash or on SIGUSR1,
-    ignores the terminal's Ctrl-C (the supervisor decides when to stop) and ships
-    every queued event before exiting.
-    """
-    argv = sys.argv[1:] if argv is None else argv
-    spec = WorkerSpec.from_json(Path(argv[0]).read_text())
-    _die_with_parent(spec.supervisor_pid)
-    faulthandler.enable(all_threads=True)  # a segfault leaves its stack in the log
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor's "where are you stuck?"
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    print(f"torchherd {role} pid {os.getpid()} {spec.pipeline['name']} attempt {spec.attempt} "
-          f"device {spec.device}", flush=True)
-    sender = StatusSender(Connection(spec.status_fd, readable=False))
-    control = ControlReceiver(Connection(spec.control_fd, writable=False))
-    try:
-        code = body(spec, sender, control)
-    except SupervisorGone:
-        print("torchherd: the supervisor went away; exiting", file=sys.stderr, flush=True)
-        os._exit(EXIT_ORPHANED)
-    except BaseException:
-        traceback.print_exc()
-        code = EXIT_ERROR
-    sender.close(timeout=10.0)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: DataLoader and compile threads can hang it.
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    serve_child("worker", run)

@@ -12,7 +12,12 @@ from torchherd.engine.messages import TrainingStarted
 
 
 class FakeHandle:
-    """A worker that exits when told to; `ignore_term` makes it shrug off SIGTERM."""
+    """A worker that exits when told to; `ignore_term` makes it shrug off `terminate()`.
+
+    `signals` records what it was asked, as the signals a local process would get.
+    """
+
+    node = ""
 
     def __init__(self, pid: int, ignore_term: bool = False):
         self.pid, self.code, self.ignore_term = pid, None, ignore_term
@@ -20,16 +25,30 @@ class FakeHandle:
         self.sent: list[object] = []
         self.on_events = None
 
+    @property
+    def pids(self):
+        return (self.pid,)
+
     def poll(self):
         return self.code
 
-    def signal_group(self, sig):
-        self.signals.append(sig)
-        if sig == signal.SIGKILL or not self.ignore_term:
-            self.code = -sig
+    def terminate(self):
+        self.signals.append(signal.SIGTERM)
+        if not self.ignore_term:
+            self.code = -signal.SIGTERM
 
-    def signal_process(self, sig):
-        self.signals.append(sig)
+    def kill(self):
+        self.signals.append(signal.SIGKILL)
+        self.code = -signal.SIGKILL
+
+    def dump_stacks(self):
+        self.signals.append(signal.SIGUSR1)
+
+    def exit(self, code: int, events=()):
+        """The worker ends by itself with `code`, after sending `events`."""
+        if events:
+            self.on_events(list(events))
+        self.code = code
 
     def send(self, command):
         self.sent.append(command)
@@ -50,14 +69,18 @@ class FakeHandle:
 
 
 class ScriptedLauncher:
+    """Launches FakeHandles (or whatever `make(n)` returns for the n-th launch) and keeps them in order."""
+
     def __init__(self, ignore_term: bool = False):
         self.handles: list[FakeHandle] = []
         self.specs: list = []
         self.ignore_term = ignore_term
+        self.make = None
 
     def launch(self, spec):
         self.specs.append(spec)
-        handle = FakeHandle(10_000 + len(self.handles), self.ignore_term)
+        n = len(self.handles)
+        handle = self.make(n) if self.make is not None else FakeHandle(10_000 + n, self.ignore_term)
         self.handles.append(handle)
         return handle
 

@@ -219,7 +219,7 @@ async def test_a_restarted_worker_continues_the_snapshot_numbering(tmp_path, lau
     worker.on_events([SnapshotTaken(pipeline="a", seq=7, epoch=3, step=70, slot=0, stall_ms=0.1, nbytes=8)])
     worker.code = -9
     await until(lambda: len(launcher.handles) == 3)
-    assert launcher.specs[2].worker.snapshot_seq == 7
+    assert launcher.specs[2].child.snapshot_seq == 7
     launcher.handles[0].code = 0
     await sup.shutdown(graceful=False)
 

@@ -1,0 +1,152 @@
+"""A pipeline as the supervisor keeps it: its plan (fixed), its current attempt (changing) and its progress.
+
+The plan is what to run and under which rules, as torch elastic's WorkerSpec; an
+attempt is one start of its worker, with the handle and why we asked it to end,
+as elastic's Worker. `PipelineView` is the plain-data copy screens are given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchherd.engine.config import Pipeline, RunConfig
+from torchherd.engine.launcher import Handle
+from torchherd.engine.messages import EpochEnd, Event, StepMetrics, TrainingStarted, ValResult
+from torchherd.engine.placement import Slot, ValidationPlan
+from torchherd.engine.policy import RestartPolicy
+from torchherd.engine.progress import better
+from torchherd.engine.states import WorkerState
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run for one pipeline and under which rules; fixed once the pipeline is added."""
+
+    config: Pipeline
+    run_config: RunConfig
+    policy: RestartPolicy
+    order: int  # arrival: ties in priority start in this order
+    validation: ValidationPlan
+    slots_needed: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def background(self) -> bool:
+        return self.validation.mode == "background"
+
+
+@dataclass
+class Attempt:
+    """One start of a pipeline's worker."""
+
+    number: int
+    handle: Handle | None = None
+    started_mono: float = 0.0  # monotonic seconds
+    started_at: float | None = None  # wall clock, for people
+    deadline: float | None = None  # monotonic time to escalate (KILLING / STOPPING / HUNG)
+    intent: str | None = None  # "stop", "kill", "restart" or "hung": why we asked it to end
+    escalated: bool = False
+    last_progress: float = 0.0  # monotonic time of its last sign of training
+
+
+@dataclass
+class Progress:
+    """How far a pipeline got, folded from its events."""
+
+    epoch: int = 0
+    step: int = 0
+    epochs_total: int = 0
+    steps_per_epoch: int = 0
+    train_loss: float | None = None
+    val_loss: float | None = None
+    best_val: float | None = None
+    samples_per_s: float | None = None
+
+    def apply(self, event: Event, metric: str = "val_loss", mode: str = "min") -> None:
+        if isinstance(event, StepMetrics):
+            self.epoch, self.step, self.train_loss = event.epoch, event.step, event.loss
+            self.samples_per_s = event.samples_per_s
+        elif isinstance(event, EpochEnd):
+            self.epoch, self.step, self.train_loss = event.epoch + 1, event.step, event.train_loss
+            self.samples_per_s = event.samples_per_s
+            self.steps_per_epoch = event.steps_per_epoch
+        elif isinstance(event, TrainingStarted):
+            self.epoch, self.step = event.epoch, event.step
+            self.epochs_total, self.steps_per_epoch = event.epochs_total, event.steps_per_epoch
+        elif isinstance(event, ValResult) and not event.error:
+            value = event.metrics.get(metric, event.metrics.get("val_loss"))
+            self.val_loss = event.metrics.get("val_loss", value)
+            if value is not None and better(value, self.best_val, mode):
+                self.best_val = value
+
+
+@dataclass
+class PipelineRun:
+    """One pipeline of a session: its plan, state, current attempt, restart accounting and progress."""
+
+    plan: Plan
+    state: WorkerState = WorkerState.QUEUED
+    slots: list[Slot] = field(default_factory=list)
+    current: Attempt | None = None
+    attempts: int = 0  # attempts started so far
+    restarts: int = 0  # restarts spent from the budget
+    failed_starts: int = 0  # consecutive
+    restart_at: float | None = None  # monotonic time to leave BACKOFF
+    stop_reason: str = ""
+    last_error: str = ""
+    last_traceback: str = ""
+    finish_reason: str = ""
+    progress: Progress = field(default_factory=Progress)
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def handle(self) -> Handle | None:
+        return self.current.handle if self.current is not None else None
+
+    @property
+    def intent(self) -> str | None:
+        return self.current.intent if self.current is not None else None
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """A pipeline as a screen shows it: plain data, safe to hand to widgets."""
+
+    name: str
+    state: WorkerState
+    device: str
+    pid: int | None
+    attempt: int
+    restarts: int
+    epoch: int
+    step: int
+    epochs_total: int
+    steps_per_epoch: int
+    train_loss: float | None
+    val_loss: float | None
+    best_val: float | None
+    samples_per_s: float | None
+    started_at: float | None
+    log_path: Path
+    last_error: str
+    priority: int = 0
+
+
+def view_of(run: PipelineRun, run_dir: Path) -> PipelineView:
+    p = run.progress
+    handle = run.handle
+    return PipelineView(
+        name=run.name, state=run.state, device=",".join(s.name for s in run.slots),
+        pid=handle.pid if handle is not None else None, attempt=run.attempts, restarts=run.restarts,
+        epoch=p.epoch, step=p.step, epochs_total=p.epochs_total, steps_per_epoch=p.steps_per_epoch,
+        train_loss=p.train_loss, val_loss=p.val_loss, best_val=p.best_val, samples_per_s=p.samples_per_s,
+        started_at=run.current.started_at if run.current is not None else None,
+        log_path=run_dir / run.name / "log.txt",
+        last_error=run.finish_reason if run.state == WorkerState.FAILED else run.last_error,
+        priority=run.plan.config.priority)

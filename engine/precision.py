@@ -1,0 +1,22 @@
+"""Mixed precision from the pipeline's `precision` setting: the autocast context and the gradient scaler."""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager
+
+import torch
+
+DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def autocast(device: torch.device, precision: str) -> Callable[[], ContextManager]:
+    """A factory of the autocast context for `precision` ("32" gives a no-op context)."""
+    dtype = DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
+    """A GradScaler for float16 training; None where none is needed."""
+    return torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
