@@ -28,6 +28,9 @@ class WorkerControl:
         self.checkpoint_requested = False
         self._next_control = 0.0
         self._next_heartbeat = 0.0
+        self.step = -1  # the optimizer step the runner last reported here
+        self._start_step: int | None = None  # the step this attempt began at
+        self._stepped = False  # this attempt completed an optimizer step
 
     @property
     def should_stop(self) -> bool:
@@ -52,6 +55,14 @@ class WorkerControl:
 
     def between_steps(self, step: int, save: Callable[[str], None]) -> None:
         """Beat, obey commands, and hold here while paused (saving on request meanwhile)."""
+        self.step = step
+        if self._start_step is None:
+            self._start_step = step
+        elif not self._stepped and step > self._start_step:
+            # The attempt's first completed step is told at once: a worker that dies before it
+            # is a failed start, one that dies after it an ordinary crash.
+            self._stepped = True
+            self._next_control = self._next_heartbeat = 0.0
         now = time.monotonic()
         if now < self._next_control:
             return

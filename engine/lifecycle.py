@@ -88,7 +88,7 @@ class Lifecycle:
         except OSError as exc:
             run.last_error = f"could not start the worker: {exc}"
             self.set_state(run, S.STARTING)  # -> STARTING (it failed at once)
-            self.after_crash(run, uptime=0.0, exit_desc=run.last_error)
+            self.after_crash(run, uptime=0.0, exit_desc=run.last_error, stepped=False)
             return
         attempt.handle = handle
         attempt.started_mono = attempt.last_progress = time.monotonic()
@@ -196,15 +196,22 @@ class Lifecycle:
         self.after_crash(run, uptime=float("inf"), exit_desc="the worker asked to be restarted")
 
     def _crashed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        self.after_crash(run, uptime, exit_desc)
+        failure, previous = run.current.failure, run.last_failure
+        run.last_failure = failure
+        if failure is not None and failure == previous:
+            error, step = failure
+            self.finish(run, S.FAILED, f"the same error at step {step} twice in a row, so a restart "
+                                       f"cannot fix it: {error}")
+            return
+        self.after_crash(run, uptime, exit_desc, stepped=run.current.stepped)
 
-    def after_crash(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
+    def after_crash(self, run: PipelineRun, uptime: float, exit_desc: str, stepped: bool = True) -> None:
         """Restart under the policy (-> BACKOFF), or end the pipeline as failed."""
-        decision = run.plan.policy.decide(run.restarts, run.failed_starts, uptime)
+        decision = run.plan.policy.decide(run.restarts, run.failed_starts, uptime, stepped)
         run.failed_starts = decision.failed_starts
         what = (run.last_error or exit_desc) + self._gpu_note(run)
         if not decision.restart:
-            self.finish(run, S.FAILED, f"{what} ({decision.reason})")
+            self.finish(run, S.FAILED, f"{decision.reason}: {what}")
             return
         run.restarts += 1
         run.restart_at = time.monotonic() + decision.delay

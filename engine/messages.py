@@ -227,8 +227,9 @@ class WorkerError(Event):
     type: ClassVar[str] = "worker_error"
     pipeline: str
     error: str  # "ExceptionType: message"
-    traceback: str
+    traceback: str = ""
     where: str  # "build", "train", "validate", "checkpoint"
+    step: int = -1  # optimizer steps completed when it failed; -1 unknown
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

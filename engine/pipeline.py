@@ -11,7 +11,8 @@ from pathlib import Path
 
 from torchherd.engine.config import Pipeline, RunConfig
 from torchherd.engine.launcher import Handle
-from torchherd.engine.messages import EpochEnd, Event, StepMetrics, TrainingStarted, ValResult
+from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Event, Heartbeat, Resumed, StepMetrics,
+                                       TrainingStarted, ValResult, WorkerError)
 from torchherd.engine.placement import Slot, ValidationPlan
 from torchherd.engine.policy import RestartPolicy
 from torchherd.engine.progress import better
@@ -50,6 +51,19 @@ class Attempt:
     intent: str | None = None  # "stop", "kill", "restart" or "hung": why we asked it to end
     escalated: bool = False
     last_progress: float = 0.0  # monotonic time of its last sign of training
+    start_step: int | None = None  # the step it resumed at (from TrainingStarted)
+    stepped: bool = False  # it completed an optimizer step: dying now is no failed start
+    failure: tuple[str, int] | None = None  # (error, step) of the exception it reported
+
+    def saw(self, event: Event) -> None:
+        """Note what an event says about this attempt's progress and failure."""
+        if isinstance(event, TrainingStarted):
+            self.start_step = event.step
+        elif isinstance(event, (Heartbeat, StepMetrics, EpochEnd)):
+            if self.start_step is not None and event.step > self.start_step:
+                self.stepped = True
+        elif isinstance(event, WorkerError) and event.where == "train":
+            self.failure = (event.error, event.step)
 
 
 @dataclass
@@ -73,6 +87,8 @@ class Progress:
             self.epoch, self.step, self.train_loss = event.epoch + 1, event.step, event.train_loss
             self.samples_per_s = event.samples_per_s
             self.steps_per_epoch = event.steps_per_epoch
+        elif isinstance(event, (CheckpointSaved, Resumed)):
+            self.epoch, self.step = event.epoch, event.step  # where the saved state stands
         elif isinstance(event, TrainingStarted):
             self.epoch, self.step = event.epoch, event.step
             self.epochs_total, self.steps_per_epoch = event.epochs_total, event.steps_per_epoch
@@ -99,6 +115,7 @@ class PipelineRun:
     last_error: str = ""
     last_traceback: str = ""
     finish_reason: str = ""
+    last_failure: tuple[str, int] | None = None  # (error, step) the previous crashed attempt reported
     progress: Progress = field(default_factory=Progress)
 
     @property

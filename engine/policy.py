@@ -1,8 +1,9 @@
 """The restart policy: after an unexpected exit, whether to start a pipeline again and after how long.
 
-Every crash spends one restart from `max_restarts`. A worker that dies sooner than
-`min_uptime` is a failed start: the delay doubles with each one in a row, and
-`max_failed_starts` in a row end the pipeline even with budget left.
+Every crash spends one restart from `max_restarts`. A worker that dies before its
+first optimizer step, or sooner than `min_uptime`, is a failed start: the delay
+doubles with each one in a row, and `max_failed_starts` in a row end the pipeline
+even with budget left.
 """
 from __future__ import annotations
 
@@ -27,13 +28,15 @@ class RestartPolicy:
     def __init__(self, config: RestartConfig):
         self.config = config
 
-    def decide(self, restarts_used: int, failed_starts: int, uptime: float) -> RestartDecision:
+    def decide(self, restarts_used: int, failed_starts: int, uptime: float, stepped: bool = True) -> RestartDecision:
+        """After a crash `uptime` seconds into an attempt that did (or did not) complete an optimizer step."""
         c = self.config
-        failed_start = uptime < c.min_uptime
+        failed_start = not stepped or uptime < c.min_uptime
         streak = failed_starts + 1 if failed_start else 0
         if failed_start and streak >= c.max_failed_starts:
             return RestartDecision(False, 0.0, streak,
-                                   f"{streak} failed starts in a row (each died within {c.min_uptime:g}s)")
+                                   f"{streak} failed starts in a row (each died before its first step or within "
+                                   f"{c.min_uptime:g}s)")
         if restarts_used >= c.max_restarts:
             return RestartDecision(False, 0.0, streak, f"restart budget of {c.max_restarts} used up")
         delay = min(c.backoff * (2 ** max(streak - 1, 0)), c.backoff_max)

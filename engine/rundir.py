@@ -150,9 +150,14 @@ class RunSummary:
     live: bool = False  # a torchherd process is still running it
 
     @property
+    def to_resume(self) -> tuple[str, ...]:
+        """The pipelines that did not complete (stopped, killed, failed, never started or cut short)."""
+        return tuple(p for p in self.pipelines if self.statuses.get(p) != "completed")
+
+    @property
     def resumable(self) -> bool:
-        """Unfinished, and nobody runs it: `torchherd resume` can pick it up from its checkpoints."""
-        return self.status == "unfinished" and not self.live
+        """Some pipeline did not complete, and nobody runs it: `torchherd resume` carries it on."""
+        return bool(self.to_resume) and not self.live
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

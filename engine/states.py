@@ -55,8 +55,9 @@ _ALIVE = frozenset(
 
 _S = WorkerState
 TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
-    # QUEUED -> COMPLETED: a resumed run's pipeline that had already completed.
-    _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED, _S.COMPLETED}),
+    # QUEUED -> COMPLETED/FAILED: a resumed run's pipeline that keeps how it had ended (it had
+    # completed, or it is not among those resumed).
+    _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED, _S.COMPLETED, _S.FAILED}),
     _S.STARTING: frozenset({_S.RUNNING, _S.PAUSED, _S.STOPPING, _S.KILLING, _S.HUNG, _S.BACKOFF,
                             _S.COMPLETED, _S.STOPPED, _S.FAILED}),
     _S.RUNNING: frozenset({_S.PAUSED, _S.STOPPING, _S.KILLING, _S.HUNG, _S.BACKOFF,

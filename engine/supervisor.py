@@ -10,6 +10,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from torchherd.engine import checkpoint as ckpt
 from torchherd.engine.bus import EventBus, EventStream
 from torchherd.engine.config import ConfigError, RunConfig
 from torchherd.engine.devices import Inventory, discover_devices
@@ -27,7 +28,7 @@ from torchherd.engine.scheduler import Scheduler
 from torchherd.engine.spec import WorkerSpec
 from torchherd.engine.states import WorkerState
 from torchherd.engine.telemetry import TelemetrySampler
-from torchherd.engine.validation_service import ValidationService
+from torchherd.engine.validation_service import SESSION_ENDED, ValidationService
 
 __all__ = ["EventStream", "PipelineView", "Supervisor"]
 
@@ -58,8 +59,8 @@ class Supervisor:
         self._scheduler = Scheduler(slots)
         self._lifecycle = Lifecycle(self._launcher, self._scheduler, self._emit, self._spec_for,
                                     self._on_worker_events, self._gpu_note)
-        self._validation = ValidationService(self._launcher, self._emit, self.run_dir, self.snapshot_root,
-                                             self._on_val_result, self._on_early_stop)
+        self._validation = ValidationService(self._launcher, self._emit_validation, self.run_dir,
+                                             self.snapshot_root, self._on_val_result, self._on_early_stop)
         self._runs: dict[str, PipelineRun] = {}
         self._order = 0
         self._rundir: RunDirectory | None = None
@@ -71,16 +72,19 @@ class Supervisor:
         self._pids: dict[str, int] = {}  # replaced whole on change: the sampler thread reads it
         self._sampler: TelemetrySampler | None = None
         self._resume_configs: list[RunConfig] | None = None
+        self._resume_only: set[str] | None = None
 
     # ------------------------------------------------------------ session
 
     @classmethod
-    def resume_run(cls, run_dir: str | Path, **kwargs) -> "Supervisor":
-        """A supervisor that carries on an unfinished run: same directory, each pipeline from its checkpoint."""
+    def resume_run(cls, run_dir: str | Path, only: list[str] | None = None, **kwargs) -> "Supervisor":
+        """A supervisor that carries on a run that did not complete, in the same directory: every pipeline
+        that did not complete (or those in `only`) from its checkpoint, with a fresh restart budget."""
         run_dir = Path(run_dir)
         configs = load_resolved_configs(run_dir)
         sup = cls(configs[0], runs_dir=run_dir.parent, run_id=run_dir.name, **kwargs)
         sup._resume_configs = configs
+        sup._resume_only = set(only) if only else None
         return sup
 
     async def start(self) -> None:
@@ -98,16 +102,17 @@ class Supervisor:
         names = self._add(self.config)
         for config in (self._resume_configs or [])[1:]:
             names += self._add(config)
+        kept = {n: done.get(n, "stopped") for n in names if done.get(n) == "completed" or
+                (self._resume_only is not None and n not in self._resume_only)}
         if resuming:
             self._emit(Notice(level="info", text=f"resuming run {self.run_id}: " + ", ".join(
-                f"{n} {'done' if done.get(n) == 'completed' else 'from its last checkpoint'}" for n in names)))
+                self._resume_plan(n, kept) for n in names)))
         self._emit(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir), config_path=self.config.source,
                               pipelines=tuple(names)))
-        for name in names:
-            if done.get(name) == "completed":  # nothing left to train; keep it out of the queue
-                run = self._runs[name]
-                run.finish_reason = "completed before the run was resumed"
-                self._lifecycle.set_state(run, S.COMPLETED)  # QUEUED -> COMPLETED
+        for name, status in kept.items():  # nothing to train: they keep how they had ended
+            run = self._runs[name]
+            run.finish_reason = f"{status} before the run was resumed"
+            self._lifecycle.set_state(run, WorkerState(status))  # QUEUED -> its earlier final state
         self._announce_queued(names)
         self._schedule()
         loop = asyncio.get_running_loop()
@@ -119,6 +124,15 @@ class Supervisor:
                 on_snapshot=lambda snap: loop.call_soon_threadsafe(self._on_telemetry, snap),
                 persist_path=self.run_dir / "telemetry.jsonl", persist_every=t.persist_every)
             self._sampler.start()
+
+    def _resume_plan(self, name: str, kept: dict[str, str]) -> str:
+        """What resuming does with one pipeline, for people."""
+        if name in kept:
+            return f"{name} {'done' if kept[name] == 'completed' else f'left {kept[name]}'}"
+        checkpoints = self.run_dir / name / "checkpoints"
+        if any((checkpoints / f).exists() for f in (ckpt.LAST, ckpt.PREV)):
+            return f"{name} from its last checkpoint"
+        return f"{name} from scratch (no checkpoint yet)"
 
     def add_config(self, config: RunConfig) -> list[str]:
         """Add another config's pipelines to this session; they queue for free slots. Returns their names."""
@@ -169,6 +183,11 @@ class Supervisor:
             if run.state in (S.QUEUED, S.BACKOFF):
                 why = "stopped before it started" if run.state == S.QUEUED else "stopped"
                 self._lifecycle.finish(run, S.STOPPED, why)  # QUEUED/BACKOFF -> STOPPED
+            elif run.state in LIVE and run.current.start_step is None:
+                # Still building its task: it hears no Stop until it trains, and it has trained
+                # nothing since its last checkpoint, so it is ended now instead of waited for.
+                run.current.intent, run.stop_reason = "stop", reason
+                self._lifecycle.terminate(run)  # STARTING/PAUSED -> KILLING
             elif run.state in LIVE:
                 self._lifecycle.request_stop(run, reason)  # STARTING/RUNNING/PAUSED -> STOPPING
             elif run.state in (S.KILLING, S.HUNG) and run.intent in ("restart", "hung"):
@@ -239,8 +258,8 @@ class Supervisor:
             while self._validation.pending(training_done=True) and time.monotonic() < deadline and \
                     self._validation.handle is not None:
                 await asyncio.sleep(self._tick_interval)
+        await self._validation.stop()  # its last results come before run_finished
         self._closing = True
-        await self._validation.stop()
         for run in self._runs.values():
             if run.handle is not None:
                 if run.intent != "stop":
@@ -343,6 +362,7 @@ class Supervisor:
         run.current.last_progress = time.monotonic()
         v = run.plan.run_config.validation
         for event in events:
+            run.current.saw(event)
             if isinstance(event, Heartbeat):
                 continue  # only proves progress; not worth a line anywhere
             run.progress.apply(event, v.metric, v.metric_mode)
@@ -359,10 +379,10 @@ class Supervisor:
     def _on_val_result(self, name: str, event: ValResult) -> None:
         v = self._runs[name].plan.run_config.validation
         self._runs[name].progress.apply(event, v.metric, v.metric_mode)
-        self._emit(event)
+        self._emit_validation(event)
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
-        self._emit(event)
+        self._emit_validation(event)
         if self._runs[name].state in LIVE:
             self.stop(name, reason=event.reason)
 
@@ -413,10 +433,12 @@ class Supervisor:
         self._check_finished()
 
     def _check_finished(self) -> None:
-        if self._finished_sent or not self._runs or self._rundir is None:
+        if self._finished_sent or not self._runs or self._rundir is None or self._validation.stopping:
             return
         training_done = all(r.state.final for r in self._runs.values())
         if training_done and (self._closing or not self._validation.pending(training_done=True)):
+            if self._closing:
+                self._validation.abandon(SESSION_ENDED)  # never scored: say so before the end
             statuses = {n: r.state.value for n, r in self._runs.items()}
             self._finished_sent = True
             self._emit(RunFinished(ok=all(s == "completed" for s in statuses.values()), statuses=statuses))
@@ -425,3 +447,9 @@ class Supervisor:
 
     def _emit(self, event: Event) -> None:
         self._bus.publish(event)
+
+    def _emit_validation(self, event: Event) -> None:
+        """The validator's news; once the run has finished nothing more is written (readers take
+        run_finished to be the last event), so what arrives later is not kept."""
+        if not self._finished_sent:
+            self._emit(event)

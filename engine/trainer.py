@@ -26,6 +26,22 @@ from torchherd.engine.progress import better
 from torchherd.engine.task import Task
 
 
+class LossError(Exception):
+    """The task's loss_fn raised; the message names what it was given."""
+
+
+def _shape(value: Any) -> str:
+    if torch.is_tensor(value):
+        return f"{str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
+    return type(value).__name__
+
+
+def describe_loss_failure(exc: Exception, outputs: Any, targets: Any) -> str:
+    """'loss_fn(outputs, targets) raised ...; outputs float32 [32, 3], targets float32 [32, 1]'."""
+    return (f"loss_fn(outputs, targets) raised {type(exc).__name__}: {exc}; "
+            f"outputs {_shape(outputs)}, targets {_shape(targets)}")
+
+
 class Trainer:
     """Trains one pipeline in this process; `run()` returns the worker's exit code."""
 
@@ -191,7 +207,11 @@ class Trainer:
                 inputs = inputs.to(self.device, non_blocking=self.non_blocking)
                 targets = targets.to(self.device, non_blocking=self.non_blocking)
                 with self.autocast():
-                    loss = self.task.loss_fn(self.train_model(inputs), targets)
+                    outputs = self.train_model(inputs)
+                    try:
+                        loss = self.task.loss_fn(outputs, targets)
+                    except Exception as exc:
+                        raise LossError(describe_loss_failure(exc, outputs, targets)) from exc
                 scaled = loss / accum if accum > 1 else loss
                 if self.scaler is not None:
                     self.scaler.scale(scaled).backward()

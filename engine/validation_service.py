@@ -26,6 +26,7 @@ DRAIN = 120.0  # seconds the run waits, all training done, for results that make
 HEALTHY = 60.0  # seconds of uptime after which a validator death resets the backoff
 GIVE_UP = 3  # validator deaths in a row after which the run no longer waits for results
 SKIPPED_NEWER = "a newer snapshot was validated first"
+SESSION_ENDED = "the session ended before the validator scored it"
 
 
 @dataclass
@@ -80,6 +81,8 @@ class ValidationService:
         self.started_mono = 0.0
         self.last_result = time.monotonic()  # when the validator last reported
         self.drain_start: float | None = None  # when training ended with results still to come
+        self.stopping = False  # stop() is delivering the validator's last results
+        self.closed = False  # stopped for good: never restarted
 
     # ------------------------------------------------------------ pipelines
 
@@ -110,7 +113,7 @@ class ValidationService:
 
     def pending(self, training_done: bool) -> bool:
         """Whether results are still to come that the run should wait for."""
-        if self.plan is None or self.failures >= GIVE_UP:
+        if self.plan is None or self.closed or self.failures >= GIVE_UP:
             return False  # no validator, or one that keeps dying: the run must still end
         waiting = {n: l for n, l in self.ledgers.items() if l.waiting}
         if not waiting:
@@ -137,7 +140,7 @@ class ValidationService:
 
     def tick(self, now: float) -> None:
         """Notice a dead validator, and restart it once its backoff is over."""
-        if self.plan is None:
+        if self.plan is None or self.closed:
             return
         if self.handle is not None:
             code = self.handle.poll()
@@ -147,17 +150,25 @@ class ValidationService:
             self._launch()
 
     async def stop(self, timeout: float = 5.0) -> None:
-        """Ask the validator to finish and wait up to `timeout` seconds; its last results are delivered."""
+        """Ask the validator to finish and wait up to `timeout` seconds; its last results are delivered.
+
+        It is not restarted afterwards.
+        """
+        self.closed = True
         handle = self.handle
         if handle is None:
             return
-        handle.send(Stop(reason="shutdown"))
-        end = time.monotonic() + timeout
-        while handle.poll() is None and time.monotonic() < end:
-            await asyncio.sleep(0.02)
-        self._events(handle, handle.drain())
-        handle.close()
-        self.handle = None
+        self.stopping = True
+        try:
+            handle.send(Stop(reason="shutdown"))
+            end = time.monotonic() + timeout
+            while handle.poll() is None and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+            self._events(handle, handle.drain())
+            handle.close()
+            self.handle = None
+        finally:
+            self.stopping = False
 
     def _launch(self) -> None:
         assert self.plan is not None

@@ -40,6 +40,7 @@ def run(spec: WorkerSpec, sender: StatusSender, receiver: ControlReceiver) -> in
     """Train one attempt of a pipeline; returns the worker's exit code."""
     name = spec.name
     where = "build"
+    control = None
     try:
         import torch
 
@@ -65,5 +66,6 @@ def run(spec: WorkerSpec, sender: StatusSender, receiver: ControlReceiver) -> in
         error = f"{type(exc).__name__}: {exc}"
         if "out of memory" in str(exc).lower():
             error = f"CUDA out of memory: {exc}"
-        sender.send(WorkerError(pipeline=name, error=error, traceback=tb, where=where))
+        sender.send(WorkerError(pipeline=name, error=error, traceback=tb, where=where,
+                                step=control.step if control is not None else -1))
         return EXIT_ERROR

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from torchherd.engine.devices import Inventory
-from torchherd.engine.messages import Pause, Resume, Stop, TrainingStarted, WorkerRestarting
+from torchherd.engine.messages import Heartbeat, Pause, Resume, Stop, TrainingStarted, WorkerRestarting
 from torchherd.engine.states import WorkerState
 from torchherd.engine.supervisor import Supervisor
 from tests.conftest import make_config
@@ -33,7 +33,10 @@ async def test_crashes_restart_with_backoff_until_the_budget_is_spent(tmp_path, 
     await sup.start()
     for attempt in range(3):
         await until(lambda: len(launcher.handles) == attempt + 1)
-        launcher.handles[-1].code = 1  # crash
+        # A crash after training a step (dying before it would be a failed start).
+        launcher.handles[-1].exit(1, [TrainingStarted(pipeline="a", epoch=0, step=0, epochs_total=1,
+                                                      steps_per_epoch=9, device="cpu", parameters=1),
+                                      Heartbeat(pipeline="a", step=1)])
     await until(lambda: sup.finished)
     assert sup.view("a").state == WorkerState.FAILED
     assert sup.view("a").restarts == 2 and len(launcher.handles) == 3

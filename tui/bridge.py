@@ -68,7 +68,8 @@ class PastRun:
     started: float  # seconds since the epoch
     status: str
     pipelines: tuple[str, ...]
-    resumable: bool = False  # unfinished and nobody runs it (its torchherd died)
+    resumable: bool = False  # some pipeline did not complete, and nobody runs it
+    to_resume: tuple[str, ...] = ()  # the pipelines resuming would carry on
 
 
 def list_past_runs(runs_dir: Path) -> list[PastRun]:
@@ -76,7 +77,7 @@ def list_past_runs(runs_dir: Path) -> list[PastRun]:
     from torchherd.engine.rundir import list_runs
 
     try:
-        return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines), r.resumable)
+        return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines), r.resumable, r.to_resume)
                 for r in list_runs(runs_dir)]
     except OSError:
         return []

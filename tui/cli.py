@@ -13,7 +13,7 @@ from pathlib import Path
 USAGE = """torchherd [DIR|CONFIG]                      open the app on a folder of configs (default ./sample_configs)
        torchherd run CONFIG [--headless] [--runs-dir DIR]
        torchherd check CONFIG [--probe]
-       torchherd resume RUN_DIR [--headless]      carry on an unfinished run from its checkpoints"""
+       torchherd resume RUN_DIR [--headless] [--only NAME]   carry on what did not complete"""
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -54,14 +54,21 @@ def _resume(args: argparse.Namespace) -> int:
     if summary.live:
         print(f"torchherd: {run_dir}: another torchherd process is still running it", file=sys.stderr)
         return 2
-    if summary.status != "unfinished":
-        print(f"torchherd: {run_dir}: already finished ({summary.status}); nothing to resume", file=sys.stderr)
+    only = [n for part in args.only or [] for n in part.split(",") if n]
+    unknown = [n for n in only if n not in summary.pipelines]
+    if unknown:
+        print(f"torchherd: {run_dir}: --only {', '.join(unknown)}: no such pipeline (it has "
+              f"{', '.join(summary.pipelines)})", file=sys.stderr)
+        return 2
+    if not summary.to_resume or (only and not set(only) & set(summary.to_resume)):
+        print(f"torchherd: {run_dir}: every pipeline {'named ' if only else ''}completed; nothing to resume",
+              file=sys.stderr)
         return 2
     if not args.headless:
         from torchherd.tui.app import run_app
 
         return run_app(run_dir, None, launch=True)
-    return asyncio.run(run_headless(None, supervisor=Supervisor.resume_run(run_dir)))
+    return asyncio.run(run_headless(None, supervisor=Supervisor.resume_run(run_dir, only=only or None)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check", help="validate a config and say what would launch where")
     check.add_argument("config")
     check.add_argument("--probe", action="store_true", help="also build every task in a fresh process")
-    resume = sub.add_parser("resume", help="carry on an unfinished run from its checkpoints")
+    resume = sub.add_parser("resume", help="carry on every pipeline of a run that did not complete, "
+                                           "from its checkpoints")
     resume.add_argument("run_dir")
+    resume.add_argument("--only", action="append", metavar="NAME",
+                        help="resume only these pipelines (repeat, or separate with commas)")
     resume.add_argument("--headless", action="store_true", help="no screen: print one line per event")
     if argv and argv[0] in ("run", "check", "resume", "-h", "--help"):
         args = parser.parse_args(argv)

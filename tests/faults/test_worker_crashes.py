@@ -2,7 +2,7 @@
 
 One run holds one pipeline per kind of crash beside a calm one: each crash is
 reported with its cause, the pipeline restarts from its checkpoint and completes
-(the crash loop fails once its budget is spent), and the calm pipeline is not
+(the crash loop fails once it repeats itself), and the calm pipeline is not
 touched by any of it.
 """
 from __future__ import annotations
@@ -105,14 +105,16 @@ def test_cuda_oom_is_named_as_such(crash_run):
     assert_restarted_once_and_completed(events, "oom")
 
 
-def test_crash_loop_spends_the_budget_and_fails_with_the_last_error(crash_run):
+def test_a_crash_that_repeats_at_the_same_step_fails_at_once(crash_run):
+    # The same exception at the same step twice in a row is deterministic: a third attempt (and the
+    # rest of the budget) would only repeat it. The budget itself is covered by the scripted tests.
     sup, events, _ = crash_run
-    assert [e.attempt for e in of(events, WorkerStarted, "loop")] == [1, 2, 3]
-    assert [e.restarts_left for e in of(events, WorkerRestarting, "loop")] == [1, 0]
+    assert [e.attempt for e in of(events, WorkerStarted, "loop")] == [1, 2]
+    assert [e.restarts_left for e in of(events, WorkerRestarting, "loop")] == [1]
     assert all(e.exit_code == 1 and e.reason == "crashed" for e in of(events, WorkerExited, "loop"))
     final = of(events, PipelineFinished, "loop")[0]
     assert final.status == "failed"
-    assert "RuntimeError: faulty task exploded on purpose" in final.reason and "budget" in final.reason
+    assert "RuntimeError: faulty task exploded on purpose" in final.reason and "twice in a row" in final.reason
 
 
 def test_the_calm_pipeline_is_untouched(crash_run):

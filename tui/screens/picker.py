@@ -82,7 +82,7 @@ class PickerScreen(Screen[PickerResult]):
             choices.add_option(Option(Text("past runs", style="bold"), disabled=True))
             for i, run in enumerate(self.runs):
                 when = time.strftime("%m-%d %H:%M", time.localtime(run.started))
-                status = "unfinished: r resumes" if run.resumable else run.status
+                status = f"{run.status}: r resumes" if run.resumable else run.status
                 choices.add_option(Option(f"  {run.run_id}\n    [dim]{when} {status}[/dim]", id=f"run:{i}"))
         first = 1
         if self.initial is not None and self.initial.resolve() in [p.resolve() for p in self.configs]:
@@ -171,12 +171,12 @@ class PickerScreen(Screen[PickerResult]):
         self.query_one("#source-scroll").border_title = "past run"
         hint = "enter opens it read-only in the dashboard"
         if run.resumable and not self.adding:
-            hint = ("its torchherd stopped before it finished: r resumes it from its checkpoints, "
-                    "enter opens it read-only")
+            hint = (f"r resumes {', '.join(run.to_resume)} from their checkpoints (completed pipelines "
+                    "stay as they are); enter opens it read-only")
         self.query_one("#verdict", Static).update(Text(hint, style="dim"))
 
     def action_resume(self) -> None:
-        """Carry on the highlighted unfinished run from its checkpoints."""
+        """Carry on the highlighted run's pipelines that did not complete, from their checkpoints."""
         choices = self.query_one(OptionList)
         option = choices.get_option_at_index(choices.highlighted) if choices.highlighted is not None else None
         chosen = self._chosen(option.id if option is not None else None)
