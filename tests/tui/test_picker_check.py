@@ -12,6 +12,7 @@ from textual.widgets import OptionList
 from textual.widgets._footer import FooterKey
 
 from torchherd.tui.app import TorchherdApp
+from torchherd.tui.cli import check_then_launch_app
 from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.picker import PickerScreen
 
@@ -65,6 +66,20 @@ async def test_picker_builds_the_tasks_and_refuses_a_config_torchherd_run_refuse
         await pilot.pause()
         assert isinstance(app.screen, PickerScreen) and FakeSupervisor.instances == []
         assert any("cannot be launched" in n.message for n in app._notifications)
+
+
+# Regression: `torchherd run CONFIG` showed a blank screen for about 10 s while it built the tasks.
+async def test_torchherd_run_opens_on_the_check_and_then_launches(tmp_path: Path, runs_dir):
+    gate = gated_task(tmp_path, "from tiny import build\n")
+    FakeSupervisor.instances.clear()
+    app = check_then_launch_app(config(tmp_path), runs_dir, factory=FakeSupervisor)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "checking 1 task" in verdict(app), timeout=30, what="checking screen")
+        assert isinstance(app.screen, PickerScreen) and "torchherd run: checking run.toml" in \
+            str(app.screen.query_one("#title").content)
+        gate.touch()
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), timeout=60, what="dashboard")
+        assert [p.name for p in FakeSupervisor.instances[0].config.pipelines] == ["a"]
 
 
 async def test_launch_more_footer_does_not_offer_resume(tmp_path: Path, runs_dir, make_app):
