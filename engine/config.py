@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 BUILTIN_TASKS = ("regression", "digits")
+# Run and pipeline names become folder names, so no '/', no leading '.', nothing that climbs out.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NAME_RULE = "must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit (it names a folder)"
 
 
 def display_path(path: str | os.PathLike[str]) -> str:
@@ -24,6 +28,12 @@ def display_path(path: str | os.PathLike[str]) -> str:
     if full == cwd or full.startswith(cwd.rstrip(os.sep) + os.sep):
         return os.path.relpath(full, cwd)
     return full
+
+
+def _check_name(value: str) -> str:
+    if not re.fullmatch(NAME_PATTERN, value):
+        raise ValueError(f"{NAME_RULE} (got {value!r})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -93,10 +103,14 @@ class PipelineSettings(_Strict):
 class Pipeline(PipelineSettings):
     """One independent training pipeline."""
 
-    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
-        "Unique name; also the pipeline's folder in the run directory."))
+    name: str = Field(..., description="Unique name; also the pipeline's folder in the run directory.")
     task: str = Field(..., description=PipelineSettings.model_fields["task"].description)
     task_ref: str = Field("", description="The task as resolved (absolute file path); filled in by the loader.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v)
 
 
 class DevicesConfig(_Strict):
@@ -184,7 +198,9 @@ class TelemetryConfig(_Strict):
 class RunConfig(_Strict):
     """A whole torchherd config file."""
 
-    name: str = Field("", description="Name of the run; defaults to the file name.")
+    name: str = Field("", description=(
+        "Name of the run, the start of its folder's name (letters, digits, '_', '.', '-'); defaults to the "
+        "file name."))
     runs_dir: str = Field("runs", description="Where run directories go (relative to the working directory).")
     defaults: PipelineSettings = Field(default_factory=PipelineSettings, description=(
         "Settings every pipeline inherits unless it sets its own."))
@@ -194,6 +210,12 @@ class RunConfig(_Strict):
     restart: RestartConfig = Field(default_factory=RestartConfig, description="Restart policy.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="Telemetry sampling.")
     source: str = Field("", description="The file this config was read from; filled in by the loader.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return v if v == "" else _check_name(v)  # "": the file's name is used
+
 
 # ------------------------------------------------------------------ loading
 
