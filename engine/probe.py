@@ -17,7 +17,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from torchherd.engine.config import BUILTIN_TASKS, Problem, RunConfig, display_path

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rich.syntax import Syntax
 from rich.text import Text
@@ -32,7 +33,8 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-def build_tasks(path: Path, check: ConfigCheck, worker: Worker, progress) -> ConfigCheck | None:
+def build_tasks(path: Path, check: ConfigCheck, worker: Worker,
+                progress: Callable[[int, int], None]) -> ConfigCheck | None:
     """`check` with the verdict of building `path`'s tasks in a fresh process; None if cancelled.
 
     Blocking: call it from a thread worker. `progress(built, total)` is called as tasks finish.
@@ -51,6 +53,8 @@ def build_tasks(path: Path, check: ConfigCheck, worker: Worker, progress) -> Con
         problems = probe_tasks(config, on_progress=progress, cancelled=lambda: worker.is_cancelled)
     except ProbeCancelled:
         return None
+    except OSError as exc:  # could not start the probe process at all
+        return ConfigCheck(path, check.text, False, problems=[f"{path}: cannot build the tasks: {exc}"])
     if problems:
         return ConfigCheck(path, check.text, False, problems=[str(p) for p in problems])
     return check
