@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,24 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 BUILTIN_TASKS = ("regression", "digits")
+# Run and pipeline names become folder names, so no '/', no leading '.', nothing that climbs out.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NAME_RULE = "must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit (it names a folder)"
+
+
+def display_path(path: str | os.PathLike[str]) -> str:
+    """`path` as problems show it: relative to the working directory when under it, else absolute."""
+    full = os.path.abspath(path)
+    cwd = os.getcwd()
+    if full == cwd or full.startswith(cwd.rstrip(os.sep) + os.sep):
+        return os.path.relpath(full, cwd)
+    return full
+
+
+def _check_name(value: str) -> str:
+    if not re.fullmatch(NAME_PATTERN, value):
+        raise ValueError(f"{NAME_RULE} (got {value!r})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -84,10 +103,14 @@ class PipelineSettings(_Strict):
 class Pipeline(PipelineSettings):
     """One independent training pipeline."""
 
-    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
-        "Unique name; also the pipeline's folder in the run directory."))
+    name: str = Field(..., description="Unique name; also the pipeline's folder in the run directory.")
     task: str = Field(..., description=PipelineSettings.model_fields["task"].description)
     task_ref: str = Field("", description="The task as resolved (absolute file path); filled in by the loader.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v)
 
     @property
     def kind(self) -> str:
@@ -180,7 +203,9 @@ class TelemetryConfig(_Strict):
 class RunConfig(_Strict):
     """A whole torchherd config file."""
 
-    name: str = Field("", description="Name of the run; defaults to the file name.")
+    name: str = Field("", description=(
+        "Name of the run, the start of its folder's name (letters, digits, '_', '.', '-'); defaults to the "
+        "file name."))
     runs_dir: str = Field("runs", description="Where run directories go (relative to the working directory).")
     defaults: PipelineSettings = Field(default_factory=PipelineSettings, description=(
         "Settings every pipeline inherits unless it sets its own."))
@@ -190,6 +215,11 @@ class RunConfig(_Strict):
     restart: RestartConfig = Field(default_factory=RestartConfig, description="Restart policy.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="Telemetry sampling.")
     source: str = Field("", description="The file this config was read from; filled in by the loader.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return v if v == "" else _check_name(v)  # "": the file's name is used
 
 
 # ------------------------------------------------------------------ loading
@@ -273,7 +303,7 @@ def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
         if not path.is_absolute():
             path = (base_dir / path).resolve()
         if not path.is_file():
-            return task, f"task file not found: {path}"
+            return task, f"task file not found: {display_path(path)}"
         return f"{path}:{attr}", None
     import importlib.util
     try:
@@ -288,26 +318,27 @@ def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
 def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) -> RunConfig:
     """Validate a decoded TOML document; raise ConfigError naming every problem."""
     base_dir = base_dir or Path(file).resolve().parent
+    shown = display_path(file)  # one path style in every problem, whether from here or from the probe
     problems: list[Problem] = []
     raw = dict(data)
     raw_defaults = raw.get("defaults", {})
     raw_pipelines = raw.get("pipelines")
     if not isinstance(raw_defaults, dict):
-        problems.append(Problem(file, "defaults", "must be a table ([defaults])"))
+        problems.append(Problem(shown, "defaults", "must be a table ([defaults])"))
         raw_defaults = {}
     try:
         PipelineSettings.model_validate(raw_defaults)
     except ValidationError as exc:
-        problems += _problems(exc, file, RunConfig, ("defaults",))
+        problems += _problems(exc, shown, RunConfig, ("defaults",))
 
     if raw_pipelines is None:
-        problems.append(Problem(file, "pipelines", "no pipelines: add at least one [[pipelines]] table"))
+        problems.append(Problem(shown, "pipelines", "no pipelines: add at least one [[pipelines]] table"))
         raw_pipelines = []
     elif not isinstance(raw_pipelines, list) or not all(isinstance(p, dict) for p in raw_pipelines):
-        problems.append(Problem(file, "pipelines", "must be an array of tables ([[pipelines]])"))
+        problems.append(Problem(shown, "pipelines", "must be an array of tables ([[pipelines]])"))
         raw_pipelines = []
     elif not raw_pipelines:
-        problems.append(Problem(file, "pipelines", "no pipelines: add at least one [[pipelines]] table"))
+        problems.append(Problem(shown, "pipelines", "no pipelines: add at least one [[pipelines]] table"))
 
     merged_pipelines = []
     names: dict[str, int] = {}
@@ -319,23 +350,23 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
         try:
             model = Pipeline.model_validate(merged)
         except ValidationError as exc:
-            for p in _problems(exc, file, RunConfig, ("pipelines", i)):
+            for p in _problems(exc, shown, RunConfig, ("pipelines", i)):
                 key = p.key.split(".", 1)[1] if "." in p.key else ""
                 if key.split("[")[0] in raw_defaults and key.split("[")[0] not in pipe:
                     continue  # reported once, under [defaults]
                 if key == "task" and p.message == "required key is missing":
-                    p = Problem(file, p.key, "required key is missing (set it here or in [defaults])")
+                    p = Problem(shown, p.key, "required key is missing (set it here or in [defaults])")
                 problems.append(p)
             merged_pipelines.append(None)
             continue
         if model.name in names:
-            problems.append(Problem(file, f"pipelines[{i}].name",
+            problems.append(Problem(shown, f"pipelines[{i}].name",
                                     f"duplicate name {model.name!r} (also pipelines[{names[model.name]}])"))
         names[model.name] = i
         ref, err = resolve_task(model.task, base_dir)
         if err:
             where = f"pipelines[{i}].task" if "task" in pipe else "defaults.task"
-            problem = Problem(file, where, err)
+            problem = Problem(shown, where, err)
             if problem not in problems:
                 problems.append(problem)
         merged_pipelines.append(model.model_copy(update={"task_ref": ref}))
@@ -344,7 +375,7 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
     try:
         top = RunConfig.model_validate({**rest, "pipelines": [{"name": "x", "task": "regression"}]})
     except ValidationError as exc:
-        problems += _problems(exc, file, RunConfig)
+        problems += _problems(exc, shown, RunConfig)
         top = None
     if problems:
         raise ConfigError(problems)
@@ -361,16 +392,17 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
 def load_config(path: str | os.PathLike[str]) -> RunConfig:
     """Read and validate a torchherd TOML file."""
     file = str(path)
+    shown = display_path(file)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError([Problem(file, "", "file not found")]) from None
+        raise ConfigError([Problem(shown, "", "file not found")]) from None
     except OSError as exc:
-        raise ConfigError([Problem(file, "", f"cannot read: {exc.strerror}")]) from None
+        raise ConfigError([Problem(shown, "", f"cannot read: {exc.strerror}")]) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([Problem(file, "", f"TOML syntax error: {exc}")]) from None
+        raise ConfigError([Problem(shown, "", f"TOML syntax error: {exc}")]) from None
     return parse_config(data, file, Path(path).resolve().parent)
 
 

@@ -1,71 +1,199 @@
 """Task preflight: build every pipeline's task in a fresh interpreter and report what fails.
 
 `probe_tasks(config)` runs `python -m torchherd.engine.probe` so user code never runs (or
-prints) in the supervisor's process, and returns one Problem per broken pipeline.
+prints) in the supervisor's process, and returns the problems found. Each distinct
+(task, params) is built once; its verdict is cached until the task file changes, so the
+picker can ask again on every highlight. The caller may watch progress and cancel.
 """
 from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
-from pathlib import Path
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
 
-from torchherd.engine.config import Problem, RunConfig
+from torchherd.engine.config import BUILTIN_TASKS, Problem, RunConfig, display_path
 from torchherd.engine.launcher import python_module_command
 
+PREFIX = "TORCHHERD-PROBE "
+POLL = 0.1  # seconds between looks at the cancel flag while the probe runs
 
 
-def probe_tasks(config: RunConfig, timeout: float = 180.0) -> list[Problem]:
-    """Problems found building each distinct (task, params) of `config`; empty if all build."""
-    jobs = []
-    seen = set()
-    for i, p in enumerate(config.pipelines):
-        key = (p.task_ref or p.task, json.dumps(p.params, sort_keys=True))
-        if key in seen:
-            continue
-        seen.add(key)
-        jobs.append({"index": i, "ref": key[0], "params": p.params})
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+class ProbeCancelled(Exception):
+    """The caller cancelled the probe; its process was killed."""
+
+
+@dataclass(frozen=True)
+class ProbeJob:
+    """One distinct (task, params) to build, and the pipelines that use it."""
+
+    ref: str
+    params: str  # JSON, keys sorted
+    pipelines: tuple[int, ...]
+    stamp: tuple[str, int, int] | None  # (file, mtime ns, size bytes) of the task's source, if known
+
+    @property
+    def key(self) -> tuple:
+        return (self.ref, self.params, self.stamp)
+
+
+_CACHE: dict[tuple, str] = {}  # job key -> error ("" when it built)
+_CACHE_LOCK = threading.Lock()
+
+
+def _stamp(ref: str) -> tuple[str, int, int] | None:
+    target = ref.rpartition(":")[0]
+    path: str | None = target if target.endswith(".py") else None
+    if path is None and ref not in BUILTIN_TASKS:
+        import importlib.util
+        try:
+            spec = importlib.util.find_spec(target)
+            path = spec.origin if spec is not None else None
+        except (ImportError, ValueError):
+            path = None
+    if path is None:
+        return None
     try:
-        proc = subprocess.run(python_module_command("torchherd.engine.probe"), input=json.dumps(jobs), env=env,
-                              capture_output=True, text=True, timeout=timeout, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return [Problem(config.source, "pipelines", f"building the tasks took longer than {timeout:g}s")]
-    results = None
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("TORCHHERD-PROBE "):
-            results = json.loads(line[len("TORCHHERD-PROBE "):])
-            break
-    if results is None:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        return [Problem(config.source, "pipelines", "building the tasks crashed: " + " | ".join(tail))]
-    problems = []
-    for r in results:
-        if r["error"]:
-            i = r["index"]
-            where = f"pipelines[{i}].task"
-            problems.append(Problem(config.source, where, r["error"]))
-    return problems
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (path, st.st_mtime_ns, st.st_size)
+
+
+def plan_jobs(config: RunConfig) -> list[ProbeJob]:
+    """The distinct (task, params) of `config`, in pipeline order."""
+    grouped: dict[tuple[str, str], list[int]] = {}
+    for i, p in enumerate(config.pipelines):
+        grouped.setdefault((p.task_ref or p.task, json.dumps(p.params, sort_keys=True)), []).append(i)
+    return [ProbeJob(ref, params, tuple(idx), _stamp(ref)) for (ref, params), idx in grouped.items()]
+
+
+def pending_jobs(config: RunConfig) -> list[ProbeJob]:
+    """The jobs whose verdict is not cached: what a probe of `config` would build now."""
+    with _CACHE_LOCK:
+        return [job for job in plan_jobs(config) if job.key not in _CACHE]
+
+
+def probe_tasks(config: RunConfig, timeout: float = 180.0,
+                on_progress: Callable[[int, int], None] | None = None,
+                cancelled: Callable[[], bool] | None = None) -> list[Problem]:
+    """Problems found building each distinct (task, params) of `config`; empty if all build.
+
+    `on_progress(built, total)` is called as tasks finish; `cancelled()` is polled and, once
+    true, the probe process is killed and ProbeCancelled raised.
+    """
+    from torchherd.engine.check import task_problems
+
+    jobs = plan_jobs(config)
+    with _CACHE_LOCK:
+        todo = [job for job in jobs if job.key not in _CACHE]
+    file = display_path(config.source) if config.source else ""
+    if todo:
+        results, failure = _run(todo, timeout, on_progress, cancelled)
+        if failure:
+            return [Problem(file, "pipelines", failure)]
+        with _CACHE_LOCK:
+            for job, error in zip(todo, results):
+                _CACHE[job.key] = error
+    errors = {}
+    with _CACHE_LOCK:
+        for job in jobs:
+            error = _CACHE.get(job.key, "")
+            if error:
+                for i in job.pipelines:
+                    errors[i] = _shorten(error, job.ref)
+    return task_problems(config, errors)
+
+
+def _shorten(error: str, ref: str) -> str:
+    """The task file as problems show paths (relative to the working directory when under it)."""
+    target = ref.rpartition(":")[0]
+    return error.replace(target, display_path(target)) if target.endswith(".py") else error
+
+
+def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int], None] | None,
+         cancelled: Callable[[], bool] | None) -> tuple[list[str], str]:
+    """(an error or "" per job, a failure of the probe itself or "")."""
+    payload = json.dumps([{"id": k, "ref": job.ref, "params": json.loads(job.params)} for k, job in enumerate(jobs)])
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    lines: queue.Queue[str | None] = queue.Queue()
+    results: dict[int, str] = {}
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
+        proc = subprocess.Popen(python_module_command("torchherd.engine.probe"), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, start_new_session=True)
+        try:
+            reader = threading.Thread(target=_read_lines, args=(proc, payload, lines), daemon=True)
+            reader.start()
+            deadline = time.monotonic() + timeout
+            while True:
+                if cancelled is not None and cancelled():
+                    raise ProbeCancelled()
+                if time.monotonic() > deadline:
+                    return [], f"building the tasks took longer than {timeout:g}s"
+                try:
+                    line = lines.get(timeout=POLL)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    break
+                if line.startswith(PREFIX):
+                    result = json.loads(line[len(PREFIX):])
+                    results[result["id"]] = result["error"]
+                    if on_progress is not None:
+                        on_progress(len(results), len(jobs))
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # its own session: the user's code and anything it spawned
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        if len(results) < len(jobs):
+            stderr.seek(0)
+            tail = stderr.read().strip().splitlines()[-5:]
+            return [], "building the tasks crashed: " + (" | ".join(tail) or f"exit code {proc.returncode}")
+    return [results[k] for k in range(len(jobs))], ""
+
+
+def _read_lines(proc: subprocess.Popen, payload: str, lines: queue.Queue) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(payload)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+    for line in proc.stdout:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
 
 
 def _main() -> None:
+    # Results go out on a copy of stdout; whatever the user's code prints goes to stderr instead.
+    results = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
     jobs = json.loads(sys.stdin.read())
     import torch
 
     from torchherd.engine.task import TaskError, build_task
 
     torch.set_num_threads(1)
-    out = []
     for job in jobs:
         try:
             build_task(job["ref"], job["params"])
-            out.append({"index": job["index"], "error": ""})
+            error = ""
         except TaskError as exc:
-            out.append({"index": job["index"], "error": str(exc)})
+            error = str(exc)
         except Exception as exc:
-            out.append({"index": job["index"], "error": f"{type(exc).__name__}: {exc}"})
-    print("TORCHHERD-PROBE " + json.dumps(out), flush=True)
+            error = f"{type(exc).__name__}: {exc}"
+        results.write(PREFIX + json.dumps({"id": job["id"], "error": error}) + "\n")
 
 
 if __name__ == "__main__":

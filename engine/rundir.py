@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import secrets
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,35 +39,72 @@ def dumps(record: dict[str, Any]) -> str:
     return json.dumps(clean, default=_json_default, separators=(",", ":"))
 
 
-def snapshot_root(run_id: str, run_dir: Path) -> Path:
-    """Where a run's weight snapshots live: RAM-backed /dev/shm when there is one, else the run directory."""
-    import os
+SNAPSHOT_MARKER = ".torchherd-snapshots"  # only torchherd writes it: stale cleanup touches nothing without it
+STALE_AFTER = 60.0  # seconds: a younger folder's owner may not have written its pid yet
 
+
+def snapshot_root(run_id: str, run_dir: Path) -> Path:
+    """Where a run's weight snapshots will live (claim_root creates it): RAM-backed /dev/shm when there
+    is one, else the run directory. The name ends in 64 random bits, so nobody can make it first."""
+    token = secrets.token_hex(8)
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"torchherd-{run_id}"
-    return run_dir / ".snapshots"
+        return shm / f"torchherd-{run_id}-{token}"
+    return run_dir / f".snapshots-{token}"
+
+
+def _ours(directory: Path) -> bool:
+    """A real folder (not a link) this user owns, holding torchherd's marker file, also ours."""
+    try:
+        st, marker = os.lstat(directory), os.lstat(directory / SNAPSHOT_MARKER)
+    except OSError:
+        return False
+    uid = os.getuid()
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and stat.S_ISREG(marker.st_mode) and marker.st_uid == uid
 
 
 def remove_root(root: Path) -> None:
-    shutil.rmtree(root, ignore_errors=True)
+    """Delete a snapshot folder claim_root made; anything else at that path is left alone."""
+    if _ours(root):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def remove_stale_roots(parent: Path, prefix: str) -> None:
+    """Free the snapshots of torchherd processes that died without (RAM a SIGKILLed supervisor never gave back).
+
+    Only folders named `prefix`* that this user owns and that carry the marker file are touched."""
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return
+    for other in entries:
+        if not other.name.startswith(prefix) or not _ours(other):
+            continue
+        try:
+            young = time.time() - other.lstat().st_mtime < STALE_AFTER
+        except OSError:
+            continue
+        if not young and not owner_alive(other):
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def claim_root(root: Path) -> None:
-    """Create `root` for this process, and free the snapshots of torchherd processes that died without."""
-    import os
-
-    import time
-
-    for other in root.parent.glob("torchherd-*"):
-        try:
-            young = time.time() - other.stat().st_mtime < 60  # seconds: its owner may not have written its pid yet
-        except OSError:
-            continue
-        if other != root and not young and not owner_alive(other):  # RAM a SIGKILLed supervisor never gave back
-            remove_root(other)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / PID_FILE).write_text(f"{os.getpid()}\n")
+    """Create `root` fresh and private (mode 0700), mark it as torchherd's and this process's, and free
+    stale ones. A path that already exists is never adopted: FileExistsError."""
+    remove_stale_roots(root.parent, "torchherd-" if root.name.startswith("torchherd-") else ".snapshots-")
+    if root.parent != Path("/dev/shm"):
+        root.parent.mkdir(parents=True, exist_ok=True)  # the run directory: ours
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        raise FileExistsError(f"{root} already exists: torchherd only uses a snapshot folder it has just "
+                              "created itself") from None
+    os.chmod(root, 0o700)  # whatever the umask
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    for name, text in ((SNAPSHOT_MARKER, "weight snapshots of a torchherd run\n"), (PID_FILE, f"{os.getpid()}\n")):
+        fd = os.open(root / name, flags, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
 
 
 def new_run_id(runs_dir: Path, name: str) -> str:

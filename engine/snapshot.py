@@ -81,7 +81,9 @@ class SnapshotWriter:
         # Optimizers update parameters in place, so these stay the live weights; a
         # state_dict() per hand-off would cost more than copying a small model.
         self.tensors = list(state.values())
-        directory.mkdir(parents=True, exist_ok=True)
+        # The run's snapshot root was made private (0700) by claim_root before any worker started; this
+        # pipeline's folder goes inside it, and a restarted worker finds its predecessor's folder there.
+        directory.mkdir(mode=0o700, exist_ok=True)
         header, fresh = _map(directory / "header", slots * FIELDS, torch.int64, create=True)
         header = header.view(slots, FIELDS)
         self.header = header.numpy()  # numpy stores into shared memory cost ~100 ns; torch indexing, microseconds

@@ -1,19 +1,69 @@
-"""The `torchherd` command: the app by default, `run` (with `--headless`) and `check`.
+"""The `torchherd` command: the app by default, `run` (with `--headless`), `resume` and `check`.
 
-`torchherd [DIR|CONFIG]` opens the app; `torchherd run CONFIG [--headless]
-[--runs-dir DIR]` runs a config; `torchherd check CONFIG` validates one.
+`torchherd [DIR|CONFIG] [--runs-dir DIR]` opens the app; `torchherd run CONFIG [--headless]
+[--runs-dir DIR]` runs a config; `torchherd resume RUN_DIR` carries one on; `torchherd check
+CONFIG [--probe]` validates one. `torchherd COMMAND -h` shows a command's own help.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
-USAGE = """torchherd [DIR|CONFIG]                      open the app on a folder of configs (default ./sample_configs)
+USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR]
        torchherd run CONFIG [--headless] [--runs-dir DIR]
-       torchherd check CONFIG [--probe]
-       torchherd resume RUN_DIR [--headless] [--only NAME]   carry on what did not complete"""
+       torchherd resume RUN_DIR [--headless] [--only NAME]
+       torchherd check CONFIG [--probe]"""
+
+COMMANDS = """commands:
+  run CONFIG        run a config: the dashboard, or with --headless one line per event
+  resume RUN_DIR    carry on every pipeline of a run that did not complete, from its checkpoints
+  check CONFIG      validate a config and say what would launch where (exit 2 if it cannot run)
+
+`torchherd COMMAND -h` shows a command's options."""
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The app's parser and one parser per command, each with its own clean usage line."""
+    app = argparse.ArgumentParser(
+        prog="torchherd", usage=USAGE, epilog=COMMANDS, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Supervise PyTorch training from a terminal.\n"
+                    "With no command, open the app: pick a config, watch it, steer it.")
+    app.add_argument("target", nargs="?", metavar="DIR|CONFIG",
+                     help="a folder of configs or one config file (default: ./sample_configs)")
+    app.add_argument("--runs-dir", metavar="DIR",
+                     help="where run directories go and past runs are found (default: ./runs)")
+
+    run = argparse.ArgumentParser(
+        prog="torchherd run", description="Check a config (every task is built once in a fresh process), "
+        "then run it: on the dashboard, or with --headless one line per event. Exit status: 0 every "
+        "pipeline completed, 1 one failed or was killed, 2 the config is invalid (nothing launched), "
+        "3 stopped before completing.")
+    run.add_argument("config", metavar="CONFIG", help="the TOML config to run")
+    run.add_argument("--headless", action="store_true", help="no screen: print one line per event")
+    run.add_argument("--runs-dir", metavar="DIR",
+                     help="where the run directory goes (overrides the config's runs_dir)")
+
+    resume = argparse.ArgumentParser(
+        prog="torchherd resume", description="Carry on every pipeline of a run that did not complete "
+        "(stopped, killed, failed, never started, or cut short when its torchherd died) from its "
+        "checkpoints, in the same run directory, with a fresh restart budget. Completed pipelines stay "
+        "as they are.")
+    resume.add_argument("run_dir", metavar="RUN_DIR", help="the run directory, e.g. runs/20250101-120000-digits")
+    resume.add_argument("--headless", action="store_true", help="no screen: print one line per event")
+    resume.add_argument("--only", action="append", metavar="NAME",
+                        help="resume only these pipelines (repeat, or separate with commas)")
+
+    check = argparse.ArgumentParser(
+        prog="torchherd check", description="Validate a config: 'ok' and what would launch where, or every "
+        "problem as 'file: key: what is wrong' (exit 2). Task files are read, not imported; --probe also "
+        "builds every task in a fresh process, as `torchherd run` does.")
+    check.add_argument("config", metavar="CONFIG", help="the TOML config to check")
+    check.add_argument("--probe", action="store_true", help="also build every task in a fresh process")
+    return app, {"run": run, "resume": resume, "check": check}
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -25,20 +75,63 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # headless lines count from here, not from when the run starts
     from torchherd.engine.check import check_config
-    from torchherd.tui.headless import EXIT_CONFIG, run_headless
+    from torchherd.tui.headless import EXIT_CONFIG, check_and_run
 
-    # Every pipeline's task is built once in a throwaway process first: a bad config launches nothing.
-    report = check_config(args.config, probe=True)
+    # The fast check first (milliseconds); building every task comes next, with progress shown:
+    # headless prints a line at once, the app opens on a checking screen.
+    report = check_config(args.config)
     if not report.ok:
         print(report.render(), file=sys.stderr)
         return EXIT_CONFIG
     assert report.config is not None
     if not args.headless:
-        from torchherd.tui.app import run_app
+        return _run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)
+    return check_and_run(report.config, args.runs_dir, start=started)
 
-        return run_app(Path(args.config), Path(args.runs_dir) if args.runs_dir else None, launch=True)
-    return asyncio.run(run_headless(report.config, args.runs_dir))
+
+def check_then_launch_app(config: Path, runs_dir: Path | None = None, **kwargs: Any) -> Any:
+    """The app for `torchherd run CONFIG`: its first picker opens at once on `config`, shows the tasks
+    being built and launches the config as soon as they all build (else it shows why not)."""
+    from torchherd.tui.app import TorchherdApp
+    from torchherd.tui.screens.picker import PickerScreen
+
+    class CheckThenLaunch(TorchherdApp):
+        first = True
+
+        def _picker(self, adding: bool) -> PickerScreen:
+            screen = super()._picker(adding)
+            if self.first and not adding:
+                screen.launch, self.first = True, False
+            return screen
+
+    return CheckThenLaunch(config, runs_dir, **kwargs)
+
+
+def _run_app_checked(config: Path, runs_dir: Path | None) -> int:
+    """Run the check-then-launch app; 0 only if every pipeline completed, 2 (problems on stderr) if the
+    check refused the config."""
+    from torchherd.engine.check import check_config
+    from torchherd.engine.probe import pending_jobs, probe_tasks
+    from torchherd.tui.headless import EXIT_CONFIG, EXIT_STOPPED
+
+    app = check_then_launch_app(config, runs_dir)
+    app.run()
+    if app.return_code:
+        return app.return_code
+    rows = list(app.bridge.state.rows.values())
+    if rows:
+        return 0 if all(r.state == "completed" for r in rows) else 1
+    report = check_config(config)
+    problems = report.problems
+    if report.ok and report.config is not None and not pending_jobs(report.config):
+        problems = probe_tasks(report.config)  # the verdict the picker showed, from the cache: instant
+    if problems:
+        print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''}:", file=sys.stderr)
+        print("\n".join(str(p) for p in problems), file=sys.stderr)
+        return EXIT_CONFIG
+    return EXIT_STOPPED  # quit before it launched
 
 
 def _resume(args: argparse.Namespace) -> int:
@@ -73,29 +166,11 @@ def _resume(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="torchherd", usage=USAGE,
-                                     description="Supervise PyTorch training from a terminal.")
-    sub = parser.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="run a config")
-    run.add_argument("config")
-    run.add_argument("--headless", action="store_true", help="no screen: print one line per event")
-    run.add_argument("--runs-dir", help="where the run directory goes (overrides the config's runs_dir)")
-    check = sub.add_parser("check", help="validate a config and say what would launch where")
-    check.add_argument("config")
-    check.add_argument("--probe", action="store_true", help="also build every task in a fresh process")
-    resume = sub.add_parser("resume", help="carry on every pipeline of a run that did not complete, "
-                                           "from its checkpoints")
-    resume.add_argument("run_dir")
-    resume.add_argument("--only", action="append", metavar="NAME",
-                        help="resume only these pipelines (repeat, or separate with commas)")
-    resume.add_argument("--headless", action="store_true", help="no screen: print one line per event")
-    if argv and argv[0] in ("run", "check", "resume", "-h", "--help"):
-        args = parser.parse_args(argv)
-        return {"run": _run, "check": _check, "resume": _resume}[args.command](args)
-    app = argparse.ArgumentParser(prog="torchherd", usage=USAGE)
-    app.add_argument("target", nargs="?", help="a folder of configs or one config file")
-    app.add_argument("--runs-dir", help="where run directories go")
-    args = app.parse_args(argv)
+    app_parser, commands = _parsers()
+    if argv and argv[0] in commands:
+        args = commands[argv[0]].parse_args(argv[1:])
+        return {"run": _run, "check": _check, "resume": _resume}[argv[0]](args)
+    args = app_parser.parse_args(argv)
     from torchherd.tui.app import run_app
 
     target = Path(args.target) if args.target else None

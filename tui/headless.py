@@ -1,7 +1,9 @@
 """`torchherd run CONFIG --headless`: run a config with no screen, one line per event worth reading.
 
-Ctrl-C once stops every pipeline gracefully (checkpoint, exit); twice kills them.
-SIGTERM and SIGHUP stop gracefully too. The exit status says how the run ended.
+`check_and_run` first builds every task once in a fresh process, saying so at once and how long it
+took; the clock in each line starts when the command does. Ctrl-C once stops every pipeline
+gracefully (checkpoint, exit); twice kills them. SIGTERM and SIGHUP stop gracefully too. The exit
+status says how the run ended.
 """
 from __future__ import annotations
 
@@ -30,15 +32,15 @@ def _fmt(value: float | None, spec: str = ".4f") -> str:
 class LinePrinter:
     """Turns events into the lines a person watching a headless run wants to read."""
 
-    def __init__(self, out: TextIO, metric: str = "val_loss"):
+    def __init__(self, out: TextIO, metric: str = "val_loss", start: float | None = None):
         self.out = out
         self.metric = metric
         self.val: dict[str, tuple[int, dict[str, float]]] = {}
         self.skipped: dict[str, int] = {}
         self.gone = False
-        self.start = time.monotonic()
+        self.start = time.monotonic() if start is None else start  # time.monotonic() seconds
 
-    def _line(self, text: str) -> None:
+    def line(self, text: str) -> None:
         elapsed = time.monotonic() - self.start
         self.write(f"[{elapsed:7.1f}s] {text}\n")
 
@@ -54,12 +56,12 @@ class LinePrinter:
 
     def handle(self, ev: Event) -> None:
         if isinstance(ev, RunStarted):
-            self._line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
+            self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
         elif isinstance(ev, WorkerStarted):
-            self._line(f"{ev.pipeline}: started pid {ev.pid} on {ev.device} (attempt {ev.attempt})")
+            self.line(f"{ev.pipeline}: started pid {ev.pid} on {ev.device} (attempt {ev.attempt})")
         elif isinstance(ev, Resumed):
             note = f" ({ev.note})" if ev.note else ""
-            self._line(f"{ev.pipeline}: resumed at epoch {ev.epoch} step {ev.step}{note}")
+            self.line(f"{ev.pipeline}: resumed at epoch {ev.epoch} step {ev.step}{note}")
         elif isinstance(ev, EpochEnd):
             val = self.val.get(ev.pipeline)
             val_text = "val -"
@@ -69,48 +71,48 @@ class LinePrinter:
                 val_text = f"val {_fmt(metrics.get('val_loss'))}" + (f" {extra}" if extra else "")
                 if epoch != ev.epoch:
                     val_text += f" (epoch {epoch + 1})"
-            self._line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} "
+            self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} "
                        f"{val_text} {ev.samples_per_s:,.0f} samples/s")
         elif isinstance(ev, ValResult) and ev.error:
-            self._line(f"{ev.pipeline}: validation failed: {ev.error} (training goes on)")
+            self.line(f"{ev.pipeline}: validation failed: {ev.error} (training goes on)")
             for line in ev.traceback.rstrip().splitlines()[-6:]:
                 self.write(f"    {line}\n")
         elif isinstance(ev, ValResult):
             self.val[ev.pipeline] = (ev.epoch, ev.metrics)
             if ev.mode != "inline":
                 skipped = self.skipped.pop(ev.pipeline, 0)
-                self._line(f"{ev.pipeline}: validated epoch {ev.epoch + 1} step {ev.step}: " +
+                self.line(f"{ev.pipeline}: validated epoch {ev.epoch + 1} step {ev.step}: " +
                            " ".join(f"{k} {v:.4f}" for k, v in ev.metrics.items()) +
                            f" ({ev.latency:.1f}s after hand-off" +
                            (f"; {skipped} older snapshot(s) skipped)" if skipped else ")"))
         elif isinstance(ev, SnapshotSkipped):
             self.skipped[ev.pipeline] = self.skipped.get(ev.pipeline, 0) + 1
         elif isinstance(ev, ValidatorStarted):
-            self._line(f"validator: started pid {ev.pid}, {ev.device} (attempt {ev.attempt})")
+            self.line(f"validator: started pid {ev.pid}, {ev.device} (attempt {ev.attempt})")
         elif isinstance(ev, EarlyStop):
-            self._line(f"{ev.pipeline}: {ev.reason}")
+            self.line(f"{ev.pipeline}: {ev.reason}")
         elif isinstance(ev, CheckpointSaved) and ev.reason in ("stop", "request"):
-            self._line(f"{ev.pipeline}: checkpoint {ev.path} (epoch {ev.epoch}, step {ev.step})")
+            self.line(f"{ev.pipeline}: checkpoint {ev.path} (epoch {ev.epoch}, step {ev.step})")
         elif isinstance(ev, WorkerError):
-            self._line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")
+            self.line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")
             if ev.traceback:
                 for line in ev.traceback.rstrip().splitlines():
                     self.write(f"    {line}\n")
         elif isinstance(ev, WorkerExited) and ev.reason in ("crashed", "failed"):
             how = f"signal {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
-            self._line(f"{ev.pipeline}: worker pid {ev.pid} {ev.reason} ({how}) after {ev.uptime:.1f}s")
+            self.line(f"{ev.pipeline}: worker pid {ev.pid} {ev.reason} ({how}) after {ev.uptime:.1f}s")
         elif isinstance(ev, WorkerRestarting):
-            self._line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "
+            self.line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "
                        f"{ev.restarts_left} restart(s) left): {ev.reason}")
         elif isinstance(ev, Notice):
             who = f"{ev.pipeline}: " if ev.pipeline else ""
-            self._line(f"{who}{ev.level}: {ev.text}")
+            self.line(f"{who}{ev.level}: {ev.text}")
         elif isinstance(ev, PipelineFinished):
             reason = f" ({ev.reason})" if ev.reason else ""
-            self._line(f"{ev.pipeline}: {ev.status}{reason}")
+            self.line(f"{ev.pipeline}: {ev.status}{reason}")
         elif isinstance(ev, RunFinished):
             summary = ", ".join(f"{k} {v}" for k, v in ev.statuses.items())
-            self._line(f"run finished: {summary}")
+            self.line(f"run finished: {summary}")
 
 
 def exit_status(statuses: dict[str, str]) -> int:
@@ -122,13 +124,44 @@ def exit_status(statuses: dict[str, str]) -> int:
     return EXIT_STOPPED
 
 
+def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = sys.stdout,
+                  err: TextIO = sys.stderr, start: float | None = None) -> int:
+    """Build every task of `config` once in a fresh process, then run it; returns the exit status.
+
+    A task that does not build launches nothing: the problems go to `err` and the status is EXIT_CONFIG.
+    Lines show seconds since `start` (time.monotonic(); default now), when the command began.
+    """
+    from torchherd.engine.probe import plan_jobs, probe_tasks
+
+    printer = LinePrinter(out, config.validation.metric, start)
+    tasks = len(plan_jobs(config))
+    noun = f"{tasks} task{'s' if tasks != 1 else ''}"
+    printer.line(f"checking {noun}: building each once in a fresh process ...")
+    try:
+        problems = probe_tasks(config)
+    except KeyboardInterrupt:  # the probe's process is gone already
+        printer.write("\ninterrupted while checking the tasks; nothing launched\n")
+        return EXIT_STOPPED
+    took = time.monotonic() - printer.start
+    if problems:
+        printer.line(f"checking failed after {took:.1f}s: nothing launched")
+        count = len(problems)
+        err.write(f"{count} problem{'s' if count != 1 else ''}:\n" + "".join(f"{p}\n" for p in problems))
+        err.flush()
+        return EXIT_CONFIG
+    printer.line(f"{noun} built in {took:.1f}s")
+    return asyncio.run(run_headless(config, runs_dir, out, printer=printer))
+
+
 async def run_headless(config: RunConfig | None, runs_dir: str | None = None, out: TextIO = sys.stdout,
-                       supervisor: Supervisor | None = None) -> int:
-    """Run `config` (or carry on `supervisor`'s run) to the end, printing to `out`; returns the exit status."""
+                       supervisor: Supervisor | None = None, printer: LinePrinter | None = None) -> int:
+    """Run `config` (or carry on `supervisor`'s run) to the end, printing to `out` (or through `printer`,
+    whose clock may have started earlier); returns the exit status."""
     if supervisor is None:
         assert config is not None
         supervisor = Supervisor(config, runs_dir=runs_dir)
-    printer = LinePrinter(out, supervisor.config.validation.metric)
+    if printer is None:
+        printer = LinePrinter(out, supervisor.config.validation.metric)
     stream = supervisor.subscribe()
     loop = asyncio.get_running_loop()
     interrupts = 0

@@ -71,7 +71,9 @@ async def launch_good(pilot) -> FakeSupervisor:
     await wait_for(pilot, lambda: ".toml" in _highlighted(pilot.app), what="configs listed")
     while "good.toml" not in _highlighted(pilot.app):
         await pilot.press("down")
-    await wait_for(pilot, lambda: any(p.name == "good.toml" for p in pilot.app.screen.checks), what="check result")
+    # The check builds the tasks in a fresh process (seconds, once per test session: it is cached).
+    await wait_for(pilot, lambda: any(p.name == "good.toml" for p in pilot.app.screen.checks), timeout=60,
+                   what="check result")
     await pilot.press("enter")
     await wait_for(pilot, lambda: isinstance(pilot.app.screen, DashboardScreen), what="dashboard")
     await pilot.pause()

@@ -38,7 +38,8 @@ async def test_picker_shows_check_and_refuses_invalid_config(make_app):
         assert isinstance(app.screen, PickerScreen)  # not launched
         assert any("cannot be launched" in n.message for n in app._notifications)
         await pilot.press("down")
-        await wait_for(pilot, lambda: "ready" in str(app.screen.query_one("#verdict").content), what="good checked")
+        await wait_for(pilot, lambda: "ready" in str(app.screen.query_one("#verdict").content), timeout=60,
+                       what="good checked")  # its tasks are built in a fresh process first
         assert "alpha: task regression" in str(app.screen.query_one("#verdict").content)
 
 
@@ -147,7 +148,8 @@ async def test_launch_more_adds_to_the_session(make_app):
         assert isinstance(app.screen, PickerScreen) and app.screen.adding
         await wait_for(pilot, lambda: app.screen.configs, what="configs listed")
         await pilot.press("down", "down")  # tiny.toml
-        await wait_for(pilot, lambda: any(p.name == "tiny.toml" for p in app.screen.checks), what="tiny checked")
+        await wait_for(pilot, lambda: any(p.name == "tiny.toml" for p in app.screen.checks), timeout=60,
+                       what="tiny checked")
         await pilot.press("enter")
         await wait_for(pilot, lambda: sup.added == ["tiny"], what="added")
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="back on dashboard")

@@ -66,7 +66,7 @@ def test_picker(snap_compare, make_app, fixed_machine, runs_dir):
         await wait_for(pilot, lambda: pilot.app.screen.configs, what="configs")
         await pilot.press("down")
         await wait_for(pilot, lambda: "ready" in str(pilot.app.screen.query_one("#verdict").content),
-                       what="check")
+                       timeout=60, what="check")
 
     from pathlib import Path
     assert snap_compare(make_app(Path("configs")), terminal_size=(100, 30), run_before=run_before)

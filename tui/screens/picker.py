@@ -1,13 +1,16 @@
 """The config picker: configs from a directory and past runs, the selected config highlighted and checked.
 
 It dismisses with ("launch", path) for a config that passed the check, ("open", run_dir) for a past
-run, or None. An invalid config cannot be launched: enter says why.
+run, ("resume", run_dir) for an unfinished one, or None. The check is the one `torchherd run` makes:
+the config, then every task built once in a fresh process (cached until a file changes), so a config
+`torchherd run` would refuse cannot be launched here either: enter says why.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rich.syntax import Syntax
 from rich.text import Text
@@ -19,10 +22,42 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
+from textual.worker import Worker, get_current_worker
 
 from torchherd.tui.bridge import ConfigCheck, PastRun, check_config_file, list_configs, list_past_runs
 
 PickerResult = tuple[str, Path] | None
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def build_tasks(path: Path, check: ConfigCheck, worker: Worker,
+                progress: Callable[[int, int], None]) -> ConfigCheck | None:
+    """`check` with the verdict of building `path`'s tasks in a fresh process; None if cancelled.
+
+    Blocking: call it from a thread worker. `progress(built, total)` is called as tasks finish.
+    """
+    from torchherd.engine.config import ConfigError, load_config
+    from torchherd.engine.probe import ProbeCancelled, pending_jobs, probe_tasks
+
+    try:
+        config = load_config(path)
+    except ConfigError as exc:  # changed on disk since the fast check
+        return ConfigCheck(path, check.text, False, problems=[str(p) for p in exc.problems])
+    total = len(pending_jobs(config))
+    if total:
+        progress(0, total)
+    try:
+        problems = probe_tasks(config, on_progress=progress, cancelled=lambda: worker.is_cancelled)
+    except ProbeCancelled:
+        return None
+    except OSError as exc:  # could not start the probe process at all
+        return ConfigCheck(path, check.text, False, problems=[f"{path}: cannot build the tasks: {exc}"])
+    if problems:
+        return ConfigCheck(path, check.text, False, problems=[str(p) for p in problems])
+    return check
 
 
 class PickerScreen(Screen[PickerResult]):
@@ -36,21 +71,38 @@ class PickerScreen(Screen[PickerResult]):
     class Listed(Message):
         configs: list[Path]
         runs: list[PastRun]
+        missing: bool = False  # the config folder does not exist
 
     @dataclass
     class Checked(Message):
+        """The whole verdict on a config: the fast check and, if that passed, its tasks built."""
+
         check: ConfigCheck
 
-    def __init__(self, directory: Path, runs_dir: Path, selected: Path | None = None, adding: bool = False):
+    @dataclass
+    class Building(Message):
+        """The fast check passed; `built` of `total` tasks are built so far."""
+
+        check: ConfigCheck
+        built: int
+        total: int
+
+    def __init__(self, directory: Path, runs_dir: Path, selected: Path | None = None, adding: bool = False,
+                 launch: bool = False):
         super().__init__()
         self.directory, self.runs_dir, self.initial, self.adding = directory, runs_dir, selected, adding
+        self.launch = launch  # `torchherd run CONFIG`: launch `selected` as soon as it passes the check
         self.configs: list[Path] = []
         self.runs: list[PastRun] = []
-        self.checks: dict[Path, ConfigCheck] = {}
+        self.checks: dict[Path, ConfigCheck] = {}  # final verdicts
+        self.building: dict[Path, Building] = {}  # configs whose tasks are being built now
         self.launch_when_checked: Path | None = None
 
     def compose(self) -> ComposeResult:
-        title = "launch more: add a config to this session" if self.adding else "torchherd: pick a config"
+        if self.launch and self.initial is not None:
+            title = f"torchherd run: checking {self.initial.name}, then launching it"
+        else:
+            title = "launch more: add a config to this session" if self.adding else "torchherd: pick a config"
         yield Static(f"[b]{title}[/b]  [dim]{self.directory}[/dim]", id="title")
         with Horizontal():
             yield OptionList(Option("loading…", disabled=True), id="choices")
@@ -64,17 +116,30 @@ class PickerScreen(Screen[PickerResult]):
         self.query_one("#verdict-scroll").border_title = "check"
         self._list()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Launch more adds configs to a live session; resuming another run is not on offer there.
+        return not (action == "resume" and self.adding)
+
     @work(thread=True, exclusive=True, exit_on_error=False, group="list")
     def _list(self) -> None:
         runs = [] if self.adding else list_past_runs(self.runs_dir)
-        self.post_message(self.Listed(list_configs(self.directory), runs))
+        configs = list_configs(self.directory)
+        if self.initial is not None and self.initial.is_file() and \
+                self.initial.resolve() not in [p.resolve() for p in configs]:
+            configs.append(self.initial)  # named on the command line without a .toml suffix
+        self.post_message(self.Listed(configs, runs, missing=not self.directory.is_dir()))
 
     def on_picker_screen_listed(self, message: Listed) -> None:
         self.configs, self.runs = message.configs, message.runs
         choices = self.query_one("#choices", OptionList)
         choices.clear_options()
         choices.add_option(Option(Text("configs", style="bold"), disabled=True))
-        if not self.configs:
+        if message.missing:
+            choices.add_option(Option(Text(f"  {self.directory}/ does not exist", style="dim"), disabled=True))
+            self.query_one("#verdict", Static).update(Text(
+                f"There is no folder {self.directory} here. Name a folder of configs (torchherd DIR) "
+                "or one config (torchherd CONFIG).", style="yellow"))
+        elif not self.configs:
             choices.add_option(Option(Text(f"  no .toml files in {self.directory}", style="dim"), disabled=True))
         for i, path in enumerate(self.configs):
             choices.add_option(Option(f"  {path.name}", id=f"cfg:{i}"))
@@ -85,8 +150,11 @@ class PickerScreen(Screen[PickerResult]):
                 status = f"{run.status}: r resumes" if run.resumable else run.status
                 choices.add_option(Option(f"  {run.run_id}\n    [dim]{when} {status}[/dim]", id=f"run:{i}"))
         first = 1
-        if self.initial is not None and self.initial.resolve() in [p.resolve() for p in self.configs]:
-            first = 1 + [p.resolve() for p in self.configs].index(self.initial.resolve())
+        resolved = [p.resolve() for p in self.configs]
+        if self.initial is not None and self.initial.resolve() in resolved:
+            first = 1 + resolved.index(self.initial.resolve())
+            if self.launch:
+                self.launch_when_checked = self.configs[first - 1]
         if self.configs or self.runs:
             choices.highlighted = first if self.configs else 2
         choices.focus()
@@ -102,12 +170,15 @@ class PickerScreen(Screen[PickerResult]):
         if chosen is None:
             return
         kind, item = chosen
+        if self.launch_when_checked != item:
+            self.launch_when_checked = None  # enter was for another config
         if kind == "cfg":
-            self.launch_when_checked = None
             self.query_one("#verdict", Static).update(Text("checking…", style="dim"))
-            check = self.checks.get(item)
+            check, building = self.checks.get(item), self.building.get(item)
             if check is not None:
                 self._show(check)
+            elif building is not None:
+                self._show_building(building)
             self._check(item)
         else:
             self._show_run(item)
@@ -123,6 +194,10 @@ class PickerScreen(Screen[PickerResult]):
         check = self.checks.get(item)
         if check is None:
             self.launch_when_checked = item  # enter came before the check finished
+            building = self.building.get(item)
+            if building is not None:
+                self.notify(f"{item.name} launches once its {_plural(building.total, 'task')} "
+                            f"{'is' if building.total == 1 else 'are'} built", timeout=4)
             return
         self._launch(check)
 
@@ -130,36 +205,63 @@ class PickerScreen(Screen[PickerResult]):
         if check.ok:
             self.dismiss(("launch", check.path))
         else:
-            count = len(check.problems)
-            self.notify(f"{check.path.name} cannot be launched: {count} problem{'s' if count != 1 else ''} "
+            self.notify(f"{check.path.name} cannot be launched: {_plural(len(check.problems), 'problem')} "
                         "(see the check pane)", severity="error", timeout=6)
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="check")
     def _check(self, path: Path) -> None:
-        self.post_message(self.Checked(check_config_file(path)))
+        worker = get_current_worker()
+        fast = check_config_file(path)
+        check: ConfigCheck | None = fast
+        if fast.ok:  # the fast check passed: now what `torchherd run` does, build every task once
+            check = build_tasks(path, fast, worker,
+                                lambda built, total: self.post_message(self.Building(fast, built, total)))
+            if check is None:  # cancelled: another config was highlighted
+                return
+        self.post_message(self.Checked(check))
+
+    def _highlighted_config(self) -> Path | None:
+        option = self.query_one("#choices", OptionList).highlighted_option
+        chosen = self._chosen(option.id if option else None)
+        return chosen[1] if chosen and chosen[0] == "cfg" else None
+
+    def on_picker_screen_building(self, message: Building) -> None:
+        self.building[message.check.path] = message
+        self.checks.pop(message.check.path, None)  # a file changed: the old verdict no longer holds
+        if self._highlighted_config() == message.check.path:
+            self._show_building(message)
 
     def on_picker_screen_checked(self, message: Checked) -> None:
         check = message.check
         self.checks[check.path] = check
-        highlighted = self.query_one("#choices", OptionList).highlighted_option
-        chosen = self._chosen(highlighted.id if highlighted else None)
-        if chosen and chosen[1] == check.path:
+        self.building.pop(check.path, None)
+        if self._highlighted_config() == check.path:
             self._show(check)
         if self.launch_when_checked == check.path:
             self.launch_when_checked = None
             self._launch(check)
 
-    def _show(self, check: ConfigCheck) -> None:
+    def _show_source(self, check: ConfigCheck) -> None:
         source = Syntax(check.text, "toml", theme="ansi_dark", line_numbers=True, background_color="default")
         self.query_one("#source", Static).update(source)
         self.query_one("#source-scroll").border_title = check.path.name
+
+    def _show_building(self, building: Building) -> None:
+        self._show_source(building.check)
+        verdict = Text(f"… checking {_plural(building.total, 'task')}: building each once in a fresh process "
+                       f"({building.built} of {building.total} done)", style="bold yellow")
+        for line in building.check.lines:
+            verdict.append("\n  " + line)
+        self.query_one("#verdict", Static).update(verdict)
+
+    def _show(self, check: ConfigCheck) -> None:
+        self._show_source(check)
         if check.ok:
             verdict = Text("✓ ready: enter launches", style="bold green")
             for line in check.lines:
                 verdict.append("\n  " + line)
         else:
-            count = len(check.problems)
-            verdict = Text(f"✗ cannot launch: {count} problem{'s' if count != 1 else ''}", style="bold red")
+            verdict = Text(f"✗ cannot launch: {_plural(len(check.problems), 'problem')}", style="bold red")
             for problem in check.problems:
                 verdict.append("\n  " + problem, style="red")
         self.query_one("#verdict", Static).update(verdict)

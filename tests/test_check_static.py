@@ -1,0 +1,142 @@
+"""The task check: factories read from task files with ast (no import), the probe in a fresh process,
+one problem per bad [defaults] task, one path style, a cache that notices edits, and cancellation."""
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torchherd.engine.check import check_config
+from torchherd.engine.devices import Inventory
+from torchherd.engine.probe import ProbeCancelled, pending_jobs, probe_tasks
+
+NO_GPU = Inventory(cpu_count=2, note="no NVIDIA GPU (test inventory)")
+TWO_PIPELINES = """
+[[pipelines]]
+name = "a"
+params = { lr = 0.1 }
+
+[[pipelines]]
+name = "b"
+params = { lr = 0.2 }
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch) -> Path:
+    """A project folder that is the working directory, with a task file defining `build`."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "task.py", """
+        import math
+        from torchherd import Task
+
+        def build(params):
+            raise ValueError(f"bad lr {params['lr']}")
+        """)
+    return tmp_path
+
+
+# Regression: `task = "cnn_digits.py:biuld"` passed `torchherd check` (and the picker) and both workers
+# failed 13 s after launch with "has no 'biuld'"; the file was never read before building the task.
+def test_check_without_probe_finds_a_missing_factory(project: Path):
+    config = write(project / "run.toml", '[[pipelines]]\nname = "a"\ntask = "task.py:biuld"\n')
+    report = check_config(config, inventory=NO_GPU)
+    assert not report.ok
+    assert [str(p) for p in report.problems] == [
+        "run.toml: pipelines[0].task: task.py has no 'biuld' (did you mean 'build'?)"]
+
+
+# Regression: a bad defaults.task was reported once per pipeline.
+def test_a_bad_defaults_task_is_reported_once_at_defaults_task(project: Path):
+    config = write(project / "run.toml", '[defaults]\ntask = "task.py:biuld"\n' + TWO_PIPELINES)
+    report = check_config(config, inventory=NO_GPU)
+    assert [(p.key, p.message) for p in report.problems] == \
+        [("defaults.task", "task.py has no 'biuld' (did you mean 'build'?)")]
+
+
+def test_a_module_task_is_read_from_its_source_file(project: Path, monkeypatch):
+    write(project / "lib" / "thtask_static_mod.py", "def build(params):\n    return None\n")
+    monkeypatch.syspath_prepend(str(project / "lib"))
+    config = write(project / "run.toml", '[[pipelines]]\nname = "a"\ntask = "thtask_static_mod:buidl"\n')
+    problems = check_config(config, inventory=NO_GPU).problems
+    assert [p.message for p in problems] == ["thtask_static_mod has no 'buidl' (did you mean 'build'?)"]
+
+
+@pytest.mark.parametrize("source", [
+    "if True:\n    def build(params): pass\n",
+    "try:\n    from os import path as build\nexcept ImportError:\n    build = None\n",
+    "def make(): pass\nbuild = make()\n",
+    "from os.path import *\n",  # could define anything: only the probe can tell
+    "def __getattr__(name): pass\n",
+    "globals()['build'] = print\n",
+])
+def test_no_false_alarm_when_the_name_may_exist(project: Path, source: str):
+    write(project / "other.py", source)
+    config = write(project / "run.toml", '[[pipelines]]\nname = "a"\ntask = "other.py:build"\n')
+    report = check_config(config, inventory=NO_GPU)
+    assert report.ok, report.render()
+
+
+def test_a_syntax_error_needs_no_probe(project: Path):
+    write(project / "broken.py", "def build(params)\n    pass\n")
+    config = write(project / "run.toml", '[[pipelines]]\nname = "a"\ntask = "broken.py:build"\n')
+    problems = check_config(config, inventory=NO_GPU).problems
+    assert len(problems) == 1 and problems[0].message.startswith("syntax error in broken.py line 1")
+
+
+# Regression: config problems showed the path as written, probe problems the absolute path.
+def test_probe_problems_use_the_same_path_style_as_config_problems(project: Path):
+    config = write(project / "configs" / "run.toml", '[defaults]\ntask = "../task.py:build"\n' + TWO_PIPELINES)
+    report = check_config(config, probe=True, inventory=NO_GPU)
+    assert [str(p) for p in report.problems] == [
+        "configs/run.toml: pipelines[0].task: task factory task.py:build raised ValueError: bad lr 0.1",
+        "configs/run.toml: pipelines[1].task: task factory task.py:build raised ValueError: bad lr 0.2"]
+    assert str(project) not in report.render()
+
+
+def test_probe_reports_a_defaults_task_failing_alike_once(project: Path):
+    write(project / "task.py", "raise RuntimeError('no GPU driver')\n\ndef build(params):\n    pass\n")
+    config = write(project / "run.toml", '[defaults]\ntask = "task.py:build"\n' + TWO_PIPELINES)
+    problems = check_config(config, probe=True, inventory=NO_GPU).problems
+    assert [(p.key, p.message) for p in problems] == \
+        [("defaults.task", "importing task.py raised RuntimeError: no GPU driver")]
+
+
+def test_probe_verdicts_are_cached_until_the_task_file_changes(project: Path):
+    config_path = write(project / "run.toml", '[defaults]\ntask = "task.py:build"\n' + TWO_PIPELINES)
+    config = check_config(config_path, inventory=NO_GPU).config
+    assert config is not None and len(pending_jobs(config)) == 2
+    first = probe_tasks(config)
+    assert pending_jobs(config) == []
+    assert probe_tasks(config, cancelled=lambda: pytest.fail("a cached verdict started a probe")) == first
+    stat = os.stat(project / "task.py")
+    os.utime(project / "task.py", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # an edit
+    assert len(pending_jobs(config)) == 2
+
+
+def test_a_cancelled_probe_kills_its_process(project: Path):
+    write(project / "slow.py", "def build(params):\n    pass\n")
+    config = check_config(write(project / "run.toml", '[[pipelines]]\nname = "a"\ntask = "slow.py:build"\n'),
+                          inventory=NO_GPU).config
+    assert config is not None
+    seen: list[psutil.Process] = []
+
+    def cancelled() -> bool:
+        seen.extend(psutil.Process().children(recursive=True))
+        return True
+
+    with pytest.raises(ProbeCancelled):
+        probe_tasks(config, cancelled=cancelled)
+    assert seen, "the probe process had not started"
+    gone, alive = psutil.wait_procs(seen, timeout=10)
+    assert alive == []
+    assert len(pending_jobs(config)) == 1  # nothing cached from a cancelled probe

@@ -1,0 +1,101 @@
+"""The command line: clean help for the app and each command, and a headless run that says at once that it
+is checking the tasks, how long that took, and counts its clock from the start of the command."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torchherd.tui.cli import main
+
+TASKS = Path(__file__).resolve().parent / "tasks"
+
+
+def help_text(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(list(argv))
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+# Regression: `torchherd run --help` ran the app's four-line usage into argparse's own.
+@pytest.mark.parametrize("command, usage", [
+    ("run", "usage: torchherd run [-h] [--headless] [--runs-dir DIR] CONFIG"),
+    ("resume", "usage: torchherd resume [-h] [--headless] [--only NAME] RUN_DIR"),
+    ("check", "usage: torchherd check [-h] [--probe] CONFIG"),
+])
+def test_each_command_has_its_own_clean_help(capsys, command: str, usage: str):
+    text = help_text(capsys, command, "--help")
+    assert text.splitlines()[0] == usage
+    assert "[DIR|CONFIG]" not in text and "usage:" not in text.split("\n", 1)[1]
+
+
+def test_top_level_help_lists_the_apps_options_and_the_commands(capsys):
+    text = help_text(capsys, "--help")
+    assert text.startswith("usage: torchherd [DIR|CONFIG] [--runs-dir DIR]\n")
+    assert re.search(r"^  --runs-dir DIR ", text, re.M)  # the app's own option, documented
+    for command in ("run CONFIG", "resume RUN_DIR", "check CONFIG"):
+        assert re.search(rf"^  {command} ", text, re.M), command
+
+
+def start(config: Path, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(config), "--headless", "--runs-dir",
+                             str(cwd / "runs")], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def gated(tmp_path: Path, body: str) -> tuple[Path, Path]:
+    """A config whose task import waits for `gate`: the check is visibly under way until the test opens it."""
+    gate = tmp_path / "gate"
+    (tmp_path / "gated.py").write_text(textwrap.dedent(f"""
+        import os
+        import sys
+        import time
+
+        while not os.path.exists({str(gate)!r}):
+            time.sleep(0.02)  # held here until the test opens the gate
+        sys.path.insert(0, {str(TASKS)!r})
+        """) + body)
+    config = tmp_path / "run.toml"
+    config.write_text('[[pipelines]]\nname = "a"\ntask = "gated.py:build"\nmax_epochs = 1\nparams = { samples = 64 }\n\n'
+                      '[devices]\nplacement = "cpu"\ncpu_slots = 1\n\n[validation]\nmode = "inline"\n')
+    return config, gate
+
+
+# Regression: headless printed nothing while it built the tasks (about 9 s), and its clock started after.
+def test_headless_says_at_once_that_it_checks_and_refuses_a_task_that_does_not_build(tmp_path: Path):
+    config, gate = gated(tmp_path, "def build(params):\n    raise ValueError('no data')\n")
+    proc = start(config, tmp_path)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # arrives while the probe is still held at the gate
+        assert re.fullmatch(r"\[ +\d+\.\ds\] checking 1 task: building each once in a fresh process \.\.\.\n", first)
+        gate.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 2
+    assert "checking failed after" in out and "nothing launched" in out
+    assert "run.toml: pipelines[0].task: task factory gated.py:build raised ValueError: no data" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_headless_reports_the_check_time_and_counts_from_the_start(tmp_path: Path):
+    config, gate = gated(tmp_path, "from tiny import build\n")
+    gate.touch()
+    proc = subprocess.run([sys.executable, "-m", "torchherd", "run", str(config), "--headless", "--runs-dir",
+                           str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].endswith("checking 1 task: building each once in a fresh process ...")
+    built = re.fullmatch(r"\[ *([\d.]+)s\] 1 task built in ([\d.]+)s", lines[1])
+    assert built, lines[1]
+    started = re.fullmatch(r"\[ *([\d.]+)s\] run .*", lines[2])
+    assert started, lines[2]
+    # One clock for the check and the run: the run's first line comes after the check's time.
+    assert float(started.group(1)) >= float(built.group(2))
