@@ -189,6 +189,8 @@ async def test_l_opens_the_full_log_of_the_selected_pipeline(make_app, session, 
         for focus_moves in (0, 1, 2):
             await pilot.press(*["tab"] * focus_moves, "l")
             assert isinstance(app.screen, LogScreen) and app.screen.pipeline == "beta"
+            title = str(app.screen.query_one("#full").border_title)
+            assert title.startswith("beta: ") and title.endswith("beta/log.txt") and len(title) < size[0] - 4
             full = app.screen.query_one("#full")
             await wait_for(pilot, lambda: "line 199 of beta" in lines_of(full), what="the whole log")
             assert "line 0 of beta" in lines_of(full)
