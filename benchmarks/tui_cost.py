@@ -1,7 +1,8 @@
 """What the dashboard costs the training box: CPU (% of one core) and bytes/s written to the terminal.
 
-Runs the app in a real pseudo-terminal with a scripted supervisor streaming step events from many
-pipelines that already hold long histories, and measures the app process after a warm-up.
+Runs the app in a real pseudo-terminal on the real Supervisor over scripted workers (tests/tui/scripting.py)
+that stream step events from many pipelines already holding long histories, and measures the app process
+(screen and supervisor together, as in the product) after a warm-up.
 Usage: python benchmarks/tui_cost.py [--seconds 30] [--size 120x40] [--hz 2]
 """
 from __future__ import annotations
@@ -43,68 +44,70 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_child(args: argparse.Namespace) -> None:
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "tui")]
-    from fakes import FakeSupervisor
+    sys.path[:0] = [str(ROOT)]
+    from tests.tui.scripting import FrozenTime, Session
+
+    from torchherd.engine.supervisor import TICK
 
     from torchherd.engine import messages as m
     from torchherd.tui.app import TorchherdApp
 
-    class StreamingSupervisor(FakeSupervisor):
-        """Preloads `history` points per pipeline, then streams `rate` step events per second."""
+    # The real Supervisor over scripted workers: every event goes through its fold, its run directory
+    # (events.jsonl) and its subscriber queue, as a real worker's would; only the training is missing.
+    session = Session(FrozenTime(), run_id="bench", cpu_count=args.pipelines, tick=TICK)
 
-        async def start(self) -> None:
-            self.t = time.time() - args.history * 0.04
-            await super().start()
-            names = list(self.states)
-            now = time.time()
-            for name in names:
-                self.emit(m.TrainingStarted(pipeline=name, epoch=0, step=0, epochs_total=10, steps_per_epoch=50_000,
-                                            device="cpu", parameters=1234, time=self.t))
-                for i in range(args.history):
-                    step = (i + 1) * 10
-                    self.emit(m.StepMetrics(pipeline=name, epoch=step // 5000, step=step, lr=0.01,
-                                            loss=_loss(step, name), samples_per_s=1000.0,
-                                            time=now - (args.history - i) * 0.04))
-            self.steps = {n: args.history * 10 for n in names}
-            self.task = asyncio.get_running_loop().create_task(self.stream(names))
-
-        async def stream(self, names: list[str]) -> None:
-            tick = 0.05  # seconds
-            per_tick = args.rate * tick
-            owed, i = 0.0, 0
-            next_at = time.monotonic()
-            while True:
-                owed += per_tick
-                while owed >= 1:
-                    name = names[i % len(names)]
-                    i += 1
-                    owed -= 1
-                    self.steps[name] += 10
-                    step = self.steps[name]
-                    self.emit(m.StepMetrics(pipeline=name, epoch=step // 5000, step=step, loss=_loss(step, name),
-                                            lr=0.01, samples_per_s=1000.0))
-                next_at += tick
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    async def stream() -> None:
+        """Preload `history` points per pipeline, then stream `rate` step events per second."""
+        while len(session.launcher.handles) < args.pipelines:
+            await asyncio.sleep(0.05)
+        names = list(session.launcher.names)
+        now = time.time()
+        for name in names:
+            session.feed(name, m.TrainingStarted(pipeline=name, epoch=0, step=0, epochs_total=10,
+                                                 steps_per_epoch=50_000, device="cpu", parameters=1234))
+            session.feed(name, *[m.StepMetrics(pipeline=name, epoch=(i + 1) * 10 // 5000, step=(i + 1) * 10,
+                                               lr=0.01, loss=_loss((i + 1) * 10, name), samples_per_s=1000.0,
+                                               time=now - (args.history - i) * 0.04) for i in range(args.history)])
+            await asyncio.sleep(0)
+        steps = {n: args.history * 10 for n in names}
+        tick = 0.05  # seconds
+        per_tick = args.rate * tick
+        owed, i = 0.0, 0
+        next_at = time.monotonic()
+        while True:
+            owed += per_tick
+            while owed >= 1:
+                name = names[i % len(names)]
+                i += 1
+                owed -= 1
+                steps[name] += 10
+                step = steps[name]
+                session.feed(name, m.StepMetrics(pipeline=name, epoch=step // 5000, step=step,
+                                                 loss=_loss(step, name), lr=0.01, samples_per_s=1000.0))
+            next_at += tick
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
 
     config = Path(tempfile.mkdtemp()) / "bench.toml"
-    config.write_text("[defaults]\ntask = \"regression\"\n[devices]\nplacement = \"cpu\"\ncpu_slots = 8\n" +
+    config.write_text("[defaults]\ntask = \"regression\"\n[devices]\nplacement = \"cpu\"\n"
+                      f"cpu_slots = {args.pipelines}\n" +
                       "".join(f"[[pipelines]]\nname = \"p{i}\"\n" for i in range(args.pipelines)))
 
     class BenchApp(TorchherdApp):
         def on_mount(self) -> None:
             self.install_signal_handlers()
             self.call_later(self._picked, ("launch", config))
+            self.run_worker(stream(), exclusive=True, group="bench")
             self.ready_check = self.set_interval(0.2, self.check_ready)
 
         def check_ready(self) -> None:
-            """Tell the parent (through the terminal) once every history is loaded and shown."""
+            """Tell the parent (through a file) once every history is loaded and shown."""
             rows = self.bridge.state.rows.values()
             if len(rows) == args.pipelines and all(r.step >= args.history * 10 for r in rows):
                 self.ready_check.stop()
                 if os.environ.get("TORCHHERD_BENCH_READY"):
                     Path(os.environ["TORCHHERD_BENCH_READY"]).touch()
 
-    app = BenchApp(config, Path(tempfile.mkdtemp()), factory=StreamingSupervisor, refresh_hz=args.hz)
+    app = BenchApp(config, Path(tempfile.mkdtemp()), factory=session, refresh_hz=args.hz)
     app.run()
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of the app in tmux at 80x24 and 120x40: launch a config from the picker with send-keys,
 # kill and restart its pipeline from the keyboard, quit (stopping it gracefully), and check that
-# no process is left. Uses its own tmux server socket, so it never touches your sessions.
+# no process is left and that the terminal was told where the run directory is. Uses its own tmux server socket, so it never touches your sessions.
 # Usage: scripts/tmux_smoke.sh [CONFIG]   (default: a generated long-running tiny CPU config; with CONFIG,
 # its first pipeline is the one killed and restarted)
 set -euo pipefail
@@ -9,6 +9,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 [ -x "$ROOT/../venv/bin/python" ] && [ -z "${PYTHON:-}" ] && PY="$ROOT/../venv/bin/python"
+[ -x "$ROOT/.venv/bin/python" ] && [ -z "${PYTHON:-}" ] && PY="$ROOT/.venv/bin/python"
 SOCKET="torchherd-smoke-$$"
 WORK="$(mktemp -d)"
 TIMEOUT="${SMOKE_TIMEOUT:-90}"  # seconds to wait for any one screen
@@ -104,6 +105,7 @@ echo \$? > '$rc_file'; sleep 600"
         sleep 0.5
     done
     [ "$(cat "$rc_file")" = "0" ] || fail "the app exited with status $(cat "$rc_file")"
+    wait_for "run directory: $RUNS/" "the run directory printed after the app exited"
 
     local left=""
     for pid in $(worker_pids); do

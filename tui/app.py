@@ -1,7 +1,8 @@
 """The torchherd Textual app: picker first, then the dashboard of one session; `run_app` is the entry point.
 
 The app owns a `Bridge` (the only holder of engine objects) and routes screen requests to it; quitting
-while workers are alive asks first, and the app never exits leaving them behind.
+while workers are alive asks first, and the app never exits leaving them behind. Once the terminal is
+back, `run_app` prints where each run it started lies and how to carry it on.
 """
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from textual.app import App
 from textual.binding import Binding
 
 from torchherd.engine.config import ConfigError
-from torchherd.tui.bridge import Bridge, SupervisorFactory, replay_run
+from torchherd.tui.bridge import Bridge, SupervisorFactory, replay_run, run_end
 from torchherd.tui.headless import EXIT_STOPPED
-from torchherd.tui.messages import PipelineCommand, RunChanged
+from torchherd.tui.messages import CommandRequested, RunChanged
 from torchherd.tui.runstate import RunState
 from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.dialogs import HelpScreen, QuitScreen
@@ -145,13 +146,13 @@ class TorchherdApp(App[int]):
         if self.dashboard is not None and self.dashboard.is_attached:
             self.dashboard.data_changed()
 
-    def on_pipeline_command(self, message: PipelineCommand) -> None:
+    def on_command_requested(self, message: CommandRequested) -> None:
         try:
-            self.bridge.command(message.command, message.pipeline)
-        except (KeyError, ValueError, RuntimeError) as exc:
+            self.bridge.command(message.command)
+        except (KeyError, RuntimeError) as exc:
             self.notify(str(exc).strip("'\""), severity="warning", timeout=4)
         else:
-            self.notify(f"{message.command}: {message.pipeline}", timeout=2)
+            self.notify(message.command.doing(), timeout=3)
 
     # ------------------------------------------------------------ actions
     def action_help(self) -> None:
@@ -164,11 +165,20 @@ class TorchherdApp(App[int]):
             return
         self.push_screen(self._picker(adding=True), self._picked)
 
-    def action_back_to_picker(self) -> None:
-        if self.dashboard is not None and self.screen is self.dashboard and not self.bridge.live:
-            self.pop_screen()
-            self.dashboard = None
-            self.push_screen(self._picker(adding=False), self._picked)
+    async def action_back_to_picker(self) -> None:
+        """From the dashboard: a run still going stays live under the picker (escape comes back, enter adds
+        a config to it); a finished or past run is closed and the full picker, past runs too, comes back."""
+        if self.dashboard is None or self.screen is not self.dashboard:
+            return
+        rows = self.bridge.state.rows.values()
+        if self.bridge.live and any(not r.state.final for r in rows):
+            self.push_screen(self._picker(adding=True), self._picked)
+            return
+        if self.bridge.live:
+            await self.bridge.close()  # every pipeline is final: nothing is stopped by this
+        self.pop_screen()
+        self.dashboard = None
+        self.push_screen(self._picker(adding=False), self._picked)
 
     async def action_request_quit(self) -> None:
         if self.stopping:
@@ -181,7 +191,7 @@ class TorchherdApp(App[int]):
         if not self.bridge.alive:
             await self._stop_and_exit(True)
             return
-        running = [r.name for r in self.bridge.state.rows.values() if r.finished_at is None]
+        running = [r.name for r in self.bridge.state.rows.values() if not r.state.final]
 
         async def answered(choice: str | None) -> None:
             if choice == "stop":
@@ -210,9 +220,11 @@ def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bo
     the run directory) at once. Returns the exit status: with `launch`, 0 only if every pipeline completed."""
     app = TorchherdApp(target, runs_dir, launch=launch)
     app.run()
+    ends = [run_end(run_dir) for run_dir in app.bridge.run_dirs]
+    for end in ends:  # the terminal is ours again: say how each run ended and where it is
+        print("\n".join(end.lines))
     if app.return_code:
         return app.return_code
     if launch:
-        rows = app.bridge.state.rows.values()
-        return 0 if rows and all(r.state == "completed" for r in rows) else 1
+        return 0 if ends and all(end.completed for end in ends) else 1
     return 0

@@ -1,7 +1,8 @@
 """The one module of the app that holds live engine objects: the session's Supervisor and its telemetry
 sampler, plus the blocking loaders for configs and past runs (call those from thread workers).
 
-Screens read `Bridge.state` (plain data) and ask for commands by name; nothing else in `tui/` calls the engine.
+Screens read `Bridge.state` (plain data) and send typed commands (`tui.commands`); nothing else in
+`tui/` calls the engine.
 """
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from torchherd.engine.config import RunConfig, load_config
-
+from torchherd.tui.commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop
 from torchherd.tui.runstate import RunState
 
-COMMANDS = ("kill", "restart", "pause", "resume", "stop", "checkpoint")
 SupervisorFactory = Callable[[RunConfig, "Path | None"], Any]
 
 
@@ -98,10 +98,32 @@ def replay_run(run_dir: Path) -> RunState:
     for event in read_events(run_dir):
         state.apply(event)
     state.run_dir = run_dir  # the directory as found now, whatever the run called it then
-    for row in state.rows.values():
-        row.log_path = run_dir / row.name / "log.txt"
     state.read_only = True
     return state
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a run ended, as printed once the app has exited."""
+
+    completed: bool  # every pipeline trained to its limits
+    lines: list[str]  # outcome, run directory, and how to carry it on when it can be
+
+
+def run_end(run_dir: Path) -> RunEnd:
+    """How the run in `run_dir` ended, where it is, how to carry it on (blocking: reads events.jsonl)."""
+    from torchherd.engine.rundir import summarize
+
+    summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
+    if summary is None:
+        return RunEnd(False, [f"torchherd: run directory {run_dir}"])
+    lines = [f"torchherd: run {summary.run_id} {summary.status}"]
+    if summary.statuses:
+        lines.append("  " + ", ".join(f"{name} {status}" for name, status in summary.statuses.items()))
+    lines.append(f"  run directory: {run_dir}")
+    if summary.resumable:
+        lines.append(f"  carry it on from its checkpoints: torchherd resume {run_dir}")
+    return RunEnd(summary.status == "completed", lines)
 
 
 # ------------------------------------------------------------ the live session
@@ -120,6 +142,7 @@ class Bridge:
         self._consumer: asyncio.Task | None = None
         self._closed = False
         self._signalled = False  # a change signal is scheduled
+        self.run_dirs: list[Path] = []  # every session's run directory, for the exit message
 
     @property
     def live(self) -> bool:
@@ -156,6 +179,7 @@ class Bridge:
         self.state = state
         await sup.start()  # spawns processes: must run on this loop's thread
         self._sup = sup
+        self.run_dirs.append(Path(sup.run_dir).resolve())
         self._consumer = asyncio.get_running_loop().create_task(self._consume(sup.subscribe()))
 
     def show(self, state: RunState) -> None:
@@ -163,13 +187,26 @@ class Bridge:
         if not self.live:
             self.state = state
 
-    def command(self, command: str, pipeline: str) -> None:
-        """Forward a command; raises KeyError for an unknown pipeline, RuntimeError when read-only."""
-        if command not in COMMANDS:
-            raise ValueError(f"unknown command {command!r}")
+    def command(self, command: PipelineCommand) -> None:
+        """Carry out a command; raises KeyError for an unknown pipeline, RuntimeError when read-only."""
         if not self.live:
             raise RuntimeError("this run is read-only" if self.state.read_only else "no run is active")
-        getattr(self._sup, command)(pipeline)
+        sup, name = self._sup, command.pipeline
+        match command:
+            case Kill():
+                sup.kill(name)
+            case Restart():
+                sup.restart(name)
+            case Pause():
+                sup.pause(name)
+            case Resume():
+                sup.resume(name)
+            case Stop():
+                sup.stop(name)
+            case Checkpoint():
+                sup.checkpoint(name)
+            case _:
+                raise TypeError(f"not a pipeline command: {command!r}")
 
     async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
         """Stop (gracefully: checkpoint first) or kill every worker and end the session."""
@@ -184,6 +221,12 @@ class Bridge:
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 self._consumer.cancel()
         self.on_change()
+
+    async def close(self) -> None:
+        """End a session whose pipelines are all final, so that the next launch starts a new one."""
+        await self.shutdown(graceful=True, timeout=5.0)
+        self._sup, self._consumer, self._closed = None, None, False
+        self.state = RunState()
 
     # ------------------------------------------------------------ internals
     async def _consume(self, stream) -> None:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
+from torchherd.tui.commands import PipelineCommand
+
 
 @dataclass
 class RunChanged(Message):
@@ -18,8 +20,7 @@ class RunChanged(Message):
 
 
 @dataclass
-class PipelineCommand(Message):
-    """A person asked for `command` (kill, restart, pause, resume, stop, checkpoint) on a pipeline."""
+class CommandRequested(Message):
+    """A person asked for `command` (a `Kill`, `Restart`, `Pause`, ... of tui.commands) on a pipeline."""
 
-    command: str
-    pipeline: str
+    command: PipelineCommand

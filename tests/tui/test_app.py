@@ -1,26 +1,23 @@
-"""Pilot tests: every dashboard key, the picker, launch more, past runs, quitting; against FakeSupervisor."""
+"""Pilot tests of the app's screens and navigation against the real Supervisor over scripted workers:
+the picker, launching, launch more, past runs, escape, quitting, and a flood of step events."""
 from __future__ import annotations
 
 import pytest
-from conftest import launch_good, wait_for, write_past_run
 from textual.widgets import OptionList
 
+from torchherd.engine.states import WorkerState
 from torchherd.tui.screens.dashboard import DashboardScreen
-from torchherd.tui.screens.dialogs import ConfirmScreen, HelpScreen, QuitScreen
-from torchherd.tui.screens.log_view import LogScreen
+from torchherd.tui.screens.dialogs import QuitScreen
 from torchherd.tui.screens.picker import PickerScreen
-from torchherd.tui.widgets.log_views import EventLog
-from torchherd.tui.widgets.loss_chart import LossChart
 from torchherd.tui.widgets.pipeline_table import PipelineTable
+from tests.tui.conftest import CONFIGS
+from tests.tui.pilots import launch, wait_for
+from tests.tui.scripting import write_past_run
 
 pytestmark = pytest.mark.asyncio
 
 SIZE = (120, 36)
-
-
-def screen_text(widget) -> str:
-    """What a line-based widget currently shows, as plain text."""
-    return "\n".join(strip.text for strip in widget.lines) if hasattr(widget, "lines") else str(widget.render())
+S = WorkerState
 
 
 async def test_picker_shows_check_and_refuses_invalid_config(make_app):
@@ -43,107 +40,22 @@ async def test_picker_shows_check_and_refuses_invalid_config(make_app):
         assert "alpha: task regression" in str(app.screen.query_one("#verdict").content)
 
 
-async def test_launch_and_data_reach_the_table(make_app):
+async def test_launch_and_data_reach_the_table(make_app, session):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
-        sup.train("alpha", 100)
+        await launch(pilot, session)
+        session.train("alpha", 100)
         table = app.screen.query_one(PipelineTable)
         await wait_for(pilot, lambda: table.cell("alpha", "step").endswith(" 100"), what="step 100 shown")
         assert table.cell("alpha", "val") != "-"
         assert table.cell("beta", "state") == "running"
+        assert app.bridge.state.rows["beta"].state is S.RUNNING  # typed, not a string
 
 
-async def test_kill_asks_first(make_app):
+async def test_launch_more_adds_to_the_session_and_queues(make_app, session):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
-        await pilot.press("k")
-        assert isinstance(app.screen, ConfirmScreen)
-        await pilot.press("n")
-        assert isinstance(app.screen, DashboardScreen) and sup.calls == []
-        await pilot.press("k", "y")
-        await wait_for(pilot, lambda: sup.calls == [("kill", "alpha")], what="kill")
-        table = app.screen.query_one(PipelineTable)
-        await wait_for(pilot, lambda: table.cell("alpha", "state") == "killed", what="killed shown")
-
-
-@pytest.mark.parametrize("key,command", [("r", "restart"), ("s", "stop"), ("c", "checkpoint")])
-async def test_command_keys(make_app, key, command):
-    app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
-        await pilot.press("down")  # select beta
-        await pilot.press(key)
-        await wait_for(pilot, lambda: sup.calls == [(command, "beta")], what=command)
-
-
-async def test_restart_shows_new_attempt(make_app):
-    app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
-        await pilot.press("r")
-        await wait_for(pilot, lambda: app.bridge.state.rows["alpha"].attempt == 2, what="attempt 2")
-        assert app.bridge.state.rows["alpha"].state == "running"
-
-
-async def test_pause_then_resume(make_app):
-    app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
-        await pilot.press("p")
-        await wait_for(pilot, lambda: app.bridge.state.rows["alpha"].state == "paused", what="paused")
-        await pilot.press("p")
-        await wait_for(pilot, lambda: sup.calls == [("pause", "alpha"), ("resume", "alpha")], what="resume")
-
-
-async def test_full_log_and_help(make_app, runs_dir):
-    app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
-        log = sup.run_dir / "alpha" / "log.txt"
-        log.parent.mkdir(parents=True)
-        log.write_text("hello from alpha\n")
-        await pilot.press("l")
-        assert isinstance(app.screen, LogScreen)
-        await wait_for(pilot, lambda: "hello from alpha" in "\n".join(app.screen.query_one("#full").lines),
-                       what="log text")
-        await pilot.press("escape")
-        assert isinstance(app.screen, DashboardScreen)
-        await pilot.press("question_mark")
-        assert isinstance(app.screen, HelpScreen)
-        await pilot.press("escape")
-        assert isinstance(app.screen, DashboardScreen)
-
-
-async def test_chart_keys_toggle(make_app):
-    app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
-        sup.train("alpha", 200)
-        chart = app.screen.query_one(LossChart)
-        await wait_for(pilot, lambda: "⠀" not in "".join(s.text for s in chart._lines) or chart._lines,
-                       what="chart drawn")
-        await pilot.press("a", "g", "e", "x")
-        assert (chart.overlay, chart.log_y, chart.smooth, chart.x_mode) == (True, True, True, "time")
-        assert "all pipelines | x time | log | EMA" in chart.border_title
-
-
-async def test_failure_traceback_in_event_log(make_app):
-    app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
-        sup.crash("beta")
-        events = app.screen.query_one(EventLog)
-        await wait_for(pilot, lambda: "ZeroDivisionError" in "\n".join(s.text for s in events.lines),
-                       what="traceback")
-        assert "loss = model(x).sum() / zero" in "\n".join(s.text for s in events.lines)
-
-
-async def test_launch_more_adds_to_the_session(make_app):
-    app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
+        await launch(pilot, session)
         await pilot.press("n")
         assert isinstance(app.screen, PickerScreen) and app.screen.adding
         await wait_for(pilot, lambda: app.screen.configs, what="configs listed")
@@ -151,14 +63,15 @@ async def test_launch_more_adds_to_the_session(make_app):
         await wait_for(pilot, lambda: any(p.name == "tiny.toml" for p in app.screen.checks), timeout=60,
                        what="tiny checked")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: sup.added == ["tiny"], what="added")
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="back on dashboard")
         table = app.screen.query_one(PipelineTable)
         await wait_for(pilot, lambda: table.row_count == 3, what="third row")
+        assert session.state("tiny") == "queued"  # both slots are taken
+        assert table.cell("tiny", "state") == "queued"
 
 
-async def test_past_run_opens_read_only(make_app, runs_dir):
-    write_past_run(runs_dir)
+async def test_past_run_opens_read_only(make_app, runs_dir, clock):
+    await write_past_run(runs_dir, clock)
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.screen.runs, what="runs listed")
@@ -168,8 +81,9 @@ async def test_past_run_opens_read_only(make_app, runs_dir):
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="dashboard")
         await pilot.pause()
         state = app.screen.state
-        assert state.read_only and state.rows["alpha"].state == "failed"
-        await pilot.press("k", "y")
+        assert state.read_only and state.rows["alpha"].state is S.FAILED
+        assert state.rows["alpha"].step == 100
+        await pilot.press("k")
         await pilot.pause()
         assert any("read-only" in n.message for n in app._notifications)
         await pilot.press("escape")
@@ -178,32 +92,63 @@ async def test_past_run_opens_read_only(make_app, runs_dir):
         await wait_for(pilot, lambda: not app.is_running, what="exit")
 
 
-async def test_quit_asks_and_cancel_keeps_running(make_app):
+async def test_escape_from_a_live_run_opens_the_picker_and_comes_back(make_app, session):
+    # Regression: escape did nothing on a live dashboard, though the help offered it.
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
+        await launch(pilot, session)
+        dashboard = app.screen
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen), what="picker")
+        assert app.bridge.live and session.state("alpha") == "running"  # the run goes on underneath
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is dashboard, what="the same dashboard again")
+
+
+async def test_escape_from_a_finished_run_closes_it_for_a_new_one(make_app, session):
+    # Regression: escape did nothing once the run had finished either.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        first = session.sup
+        session.exit("alpha", 0)
+        session.exit("beta", 0)
+        await wait_for(pilot, lambda: app.bridge.state.finished, what="run finished")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen), what="picker")
+        assert not app.screen.adding and not app.bridge.live
+        await launch(pilot, session, running=False)  # a new session, a new run directory
+        assert session.sup is not first and session.sup.run_dir != first.run_dir
+        assert app.bridge.run_dirs == [first.run_dir.resolve(), session.sup.run_dir.resolve()]
+
+
+async def test_quit_asks_and_stops_the_workers_gracefully(make_app, session):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
         await pilot.press("q")
         assert isinstance(app.screen, QuitScreen)
         await pilot.press("c")
-        assert isinstance(app.screen, DashboardScreen) and sup.shutdowns == []
+        assert isinstance(app.screen, DashboardScreen) and session.state("alpha") == "running"
         await pilot.press("q", "s")
         await wait_for(pilot, lambda: not app.is_running, what="exit")
-        assert sup.shutdowns == [True] and not sup.alive
+    assert {v.name: v.state for v in session.sup.views()} == {"alpha": S.STOPPED, "beta": S.STOPPED}
+    assert [e.exit_code for e in session.exits("alpha")] == [10]  # each checkpointed and exited itself
 
 
-async def test_ctrl_c_routes_through_the_quit_dialog(make_app):
+async def test_ctrl_c_routes_through_the_quit_dialog(make_app, session):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        await launch_good(pilot)
+        await launch(pilot, session)
         await pilot.press("ctrl+c")
         assert isinstance(app.screen, QuitScreen)
 
 
-async def test_step_flood_is_coalesced(make_app):
+async def test_step_flood_is_coalesced(make_app, session):
     # A flood of step events must cost a few redraws, not one per event.
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        sup = await launch_good(pilot)
+        await launch(pilot, session)
         dashboard = app.screen
         count = 0
         original = dashboard.redraw
@@ -214,17 +159,17 @@ async def test_step_flood_is_coalesced(make_app):
             original()
 
         dashboard.redraw = counting
-        sup.train("alpha", 50_000, every=10, val=False)
+        session.train("alpha", 50_000, every=10, val=False, steps_per_epoch=50_000, epochs=1)
         await wait_for(pilot, lambda: app.bridge.state.rows["alpha"].step == 50_000, what="all applied")
         await wait_for(pilot, lambda: count >= 1 and not dashboard._pending, what="redraw done")
         assert count <= 3
         assert len(app.bridge.state.series["alpha"].bins.lo) <= 512
 
 
-async def test_resize_switches_table_columns(make_app):
+async def test_resize_switches_table_columns(make_app, session):
     app = make_app()
     async with app.run_test(size=(120, 36)) as pilot:
-        await launch_good(pilot)
+        await launch(pilot, session)
         table = app.screen.query_one(PipelineTable)
         await wait_for(pilot, lambda: not table.compact and table.row_count == 2, what="wide table")
         await pilot.resize_terminal(80, 24)
@@ -234,8 +179,23 @@ async def test_resize_switches_table_columns(make_app):
 
 async def test_launch_flag_skips_the_picker(make_app):
     # `torchherd run CONFIG` without --headless: straight to the dashboard.
-    from conftest import CONFIGS
     app = make_app(CONFIGS / "good.toml", launch=True)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="dashboard")
         await wait_for(pilot, lambda: app.screen.query_one(PipelineTable).row_count == 2, what="rows")
+
+
+async def test_run_app_prints_the_run_directory_after_exit(monkeypatch, capsys, runs_dir, clock):
+    # Regression: quitting the app printed nothing, not even where the run was written.
+    from torchherd.tui import app as app_module
+
+    run_dir = await write_past_run(runs_dir, clock)
+
+    def fake_run(self) -> None:  # the app ran a session in run_dir and was quit
+        self.bridge.run_dirs.append(run_dir)
+
+    monkeypatch.setattr(app_module.TorchherdApp, "run", fake_run)
+    assert app_module.run_app(CONFIGS / "good.toml", launch=True) == 1  # its pipeline failed
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["torchherd: run 20231114-220000-old failed", "  alpha failed", f"  run directory: {run_dir}",
+                   f"  carry it on from its checkpoints: torchherd resume {run_dir}"]  # a failed run resumes too

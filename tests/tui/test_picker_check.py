@@ -6,8 +6,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
-from fakes import FakeSupervisor
 from textual.widgets import OptionList
 from textual.widgets._footer import FooterKey
 
@@ -15,6 +13,7 @@ from torchherd.tui.app import TorchherdApp
 from torchherd.tui.cli import check_then_launch_app
 from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.picker import PickerScreen
+from tests.tui.pilots import launch, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -50,11 +49,11 @@ def verdict(app) -> str:
 
 # Regression: a config whose task does not build showed "ready: enter launches" in the picker, and enter
 # created a run whose workers all failed seconds later; `torchherd run` refused the same config.
-async def test_picker_builds_the_tasks_and_refuses_a_config_torchherd_run_refuses(tmp_path: Path, runs_dir):
+async def test_picker_builds_the_tasks_and_refuses_a_config_torchherd_run_refuses(tmp_path: Path, runs_dir,
+                                                                                   session):
     gate = gated_task(tmp_path, "def build(params):\n    raise ValueError('no data at /nowhere')\n")
     config(tmp_path)
-    FakeSupervisor.instances.clear()
-    app = TorchherdApp(tmp_path, runs_dir, factory=FakeSupervisor)
+    app = TorchherdApp(tmp_path, runs_dir, factory=session)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: "checking 1 task" in verdict(app), timeout=30, what="progress shown")
         await pilot.press("enter")  # before the check is done: remembered, not launched
@@ -64,31 +63,29 @@ async def test_picker_builds_the_tasks_and_refuses_a_config_torchherd_run_refuse
         assert "pipelines[0].task: task factory" in verdict(app) and "no data at /nowhere" in verdict(app)
         await pilot.press("enter")
         await pilot.pause()
-        assert isinstance(app.screen, PickerScreen) and FakeSupervisor.instances == []
+        assert isinstance(app.screen, PickerScreen) and session.sup is None
         assert any("cannot be launched" in n.message for n in app._notifications)
 
 
 # Regression: `torchherd run CONFIG` showed a blank screen for about 10 s while it built the tasks.
-async def test_torchherd_run_opens_on_the_check_and_then_launches(tmp_path: Path, runs_dir):
+async def test_torchherd_run_opens_on_the_check_and_then_launches(tmp_path: Path, runs_dir, session):
     gate = gated_task(tmp_path, "from tiny import build\n")
-    FakeSupervisor.instances.clear()
-    app = check_then_launch_app(config(tmp_path), runs_dir, factory=FakeSupervisor)
+    app = check_then_launch_app(config(tmp_path), runs_dir, factory=session)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: "checking 1 task" in verdict(app), timeout=30, what="checking screen")
         assert isinstance(app.screen, PickerScreen) and "torchherd run: checking run.toml" in \
             str(app.screen.query_one("#title").content)
         gate.touch()
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), timeout=60, what="dashboard")
-        assert [p.name for p in FakeSupervisor.instances[0].config.pipelines] == ["a"]
+        assert [p.name for p in session.sup.config.pipelines] == ["a"]
 
 
-async def test_launch_more_footer_does_not_offer_resume(tmp_path: Path, runs_dir, make_app):
-    from conftest import launch_good
+async def test_launch_more_footer_does_not_offer_resume(tmp_path: Path, runs_dir, make_app, session):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         keys = [k.description for k in app.screen.query(FooterKey)]
         assert "resume run" in keys  # the first picker resumes unfinished runs
-        await launch_good(pilot)
+        await launch(pilot, session)
         await pilot.press("n")
         await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen) and app.screen.adding, what="launch more")
         await pilot.pause()
@@ -98,9 +95,10 @@ async def test_launch_more_footer_does_not_offer_resume(tmp_path: Path, runs_dir
 
 
 # Regression: outside the repo the picker said "no .toml files in sample_configs", a folder that does not exist.
-async def test_a_missing_config_folder_is_named_with_how_to_pick_one(tmp_path: Path, runs_dir, monkeypatch):
+async def test_a_missing_config_folder_is_named_with_how_to_pick_one(tmp_path: Path, runs_dir, monkeypatch,
+                                                                    session):
     monkeypatch.chdir(tmp_path)
-    app = TorchherdApp(None, runs_dir, factory=FakeSupervisor)
+    app = TorchherdApp(None, runs_dir, factory=session)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.screen.query_one("#choices", OptionList).option_count > 1, what="listed")
         choices = app.screen.query_one("#choices", OptionList)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import psutil
 import pytest
-from conftest import CONFIGS, wait_for
 
 from torchherd.tui.app import TorchherdApp
 from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.dialogs import QuitScreen
 from torchherd.tui.widgets.log_views import EventLog
 from torchherd.tui.widgets.pipeline_table import PipelineTable
+from tests.tui.conftest import CONFIGS
+from tests.tui.pilots import wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,7 +28,8 @@ async def test_real_config_reaches_val_result(runs_dir):
 
         def seen() -> bool:
             pids.update(r.pid for r in app.bridge.state.rows.values() if r.pid)
-            return "val_result" in "\n".join(strip.text for strip in events.lines)
+            shown = "\n".join(strip.text for strip in events.lines)  # wrapped to the pane's width
+            return any(e.text.startswith("validated epoch") for e in app.bridge.state.log) and "validated" in shown
 
         await wait_for(pilot, seen, timeout=120, what="first val_result on screen")
         assert app.screen.query_one(PipelineTable).cell("tiny", "val") != "-"

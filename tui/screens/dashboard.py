@@ -1,20 +1,24 @@
 """The dashboard: pipeline table, loss chart, device pane, log tail and event log of one run.
 
 It reads a `RunState` (plain data) the app hands it and redraws at most `refresh_hz` times a second,
-however many events arrive; keys become `PipelineCommand` messages for the app to carry out.
+however many events arrive; keys become typed commands (`tui.commands`) posted as `CommandRequested`
+for the app to carry out, after a check that the pipeline's state lets the command do something.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from torchherd.tui.messages import PipelineCommand
+from torchherd.engine.states import WorkerState
+from torchherd.tui.commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop, refusal
+from torchherd.tui.messages import CommandRequested
 from torchherd.tui.runstate import RunState
 from torchherd.tui.screens.dialogs import ConfirmScreen
 from torchherd.tui.screens.log_view import LogScreen
@@ -29,9 +33,9 @@ class DashboardScreen(Screen[None]):
 
     CSS_PATH = "dashboard.tcss"
     BINDINGS = [
-        Binding("k", "kill", "kill"), Binding("r", "command('restart')", "restart"),
-        Binding("p", "pause", "pause"), Binding("s", "command('stop')", "stop"),
-        Binding("c", "command('checkpoint')", "ckpt"), Binding("l", "full_log", "log"),
+        Binding("k", "kill", "kill"), Binding("r", "restart", "restart"),
+        Binding("p", "pause", "pause"), Binding("s", "stop", "stop"),
+        Binding("c", "checkpoint", "ckpt"), Binding("l", "full_log", "log"),
         Binding("n", "app.launch_more", "more"),
         Binding("a", "chart('overlay')", "all", show=False), Binding("g", "chart('log_y')", "log y", show=False),
         Binding("e", "chart('smooth')", "ema", show=False), Binding("x", "chart('x_mode')", "x axis", show=False),
@@ -95,12 +99,14 @@ class DashboardScreen(Screen[None]):
         state = self.state
         table = self.query_one(PipelineTable)
         if state.rows_version != self._seen[0]:
-            table.update_rows(list(state.rows.values()), self.clock(), self.size.width)
+            table.update_rows(list(state.rows.values()), self.clock(), self.size.width, state.metric)
             if self.selected is None and table.selected is not None:
                 self._select(table.selected)
             self._status()
         if state.series_version != self._seen[1]:
-            self.query_one(LossChart).redraw()
+            chart = self.query_one(LossChart)
+            chart.metric, chart.metric_is_loss = state.metric, state.metric_is_loss
+            chart.redraw()
         if state.telemetry_version != self._seen[2]:
             self.query_one(DevicePane).show(state.telemetry)
         events = self.query_one(EventLog)
@@ -110,10 +116,10 @@ class DashboardScreen(Screen[None]):
 
     def _status(self) -> None:
         state = self.state
-        counts: dict[str, int] = {}
+        counts: dict[WorkerState, int] = {}
         for row in state.rows.values():
             counts[row.state] = counts.get(row.state, 0) + 1
-        summary = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no pipelines yet"
+        summary = ", ".join(f"{n} {s.value}" for s, n in counts.items()) or "no pipelines yet"
         tag = "  [reverse] read-only [/reverse]" if state.read_only else ""
         done = "  [b]finished[/b]" if state.finished else ""
         text = f"[b]{state.run_id or 'starting…'}[/b]  {summary}{tag}{done}"
@@ -125,9 +131,9 @@ class DashboardScreen(Screen[None]):
         self.selected = name
         chart = self.query_one(LossChart)
         chart.series, chart.selected = self.state.series, name
+        chart.metric, chart.metric_is_loss = self.state.metric, self.state.metric_is_loss
         chart.redraw()
-        row = self.state.rows.get(name)
-        self.query_one(LogTail).follow(row.log_path if row else None, f"log: {name}")
+        self.query_one(LogTail).follow(self.state.log_path(name), f"log: {name}")
 
     def on_pipeline_table_selected(self, message: PipelineTable.Selected) -> None:
         if message.name != self.selected:
@@ -139,34 +145,72 @@ class DashboardScreen(Screen[None]):
             self.notify("no pipeline selected", severity="warning")
         return self.selected
 
-    def action_command(self, command: str) -> None:
-        name = self._target()
-        if name is not None:
-            self.post_message(PipelineCommand(command, name))
+    def _state_of(self, name: str) -> WorkerState:
+        row = self.state.rows.get(name)
+        return row.state if row is not None else WorkerState.QUEUED
+
+    def _request(self, command: PipelineCommand) -> None:
+        """Post the command, or say why it would do nothing to the pipeline as it is."""
+        if self.state.read_only:
+            self.notify("a past run is read-only: nothing can be changed", severity="warning", timeout=4)
+            return
+        why = refusal(command, self._state_of(command.pipeline))
+        if why is not None:
+            self.notify(why, severity="warning", timeout=5)
+            return
+        self.post_message(CommandRequested(command))
+
+    def action_restart(self) -> None:
+        if (name := self._target()) is not None:
+            self._request(Restart(name))
+
+    def action_stop(self) -> None:
+        if (name := self._target()) is not None:
+            self._request(Stop(name))
+
+    def action_checkpoint(self) -> None:
+        if (name := self._target()) is not None:
+            self._request(Checkpoint(name))
 
     def action_pause(self) -> None:
-        name = self._target()
-        if name is not None:
-            row = self.state.rows.get(name)
-            self.post_message(PipelineCommand("resume" if row and row.state == "paused" else "pause", name))
+        if (name := self._target()) is not None:
+            paused = self._state_of(name) == WorkerState.PAUSED
+            self._request(Resume(name) if paused else Pause(name))
 
     def action_kill(self) -> None:
         name = self._target()
         if name is None:
             return
+        command = Kill(name)
+        state = self._state_of(name)
+        if self.state.read_only or refusal(command, state) is not None:
+            self._request(command)  # says why not
+            return
+        if state == WorkerState.QUEUED:
+            what = ("It has not started: it leaves the queue and ends as killed, with nothing lost; "
+                    "r queues it again.")
+        elif state == WorkerState.BACKOFF:
+            what = "It is waiting to restart after a crash: the restart is cancelled and it ends as killed."
+        else:
+            what = ("Its processes get SIGTERM, then SIGKILL after the grace period; "
+                    "progress since its last checkpoint is lost.")
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.post_message(PipelineCommand("kill", name))
+                self._request(command)
 
-        self.app.push_screen(ConfirmScreen(f"Kill [b]{name}[/b]?\nIts process group gets SIGTERM, then SIGKILL; "
-                                           "progress since the last checkpoint is lost.", yes="Kill"), answered)
+        self.app.push_screen(ConfirmScreen(f"Kill [b]{escape(name)}[/b] ({state.value})?\n{what}", yes="Kill"),
+                             answered)
 
     def action_full_log(self) -> None:
         name = self._target()
-        row = self.state.rows.get(name) if name else None
-        if row is not None and row.log_path is not None:
-            self.app.push_screen(LogScreen(row.log_path, name))
+        path = self.state.log_path(name) if name else None
+        if name is None:
+            return
+        if path is None:
+            self.notify(f"{name} has no log yet: its run directory is not known", severity="warning")
+            return
+        self.app.push_screen(LogScreen(path, name))
 
     def action_chart(self, what: str) -> None:
         chart = self.query_one(LossChart)

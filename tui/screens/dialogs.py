@@ -6,34 +6,51 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 HELP = """\
-[b]Dashboard[/b]
-  ↑/↓        select a pipeline
-  k          kill the pipeline (asks first)
-  r          restart it (from its last checkpoint)
-  p          pause / resume it
-  s          stop it gracefully (checkpoint, then exit)
-  c          write a checkpoint now
-  l          full log of the pipeline
-  n          launch more: add another config to this session
-  a          chart: selected pipeline / all overlaid
-  g          chart: log scale on / off
-  e          chart: EMA smoothing on / off
-  x          chart: x axis step / wall time
-  tab        move focus
-  escape     back to the picker (past runs)
-  ?          this help
-  q          quit (asks whether to stop live runs)
+[b]Dashboard keys[/b]
+  ↑/↓     select a pipeline
+  k       kill it (asks first)
+  r       restart it from its last checkpoint
+  p       pause / resume it
+  s       stop it gracefully: checkpoint, then exit
+  c       write a checkpoint now
+  l       its full log (escape comes back)
+  n       launch more: add a config to this session
+  a       chart: selected pipeline / all overlaid
+  g       chart: log scale on / off
+  e       chart: EMA smoothing on / off
+  x       chart: x axis step / wall time
+  tab     move focus
+  escape  back to the picker; a live run keeps going
+          (escape there returns), a finished one closes
+  ?       this help
+  q       quit; with runs alive it asks to stop them
 
-[b]Picker[/b]
-  ↑/↓        select a config or a past run
-  enter      launch the config / open the run read-only
-  r          resume an unfinished run from its checkpoints
-  escape     back (or quit)
+[b]Table columns[/b]
+  try     which start of the worker this is: 1 first,
+          2 after a restart (r or a crash); "4 ↻3/3"
+          means 3 restarts after crashes so far, of a
+          budget of 3 (restart.max_restarts)
+  epoch   epoch in progress / all (from 1), then steps
+  val     the newest validation score of the metric
+          named in the header; best: the best so far
+
+[b]Chart[/b]
+  ⠤⠒ train loss; ◆ validation results. A metric that
+  is not a loss (accuracy, ...) gets a strip of its
+  own under the loss plot. Overlaid (a), each
+  pipeline has a glyph (● ▲ ■ …) at its curve's end
+  and on its results, listed in the legend below.
+
+[b]Picker keys[/b]
+  ↑/↓     select a config or a past run
+  enter   launch the config / open the run read-only
+  r       resume an unfinished run from its checkpoints
+  escape  back (or quit)
 """
 
 
@@ -90,15 +107,19 @@ class QuitScreen(ModalScreen[str]):
 
 
 class HelpScreen(ModalScreen[None]):
-    """Every key, in one place."""
+    """Every key and column, in one place; scrolls with ↑/↓ and page keys when the terminal is short."""
 
     CSS_PATH = "dialogs.tcss"
     BINDINGS = [Binding("escape,question_mark,q,enter", "close", "close")]
 
     def compose(self) -> ComposeResult:
-        with Vertical(classes="dialog help"):
+        with VerticalScroll(classes="dialog help", id="help-text"):
             yield Static(HELP)
-            yield Static("[dim]escape to close[/dim]")
+
+    def on_mount(self) -> None:
+        text = self.query_one("#help-text", VerticalScroll)
+        text.border_subtitle = "↑/↓ pgup pgdn scroll · escape closes"
+        text.focus()  # so the arrow and page keys scroll it
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -1,4 +1,8 @@
-"""The full log of one pipeline, followed live; escape goes back."""
+"""The full log of one pipeline, followed live; escape (or l) goes back.
+
+Its title names the pipeline and the file; a path too long for the terminal loses its start, not
+the file name, so at 80 columns it still says which log this is.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,6 +15,12 @@ from textual.widgets import Footer
 from torchherd.tui.widgets.log_views import LogTail
 
 FULL_BYTES = 4 * 2 ** 20  # bytes of the file shown at most
+FRAME = 8  # cells of the border around the title ("╭─ " ... " ─╮" and some rule)
+
+
+def fit_left(text: str, width: int) -> str:
+    """`text` in at most `width` characters, cut at the start ('…' marks the cut)."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
 
 
 class LogScreen(Screen[None]):
@@ -29,8 +39,15 @@ class LogScreen(Screen[None]):
 
     def on_mount(self) -> None:
         log = self.query_one(LogTail)
-        log.follow(self.path, f"{self.pipeline}: {self.path}")
+        log.follow(self.path, self._title(self.app.size.width))
         log.focus()
+
+    def on_resize(self) -> None:
+        self.query_one(LogTail).border_title = self._title(self.size.width)
+
+    def _title(self, width: int) -> str:
+        head = f"{self.pipeline}: "
+        return head + fit_left(str(self.path), max(12, width - FRAME - len(head)))
 
     def action_close(self) -> None:
         self.dismiss(None)

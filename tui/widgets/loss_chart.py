@@ -1,5 +1,10 @@
 """A braille loss chart drawn from binned series: work per redraw is O(bins + cells), never O(points).
 
+Validation results are markers: on the loss axis when the metric is a loss, else in a strip of
+their own under it (an accuracy of 0.9 has no place on an axis of losses near 0.01). With every
+pipeline overlaid, each has a glyph as well as a colour, at the end of its curve, on its
+validation markers and in the legend, so curves tell apart under NO_COLOR too.
+
 Only lines whose content changed are repainted, so a redraw that moves the tail of a curve
 writes a few lines to the terminal, not the whole chart.
 """
@@ -9,22 +14,21 @@ import math
 
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
+from torchherd.tui.formats import fmt_count, fmt_num, metric_label
 from torchherd.tui.series import LossSeries, reduce_columns
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "bright_blue", "bright_red", "bright_white", "bright_magenta")
+GLYPHS = ("●", "▲", "■", "◆", "★", "✚", "▼", "○")  # one per pipeline when overlaid, in PALETTE's order
 GUTTER = 9  # cells for the y labels and the axis
 # Braille dot bits by (row in cell 0-3, column in cell 0-1).
 DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
-MARKER = "◆"
-
-
+MARKER = "◆"  # a validation result of the one pipeline shown
 NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
-
-
 TICKS = (1.0, 2.0, 2.5, 5.0, 10.0)
 
 
@@ -43,13 +47,12 @@ def nice_range(lo: float, hi: float) -> tuple[float, float]:
 
 
 def _fmt_y(v: float, log: bool) -> str:
-    value = 10 ** v if log else v
-    return f"{value:.3g}"[:GUTTER - 2]
+    return fmt_num(10 ** v if log else v, GUTTER - 2)
 
 
 def _fmt_x(v: float, x_mode: str, origin: float) -> str:
     if x_mode == "step":
-        return f"{int(round(v)):,}"
+        return fmt_count(round(v), 9)
     s = max(0.0, v - origin)
     if s < 120:
         return f"{s:.0f}s"
@@ -73,6 +76,9 @@ class LossChart(Widget):
         self.log_y = False
         self.smooth = False
         self.x_mode = "step"  # or "time"
+        self.metric = "val_loss"  # the validation metric the markers show
+        self.metric_is_loss = True  # markers on the loss axis; otherwise in a strip of their own
+        self.legend = Text()
         self._lines: list[Strip] = []
         self._keys: list[tuple] = []
         self._drawn_size = (0, 0)
@@ -87,6 +93,10 @@ class LossChart(Widget):
         title = self._title()
         if title != self.border_title:
             self.border_title = title
+        legend = self._legend()
+        if legend.plain != self.legend.plain:
+            self.legend = legend
+            self.border_subtitle = legend
         if (width, height) != self._drawn_size or len(keys) != len(self._keys):
             self._keys, self._lines, self._drawn_size = keys, lines, (width, height)
             self.refresh()
@@ -110,36 +120,55 @@ class LossChart(Widget):
         return (f"loss: {who} | x {self.x_mode} | {'log' if self.log_y else 'linear'} | "
                 f"{'EMA' if self.smooth else 'raw'}")
 
+    def _legend(self) -> Text:
+        val = f"val {metric_label(self.metric)}" + ("" if self.metric_is_loss else " (strip)")
+        if not self.overlay:
+            return Text.assemble(("⠤⠒ ", "cyan"), "train loss  ", (MARKER, "bold yellow"), f" {val}")
+        out = Text()
+        for name, _, index in self._visible():
+            out.append(GLYPHS[index], style=f"bold {PALETTE[index]}")
+            out.append(f" {name}  ")
+        out.append(f"(glyph: curve end, {val})")
+        return out
+
     def _visible(self) -> list[tuple[str, LossSeries, int]]:
         names = list(self.series)
         chosen = names if self.overlay else [n for n in names if n == self.selected]
         return [(n, self.series[n], names.index(n) % len(PALETTE)) for n in chosen]
 
     def _draw(self, width: int, height: int) -> tuple[list[tuple], list[Strip]]:
-        pw, ph = width - GUTTER, height - 1  # plot area in cells
-        cols, rows = pw * 2, ph * 4  # in braille dots
+        pw = width - GUTTER  # plot width in cells
         visible = self._visible()
         x_lo, x_hi, origin = math.inf, -math.inf, math.inf
+        any_val = False
         for _, s, _ in visible:
             s.configure(self.x_mode, self.smooth)
             if s.bins.x0 is not None:
                 x_lo, x_hi = min(x_lo, s.bins.x0), max(x_hi, s.bins.x_max)
             for x, _ in s.val_points():
                 x_lo, x_hi = min(x_lo, x), max(x_hi, x)
+                any_val = True
             if self.x_mode == "time" and len(s.times):
                 origin = min(origin, s.times[0])
         if x_lo > x_hi:
             return self._empty(width, height, "waiting for data" if visible else "no pipeline selected")
         x_hi = x_lo + nice_ceil(x_hi - x_lo) if x_hi > x_lo else x_lo + 1.0
+        # Rows: the loss plot, then (for a metric that is no loss) a rule and the strip, then the x axis.
+        strip = 0
+        if any_val and not self.metric_is_loss and height - 1 >= 6:
+            strip = 3 if height - 1 >= 14 else 2
+        ph = height - 1 - (strip + 1 if strip else 0)
+        cols, rows = pw * 2, ph * 4  # in braille dots
+        x_scale = (cols - 1) / ((x_hi - x_lo) or 1.0)
         tf = (lambda v: math.log10(v) if v > 0 else math.nan) if self.log_y else (lambda v: v)
         reduced = []
         y_lo, y_hi = math.inf, -math.inf
-        for name, s, colour in visible:
+        for _, s, colour in visible:
             columns = [(c.index, tf(c.lo), tf(c.hi), tf(c.last)) for c in reduce_columns(s.bins, x_lo, x_hi, cols)]
-            marks = [(x, tf(v)) for x, v in s.val_points()]
             for _, lo, hi, _ in columns:
                 if lo == lo:
                     y_lo, y_hi = min(y_lo, lo), max(y_hi, hi)
+            marks = [(x, tf(v)) for x, v in s.val_points()] if self.metric_is_loss else []
             for _, v in marks:
                 if v == v:
                     y_lo, y_hi = min(y_lo, v), max(y_hi, v)
@@ -152,10 +181,9 @@ class LossChart(Widget):
         # instead of rescaling (and repainting) the whole chart on every redraw.
         y_lo, y_hi = nice_range(y_lo, y_hi)
         y_scale = (rows - 1) / (y_hi - y_lo)
-        x_scale = (cols - 1) / ((x_hi - x_lo) or 1.0)
         masks = [0] * (pw * ph)
         colours = [-1] * (pw * ph)
-        markers: dict[int, int] = {}
+        glyphs: dict[int, int] = {}  # cell -> series colour index, drawn as its glyph (or MARKER)
 
         def dot(px: int, py: int, colour: int) -> None:
             cell = (py >> 2) * pw + (px >> 1)
@@ -180,51 +208,71 @@ class LossChart(Widget):
                 for py in range(top, bottom + 1):
                     dot(c, py, colour)
                 prev = (c, int((y_hi - last) * y_scale + 0.5))
+            if self.overlay and prev is not None:  # the curve's end carries its glyph
+                glyphs[(prev[1] >> 2) * pw + (prev[0] >> 1)] = colour
             for x, v in marks:
                 if v == v:
                     px, py = int((x - x_lo) * x_scale + 0.5), int((y_hi - v) * y_scale + 0.5)
-                    markers[(py >> 2) * pw + (px >> 1)] = colour
-        return self._assemble(width, ph, pw, masks, colours, markers,
-                             (y_lo, y_hi), (x_lo, x_hi, origin), len(visible) > 1)
+                    glyphs[(py >> 2) * pw + (px >> 1)] = colour
+        lines = self._plot_lines(ph, pw, masks, colours, glyphs, (y_lo, y_hi))
+        if strip:
+            lines += self._strip_lines(strip, pw, visible, x_lo, x_scale)
+        lines.append(self._x_axis(width, pw, x_lo, x_hi, origin))
+        keys = [tuple((seg.text, str(seg.style)) for seg in line) for line in lines]
+        return keys, [Strip(line, width) for line in lines]
 
-    def _assemble(self, width, ph, pw, masks, colours, markers, y_range, x_range, overlay):
+    def _glyph(self, colour: int) -> tuple[str, Style]:
+        if self.overlay:
+            return GLYPHS[colour], self.rich_style + Style(color=PALETTE[colour], bold=True)
+        return MARKER, self.rich_style + Style(color="yellow", bold=True)
+
+    def _plot_lines(self, ph, pw, masks, colours, glyphs, y_range) -> list[list[Segment]]:
         base = self.rich_style
         styles = [base + Style(color=c) for c in PALETTE]
-        mark_single = base + Style(color="yellow", bold=True)
         axis = base + Style(dim=True)
-        keys, lines = [], []
         y_lo, y_hi = y_range
         label_rows = {0: y_hi, ph - 1: y_lo}
         if ph >= 5:
             label_rows[(ph - 1) // 2] = (y_hi + y_lo) / 2
+        out = []
         for row in range(ph):
             label = _fmt_y(label_rows[row], self.log_y) if row in label_rows else ""
-            runs: list[tuple[str, Style]] = [(f"{label:>{GUTTER - 2}} ", axis), ("┤" if label else "│", axis)]
-            text, style = [], None
+            cells = []
             for i in range(row * pw, row * pw + pw):
-                if i in markers:
-                    ch = MARKER
-                    st = (styles[markers[i]] + Style(bold=True)) if overlay else mark_single
+                if i in glyphs:
+                    cells.append(self._glyph(glyphs[i]))
                 else:
-                    ch = chr(0x2800 + masks[i])
-                    st = styles[colours[i]] if colours[i] >= 0 else base
-                if st is not style and text:
-                    runs.append(("".join(text), style))
-                    text = []
-                style = st
-                text.append(ch)
-            if text:
-                runs.append(("".join(text), style))
-            keys.append(tuple((t, str(s)) for t, s in runs))
-            lines.append(Strip([Segment(t, s) for t, s in runs], width))
-        x_lo, x_hi, origin = x_range
+                    cells.append((chr(0x2800 + masks[i]), styles[colours[i]] if colours[i] >= 0 else base))
+            out.append(_runs([(f"{label:>{GUTTER - 2}} ", axis), ("┤" if label else "│", axis)] + cells))
+        return out
+
+    def _strip_lines(self, height: int, pw: int, visible, x_lo: float, x_scale: float) -> list[list[Segment]]:
+        """A rule naming the metric, then its validation results on a scale of their own."""
+        base = self.rich_style
+        axis = base + Style(dim=True)
+        values = [v for _, s, _ in visible for _, v in s.val_points() if v == v]
+        lo, hi = nice_range(min(values), max(values)) if max(values) > min(values) else \
+            (min(values) - 0.5, max(values) + 0.5)
+        cells: dict[int, int] = {}
+        for _, s, colour in visible:
+            for x, v in s.val_points():
+                if v == v:
+                    row = int((hi - v) / (hi - lo) * (height - 1) + 0.5)
+                    cells[row * pw + (int((x - x_lo) * x_scale + 0.5) >> 1)] = colour
+        name = f"val {metric_label(self.metric)}"[:GUTTER - 1]
+        out = [[Segment(f"{name:>{GUTTER - 1}}┼", axis), Segment("╌" * pw, axis)]]
+        for row in range(height):
+            label = fmt_num(hi if row == 0 else lo, GUTTER - 2) if row in (0, height - 1) else ""
+            line = [(f"{label:>{GUTTER - 2}} ", axis), ("┤" if label else "│", axis)]
+            line += [self._glyph(cells[i]) if i in cells else (" ", base) for i in range(row * pw, row * pw + pw)]
+            out.append(_runs(line))
+        return out
+
+    def _x_axis(self, width: int, pw: int, x_lo: float, x_hi: float, origin: float) -> list[Segment]:
         left, right = _fmt_x(x_lo, self.x_mode, origin), _fmt_x(x_hi, self.x_mode, origin)
         gap = max(1, pw - len(left) - len(right))
-        bottom = " " * (GUTTER - 1) + "└" + left + " " * gap + right
-        bottom = bottom[:width].ljust(width)
-        keys.append(((bottom,),))
-        lines.append(Strip([Segment(bottom, axis)], width))
-        return keys, lines
+        bottom = (" " * (GUTTER - 1) + "└" + left + " " * gap + right)[:width].ljust(width)
+        return [Segment(bottom, self.rich_style + Style(dim=True))]
 
     def _empty(self, width: int, height: int, why: str) -> tuple[list[tuple], list[Strip]]:
         keys, lines = [], []
@@ -233,3 +281,19 @@ class LossChart(Widget):
             keys.append((text,))
             lines.append(Strip([Segment(text[:width], self.rich_style + Style(dim=True))], width))
         return keys, lines
+
+
+def _runs(cells: list[tuple[str, Style]]) -> list[Segment]:
+    """Adjacent cells of one style joined into one segment."""
+    out: list[Segment] = []
+    text: list[str] = []
+    style = None
+    for ch, st in cells:
+        if st is not style and text:
+            out.append(Segment("".join(text), style))
+            text = []
+        style = st
+        text.append(ch)
+    if text:
+        out.append(Segment("".join(text), style))
+    return out

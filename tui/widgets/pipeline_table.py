@@ -2,12 +2,15 @@
 
 Only rows whose text changed are repainted (a DataTable re-renders every cell on any update, which
 cost most of the app's CPU under a stream of step events). Below 118 columns it shows fewer columns.
+Every value is written to fit its column (numbers give up digits, never characters); the `val`
+header names the validation metric (`best` is the best of it so far).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Callable
 
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
@@ -16,64 +19,81 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from torchherd.tui.runstate import PipelineRow
+from torchherd.engine.progress import PipelineProgress
+from torchherd.engine.states import WorkerState
+from torchherd.tui.formats import fmt_count, fmt_duration, fmt_num, metric_label
 
+S = WorkerState
 WIDE = 118  # terminal columns from which every column is shown
 STATE_STYLE = {
-    "running": "green", "starting": "cyan", "queued": "dim", "paused": "yellow", "stopping": "yellow",
-    "killing": "red", "backoff": "yellow", "completed": "bold green", "stopped": "blue",
-    "failed": "bold red", "killed": "red",
+    S.RUNNING: "green", S.STARTING: "cyan", S.QUEUED: "dim", S.PAUSED: "yellow", S.STOPPING: "yellow",
+    S.KILLING: "red", S.HUNG: "bold red", S.BACKOFF: "yellow", S.COMPLETED: "bold green", S.STOPPED: "blue",
+    S.FAILED: "bold red", S.KILLED: "red",
 }
 
 
-def fmt_loss(v: float | None) -> str:
-    return "-" if v is None or not math.isfinite(v) else f"{v:.4g}"[:7]
-
-
-def fmt_duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = int(s)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}:{s % 60:02d}"
-
-
-def fmt_progress(row: PipelineRow, width: int = 5) -> str:
-    frac = row.progress
+def fmt_progress(row: PipelineProgress, width: int) -> str:
+    frac = row.fraction
     if frac is None:
         return "-"
-    filled = int(frac * width + 0.5)
-    return "█" * filled + "░" * (width - filled) + f"{frac * 100:4.0f}%"
+    bar = width - 5  # cells for the bar; the rest is " 42%"
+    filled = int(frac * bar + 0.5)
+    return "█" * filled + "░" * (bar - filled) + f"{frac * 100:4.0f}%"
 
 
-def fmt_count(n: int) -> str:
-    if n < 100_000:
-        return f"{n:,}"
-    return f"{n / 1000:.0f}k" if n < 10_000_000 else f"{n / 1e6:.1f}M"
-
-
-def fmt_epoch_step(row: PipelineRow) -> str:
+def fmt_epoch_step(row: PipelineProgress, width: int) -> str:
+    """'2/8 1,234': the epoch in progress counted from 1, of all, then the optimizer steps so far."""
     if not row.epochs_total:
-        return f"- {fmt_count(row.step)}" if row.step else "-"
-    return f"{min(row.epoch + 1, row.epochs_total)}/{row.epochs_total} {fmt_count(row.step)}"
+        return f"- {fmt_count(row.step, width - 2)}" if row.step else "-"
+    epochs = f"{row.epoch_number}/{row.epochs_total}"
+    return f"{epochs} {fmt_count(row.step, width - len(epochs) - 1)}"
 
 
-# (key, label, width, formatter, shown below WIDE); the widths plus a space each fit 118 columns
+def fmt_try(row: PipelineProgress, width: int) -> str:
+    """'2' for the second start; '4 ↻3/3' once crashes cost restarts: 3 of a budget of 3 spent."""
+    if not row.attempt:
+        return "-"
+    if not row.restarts:
+        return str(row.attempt)
+    short = f"{row.attempt} ↻{row.restarts}"
+    full = f"{short}/{row.restart_budget}" if row.restart_budget is not None else short
+    return full if len(full) <= width else short
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its key, header, width in cells, how a row's value is written, and whether narrow
+    terminals keep it."""
+
+    key: str
+    label: str
+    width: int
+    text: Callable[[PipelineProgress, float, int], str]
+    compact: bool
+
+
+# The widths plus a space each fit WIDE - 2 (the border); the compact ones fit 78 (80 columns).
 COLUMNS = (
-    ("name", "pipeline", 14, lambda r, now: r.name, True),
-    ("device", "device", 7, lambda r, now: r.device or "-", False),
-    ("state", "state", 9, lambda r, now: r.state, True),
-    ("attempt", "try", 5, lambda r, now: f"{r.attempt}/{r.restarts}", False),
-    ("step", "epoch step", 12, lambda r, now: fmt_epoch_step(r), True),
-    ("progress", "progress", 10, lambda r, now: fmt_progress(r), True),
-    ("loss", "loss", 7, lambda r, now: fmt_loss(r.train_loss), True),
-    ("val", "val", 7, lambda r, now: fmt_loss(r.val_loss), True),
-    ("best", "best", 7, lambda r, now: fmt_loss(r.best_val), False),
-    ("rate", "smp/s", 6, lambda r, now: fmt_count(int(r.samples_per_s)) if r.samples_per_s else "-", False),
-    ("elapsed", "elapsed", 7, lambda r, now: fmt_duration(r.elapsed(now)), False),
-    ("eta", "eta", 6, lambda r, now: fmt_duration(r.eta()), True),
+    Column("name", "pipeline", 14, lambda r, now, w: r.name, True),
+    Column("device", "device", 6, lambda r, now, w: r.device or "-", False),
+    Column("state", "state", 9, lambda r, now, w: r.state.value, True),
+    Column("attempt", "try", 7, lambda r, now, w: fmt_try(r, w), False),
+    Column("step", "epoch step", 12, lambda r, now, w: fmt_epoch_step(r, w), True),
+    Column("progress", "progress", 10, lambda r, now, w: fmt_progress(r, w), True),
+    Column("loss", "loss", 7, lambda r, now, w: fmt_num(r.train_loss, w), True),
+    Column("val", "val", 8, lambda r, now, w: fmt_num(r.val_value, w), True),
+    Column("best", "best", 8, lambda r, now, w: fmt_num(r.best, w), False),
+    Column("rate", "smp/s", 6, lambda r, now, w: fmt_count(r.samples_per_s, w) if r.samples_per_s else "-", False),
+    Column("elapsed", "elapsed", 7, lambda r, now, w: fmt_duration(r.elapsed(now)), False),
+    Column("eta", "eta", 6, lambda r, now, w: fmt_duration(r.eta()), True),
 )
+
+
+def _fit(text: str, width: int) -> str:
+    """`text` in exactly `width` cells and a space; a name too long ends in '…'."""
+    if cell_len(text) > width:
+        text = set_cell_size(text, width - 1) + "…"
+    return set_cell_size(text, width) + " "
 
 
 class PipelineTable(Widget, can_focus=True):
@@ -97,6 +117,8 @@ class PipelineTable(Widget, can_focus=True):
         self.border_title = "pipelines"
         self.names: list[str] = []
         self.cells: dict[str, dict[str, str]] = {}
+        self.states: dict[str, WorkerState] = {}
+        self.metric = "val_loss"  # named in the val column's header
         self.cursor = 0
         self.top = 0  # first row shown
         self.compact = False
@@ -113,14 +135,22 @@ class PipelineTable(Widget, can_focus=True):
     def cell(self, name: str, key: str) -> str:
         return self.cells[name][key]
 
-    def update_rows(self, rows: list[PipelineRow], now: float, terminal_width: int) -> None:
+    def label(self, column: Column) -> str:
+        """A column's header; `val` names the metric: `val acc` for "accuracy", `val loss` for "val_loss"."""
+        if column.key == "val":
+            return f"{column.label} {metric_label(self.metric)}"
+        return column.label
+
+    def update_rows(self, rows: list[PipelineProgress], now: float, terminal_width: int,
+                    metric: str = "val_loss") -> None:
         """Take new values; repaint only the rows whose text changed."""
         compact = terminal_width < WIDE
-        relayout = compact != self.compact or len(rows) != len(self.names)
-        self.compact = compact
+        relayout = compact != self.compact or len(rows) != len(self.names) or metric != self.metric
+        self.compact, self.metric = compact, metric
         first = not self.names
         for row in rows:
-            values = {key: fmt(row, now) for key, _, _, fmt, _ in COLUMNS}
+            values = {c.key: c.text(row, now, c.width) for c in COLUMNS}
+            self.states[row.name] = row.state
             old = self.cells.get(row.name)
             if old is None:
                 self.names.append(row.name)
@@ -147,24 +177,24 @@ class PipelineTable(Widget, can_focus=True):
         if not 1 <= y < self.size.height:
             return
         x = 0
-        for key, _, w, _, _ in self._columns():
-            if key in keys:
-                self.refresh(Region(x, y, w + 1, 1))
-            x += w + 1
+        for column in self._columns():
+            if column.key in keys:
+                self.refresh(Region(x, y, column.width + 1, 1))
+            x += column.width + 1
 
     def _refresh_row(self, index: int) -> None:
         y = index - self.top + 1
         if 1 <= y < self.size.height:
             self.refresh(Region(0, y, self.size.width, 1))
 
-    def _columns(self):
-        return [c for c in COLUMNS if c[4] or not self.compact]
+    def _columns(self) -> list[Column]:
+        return [c for c in COLUMNS if c.compact or not self.compact]
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         base = self.rich_style
         if y == 0:
-            text = "".join(f"{label:<{w}} " for _, label, w, _, _ in self._columns())
+            text = "".join(_fit(self.label(c), c.width) for c in self._columns())
             return Strip([Segment(text[:width].ljust(width), base + Style(bold=True, dim=True))], width)
         index = self.top + y - 1
         if index >= len(self.names):
@@ -175,10 +205,10 @@ class PipelineTable(Widget, can_focus=True):
         row_style = base + Style(reverse=True) if selected and self.has_focus else \
             base + Style(bold=True) if selected else base
         segments = []
-        for key, _, w, _, _ in self._columns():
-            text = values[key]
-            text = (text if len(text) <= w else text[:w - 1] + "…").ljust(w) + " "
-            style = row_style + Style.parse(STATE_STYLE.get(text.strip(), "")) if key == "state" else row_style
+        for column in self._columns():
+            text = _fit(values[column.key], column.width)
+            style = row_style + Style.parse(STATE_STYLE.get(self.states[name], "")) if column.key == "state" \
+                else row_style
             segments.append(Segment(text, style))
         return Strip(segments).crop_extend(0, width, base)
 

@@ -1,0 +1,221 @@
+"""What the dashboard shows, against the real Supervisor over scripted workers: numbers that fit, epochs
+counted from 1, validation on the right axis, the overlay's legend, the help, the log, failures."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from rich.cells import cell_len
+
+from torchherd.engine import messages as m
+from torchherd.tui.screens.dashboard import DashboardScreen
+from torchherd.tui.screens.dialogs import HelpScreen
+from torchherd.tui.screens.log_view import LogScreen
+from torchherd.tui.widgets.log_views import EventLog
+from torchherd.tui.widgets.loss_chart import GLYPHS, GUTTER, MARKER, LossChart
+from torchherd.tui.widgets.pipeline_table import PipelineTable
+from tests.tui.conftest import CONFIGS
+from tests.tui.pilots import launch, lines_of, settled, wait_for
+
+pytestmark = pytest.mark.asyncio
+
+SIZE = (120, 36)
+NUMERIC = ("attempt", "step", "progress", "loss", "val", "best", "rate", "elapsed", "eta")
+
+
+def chart_rows(chart: LossChart) -> list[str]:
+    return [strip.text for strip in chart._lines]
+
+
+def log_texts(app) -> list[str]:
+    return [entry.text for entry in app.bridge.state.log]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_every_number_fits_its_column(make_app, session, size):
+    # Regression: at 80x24 a loss of 3.027e-05 was cut to "3.027e-" and read as 3.027.
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await launch(pilot, session)
+        session.start_training("alpha", epochs=100, steps_per_epoch=20_000)
+        t = session.clock.now
+        session.feed("alpha", *[m.StepMetrics(pipeline="alpha", epoch=61, step=1_234_000 + i, loss=3.027e-05 * (1 + i),
+                                              lr=1e-4, samples_per_s=123_456.7, time=t + i) for i in range(1, 4)],
+                     m.ValResult(pipeline="alpha", epoch=61, step=1_234_003, time=t + 4,
+                                 metrics={"val_loss": -0.000123456, "accuracy": 0.98765}))
+        table = app.screen.query_one(PipelineTable)
+        await wait_for(pilot, lambda: table.cell("alpha", "val") != "-", what="numbers shown")
+        await settled(pilot)
+        for index, name in enumerate(table.names):
+            line = table.render_line(index + 1).text
+            for column in table._columns():
+                text = table.cell(name, column.key)
+                assert cell_len(text) <= column.width, (column.key, text)
+                if column.key in NUMERIC:
+                    assert "…" not in text and text in line, (column.key, text, line)
+        assert float(table.cell("alpha", "loss")) == pytest.approx(1.2108e-04, rel=1e-2)
+        assert float(table.cell("alpha", "val")) == pytest.approx(-0.000123456, rel=1e-2)
+        assert table.cell("alpha", "step") == "62/100 1.2M"
+        chart = app.screen.query_one(LossChart)
+        labels = [row[:GUTTER - 2].strip() for row in chart_rows(chart)[:-1] if row[:GUTTER - 2].strip()]
+        assert labels and all(math.isfinite(float(label)) for label in labels), labels
+
+
+async def test_epochs_are_counted_from_one_everywhere(make_app, session):
+    # Regression: the event log said "epoch 0" for the epoch the table called 1/4.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        session.train("alpha", 50)  # the first epoch, with its validation
+        session.feed("alpha", m.CheckpointSaved(pipeline="alpha", path="last.pt", epoch=1, step=50, reason="epoch",
+                                                time=session.clock.now),
+                     m.CheckpointSaved(pipeline="alpha", path="last.pt", epoch=1, step=60, reason="request",
+                                       time=session.clock.now))
+        table = app.screen.query_one(PipelineTable)
+        await wait_for(pilot, lambda: table.cell("alpha", "step") == "2/4 50", what="second epoch in the table")
+        texts = log_texts(app)
+        for expected in ("epoch 1/4 done", "validated epoch 1/4, step 50", "checkpoint (epoch) after epoch 1/4",
+                         "checkpoint (request) in epoch 2/4, step 60"):
+            assert any(expected in text for text in texts), (expected, texts)
+        assert not any("epoch 0" in text for text in texts), texts
+
+
+async def test_a_resumed_worker_says_which_epoch_it_carries_on_from(make_app, session):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session, running=False)
+        session.feed("alpha", m.Resumed(pipeline="alpha", path="last.pt", epoch=2, step=100, time=session.clock.now))
+        session.start_training("alpha", epoch=2, step=100)
+        await wait_for(pilot, lambda: any("from epoch 3/4, step 100" in t for t in log_texts(app)), what="resume")
+        assert any("resumed from its checkpoint: epoch 3, step 100" in t for t in log_texts(app))
+
+
+async def test_accuracy_is_not_drawn_on_the_loss_axis(make_app, session):
+    # Regression: with metric = "accuracy" the markers sat at 0.5-1.0 on a loss axis near 0.01.
+    app = make_app(CONFIGS / "metrics" / "accuracy.toml", launch=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="dashboard")
+        await wait_for(pilot, lambda: session.sup.views()[0].state.value == "starting", what="started")
+        session.start_training("alpha")
+        session.train("alpha", 200, loss=lambda step: 0.01 + 0.002 * math.exp(-step / 100))
+        table = app.screen.query_one(PipelineTable)
+        await wait_for(pilot, lambda: table.cell("alpha", "best") == "0.7", what="best accuracy")
+        await settled(pilot)
+        header = table.render_line(0).text
+        assert "val acc" in header
+        assert table.cell("alpha", "val") == "0.7"
+        rows = chart_rows(app.screen.query_one(LossChart))
+        rule = next(i for i, row in enumerate(rows) if "val acc┼" in row)
+        assert not any(MARKER in row for row in rows[:rule])  # the loss plot has no accuracy in it
+        assert sum(row.count(MARKER) for row in rows[rule:]) == 4  # one per epoch, in the strip
+        assert float(rows[0][:GUTTER - 2]) < 0.1  # the loss axis is the loss's, not stretched to 0.7
+
+
+async def test_a_loss_metric_keeps_its_markers_on_the_loss_axis(make_app, session):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        session.train("alpha", 200)
+        await wait_for(pilot, lambda: len(app.bridge.state.series["alpha"].val) == 4, what="results")
+        await settled(pilot)
+        rows = chart_rows(app.screen.query_one(LossChart))
+        assert not any("┼" in row for row in rows)
+        assert sum(row.count(MARKER) for row in rows) >= 3  # markers may share a cell
+        assert "val loss" in app.screen.query_one(PipelineTable).render_line(0).text
+
+
+async def test_overlay_has_a_legend_with_a_glyph_per_pipeline(make_app, session, monkeypatch):
+    # Regression: the overlay had no legend and, under NO_COLOR, every curve was the same grey.
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        session.train("alpha", 200)
+        session.train("beta", 120, t0=session.clock.now - 200, loss=lambda step: 1.5 - step / 200)
+        await wait_for(pilot, lambda: app.bridge.state.rows["beta"].step == 120, what="data")
+        await pilot.press("a")
+        chart = app.screen.query_one(LossChart)
+        await wait_for(pilot, lambda: chart.overlay, what="overlay")
+        assert f"{GLYPHS[0]} alpha" in chart.legend.plain and f"{GLYPHS[1]} beta" in chart.legend.plain
+        text = "\n".join(chart_rows(chart))
+        assert GLYPHS[0] in text and GLYPHS[1] in text
+
+
+async def test_chart_keys_toggle(make_app, session):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        session.train("alpha", 200)
+        chart = app.screen.query_one(LossChart)
+        await pilot.press("a", "g", "e", "x")
+        assert (chart.overlay, chart.log_y, chart.smooth, chart.x_mode) == (True, True, True, "time")
+        assert "all pipelines | x time | log | EMA" in chart.border_title
+
+
+async def test_help_scrolls_at_80x24(make_app, session):
+    # Regression: the help was cut at 80x24 and could not be scrolled.
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await launch(pilot, session)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = app.screen.query_one("#help-text")
+        await pilot.pause()
+        assert text.region.y >= 0 and text.region.bottom <= 24
+        assert text.max_scroll_y > 0 and text.scroll_y == 0
+        await pilot.press("end")
+        await wait_for(pilot, lambda: text.scroll_y == text.max_scroll_y, what="scrolled to the end")
+        await pilot.press("escape")
+        assert isinstance(app.screen, DashboardScreen)
+
+
+async def test_help_explains_the_try_column(make_app):
+    from torchherd.tui.screens.dialogs import HELP
+
+    assert "try" in HELP and "↻3/3" in HELP and "max_restarts" in HELP
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_l_opens_the_full_log_of_the_selected_pipeline(make_app, session, size):
+    # Regression: at 80x24, l has to open the full log the help promises, wherever the focus is.
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await launch(pilot, session)
+        log = session.sup.run_dir / "beta" / "log.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("".join(f"line {i} of beta\n" for i in range(200)))
+        await pilot.press("down")
+        await wait_for(pilot, lambda: app.screen.selected == "beta", what="beta selected")
+        for focus_moves in (0, 1, 2):
+            await pilot.press(*["tab"] * focus_moves, "l")
+            assert isinstance(app.screen, LogScreen) and app.screen.pipeline == "beta"
+            title = str(app.screen.query_one("#full").border_title)
+            assert title.startswith("beta: ") and title.endswith("beta/log.txt") and len(title) < size[0] - 4
+            full = app.screen.query_one("#full")
+            await wait_for(pilot, lambda: "line 199 of beta" in lines_of(full), what="the whole log")
+            assert "line 0 of beta" in lines_of(full)
+            await pilot.press("escape")
+            assert isinstance(app.screen, DashboardScreen)
+
+
+async def test_failure_traceback_in_event_log(make_app, session):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        session.crash("beta")
+        events = app.screen.query_one(EventLog)
+        await wait_for(pilot, lambda: "ZeroDivisionError" in lines_of(events), what="traceback")
+        assert "loss = model(x).sum() / zero" in lines_of(events)
+
+
+async def test_a_failure_reason_reads_without_brackets_in_brackets(make_app, session):
+    # Regression: "failed (ZeroDivisionError: ... (restart budget of 0 used up))".
+    session.restart = {"max_restarts": 0}
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        session.crash("beta")
+        await wait_for(pilot, lambda: session.state("beta") == "failed", what="failed")
+        want = "finished failed: restart budget of 0 used up: ZeroDivisionError: float division by zero"
+        await wait_for(pilot, lambda: want in log_texts(app), what="the failure line")
+        assert not any("))" in text for text in log_texts(app))

@@ -1,0 +1,111 @@
+"""What a person can ask of one pipeline from the dashboard, as frozen dataclasses, and when it cannot apply.
+
+The dashboard builds a command, asks `refusal` whether the pipeline's state allows it (so a key
+that would do nothing says why instead), and posts it; the bridge carries it out. The states each
+command acts in are the supervisor's: `Supervisor.pause` ignores anything but STARTING or RUNNING,
+and so on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torchherd.engine.states import WorkerState
+
+S = WorkerState
+
+
+@dataclass(frozen=True)
+class PipelineCommand:
+    """Base of every command: the pipeline it is for."""
+
+    pipeline: str
+    acts_in: ClassVar[frozenset[WorkerState]] = frozenset()
+    cannot: ClassVar[str] = ""  # what the refusal says it cannot be
+
+    def doing(self) -> str:
+        """A short line saying what is happening, for a notification."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Kill(PipelineCommand):
+    """SIGTERM to its processes, SIGKILL after the grace period; a queued one leaves the queue."""
+
+    acts_in: ClassVar[frozenset[WorkerState]] = frozenset(
+        {S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED, S.STOPPING, S.KILLING, S.HUNG})
+    cannot: ClassVar[str] = "killed"
+
+    def doing(self) -> str:
+        return f"killing {self.pipeline}"
+
+
+@dataclass(frozen=True)
+class Restart(PipelineCommand):
+    """Kill the worker and start it again from its last checkpoint; a final one goes back to the queue."""
+
+    acts_in: ClassVar[frozenset[WorkerState]] = frozenset(set(S) - {S.QUEUED})
+    cannot: ClassVar[str] = "restarted"
+
+    def doing(self) -> str:
+        return f"restarting {self.pipeline} from its last checkpoint"
+
+
+@dataclass(frozen=True)
+class Pause(PipelineCommand):
+    """Hold before the next step."""
+
+    acts_in: ClassVar[frozenset[WorkerState]] = frozenset({S.STARTING, S.RUNNING})
+    cannot: ClassVar[str] = "paused"
+
+    def doing(self) -> str:
+        return f"pausing {self.pipeline}"
+
+
+@dataclass(frozen=True)
+class Resume(PipelineCommand):
+    """Carry on after a pause."""
+
+    acts_in: ClassVar[frozenset[WorkerState]] = frozenset({S.PAUSED})
+    cannot: ClassVar[str] = "resumed"
+
+    def doing(self) -> str:
+        return f"resuming {self.pipeline}"
+
+
+@dataclass(frozen=True)
+class Stop(PipelineCommand):
+    """Finish the step, checkpoint and exit; a queued one leaves the queue."""
+
+    acts_in: ClassVar[frozenset[WorkerState]] = frozenset(
+        {S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED, S.KILLING, S.HUNG})
+    cannot: ClassVar[str] = "stopped"
+
+    def doing(self) -> str:
+        return f"stopping {self.pipeline}: it checkpoints, then exits"
+
+
+@dataclass(frozen=True)
+class Checkpoint(PipelineCommand):
+    """Write a checkpoint after the current step."""
+
+    acts_in: ClassVar[frozenset[WorkerState]] = frozenset({S.STARTING, S.RUNNING, S.PAUSED})
+    cannot: ClassVar[str] = "checkpointed"
+
+    def doing(self) -> str:
+        return f"{self.pipeline} writes a checkpoint after its current step"
+
+
+def refusal(command: PipelineCommand, state: WorkerState) -> str | None:
+    """Why `command` would do nothing to a pipeline in `state`, or None when it applies."""
+    if state in command.acts_in:
+        return None
+    name = command.pipeline
+    if state.final:
+        hint = "; r starts it again" if not isinstance(command, Restart) else ""
+        return f"{name} is {state.value}: it cannot be {command.cannot}{hint}"
+    if state == S.QUEUED:
+        return f"{name} is queued, waiting for a free device: it cannot be {command.cannot} before it starts"
+    if isinstance(command, Resume):
+        return f"{name} is {state.value}, not paused: nothing to resume"
+    return f"{name} is {state.value}: it cannot be {command.cannot} now"

@@ -1,0 +1,84 @@
+"""How the app writes numbers, durations, epochs, metric names and failure reasons, the same in every pane.
+
+Numbers are fitted to a width by giving up digits, never by cutting characters: `3.027e-05` in seven
+cells is `3.03e-5`, not `3.027e-`. Epochs are counted from 1 for people ("epoch 2/8"); the engine's
+events and JSON count from 0.
+"""
+from __future__ import annotations
+
+import math
+
+SHORT_METRICS = {"accuracy": "acc", "val_loss": "loss", "loss": "loss", "val_accuracy": "acc"}
+
+
+def _tidy_exponent(text: str) -> str:
+    """'3.03e-05' -> '3.03e-5', '1.2e+04' -> '1.2e4'."""
+    mantissa, e, exponent = text.partition("e")
+    if not e:
+        return text
+    sign = "-" if exponent.startswith("-") else ""
+    return f"{mantissa}e{sign}{exponent.lstrip('+-').lstrip('0') or '0'}"
+
+
+def fmt_num(value: float | None, width: int = 7) -> str:
+    """`value` in at most `width` cells with as many significant digits as fit; '-' when absent."""
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")[:width]
+    for digits in (4, 3, 2, 1):
+        plain = _tidy_exponent(f"{value:.{digits}g}")
+        if len(plain) <= width:
+            return plain
+        sci = _tidy_exponent(f"{value:.{digits - 1}e}")
+        if len(sci) <= width:
+            return sci
+    return "#" * width  # cannot fit even one digit: say so rather than show a wrong number
+
+
+def fmt_count(n: float | None, width: int = 6) -> str:
+    """A count such as steps or samples/s: '1,234', '123k', '12.3M', fitted to `width`."""
+    if n is None:
+        return "-"
+    n = int(n)
+    for text in (f"{n:,}", f"{n / 1e3:.0f}k", f"{n / 1e6:.1f}M", f"{n / 1e6:.0f}M", f"{n / 1e9:.0f}G"):
+        if len(text) <= width and not (text.endswith("k") and n >= 999_500):
+            return text
+    return "#" * width
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """'4:05' under an hour, '2h05m' under 100 hours, then '4d07h', then '123d': six cells at most."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    days = s // 86400
+    if days >= 100:
+        return f"{days}d"
+    if s >= 100 * 3600:
+        return f"{days}d{s % 86400 // 3600:02d}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def epoch_label(epoch: int, total: int = 0) -> str:
+    """A 0-based epoch as people count it: 'epoch 2/8', or 'epoch 2' when the total is unknown."""
+    return f"epoch {epoch + 1}/{total}" if total else f"epoch {epoch + 1}"
+
+
+def metric_label(metric: str) -> str:
+    """A short name for a metric, for a column header: 'accuracy' -> 'acc', 'val_loss' -> 'loss'."""
+    if metric in SHORT_METRICS:
+        return SHORT_METRICS[metric]
+    return metric[4:] if metric.startswith("val_") and len(metric) > 4 else metric
+
+
+def is_loss_metric(metric: str, mode: str) -> bool:
+    """Whether validation values share the train loss's scale: `val_loss`, or a minimised '...loss...'."""
+    return metric == "val_loss" or (mode == "min" and "loss" in metric)
+
+
+def finish_text(status: str, reason: str) -> str:
+    """'failed: restart budget of 3 used up: IndexError: x': the status, then why."""
+    return f"{status}: {reason}" if reason else status
