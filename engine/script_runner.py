@@ -107,6 +107,7 @@ class ScriptRunner:
         self.client = self.polls_stop = self.client_beats = False  # what the script's client said so far
         self.output_seen = self.client_seen = self.scoring = False  # signs of life since the last beat
         self.paused = False
+        self.stopped_by_signal = False  # paused with SIGSTOP (no client then): SIGCONT undoes it
         self.stopping = False
         self.limit = ""  # "max_time" / "max_steps" once reached: the stop it asks for is a completion
         self.fail_code: int | None = None  # set by the NaN policy
@@ -152,7 +153,8 @@ class ScriptRunner:
             self.sender.send(TrainingStarted(pipeline=self.name, epoch=0, step=0, epochs_total=self.pipe.max_epochs,
                                              steps_per_epoch=0, device=self.spec.device, parameters=0))
             code = self._supervise()
-            threads[0].join(OUTPUT_JOIN)
+            for thread in threads:  # the last lines and frames it sent, before the exit is reported
+                thread.join(OUTPUT_JOIN)
             print(f"torchherd: the script exited with code {code}", flush=True)
             return self._exit_code(code)
         finally:
@@ -204,7 +206,8 @@ class ScriptRunner:
 
     def _begin_stop(self, now: float) -> None:
         self.stopping = True
-        if self.paused and not self.client:
+        if self.stopped_by_signal:
+            self.stopped_by_signal = False
             self.proc.signal_tree(signal.SIGCONT)
         self._frame({"t": "stop"})
         if self.fail_code is not None:
@@ -217,10 +220,14 @@ class ScriptRunner:
 
     def _set_paused(self, paused: bool) -> None:
         self.paused = paused
+        if not paused and self.stopped_by_signal:
+            self.stopped_by_signal = False
+            self.proc.signal_tree(signal.SIGCONT)
         if self.client:
             self._frame({"t": "pause" if paused else "resume"})
-        else:
-            self.proc.signal_tree(signal.SIGSTOP if paused else signal.SIGCONT)
+        elif paused:  # no client to hold the loop at a step boundary: freeze the processes
+            self.stopped_by_signal = True
+            self.proc.signal_tree(signal.SIGSTOP)
 
     def _checkpoint_now(self) -> None:
         if self.client:
@@ -340,7 +347,7 @@ class ScriptRunner:
         self.client_seen = True
         if kind == "hello":
             self.client = True
-            if self.paused:
+            if self.paused and not self.stopped_by_signal:
                 self._frame({"t": "pause"})
             if self.stopping:
                 self._frame({"t": "stop"})

@@ -68,6 +68,7 @@ class _Client:
         self._resumed.set()
         self._acked = threading.Event()
         self.stop = False
+        self.stop_seen = False  # should_stop() has said True: the next save() is the stop's
         self.paused = False
         self.checkpoint = False  # a checkpoint-now request not yet taken
         self.polls_checkpoint = False
@@ -284,6 +285,7 @@ def should_stop() -> bool:
     if not c.polls_stop:
         c.polls_stop = True  # from now on a stop is asked of us, not signalled
         c._send({"t": "polls_stop"})
+    c.stop_seen = c.stop
     return c.stop
 
 
@@ -338,7 +340,8 @@ def save(obj: Any, name: str = "last.pt") -> Path:
     c = _client
     if c is None:
         return path
-    c.saved(path, "stop" if c.stop else (c.reason or "script"))
+    stopping = c.stop_seen or (c.stop and not c.polls_stop)  # seen by the loop, or Ctrl-C caught to save
+    c.saved(path, "stop" if stopping else (c.reason or "script"))
     c.reason = ""
     while c.paused and not c.stop:  # saved on request while paused: stay paused, not one step more
         c.hold(for_checkpoint=True)
