@@ -333,10 +333,11 @@ def resolve_kind(model: Pipeline, own: dict[str, Any], i: int, file: str,
         return f"pipelines[{i}].{key}" if key in own else f"defaults.{key}"
 
     if model.task is not None and model.script is not None:
-        return {}, [Problem(file, where("script"), "`task` and `script` are both set: a pipeline runs one or the other")]
+        both = "`task` and `script` are both set: a pipeline runs one or the other"
+        return {}, [Problem(file, where("script"), both)]
     if model.script is None:
-        problems = [Problem(file, f"pipelines[{i}].{key}", "only applies to a `script` pipeline (this one runs a `task`)")
-                    for key in SCRIPT_ONLY if key in own]
+        only = "only applies to a `script` pipeline (this one runs a `task`)"
+        problems = [Problem(file, f"pipelines[{i}].{key}", only) for key in SCRIPT_ONLY if key in own]
         if model.task is None:
             return {}, problems + [Problem(file, f"pipelines[{i}].task",
                                            "required key is missing: set `task` or `script` (here or in [defaults])")]

@@ -1,11 +1,11 @@
 """The script runner: a training script of the user's own as a pipeline, unchanged or with torchherd.client.
 
-The worker runs `python train.py ARGS` in its own process group, with torchrun's
-single-process environment, copies the script's output into the pipeline's log as
-it comes (matching the `metrics` regex on the way), turns the client's frames into
-events, and carries the supervisor's commands to the script: as frames when it uses
-the client, else as signals (SIGINT to stop, SIGSTOP/SIGCONT to pause). While the
-script shows signs of life it beats the heartbeat the supervisor's hang check reads.
+The worker runs `python train.py ARGS` (engine/script_process.py) and copies its
+output into the pipeline's log as it comes, matching the `metrics` regex on the way
+(engine/script_events.py); it turns the client's frames into the same events, and
+carries the supervisor's commands to the script: as frames when it uses the client,
+else as signals (SIGINT to stop, SIGSTOP/SIGCONT to pause). While the script shows
+signs of life it beats the heartbeat the supervisor's hang check reads.
 """
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from torchherd.engine.channel import EXIT_COMPLETED, EXIT_ERROR, EXIT_STOPPED
-from torchherd.engine.messages import (CheckpointSaved, EarlyStop, Event, Heartbeat, Notice, Resumed, SnapshotTaken,
-                                       StepMetrics, TrainingStarted, ValResult, WorkerError)
+from torchherd.engine.messages import (CheckpointSaved, Event, Heartbeat, Notice, Resumed, SnapshotTaken, StepMetrics,
+                                       TrainingStarted, WorkerError)
 from torchherd.engine.script_events import ScriptEvents, parse_number
 from torchherd.engine.script_process import ScriptProcess, script_environment
+from torchherd.engine.script_validation import InlineScorer
 
 TICK = 0.05  # seconds between looks at the control pipe and the script
 HEARTBEAT_INTERVAL = 1.0  # seconds between "still alive" reports
@@ -40,49 +41,9 @@ TAIL_LINES = 60  # lines of output kept to explain a crash
 ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b")
 
 
-def build_validation(ref: str, params: dict[str, Any]) -> Any:
-    """Call a script pipeline's `validate` factory and check what it returns (a Validation, or a Task)."""
-    import torch
-
-    from torchherd.engine.task import TaskError, _load_callable
-
-    fn = _load_callable(ref)
-    try:
-        built = fn(dict(params))
-    except Exception as exc:
-        raise TaskError(f"validate factory {ref} raised {type(exc).__name__}: {exc}") from exc
-    problems = []
-    if not isinstance(getattr(built, "model", None), torch.nn.Module):
-        problems.append("no model (a torch.nn.Module)")
-    if getattr(built, "val_data", None) is None:
-        problems.append("no val_data")
-    if not callable(getattr(built, "loss_fn", None)):
-        problems.append("no callable loss_fn")
-    if problems:
-        raise TaskError(f"validate factory {ref} returned a {type(built).__name__} with " + ", ".join(problems) +
-                        "; return torchherd.client.Validation(model=..., val_data=..., loss_fn=...)")
-    return built
-
-
 def run_script(spec, pipe, validation, sender, control) -> int:
     """The `script` runner (see worker.RUNNERS): returns the worker's exit code."""
     return ScriptRunner(spec, pipe, validation, sender, control).run()
-
-
-class _InlineSender:
-    """The validator's scorer run inside the worker: its results are inline ones, its early stop ours."""
-
-    def __init__(self, runner: "ScriptRunner"):
-        self.runner = runner
-
-    def send(self, event: Event) -> None:
-        import dataclasses
-
-        if isinstance(event, ValResult):
-            event = dataclasses.replace(event, mode="inline")
-        elif isinstance(event, EarlyStop):
-            self.runner.control.stop_reason = event.reason
-        self.runner.sender.send(event)
 
 
 class ScriptRunner:
@@ -113,8 +74,7 @@ class ScriptRunner:
         self.fail_code: int | None = None  # set by the NaN policy
         self.kill_at: float | None = None
         self.inline_dir: str | None = None
-        self.scorer: Any = None
-        self.scorer_broken = False
+        self.inline: InlineScorer | None = None
         self.told_no_client = False
 
     # ------------------------------------------------------------ start
@@ -387,27 +347,17 @@ class ScriptRunner:
                     "the validator has not read (policy 'all')")))
             return
         try:
-            self._score_inline()
+            if self.inline is None:
+                self.inline = InlineScorer(self.name, Path(self.inline_dir), self.spec.device, self.sender,
+                                           self._early_stop)
+            self.scoring = True  # the script waits for the ack meanwhile: that is no hang
+            self.inline.score()
         finally:
+            self.scoring = False
             self._frame({"t": "ack"})
 
-    def _score_inline(self) -> None:
-        """Inline validation: the worker scores the hand-off while the script waits for the ack."""
-        if self.scorer is None and not self.scorer_broken:
-            from torchherd.engine.validator import PipelineScorer
-
-            try:
-                self.scorer = PipelineScorer(self.name, Path(self.inline_dir), self.spec.device)
-            except Exception as exc:
-                self.scorer_broken = True
-                self.sender.send(ValResult(pipeline=self.name, epoch=-1, step=-1, metrics={}, mode="inline",
-                                           error=f"building the validation failed: {type(exc).__name__}: {exc}"))
-        if self.scorer is not None:
-            self.scoring = True
-            try:
-                self.scorer.score_newest(_InlineSender(self))
-            finally:
-                self.scoring = False
+    def _early_stop(self, reason: str) -> None:
+        self.control.stop_reason = reason  # inline patience ran out: stop as the stop key would
 
     # ------------------------------------------------------------ state
 

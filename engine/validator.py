@@ -44,7 +44,7 @@ class PipelineScorer:
         self.since_best = 0
         self.failed = ""
         if self.pipe.kind == "script":  # the script's `validate` factory: model and data, no training parts
-            from torchherd.engine.script_runner import build_validation
+            from torchherd.engine.script_validation import build_validation
 
             task = build_validation(self.pipe.validate_ref or self.pipe.validate_factory, self.pipe.params)
         else:
