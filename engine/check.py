@@ -12,13 +12,14 @@ import ast
 import difflib
 import importlib.util
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchherd.engine.config import BUILTIN_TASKS, ConfigError, Problem, RunConfig, display_path, load_config
 from torchherd.engine.devices import Inventory, discover_devices
-from torchherd.engine.placement import describe_plan, plan_slots
+from torchherd.engine.placement import describe_plan, plan_slots, plan_validation
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,10 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     inventory = inventory if inventory is not None else discover_devices()
     slots, problems = plan_slots(config.devices, inventory, display_path(path))
     problems += static_task_problems(config)
+    if not problems:
+        problems = script_problems(config, plan_validation(config, slots, inventory).mode)
     if probe and not problems:
-        from torchherd.engine.probe import probe_tasks
-
-        problems = probe_tasks(config)
+        problems = _probe_tasks(config)
     if problems:
         return CheckReport(False, config, problems)
     return CheckReport(True, config, [], describe_plan(config, slots, inventory))
@@ -80,6 +81,8 @@ def static_task_problems(config: RunConfig) -> list[Problem]:
     """Task files that do not parse or do not define the factory the config names, read without importing."""
     errors = {}
     for i, pipe in enumerate(config.pipelines):
+        if pipe.kind != "task":
+            continue  # a script has no factory to look for
         error = _scan_ref(pipe.task_ref or pipe.task)
         if error:
             errors[i] = error
@@ -198,3 +201,43 @@ def _bound_names(tree: ast.Module) -> frozenset[str] | None:
         else:
             names |= _stored(node)
     return frozenset(names)
+
+
+# ------------------------------------------------------------ script pipelines
+
+HAND_OFF = re.compile(r"\bhand_off\s*\(")
+SCAN_LIMIT = 200  # .py files beside a script searched for a hand-off, at most
+
+
+def _calls_hand_off(script: Path) -> bool:
+    """Whether the script, or a module beside it (a training loop often lives there), calls hand_off(...)."""
+    files = [script] + sorted(p for p in script.parent.glob("*.py") if p != script)[:SCAN_LIMIT]
+    for file in files:
+        try:
+            if HAND_OFF.search(file.read_text(encoding="utf-8", errors="replace")):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def script_problems(config: RunConfig, validation_mode: str) -> list[Problem]:
+    """A `validate` factory whose script never hands its weights off: nothing would ever be scored."""
+    problems = []
+    for i, p in enumerate(config.pipelines):
+        if p.kind != "script" or not p.validate_factory or validation_mode == "off":
+            continue
+        script = Path(p.script_ref)
+        if script.is_file() and not _calls_hand_off(script):
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].validate", (
+                f"{script.name} never calls herd.hand_off(model), so validation would have nothing to score: "
+                "add `import torchherd.client as herd` and `herd.hand_off(model)` after each epoch, "
+                "or remove `validate`")))
+    return problems
+
+
+def _probe_tasks(config: RunConfig) -> list[Problem]:
+    """Build every task pipeline's task in a fresh process (script pipelines have none)."""
+    from torchherd.engine.probe import probe_tasks
+
+    return probe_tasks(config)

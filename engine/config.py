@@ -64,6 +64,8 @@ class _Strict(BaseModel):
 class PipelineSettings(_Strict):
     """Settings a pipeline takes; `[defaults]` holds the same keys."""
 
+    model_config = ConfigDict(populate_by_name=True)  # `validate_factory` reads back from a dump by its name
+
     task: str | None = Field(None, description=(
         "What to train: a built-in task name (regression, digits), 'path/to/file.py:build' "
         "(relative to the config file) or 'package.module:build'."))
@@ -93,19 +95,54 @@ class PipelineSettings(_Strict):
     nan_policy: Literal["warn", "stop", "restart"] = Field("stop", description=(
         "When the training loss is NaN or infinite: warn and carry on, stop the pipeline as failed, "
         "or restart it from its last checkpoint."))
+    # A training script of the user's own, run as it is (engine/script_runner.py).
+    script: str | None = Field(None, description=(
+        "Instead of `task`: a training script to run as it is, 'path/to/train.py' (relative to the config "
+        "file, which is also its working directory), with this Python."))
+    args: list[str] = Field(default_factory=list, description="Command-line arguments for `script`.")
+    metrics: str | None = Field(None, description=(
+        "A regular expression matched against every line `script` prints; named groups `step`, `epoch` and "
+        "`loss` (and `lr`) become step or epoch reports, e.g. 'Epoch (?P<epoch>\\d+), Loss: (?P<loss>\\S+)'."))
+    # Named `validate` in TOML; that name would shadow pydantic's BaseModel.validate.
+    validate_factory: str | None = Field(None, alias="validate", description=(
+        "For `script`: 'path/to/file.py:build' or 'package.module:build', a factory returning "
+        "torchherd.client.Validation(model, val_data, loss_fn) that scores what the script passes to "
+        "herd.hand_off(model)."))
 
     @field_validator("precision", mode="before")
     @classmethod
     def _precision_from_int(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_regex(cls, v: str | None) -> str | None:
+        return v if v is None else check_metrics_regex(v)
+
+
+SCRIPT_ONLY = ("args", "metrics", "validate")  # keys that mean nothing without `script`
+
+
+def check_metrics_regex(pattern: str) -> str:
+    """`pattern` if it compiles and names what it captures; else ValueError saying what is wrong."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from None
+    if not compiled.groupindex:
+        raise ValueError("has no named group: name what a group captures, e.g. (?P<loss>[-+.\\deE]+) "
+                         "or (?P<epoch>\\d+)")
+    return pattern
+
 
 class Pipeline(PipelineSettings):
     """One independent training pipeline."""
 
     name: str = Field(..., description="Unique name; also the pipeline's folder in the run directory.")
-    task: str = Field(..., description=PipelineSettings.model_fields["task"].description)
     task_ref: str = Field("", description="The task as resolved (absolute file path); filled in by the loader.")
+    script_ref: str = Field("", description="The script as resolved (absolute path); filled in by the loader.")
+    validate_ref: str = Field("", description="`validate` as resolved; filled in by the loader.")
+    workdir: str = Field("", description="The script's working directory (the config's folder); from the loader.")
 
     @field_validator("name")
     @classmethod
@@ -114,8 +151,8 @@ class Pipeline(PipelineSettings):
 
     @property
     def kind(self) -> str:
-        """Which runner trains it: "task" (torchherd's own loop over a `Task`)."""
-        return "task"
+        """Which runner trains it: "task" (torchherd's own loop over a `Task`) or "script" (the user's own)."""
+        return "script" if self.script is not None else "task"
 
 
 class DevicesConfig(_Strict):
@@ -224,6 +261,8 @@ class RunConfig(_Strict):
 
 # ------------------------------------------------------------------ loading
 
+RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir")  # filled in by the loader, not keys
+
 
 def _key_path(loc: tuple[Any, ...]) -> str:
     out = ""
@@ -264,8 +303,8 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
                "validation": ValidationConfig, "restart": RestartConfig,
                "telemetry": TelemetryConfig}.get(first)
         if sub is not None:
-            names = list(sub.model_fields)
-    return [n for n in names if n not in ("task_ref", "source")]
+            names = [f.alias or n for n, f in sub.model_fields.items()]
+    return [n for n in names if n not in RESOLVED]
 
 
 def _is_branch(part: Any) -> bool:
@@ -315,6 +354,38 @@ def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
     return task, None
 
 
+def resolve_kind(model: Pipeline, own: dict[str, Any], i: int, file: str,
+                 base_dir: Path) -> tuple[dict[str, str], list[Problem]]:
+    """The loader's fields for one pipeline (`task_ref`, or `script_ref`, `workdir`, `validate_ref`) and the
+    problems with its `task` or `script`; `own` is the pipeline's table as written, without [defaults]."""
+    def where(key: str) -> str:
+        return f"pipelines[{i}].{key}" if key in own else f"defaults.{key}"
+
+    if model.task is not None and model.script is not None:
+        both = "`task` and `script` are both set: a pipeline runs one or the other"
+        return {}, [Problem(file, where("script"), both)]
+    if model.script is None:
+        only = "only applies to a `script` pipeline (this one runs a `task`)"
+        problems = [Problem(file, f"pipelines[{i}].{key}", only) for key in SCRIPT_ONLY if key in own]
+        if model.task is None:
+            return {}, problems + [Problem(file, f"pipelines[{i}].task",
+                                           "required key is missing: set `task` or `script` (here or in [defaults])")]
+        ref, err = resolve_task(model.task, base_dir)
+        return {"task_ref": ref}, problems + ([Problem(file, where("task"), err)] if err else [])
+    problems = []
+    path = Path(model.script)
+    path = path if path.is_absolute() else (base_dir / path).resolve()
+    if not path.is_file():
+        problems.append(Problem(file, where("script"), f"script not found: {path}"))
+    update = {"script_ref": str(path), "workdir": str(base_dir.resolve())}
+    if model.validate_factory is not None:
+        ref, err = resolve_task(model.validate_factory, base_dir)
+        update["validate_ref"] = ref
+        if err:
+            problems.append(Problem(file, where("validate"), err.replace("task", "validate factory", 1)))
+    return update, problems
+
+
 def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) -> RunConfig:
     """Validate a decoded TOML document; raise ConfigError naming every problem."""
     base_dir = base_dir or Path(file).resolve().parent
@@ -344,6 +415,9 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
     names: dict[str, int] = {}
     for i, pipe in enumerate(raw_pipelines):
         merged = {**raw_defaults, **pipe}
+        for own, other in (("script", "task"), ("task", "script")):
+            if own in pipe and other not in pipe:
+                merged.pop(other, None)  # a pipeline's own task or script replaces the other from [defaults]
         merged["params"] = {**raw_defaults.get("params", {}), **pipe.get("params", {})} \
             if isinstance(raw_defaults.get("params", {}), dict) and isinstance(pipe.get("params", {}), dict) \
             else pipe.get("params", {})
@@ -354,8 +428,6 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
                 key = p.key.split(".", 1)[1] if "." in p.key else ""
                 if key.split("[")[0] in raw_defaults and key.split("[")[0] not in pipe:
                     continue  # reported once, under [defaults]
-                if key == "task" and p.message == "required key is missing":
-                    p = Problem(shown, p.key, "required key is missing (set it here or in [defaults])")
                 problems.append(p)
             merged_pipelines.append(None)
             continue
@@ -363,13 +435,9 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
             problems.append(Problem(shown, f"pipelines[{i}].name",
                                     f"duplicate name {model.name!r} (also pipelines[{names[model.name]}])"))
         names[model.name] = i
-        ref, err = resolve_task(model.task, base_dir)
-        if err:
-            where = f"pipelines[{i}].task" if "task" in pipe else "defaults.task"
-            problem = Problem(shown, where, err)
-            if problem not in problems:
-                problems.append(problem)
-        merged_pipelines.append(model.model_copy(update={"task_ref": ref}))
+        update, found = resolve_kind(model, pipe, i, shown, base_dir)
+        problems += [p for p in found if p not in problems]
+        merged_pipelines.append(model.model_copy(update=update))
 
     rest = {k: v for k, v in raw.items() if k not in ("defaults", "pipelines")}
     try:
@@ -410,5 +478,5 @@ def describe_fields() -> dict[str, dict[str, str]]:
     """Every config table's keys and their descriptions (for docs and the app)."""
     tables = {"(top level)": RunConfig, "pipelines / defaults": Pipeline, "devices": DevicesConfig,
               "validation": ValidationConfig, "restart": RestartConfig, "telemetry": TelemetryConfig}
-    return {t: {n: f.description or "" for n, f in m.model_fields.items() if n not in ("task_ref", "source")}
+    return {t: {f.alias or n: f.description or "" for n, f in m.model_fields.items() if n not in RESOLVED}
             for t, m in tables.items()}

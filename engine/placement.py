@@ -76,6 +76,9 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
         where = slots[i].label if i < len(slots) else f"queued (#{i - len(slots) + 1}) until a slot frees"
         limits = f"{p.max_epochs} epochs" + (f", max {p.max_steps} steps" if p.max_steps else "") + \
             (f", max {p.max_time:g}s" if p.max_time else "")
+        if p.kind == "script":  # its own loop: torchherd's epochs and precision do not apply
+            lines.append(f"{name}: {describe_script(p)} -> {where}")
+            continue
         lines.append(f"{name}: task {p.task}, {limits}, precision {p.precision} -> {where}")
     v = config.validation
     plan = plan_validation(config, slots, inventory)
@@ -89,6 +92,18 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
     lines.append(f"restarts: up to {r.max_restarts}, backoff {r.backoff:g}s..{r.backoff_max:g}s, "
                  f"min uptime {r.min_uptime:g}s")
     return lines
+
+
+def describe_script(p) -> str:
+    """'script train.py --lr 0.01, metrics from its output, validate val.py:build' for a script pipeline."""
+    import shlex
+
+    text = "script " + shlex.join([p.script, *p.args])
+    if p.metrics:
+        text += ", metrics from its output"
+    if p.validate_factory:
+        text += f", validate {p.validate_factory}"
+    return text + (f", max {p.max_time:g}s" if p.max_time else "")
 
 
 @dataclass(frozen=True)

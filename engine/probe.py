@@ -71,6 +71,8 @@ def plan_jobs(config: RunConfig) -> list[ProbeJob]:
     """The distinct (task, params) of `config`, in pipeline order."""
     grouped: dict[tuple[str, str], list[int]] = {}
     for i, p in enumerate(config.pipelines):
+        if p.kind == "script":
+            continue  # the user's own script: there is no factory to build
         grouped.setdefault((p.task_ref or p.task, json.dumps(p.params, sort_keys=True)), []).append(i)
     return [ProbeJob(ref, params, tuple(idx), _stamp(ref)) for (ref, params), idx in grouped.items()]
 

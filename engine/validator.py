@@ -43,7 +43,12 @@ class PipelineScorer:
         self.best: float | None = meta.get("best")
         self.since_best = 0
         self.failed = ""
-        task = build_task(self.pipe.task_ref or self.pipe.task, self.pipe.params)
+        if self.pipe.kind == "script":  # the script's `validate` factory: model and data, no training parts
+            from torchherd.engine.script_validation import build_validation
+
+            task = build_validation(self.pipe.validate_ref or self.pipe.validate_factory, self.pipe.params)
+        else:
+            task = build_task(self.pipe.task_ref or self.pipe.task, self.pipe.params)
         self.task = task
         self.model = task.model.to(self.device)
         self.model.eval()

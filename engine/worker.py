@@ -14,6 +14,7 @@ from typing import Callable
 
 from torchherd.engine.channel import EXIT_ERROR, EXIT_FATAL, ControlReceiver, StatusSender, SupervisorGone
 from torchherd.engine.messages import WorkerError
+from torchherd.engine.script_runner import run_script
 from torchherd.engine.spec import WorkerSpec
 
 
@@ -33,7 +34,7 @@ def run_task(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) 
     return trainer.run()
 
 
-RUNNERS: dict[str, Callable[..., int]] = {"task": run_task}  # by the pipeline's kind
+RUNNERS: dict[str, Callable[..., int]] = {"task": run_task, "script": run_script}  # by the pipeline's kind
 
 
 def run(spec: WorkerSpec, sender: StatusSender, receiver: ControlReceiver) -> int:

@@ -1,0 +1,98 @@
+"""A training script's process as the script runner holds it: started, signalled, measured.
+
+The script runs as `python train.py ARGS` in the worker's process group (so the
+supervisor's kill reaches it and whatever it starts), with torchrun's environment
+for a single process, its output on one pipe, and death with the worker. Signals
+the runner sends (SIGINT to stop, SIGSTOP/SIGCONT to pause) go to the script and
+its descendants only, never to the worker that shares their group.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+# Runs between fork and the script: Ctrl-C back to its default (the worker ignores it, and an
+# ignored SIGINT would survive exec), death with the worker, then the script itself in this pid.
+_EXEC = ("import ctypes, os, signal, sys\n"
+         "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+         "try:\n    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
+         "except (OSError, AttributeError):\n    pass\n"
+         "if os.getppid() != int(sys.argv[1]):\n    os._exit(13)\n"
+         "os.execv(sys.argv[2], sys.argv[2:])\n")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, for MASTER_PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def script_environment(attempt: int, device: str, threads: int, extra: dict[str, str]) -> dict[str, str]:
+    """The worker's environment (CUDA_VISIBLE_DEVICES, thread counts) plus torchrun's for one process."""
+    env = dict(os.environ)
+    env.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1",
+               TORCHHERD_RESTART_COUNT=str(max(attempt - 1, 0)), **extra)
+    if device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+class ScriptProcess:
+    """The running script: `python SCRIPT ARGS` with its output (stdout and stderr) on one pipe."""
+
+    def __init__(self, argv: list[str], cwd: str, env: dict[str, str], pass_fd: int):
+        # Started from the worker's main thread on purpose: the parent-death signal follows that thread.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _EXEC, str(os.getpid()), sys.executable, *argv],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            pass_fds=(pass_fd,), cwd=cwd, env=env)
+        self.pid = self.proc.pid
+        self.output_fd = self.proc.stdout.fileno()
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        """`sig` to the script alone (SIGINT: what a person's Ctrl-C would do)."""
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def tree(self) -> list[Any]:
+        """The script and every live process it started (psutil.Process objects)."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            return [root] + root.children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def signal_tree(self, sig: int) -> None:
+        """`sig` to the script and its descendants, parent first (SIGSTOP stops it before it can react)."""
+        import psutil
+
+        for proc in self.tree():
+            try:
+                proc.send_signal(sig)
+            except psutil.Error:
+                pass
+
+    def cpu_seconds(self) -> float:
+        """CPU time the script and its live descendants have used (seconds)."""
+        import psutil
+
+        total = 0.0
+        for proc in self.tree():
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                pass
+        return total

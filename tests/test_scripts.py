@@ -1,0 +1,266 @@
+"""A user's own training script as a pipeline: run unchanged with a metrics regex, or with torchherd.client."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torchherd.engine.check import check_config
+from torchherd.engine.devices import Inventory
+from torchherd.engine.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, StepMetrics, ValResult,
+                                       WorkerError, WorkerExited, WorkerStarted)
+from torchherd.engine.rundir import read_events
+from torchherd.engine.script_events import ScriptEvents
+from torchherd.engine.supervisor import Supervisor
+from tests.conftest import make_config, still_alive, wait_for
+
+SCRIPTS = Path(__file__).parent / "tasks" / "scripts"
+PLAIN = str(SCRIPTS / "plain_loop.py")
+CLIENT = str(SCRIPTS / "client_loop.py")
+EPOCH_LOSS = r"Epoch (?P<epoch>\d+), Loss: (?P<loss>[-+.\deE]+)"
+NO_GPU = Inventory(cpu_count=2, note="no NVIDIA GPU (test inventory)")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def of(events, cls, pipeline):
+    return [e for e in events if isinstance(e, cls) and e.pipeline == pipeline]
+
+
+# ------------------------------------------------------------ what a script reports, as events
+
+
+def test_printed_epochs_from_one_become_zero_based_epoch_ends_with_a_chart_point():
+    events = ScriptEvents("p", epochs_total=2)
+    out = events.from_match({"epoch": "1", "loss": "0.5"}) + events.from_match({"epoch": "2", "loss": "0.25"}) + \
+        events.from_match({"epoch": "3", "loss": "nan"})
+    ends = [e for e in out if isinstance(e, EpochEnd)]
+    assert [(e.epoch, e.train_loss) for e in ends[:2]] == [(0, 0.5), (1, 0.25)]
+    assert [e.step for e in out if isinstance(e, StepMetrics)] == [1, 2, 3]  # one point per epoch for the chart
+    assert ends[-1].epochs_total == 3  # a script that runs longer than max_epochs says so
+
+
+def test_printed_epochs_from_zero_and_step_lines():
+    events = ScriptEvents("p", epochs_total=5)
+    steps = events.from_match({"epoch": "0", "step": "10", "loss": "2.0", "lr": "1e-3"})
+    steps += events.from_match({"epoch": "0", "step": "20", "loss": "1.0", "lr": None})
+    [end] = events.from_match({"epoch": "0"})  # an epoch line without a loss: the mean of its steps
+    assert [(s.epoch, s.step, s.loss) for s in steps] == [(0, 10, 2.0), (0, 20, 1.0)] and steps[0].lr == 1e-3
+    assert (end.epoch, end.step, end.train_loss, end.steps_per_epoch) == (0, 20, 1.5, 20)
+    assert events.from_match({"loss": "x"}) == [] and events.from_match({"loss": "0.5"})[0].step == 21
+
+
+# ------------------------------------------------------------ bad input: one clear message, nothing launched
+
+
+def write_config(tmp_path: Path, pipeline: str, extra: str = "") -> Path:
+    (tmp_path / "train.py").write_text("print('Epoch 1, Loss: 0.5')\n")
+    (tmp_path / "val.py").write_text("def build(params):\n    raise RuntimeError('never built by check')\n")
+    path = tmp_path / "run.toml"
+    path.write_text(f'runs_dir = "{tmp_path / "runs"}"\n{extra}\n[[pipelines]]\nname = "a"\n{pipeline}\n')
+    return path
+
+
+@pytest.mark.parametrize("pipeline, extra, key, message", [
+    ('script = "train.py"\ntask = "digits"', "", "pipelines[0].script", "`task` and `script` are both set"),
+    ('script = "nowhere.py"', "", "pipelines[0].script", "script not found"),
+    ('script = "train.py"\nmetrics = "Epoch (\\\\d+"', "", "pipelines[0].metrics", "not a valid regular expression"),
+    ('script = "train.py"\nmetrics = "Epoch (\\\\d+)"', "", "pipelines[0].metrics", "has no named group"),
+    ('script = "train.py"\nvalidate = "val.py:build"', '[validation]\nmode = "background"',
+     "pipelines[0].validate", "never calls herd.hand_off(model)"),
+    ('task = "digits"\nmetrics = "(?P<loss>\\\\S+)"', "", "pipelines[0].metrics", "only applies to a `script`"),
+], ids=["script_and_task", "missing_script", "regex_does_not_compile", "regex_without_group",
+        "validate_without_hand_off", "metrics_on_a_task"])
+def test_bad_script_pipeline_is_one_clear_problem(tmp_path, pipeline, extra, key, message):
+    report = check_config(write_config(tmp_path, pipeline, extra), inventory=NO_GPU)
+    assert not report.ok
+    assert [(p.key, message in p.message) for p in report.problems] == [(key, True)], report.problems
+
+
+def test_script_pipeline_check_says_what_would_run(tmp_path):
+    config = write_config(tmp_path, 'script = "train.py"\nargs = ["--lr", "0.1"]\nvalidate = "val.py:build"',
+                          '[validation]\nmode = "background"')
+    (tmp_path / "train.py").write_text("import torchherd.client as herd\nherd.hand_off(model)\n")
+    report = check_config(config, inventory=NO_GPU)
+    assert report.ok, report.render()
+    assert any(line.startswith("a: script train.py --lr 0.1, validate val.py:build -> cpu0") for line in report.lines)
+
+
+def test_run_with_a_bad_script_pipeline_launches_nothing(tmp_path):
+    config = write_config(tmp_path, 'script = "train.py"\nmetrics = "no groups"')
+    out = subprocess.run([sys.executable, "-m", "torchherd", "run", str(config), "--headless"], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 2 and "pipelines[0].metrics: has no named group" in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------ the client
+
+
+def test_client_is_a_no_op_alone_and_loads_neither_torch_nor_textual(tmp_path):
+    code = ("import sys, torchherd.client as herd\n"
+            "herd.report(step=1, loss=0.5, lr=0.1); herd.epoch_end(0, 0.5); herd.heartbeat(); herd.wait_if_paused()\n"
+            "assert herd.should_stop() is False and herd.checkpoint_requested() is False\n"
+            "assert herd.hand_off(object()) is None and herd.resume_from() is None\n"
+            "print(sorted({'torch', 'textual'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("TORCHHERD_")},
+                         cwd=tmp_path)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+class FrameReader:
+    """The runner's end of the client socket, read line by line."""
+
+    def __init__(self, sock: socket.socket):
+        self.file = sock.makefile("rb")
+
+    def next(self, kind: str) -> dict:
+        while True:
+            frame = json.loads(self.file.readline())
+            if frame["t"] == kind:
+                return frame
+
+
+def test_client_coalesces_reports_and_pause_holds_report_until_resume():
+    from torchherd.client import _Client
+
+    ours, theirs = socket.socketpair()
+    ours.settimeout(10.0)  # seconds: a frame that never comes fails the test instead of hanging it
+    client = _Client(os.dup(theirs.fileno()), None)
+    theirs.close()
+    frames = FrameReader(ours)
+    assert frames.next("hello")["pid"] == os.getpid()
+    for step in range(1, 5):
+        client._pending.append((step, None, float(step), 32, {"lr": 0.1}))
+    client._flush()
+    frame = frames.next("step")
+    assert (frame["step"], frame["loss"], frame["n"], frame["metrics"]) == (4, 2.5, 4, {"lr": 0.1})
+
+    ours.sendall(b'{"t": "pause"}\n')
+    held, released = threading.Event(), threading.Event()
+
+    def step():
+        seen = threading.Event()
+        for _ in range(1000):  # until the client's reader thread has taken the pause in (10 s at most)
+            if client.paused or seen.wait(0.01):
+                break
+        held.set()
+        client.hold()
+        released.set()
+    thread = threading.Thread(target=step, daemon=True)
+    thread.start()
+    assert held.wait(10)
+    assert not released.wait(0.3)  # paused: the loop waits here
+    ours.sendall(b'{"t": "resume"}\n')
+    assert released.wait(10)
+    ours.sendall(b'{"t": "stop"}\n')
+    ours.close()
+    thread.join(10)
+
+
+# ------------------------------------------------------------ real processes
+
+@pytest.mark.slow
+async def test_unmodified_scripts_report_epochs_restart_after_a_crash_and_stop_on_ctrl_c(tmp_path):
+    marker, saved = tmp_path / "crashed-once", tmp_path / "saved-on-ctrl-c"
+    config = make_config(tmp_path, [
+        {"name": "plain", "script": PLAIN, "args": ["--epochs", "3"], "metrics": EPOCH_LOSS},
+        {"name": "crashy", "script": PLAIN, "args": ["--epochs", "3", "--crash-once", str(marker)],
+         "metrics": EPOCH_LOSS},
+        {"name": "ctrl-c", "script": PLAIN, "args": ["--epochs", "10000", "--delay", "0.2", "--on-interrupt",
+                                                     str(saved)], "metrics": EPOCH_LOSS},
+    ], devices={"cpu_slots": 3}, restart={"min_uptime": 0.0}, validation={"mode": "off"})
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        await wait_for(stream, lambda e: isinstance(e, EpochEnd) and e.pipeline == "ctrl-c")
+        sup.stop("ctrl-c")
+        statuses = await asyncio.wait_for(sup.wait(), 120)
+    finally:
+        await sup.shutdown(graceful=False)
+    assert statuses == {"plain": "completed", "crashy": "completed", "ctrl-c": "stopped"}
+    events = read_events(sup.run_dir)
+    ends = of(events, EpochEnd, "plain")
+    assert [(e.epoch, e.train_loss) for e in ends] == [(0, 1.0), (1, 0.5), (2, 0.3333)]
+    assert [e.loss for e in of(events, StepMetrics, "plain")] == [1.0, 0.5, 0.3333]  # what the chart plots
+    log = (sup.run_dir / "plain" / "log.txt").read_text()
+    assert "Epoch 3, Loss: 0.3333" in log
+    assert "RANK=0 WORLD_SIZE=1 MASTER_PORT=" in log and f"restart=0 cwd={tmp_path}" in log
+    [error] = of(events, WorkerError, "crashy")
+    assert error.error.startswith("RuntimeError: plain_loop crashed on purpose") and "Traceback" in error.traceback
+    assert sup.view("crashy").restarts == 1 and "restart=1" in (sup.run_dir / "crashy" / "log.txt").read_text()
+    assert saved.read_text().startswith("interrupted at epoch")  # the script caught KeyboardInterrupt and saved
+    assert [e.exit_code for e in of(events, WorkerExited, "ctrl-c")] == [10]
+
+
+@pytest.mark.slow
+async def test_silent_script_is_hung_and_a_killed_script_leaves_no_children(tmp_path):
+    config = make_config(tmp_path, [
+        {"name": "silent", "script": PLAIN, "args": ["--silent-hang"], "metrics": EPOCH_LOSS},
+        {"name": "parent", "script": PLAIN, "args": ["--epochs", "10000", "--delay", "0.2", "--children", "2"],
+         "metrics": EPOCH_LOSS},
+    ], restart={"max_restarts": 0, "hang_timeout": 5.0}, validation={"mode": "off"})  # seconds; starting gets 3x
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted) and e.pipeline == "parent")
+        await wait_for(stream, lambda e: isinstance(e, EpochEnd) and e.pipeline == "parent")
+        group = [started.pid] + [p.pid for p in psutil.Process(started.pid).children(recursive=True)]
+        assert len(group) >= 4  # the worker, the script and the script's two children
+        sup.kill("parent")
+        silent = await wait_for(stream, lambda e: isinstance(e, PipelineFinished) and e.pipeline == "silent")
+        assert silent.status == "failed" and "hung" in silent.reason
+        statuses = await asyncio.wait_for(sup.wait(), 60)
+        assert statuses["parent"] == "killed" and still_alive(group) == []
+    finally:
+        await sup.shutdown(graceful=False)
+
+
+@pytest.mark.slow
+async def test_client_script_pauses_stops_with_its_checkpoint_resumes_and_is_validated(tmp_path):
+    config = make_config(tmp_path, [
+        {"name": "c", "script": CLIENT, "args": ["--epochs", "2", "--steps", "40", "--delay", "0.02"],
+         "validate": str(SCRIPTS / "val.py") + ":build"},
+    ], devices={"cpu_slots": 1}, validation={"mode": "background", "device": "cpu"})
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics))
+        sup.pause("c")
+        sup.checkpoint("c")
+        first = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
+        sup.checkpoint("c")
+        second = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
+        assert second.step == first.step  # paused: no step between two checkpoints
+        sup.resume("c")
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step > second.step)
+        sup.stop("c")
+        stopped = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "stop")
+        finished = await wait_for(stream, lambda e: isinstance(e, PipelineFinished))
+        assert finished.status == "stopped" and Path(stopped.path).exists()
+    finally:
+        await sup.shutdown(graceful=False)
+
+    again = Supervisor.resume_run(sup.run_dir)
+    await again.start()
+    try:
+        assert await asyncio.wait_for(again.wait(), 120) == {"c": "completed"}
+    finally:
+        await again.shutdown(graceful=True)
+    events = read_events(sup.run_dir)
+    [resumed] = of(events, Resumed, "c")
+    assert (resumed.path, resumed.step) == (stopped.path, stopped.step)
+    assert of(events, EpochEnd, "c")[0].step > stopped.step  # carried on, not from step 0
+    scored = [e for e in of(events, ValResult, "c") if not e.error]
+    assert scored and scored[-1].mode == "background" and scored[-1].metrics["val_loss"] < 1.0
