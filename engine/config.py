@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 BUILTIN_TASKS = ("regression", "digits")
+LIGHTNING_PREFIX = "lightning:"  # task = "lightning:file.py:Class": a LightningModule trained by Trainer.fit
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,11 @@ class PipelineSettings(_Strict):
     nan_policy: Literal["warn", "stop", "restart"] = Field("stop", description=(
         "When the training loss is NaN or infinite: warn and carry on, stop the pipeline as failed, "
         "or restart it from its last checkpoint."))
+    datamodule: str = Field("", description=(
+        "Lightning pipelines: the LightningDataModule class, 'path/to/file.py:Class' (relative to the config "
+        "file) or 'package.module:Class'; empty: the module's own *_dataloader methods."))
+    datamodule_params: dict[str, Any] = Field(default_factory=dict, description=(
+        "Lightning pipelines: keyword arguments of the DataModule's constructor."))
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -91,8 +97,8 @@ class Pipeline(PipelineSettings):
 
     @property
     def kind(self) -> str:
-        """Which runner trains it: "task" (torchherd's own loop over a `Task`)."""
-        return "task"
+        """Which runner trains it: "task" (torchherd's own loop over a `Task`) or "lightning" (Trainer.fit)."""
+        return "lightning" if self.task.startswith(LIGHTNING_PREFIX) else "task"
 
 
 class DevicesConfig(_Strict):
@@ -260,6 +266,17 @@ def _problems(exc: ValidationError, file: str, model: type[BaseModel], prefix: t
 
 def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
     """Turn a task string into an absolute reference, or say what is wrong with it."""
+    if task.startswith(LIGHTNING_PREFIX):
+        import importlib.util
+
+        if importlib.util.find_spec("lightning") is None:  # found without importing it (seconds)
+            return task, 'Lightning is not installed: pip install "torchherd[lightning]"'
+        inner = task[len(LIGHTNING_PREFIX):]
+        if ":" not in inner:
+            return task, (f"{task!r}: name the LightningModule as 'lightning:path/to/file.py:Class' "
+                          "or 'lightning:package.module:Class'")
+        ref, err = resolve_task(inner, base_dir)
+        return LIGHTNING_PREFIX + ref, err
     if task in BUILTIN_TASKS:
         return task, None
     if ":" not in task:
@@ -338,7 +355,15 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
             problem = Problem(file, where, err)
             if problem not in problems:
                 problems.append(problem)
-        merged_pipelines.append(model.model_copy(update={"task_ref": ref}))
+        update = {"task_ref": ref}
+        if model.datamodule:
+            dm_ref, dm_err = resolve_task(model.datamodule, base_dir)
+            if dm_err or model.kind != "lightning":
+                where = f"pipelines[{i}].datamodule" if "datamodule" in pipe else "defaults.datamodule"
+                problems.append(Problem(file, where, dm_err or "only Lightning pipelines "
+                                        "(task = \"lightning:...\") take a datamodule"))
+            update["datamodule"] = dm_ref
+        merged_pipelines.append(model.model_copy(update=update))
 
     rest = {k: v for k, v in raw.items() if k not in ("defaults", "pipelines")}
     try:
