@@ -278,6 +278,7 @@ class LightningRunner:
         self.sampler: ResumableSampler | None = None
         self.resume_order: tuple[int, int] | None = None
         self.batch_size = 1
+        self.saved_step = -1  # global_step of the newest `last` checkpoint
 
     def send(self, event) -> None:
         self.sender.send(event)
@@ -293,6 +294,8 @@ class LightningRunner:
         except ckpt.CheckpointError as exc:
             self.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
             return
+        if name == LAST:
+            self.saved_step = trainer.global_step
         self.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=trainer.current_epoch,
                                   step=trainer.global_step, reason=reason))
 
@@ -387,7 +390,8 @@ class LightningRunner:
             return EXIT_STOPPED
         if trainer.interrupted:  # a KeyboardInterrupt Lightning caught: nothing finished
             return EXIT_STOPPED
-        self.save(trainer, "final")
+        if self.saved_step != trainer.global_step:  # ended mid-epoch (max_steps, max_time)
+            self.save(trainer, "final")
         return EXIT_COMPLETED
 
 

@@ -1,4 +1,5 @@
 """Tiny LightningModules for tests: regression y = 3*sum(x) + 1, with knobs for schedulers and optimisers."""
+import os
 import time
 
 import torch
@@ -18,7 +19,7 @@ def data(n, seed, ids=False):
 class LitTiny(pl.LightningModule):
     """Linear regression; logs train_loss and val_loss/val_mae; `delay` seconds per batch slows it on purpose."""
 
-    def __init__(self, lr=0.05, samples=256, batch_size=16, delay=0.0, scheduler="", seen_file=""):
+    def __init__(self, lr=0.05, samples=256, batch_size=16, delay=0.0, scheduler="", seen_file="", val_file=""):
         super().__init__()
         self.save_hyperparameters()
         self.lin = nn.Linear(4, 1)
@@ -40,6 +41,9 @@ class LitTiny(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
+        if self.hparams.val_file and batch_idx == 0:
+            with open(self.hparams.val_file, "a") as fh:  # which process ran validation_step
+                fh.write(f"{os.getpid()}\n")
         out = self(x)
         self.log("val_loss", nn.functional.mse_loss(out, y))
         self.log("val_mae", (out - y).abs().mean())
