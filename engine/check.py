@@ -39,9 +39,11 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     inventory = inventory if inventory is not None else discover_devices()
     slots, problems = plan_slots(config.devices, inventory, config.source or str(path))
     if probe and not problems:
+        from torchherd.engine.placement import plan_validation
         from torchherd.engine.probe import probe_tasks
 
-        problems = probe_tasks(config)
+        background = plan_validation(config, slots, inventory).mode == "background"
+        problems = probe_tasks(config, background=background)
     if problems:
         return CheckReport(False, config, problems)
     return CheckReport(True, config, [], describe_plan(config, slots, inventory))

@@ -76,7 +76,10 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
         where = slots[i].label if i < len(slots) else f"queued (#{i - len(slots) + 1}) until a slot frees"
         limits = f"{p.max_epochs} epochs" + (f", max {p.max_steps} steps" if p.max_steps else "") + \
             (f", max {p.max_time:g}s" if p.max_time else "")
-        lines.append(f"{name}: task {p.task}, {limits}, precision {p.precision} -> {where}")
+        runner = f", datamodule {p.datamodule}" if p.datamodule else ""
+        if p.kind == "lightning":
+            runner += " (Lightning Trainer.fit)"
+        lines.append(f"{name}: task {p.task}{runner}, {limits}, precision {p.precision} -> {where}")
     v = config.validation
     plan = plan_validation(config, slots, inventory)
     lines.append("validation: " + ("off" if plan.mode == "off" else

@@ -16,16 +16,25 @@ from torchherd.engine.launcher import python_module_command
 
 
 
-def probe_tasks(config: RunConfig, timeout: float = 180.0) -> list[Problem]:
-    """Problems found building each distinct (task, params) of `config`; empty if all build."""
+def probe_tasks(config: RunConfig, timeout: float = 180.0, background: bool = False) -> list[Problem]:
+    """Problems found building each distinct (task, params) of `config`; empty if all build.
+
+    `background`: validation runs in the background, so a Lightning callback or scheduler
+    that monitors a validation metric inside the worker is a problem too.
+    """
     jobs = []
     seen = set()
     for i, p in enumerate(config.pipelines):
-        key = (p.task_ref or p.task, json.dumps(p.params, sort_keys=True))
+        key = (p.task_ref or p.task, json.dumps(p.params, sort_keys=True),
+               p.datamodule, json.dumps(p.datamodule_params, sort_keys=True))
         if key in seen:
             continue
         seen.add(key)
-        jobs.append({"index": i, "ref": key[0], "params": p.params})
+        job = {"index": i, "ref": key[0], "params": p.params}
+        if p.kind == "lightning":
+            job.update(lightning=True, datamodule=p.datamodule, datamodule_params=p.datamodule_params,
+                       background=background)
+        jobs.append(job)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     try:
         proc = subprocess.run(python_module_command("torchherd.engine.probe"), input=json.dumps(jobs), env=env,
@@ -59,13 +68,28 @@ def _main() -> None:
     out = []
     for job in jobs:
         try:
-            build_task(job["ref"], job["params"])
+            if job.get("lightning"):
+                _probe_lightning(job)
+            else:
+                build_task(job["ref"], job["params"])
             out.append({"index": job["index"], "error": ""})
         except TaskError as exc:
             out.append({"index": job["index"], "error": str(exc)})
         except Exception as exc:
             out.append({"index": job["index"], "error": f"{type(exc).__name__}: {exc}"})
     print("TORCHHERD-PROBE " + json.dumps(out), flush=True)
+
+
+def _probe_lightning(job: dict) -> None:
+    """Build the module and DataModule (no data, no Trainer: Lightning's import is the cost already)."""
+    from torchherd.engine.lightning_support import build_lightning, monitors_problem, val_monitors
+    from torchherd.engine.task import TaskError
+
+    task = build_lightning(job["ref"], job["params"], job["datamodule"], job["datamodule_params"])
+    if job["background"]:
+        found = val_monitors(task)
+        if found:
+            raise TaskError(monitors_problem(found))
 
 
 if __name__ == "__main__":

@@ -37,10 +37,13 @@ def session(config, timeout: float = 120.0) -> tuple[dict[str, str], Path]:
     return asyncio.run(go())
 
 
+BORING = "lightning:lightning.pytorch.demos.boring_classes:BoringModel"
+
+
 def lit_config(tmp_path: Path, pipelines: list[dict], mode: str, **defaults):
     return make_config(tmp_path, pipelines, defaults={"max_epochs": 2, **defaults},
                        validation={"mode": mode, "device": "cpu"} if mode == "background" else {"mode": mode},
-                       telemetry={"enabled": False})
+                       telemetry={"enabled": False}, devices={"cpu_slots": len(pipelines)})
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +51,15 @@ def background(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("background")
     val_file = tmp / "validation_pids"
     config = lit_config(tmp, [{"name": "tiny", "task": f"{TINY}:LitTiny", "params": {"val_file": str(val_file)}},
-                              {"name": "novalstep", "task": f"{TINY}:NoValidation"}], "background")
+                              {"name": "novalstep", "task": f"{TINY}:NoValidation"},
+                              {"name": "boring", "task": BORING}], "background")
     statuses, run_dir = session(config)
     return statuses, run_dir, read_events(run_dir), val_file
 
 
 def test_background_run_reports_steps_epochs_and_validator_results(background):
     statuses, _, events, _ = background
-    assert statuses == {"tiny": "completed", "novalstep": "completed"}
+    assert statuses == {"tiny": "completed", "novalstep": "completed", "boring": "completed"}
     mine = [e for e in events if getattr(e, "pipeline", "") == "tiny"]
     assert [e.epoch for e in mine if isinstance(e, EpochEnd)] == [0, 1]
     assert any(isinstance(e, StepMetrics) and e.loss > 0 for e in mine)
@@ -131,9 +135,19 @@ def plain_lightning(cls_name: str, **params):
 def inline(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("inline")
     config = lit_config(tmp, [{"name": "onecycle", "task": f"{TINY}:LitTiny", "params": {"scheduler": "onecycle"}},
-                              {"name": "twoopt", "task": f"{TINY}:LitTwoOptimizers"}], "inline")
+                              {"name": "twoopt", "task": f"{TINY}:LitTwoOptimizers"},
+                              {"name": "boring", "task": BORING}], "inline")
     statuses, run_dir = session(config)
     return statuses, run_dir, read_events(run_dir)
+
+
+def test_lightnings_own_boring_model_runs_unchanged_inline_and_background(inline, background):
+    for statuses, events in ((inline[0], inline[2]), (background[0], background[2])):
+        assert statuses["boring"] == "completed"
+        assert [e.epoch for e in events if isinstance(e, EpochEnd) and e.pipeline == "boring"] == [0, 1]
+        assert any(isinstance(e, StepMetrics) and e.pipeline == "boring" for e in events)
+    # Its validation_step returns a value but logs nothing: a clear notice in the background.
+    assert any(isinstance(e, Notice) and e.pipeline == "boring" and "logs nothing" in e.text for e in background[2])
 
 
 @pytest.mark.parametrize("name,cls_name,params", [("onecycle", "LitTiny", {"scheduler": "onecycle"}),

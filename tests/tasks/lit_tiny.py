@@ -103,3 +103,12 @@ class NoValidation(LitTiny):
     """No validation_step at all: background validation must say so, not crash."""
 
     validation_step = pl.LightningModule.validation_step
+
+
+def with_early_stopping(params):
+    """A factory whose EarlyStopping watches val_loss: impossible inside the worker in background mode."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    from torchherd import LightningTask
+
+    return LightningTask(module=LitTiny(**params), callbacks=[EarlyStopping(monitor="val_loss")])
