@@ -7,6 +7,9 @@ reports steps and epochs, hands snapshots to the validator, beats the heartbeat,
 obeys pause/stop/checkpoint-now between batches and writes `.ckpt` files
 atomically. The training DataLoader gets `ResumableSampler`, so a resumed epoch
 trains exactly the samples the stopped one had not.
+
+Lightning is imported only when a run starts: it imports rich, which no engine
+module may load at import time (tests/test_boundary.py), and it costs seconds.
 """
 from __future__ import annotations
 
@@ -19,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from torchherd.engine import checkpoint as ckpt
 from torchherd.engine.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
@@ -124,8 +125,11 @@ def latest_ckpt(directory: Path) -> tuple[Path | None, dict[str, Any] | None, st
     return None, None, "; ".join(notes)
 
 
-class HerdCallback(pl.Callback):
-    """Reports, snapshots, checkpoints and obeys the supervisor from inside Lightning's loop."""
+class HerdHooks:
+    """Reports, snapshots, checkpoints and obeys the supervisor from inside Lightning's loop.
+
+    The hooks of `HerdCallback`, which adds Lightning's Callback as a base once Lightning is imported.
+    """
 
     def __init__(self, runner: "LightningRunner"):
         self.r = runner
@@ -155,7 +159,7 @@ class HerdCallback(pl.Callback):
 
     # ------------------------------------------------------------- hooks
 
-    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: Any, module: Any) -> None:
         r = self.r
         (r.dir / PREPARED).touch()  # fit has run prepare_data: later processes of this run skip it
         if r.sampler is not None and r.resume_order is not None:
@@ -175,11 +179,11 @@ class HerdCallback(pl.Callback):
         self._window_start = self._epoch_start = time.monotonic()
         r.control.between_steps(trainer.global_step, lambda reason: r.save(trainer, reason))
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
         self.batches = 0
         self._epoch_start = time.monotonic()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any,
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         r = self.r
         self.batches = batch_idx + 1
@@ -218,11 +222,11 @@ class HerdCallback(pl.Callback):
             r.save(trainer, "stop")
             self.stopping, trainer.should_stop = True, True
 
-    def on_validation_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
         self._val_before = dict(trainer.callback_metrics)
         self._val_start = time.monotonic()
 
-    def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
         if trainer.sanity_checking:
             return
         r = self.r
@@ -235,7 +239,7 @@ class HerdCallback(pl.Callback):
             self.best = value
             r.save(trainer, "best", BEST)
 
-    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         if self.stopping or self.exit_code is not None:
             return  # stopped mid-epoch: this epoch is not over, whatever Lightning counts
         r = self.r
@@ -284,10 +288,10 @@ class LightningRunner:
         self.sender.send(event)
 
     @staticmethod
-    def lr(trainer: pl.Trainer) -> float:
+    def lr(trainer: Any) -> float:
         return float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else 0.0
 
-    def save(self, trainer: pl.Trainer, reason: str, name: str = LAST) -> None:
+    def save(self, trainer: Any, reason: str, name: str = LAST) -> None:
         try:
             state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             path = save_ckpt(self.ckpt_dir, state, name)
@@ -299,7 +303,7 @@ class LightningRunner:
         self.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=trainer.current_epoch,
                                   step=trainer.global_step, reason=reason))
 
-    def open_writer(self, module: pl.LightningModule, best: float | None) -> None:
+    def open_writer(self, module: Any, best: float | None) -> None:
         if self.validation.mode != "background" or self.snapshot_dir is None or self.writer is not None:
             return
         from torchherd.engine.snapshot import SnapshotWriter
@@ -337,7 +341,9 @@ class LightningRunner:
 
         source.train_dataloader = train_dataloader
 
-    def trainer_args(self, task: LightningTask, callback: HerdCallback) -> dict[str, Any]:
+    def trainer_args(self, task: LightningTask, callback: HerdHooks) -> dict[str, Any]:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
         pipe, v = self.pipe, self.validation
         args = dict(task.trainer_args)
         args.setdefault("enable_checkpointing", any(isinstance(c, ModelCheckpoint) for c in task.callbacks))
@@ -357,6 +363,8 @@ class LightningRunner:
         return args
 
     def run(self) -> int:
+        import lightning.pytorch as pl
+
         from torchherd.engine.task import TaskError
 
         pl.seed_everything(self.pipe.seed, verbose=False)
@@ -381,7 +389,7 @@ class LightningRunner:
         if path is not None:
             self.send(Resumed(pipeline=self.name, path=str(path), epoch=counters["epoch"], step=counters["step"],
                               note=note))
-        callback = HerdCallback(self)
+        callback = herd_callback(self)
         trainer = pl.Trainer(**self.trainer_args(task, callback))
         trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None)
         if callback.exit_code is not None:
@@ -393,6 +401,14 @@ class LightningRunner:
         if self.saved_step != trainer.global_step:  # ended mid-epoch (max_steps, max_time)
             self.save(trainer, "final")
         return EXIT_COMPLETED
+
+
+def herd_callback(runner: LightningRunner) -> Any:
+    """A Lightning Callback with HerdHooks' hooks, for `runner`."""
+    import lightning.pytorch as pl
+
+    cls = type("HerdCallback", (HerdHooks, pl.Callback), {"__doc__": HerdHooks.__doc__})
+    return cls(runner)
 
 
 def run_lightning(spec, pipe, validation, sender, control) -> int:
