@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchherd.engine.config import BUILTIN_TASKS, ConfigError, Problem, RunConfig, display_path, load_config
+from torchherd.engine.config import BUILTIN_TASKS, LIGHTNING_PREFIX, ConfigError, Problem, RunConfig, display_path, load_config
 from torchherd.engine.devices import Inventory, discover_devices
 from torchherd.engine.placement import describe_plan, plan_slots, plan_validation
 
@@ -50,7 +50,7 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     if not problems:
         problems = script_problems(config, plan_validation(config, slots, inventory).mode)
     if probe and not problems:
-        problems = _probe_tasks(config)
+        problems = _probe_tasks(config, plan_validation(config, slots, inventory).mode == "background")
     if problems:
         return CheckReport(False, config, problems)
     return CheckReport(True, config, [], describe_plan(config, slots, inventory))
@@ -83,7 +83,7 @@ def static_task_problems(config: RunConfig) -> list[Problem]:
     for i, pipe in enumerate(config.pipelines):
         if pipe.kind != "task":
             continue  # a script has no factory to look for
-        error = _scan_ref(pipe.task_ref or pipe.task)
+        error = _scan_ref((pipe.task_ref or pipe.task).removeprefix(LIGHTNING_PREFIX))
         if error:
             errors[i] = error
     return task_problems(config, errors)
@@ -236,8 +236,8 @@ def script_problems(config: RunConfig, validation_mode: str) -> list[Problem]:
     return problems
 
 
-def _probe_tasks(config: RunConfig) -> list[Problem]:
+def _probe_tasks(config: RunConfig, background: bool) -> list[Problem]:
     """Build every task pipeline's task in a fresh process (script pipelines have none)."""
     from torchherd.engine.probe import probe_tasks
 
-    return probe_tasks(config)
+    return probe_tasks(config, background=background)

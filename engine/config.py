@@ -36,6 +36,9 @@ def _check_name(value: str) -> str:
     return value
 
 
+LIGHTNING_PREFIX = "lightning:"  # task = "lightning:file.py:Class": a LightningModule trained by Trainer.fit
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a config: where, and what."""
@@ -108,6 +111,11 @@ class PipelineSettings(_Strict):
         "For `script`: 'path/to/file.py:build' or 'package.module:build', a factory returning "
         "torchherd.client.Validation(model, val_data, loss_fn) that scores what the script passes to "
         "herd.hand_off(model)."))
+    datamodule: str = Field("", description=(
+        "Lightning pipelines: the LightningDataModule class, 'path/to/file.py:Class' (relative to the config "
+        "file) or 'package.module:Class'; empty: the module's own *_dataloader methods."))
+    datamodule_params: dict[str, Any] = Field(default_factory=dict, description=(
+        "Lightning pipelines: keyword arguments of the DataModule's constructor."))
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -151,8 +159,11 @@ class Pipeline(PipelineSettings):
 
     @property
     def kind(self) -> str:
-        """Which runner trains it: "task" (torchherd's own loop over a `Task`) or "script" (the user's own)."""
-        return "script" if self.script is not None else "task"
+        """Which runner trains it: "task" (torchherd's own loop over a `Task`), "lightning" (Lightning's
+        Trainer.fit over a LightningModule) or "script" (the user's own training script)."""
+        if self.script is not None:
+            return "script"
+        return "lightning" if self.task is not None and self.task.startswith(LIGHTNING_PREFIX) else "task"
 
 
 class DevicesConfig(_Strict):
@@ -329,6 +340,17 @@ def _problems(exc: ValidationError, file: str, model: type[BaseModel], prefix: t
 
 def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
     """Turn a task string into an absolute reference, or say what is wrong with it."""
+    if task.startswith(LIGHTNING_PREFIX):
+        import importlib.util
+
+        if importlib.util.find_spec("lightning") is None:  # found without importing it (seconds)
+            return task, 'Lightning is not installed: pip install "torchherd[lightning]"'
+        inner = task[len(LIGHTNING_PREFIX):]
+        if ":" not in inner:
+            return task, (f"{task!r}: name the LightningModule as 'lightning:path/to/file.py:Class' "
+                          "or 'lightning:package.module:Class'")
+        ref, err = resolve_task(inner, base_dir)
+        return LIGHTNING_PREFIX + ref, err
     if task in BUILTIN_TASKS:
         return task, None
     if ":" not in task:
@@ -437,6 +459,13 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
         names[model.name] = i
         update, found = resolve_kind(model, pipe, i, shown, base_dir)
         problems += [p for p in found if p not in problems]
+        if model.datamodule:
+            dm_ref, dm_err = resolve_task(model.datamodule, base_dir)
+            if dm_err or model.kind != "lightning":
+                where = f"pipelines[{i}].datamodule" if "datamodule" in pipe else "defaults.datamodule"
+                problems.append(Problem(shown, where, dm_err or "only Lightning pipelines "
+                                        "(task = \"lightning:...\") take a datamodule"))
+            update["datamodule"] = dm_ref
         merged_pipelines.append(model.model_copy(update=update))
 
     rest = {k: v for k, v in raw.items() if k not in ("defaults", "pipelines")}

@@ -79,7 +79,10 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
         if p.kind == "script":  # its own loop: torchherd's epochs and precision do not apply
             lines.append(f"{name}: {describe_script(p)} -> {where}")
             continue
-        lines.append(f"{name}: task {p.task}, {limits}, precision {p.precision} -> {where}")
+        runner = f", datamodule {p.datamodule}" if p.datamodule else ""
+        if p.kind == "lightning":
+            runner += " (Lightning Trainer.fit)"
+        lines.append(f"{name}: task {p.task}{runner}, {limits}, precision {p.precision} -> {where}")
     v = config.validation
     plan = plan_validation(config, slots, inventory)
     lines.append("validation: " + ("off" if plan.mode == "off" else

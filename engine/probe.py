@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from torchherd.engine.config import BUILTIN_TASKS, Problem, RunConfig, display_path
+from torchherd.engine.config import BUILTIN_TASKS, LIGHTNING_PREFIX, Problem, RunConfig, display_path
 from torchherd.engine.launcher import python_module_command
 
 PREFIX = "TORCHHERD-PROBE "
@@ -38,10 +38,11 @@ class ProbeJob:
     params: str  # JSON, keys sorted
     pipelines: tuple[int, ...]
     stamp: tuple[str, int, int] | None  # (file, mtime ns, size bytes) of the task's source, if known
+    lightning: str = ""  # Lightning pipelines: JSON of datamodule, datamodule_params and background
 
     @property
     def key(self) -> tuple:
-        return (self.ref, self.params, self.stamp)
+        return (self.ref, self.params, self.stamp, self.lightning)
 
 
 _CACHE: dict[tuple, str] = {}  # job key -> error ("" when it built)
@@ -67,25 +68,34 @@ def _stamp(ref: str) -> tuple[str, int, int] | None:
     return (path, st.st_mtime_ns, st.st_size)
 
 
-def plan_jobs(config: RunConfig) -> list[ProbeJob]:
-    """The distinct (task, params) of `config`, in pipeline order."""
-    grouped: dict[tuple[str, str], list[int]] = {}
+def plan_jobs(config: RunConfig, background: bool | None = None) -> list[ProbeJob]:
+    """The distinct (task, params) of `config`, in pipeline order.
+
+    `background`: whether validation runs in the background (then a Lightning callback that monitors
+    a validation metric inside the worker is a problem); None takes it from the configured mode.
+    """
+    if background is None:
+        background = config.validation.mode in ("background", "auto")
+    grouped: dict[tuple[str, str, str], list[int]] = {}
     for i, p in enumerate(config.pipelines):
         if p.kind == "script":
             continue  # the user's own script: there is no factory to build
-        grouped.setdefault((p.task_ref or p.task, json.dumps(p.params, sort_keys=True)), []).append(i)
-    return [ProbeJob(ref, params, tuple(idx), _stamp(ref)) for (ref, params), idx in grouped.items()]
+        lightning = json.dumps({"datamodule": p.datamodule, "datamodule_params": p.datamodule_params,
+                                "background": background}, sort_keys=True) if p.kind == "lightning" else ""
+        grouped.setdefault((p.task_ref or p.task, json.dumps(p.params, sort_keys=True), lightning), []).append(i)
+    return [ProbeJob(ref, params, tuple(idx), _stamp(ref.removeprefix(LIGHTNING_PREFIX)), lightning)
+            for (ref, params, lightning), idx in grouped.items()]
 
 
-def pending_jobs(config: RunConfig) -> list[ProbeJob]:
+def pending_jobs(config: RunConfig, background: bool | None = None) -> list[ProbeJob]:
     """The jobs whose verdict is not cached: what a probe of `config` would build now."""
     with _CACHE_LOCK:
-        return [job for job in plan_jobs(config) if job.key not in _CACHE]
+        return [job for job in plan_jobs(config, background) if job.key not in _CACHE]
 
 
 def probe_tasks(config: RunConfig, timeout: float = 180.0,
                 on_progress: Callable[[int, int], None] | None = None,
-                cancelled: Callable[[], bool] | None = None) -> list[Problem]:
+                cancelled: Callable[[], bool] | None = None, background: bool | None = None) -> list[Problem]:
     """Problems found building each distinct (task, params) of `config`; empty if all build.
 
     `on_progress(built, total)` is called as tasks finish; `cancelled()` is polled and, once
@@ -93,7 +103,7 @@ def probe_tasks(config: RunConfig, timeout: float = 180.0,
     """
     from torchherd.engine.check import task_problems
 
-    jobs = plan_jobs(config)
+    jobs = plan_jobs(config, background)
     with _CACHE_LOCK:
         todo = [job for job in jobs if job.key not in _CACHE]
     file = display_path(config.source) if config.source else ""
@@ -123,7 +133,8 @@ def _shorten(error: str, ref: str) -> str:
 def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int], None] | None,
          cancelled: Callable[[], bool] | None) -> tuple[list[str], str]:
     """(an error or "" per job, a failure of the probe itself or "")."""
-    payload = json.dumps([{"id": k, "ref": job.ref, "params": json.loads(job.params)} for k, job in enumerate(jobs)])
+    payload = json.dumps([{"id": k, "ref": job.ref, "params": json.loads(job.params),
+                           **(json.loads(job.lightning) if job.lightning else {})} for k, job in enumerate(jobs)])
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     lines: queue.Queue[str | None] = queue.Queue()
     results: dict[int, str] = {}
@@ -189,13 +200,29 @@ def _main() -> None:
     torch.set_num_threads(1)
     for job in jobs:
         try:
-            build_task(job["ref"], job["params"])
+            if job["ref"].startswith(LIGHTNING_PREFIX):
+                _probe_lightning(job)
+            else:
+                build_task(job["ref"], job["params"])
             error = ""
         except TaskError as exc:
             error = str(exc)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         results.write(PREFIX + json.dumps({"id": job["id"], "error": error}) + "\n")
+
+
+
+def _probe_lightning(job: dict) -> None:
+    """Build the module and DataModule (no data, no Trainer: Lightning's import is the cost already)."""
+    from torchherd.engine.lightning_support import build_lightning, monitors_problem, val_monitors
+    from torchherd.engine.task import TaskError
+
+    task = build_lightning(job["ref"], job["params"], job["datamodule"], job["datamodule_params"])
+    if job["background"]:
+        found = val_monitors(task)
+        if found:
+            raise TaskError(monitors_problem(found))
 
 
 if __name__ == "__main__":

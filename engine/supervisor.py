@@ -130,7 +130,8 @@ class Supervisor:
         if name in kept:
             return f"{name} {'done' if kept[name] == 'completed' else f'left {kept[name]}'}"
         checkpoints = self.run_dir / name / "checkpoints"
-        if any((checkpoints / f).exists() for f in (ckpt.LAST, ckpt.PREV)):
+        # torchherd's own .pt, or the .ckpt of a Lightning pipeline
+        if any((checkpoints / f).exists() for f in (ckpt.LAST, ckpt.PREV, "last.ckpt", "prev.ckpt")):
             return f"{name} from its last checkpoint"
         return f"{name} from scratch (no checkpoint yet)"
 

@@ -11,6 +11,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from torchherd.engine.channel import ControlReceiver, StatusSender
 from torchherd.engine.messages import EarlyStop, Notice, Stop, ValResult
@@ -110,6 +111,18 @@ class PipelineScorer:
         return True
 
 
+def make_scorer(name: str, directory: Path, device: str):
+    """The scorer for the pipeline whose snapshots are in `directory`: a Task's, or a Lightning module's."""
+    import json
+
+    task = json.loads((directory / "meta.json").read_text())["pipeline"]["task"]
+    if task.startswith("lightning:"):
+        from torchherd.engine.lightning_scorer import LightningScorer
+
+        return LightningScorer(name, directory, device)
+    return PipelineScorer(name, directory, device)
+
+
 def serve(spec: ValidatorSpec, sender: StatusSender, control: ControlReceiver) -> int:
     """Score snapshots until the supervisor says stop; returns the exit code."""
     import torch
@@ -117,7 +130,7 @@ def serve(spec: ValidatorSpec, sender: StatusSender, control: ControlReceiver) -
     root = Path(spec.snapshot_root)
     if spec.device == "cpu":
         torch.set_num_threads(spec.threads)
-    scorers: dict[str, PipelineScorer] = {}
+    scorers: dict[str, Any] = {}  # PipelineScorer or LightningScorer
     broken: set[str] = set()
     while True:
         for cmd in control.poll(0.0):
@@ -129,7 +142,7 @@ def serve(spec: ValidatorSpec, sender: StatusSender, control: ControlReceiver) -
                 if name in scorers or name in broken:
                     continue
                 try:
-                    scorers[name] = PipelineScorer(name, meta.parent, spec.device)
+                    scorers[name] = make_scorer(name, meta.parent, spec.device)
                 except Exception as exc:
                     broken.add(name)
                     tb = traceback.format_exc()

@@ -34,7 +34,15 @@ def run_task(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) 
     return trainer.run()
 
 
-RUNNERS: dict[str, Callable[..., int]] = {"task": run_task, "script": run_script}  # by the pipeline's kind
+def run_lightning(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) -> int:
+    """The Lightning runner: Lightning's own Trainer.fit with a torchherd callback."""
+    from torchherd.engine.lightning_runner import run_lightning as run
+
+    return run(spec, pipe, validation, sender, control)
+
+
+RUNNERS: dict[str, Callable[..., int]] = {"task": run_task, "lightning": run_lightning,
+                                         "script": run_script}  # by the pipeline's kind
 
 
 def run(spec: WorkerSpec, sender: StatusSender, receiver: ControlReceiver) -> int:

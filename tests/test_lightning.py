@@ -1,0 +1,209 @@
+"""Lightning modules under torchherd: real worker and validator processes training tiny modules on the CPU.
+
+Each module-scoped fixture runs one real session; several tests read its events, so
+Lightning's import (seconds a process) is paid a few times, not once per assertion.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+pl = pytest.importorskip("lightning.pytorch")
+
+import torch  # noqa: E402
+
+from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed,  # noqa: E402
+                                       SnapshotTaken, StepMetrics, ValResult, WorkerStarted)
+from torchherd.engine.rundir import read_events  # noqa: E402
+from torchherd.engine.supervisor import Supervisor  # noqa: E402
+from tests.conftest import TASKS, make_config, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.slow
+TINY = f"lightning:{TASKS / 'lit_tiny.py'}"
+
+
+def session(config, timeout: float = 120.0) -> tuple[dict[str, str], Path]:
+    """Run a whole session to its end in a fresh event loop; (statuses, run directory)."""
+    async def go():
+        sup = Supervisor(config)
+        await sup.start()
+        try:
+            return await asyncio.wait_for(sup.wait(), timeout), sup.run_dir
+        finally:
+            await sup.shutdown(graceful=False)
+    return asyncio.run(go())
+
+
+BORING = "lightning:lightning.pytorch.demos.boring_classes:BoringModel"
+
+
+def lit_config(tmp_path: Path, pipelines: list[dict], mode: str, **defaults):
+    return make_config(tmp_path, pipelines, defaults={"max_epochs": 2, **defaults},
+                       validation={"mode": mode, "device": "cpu"} if mode == "background" else {"mode": mode},
+                       telemetry={"enabled": False}, devices={"cpu_slots": len(pipelines)})
+
+
+@pytest.fixture(scope="module")
+def background(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("background")
+    val_file = tmp / "validation_pids"
+    config = lit_config(tmp, [{"name": "tiny", "task": f"{TINY}:LitTiny", "params": {"val_file": str(val_file)}},
+                              {"name": "novalstep", "task": f"{TINY}:NoValidation"},
+                              {"name": "boring", "task": BORING}], "background")
+    statuses, run_dir = session(config)
+    return statuses, run_dir, read_events(run_dir), val_file
+
+
+def test_background_run_reports_steps_epochs_and_validator_results(background):
+    statuses, _, events, _ = background
+    assert statuses == {"tiny": "completed", "novalstep": "completed", "boring": "completed"}
+    mine = [e for e in events if getattr(e, "pipeline", "") == "tiny"]
+    assert [e.epoch for e in mine if isinstance(e, EpochEnd)] == [0, 1]
+    assert any(isinstance(e, StepMetrics) and e.loss > 0 for e in mine)
+    vals = [e for e in mine if isinstance(e, ValResult)]
+    assert vals and all(e.mode == "background" and "val_loss" in e.metrics and not e.error for e in vals)
+    assert vals[-1].step == 32  # the final snapshot (2 epochs of 16 batches) is always scored
+
+
+def test_validation_step_never_runs_in_the_worker_in_background(background):
+    _, _, events, val_file = background
+    workers = {e.pid for e in events if isinstance(e, WorkerStarted)}
+    ran = {int(line) for line in val_file.read_text().split()}
+    assert ran and not ran & workers
+
+
+def test_background_result_equals_trainer_validate_on_the_same_weights(background):
+    from tests.tasks.lit_tiny import LitTiny
+
+    _, run_dir, events, _ = background
+    final = [e for e in events if isinstance(e, ValResult) and e.pipeline == "tiny"][-1]
+    # The last checkpoint holds the weights of the final snapshot (both at step 32).
+    model = LitTiny.load_from_checkpoint(run_dir / "tiny" / "checkpoints" / "last.ckpt", val_file="")
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    [expected] = trainer.validate(model, verbose=False)
+    assert final.metrics == {k: float(v) for k, v in expected.items()}
+    best = LitTiny.load_from_checkpoint(run_dir / "tiny" / "checkpoints" / "best.ckpt")
+    assert isinstance(best, LitTiny) and best.hparams.lr == 0.05
+
+
+def test_module_without_validation_step_gets_a_notice_not_a_crash(background):
+    _, _, events, _ = background
+    notices = [e.text for e in events if isinstance(e, Notice) and e.pipeline == "novalstep"]
+    assert any("has no validation_step" in text for text in notices)
+    assert not [e for e in events if isinstance(e, ValResult) and e.pipeline == "novalstep" and e.error]
+
+
+class LrTrace(pl.Callback):
+    """Plain Lightning's learning rate at each reported step, and its validation results per epoch."""
+
+    def __init__(self, every: int):
+        self.every, self.lrs, self.vals, self._step = every, {}, [], 0
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step != self._step and step % self.every == 0:
+            self.lrs[step] = float(trainer.optimizers[0].param_groups[0]["lr"])
+        self._step = step
+
+    def on_validation_end(self, trainer, module):
+        self.vals.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val")})
+
+
+def plain_lightning(cls_name: str, **params):
+    """The same module trained by plain Lightning in this process, as the worker does (one thread)."""
+    from tests.tasks import lit_tiny
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pl.seed_everything(0, verbose=False)
+        model = getattr(lit_tiny, cls_name)(**params)
+        trace = LrTrace(every=2)
+        trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                             enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             log_every_n_steps=2, callbacks=[trace])
+        trainer.fit(model)
+    finally:
+        torch.set_num_threads(threads)
+    return trace
+
+
+@pytest.fixture(scope="module")
+def inline(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("inline")
+    config = lit_config(tmp, [{"name": "onecycle", "task": f"{TINY}:LitTiny", "params": {"scheduler": "onecycle"}},
+                              {"name": "twoopt", "task": f"{TINY}:LitTwoOptimizers"},
+                              {"name": "boring", "task": BORING}], "inline")
+    statuses, run_dir = session(config)
+    return statuses, run_dir, read_events(run_dir)
+
+
+def test_lightnings_own_boring_model_runs_unchanged_inline_and_background(inline, background):
+    for statuses, events in ((inline[0], inline[2]), (background[0], background[2])):
+        assert statuses["boring"] == "completed"
+        assert [e.epoch for e in events if isinstance(e, EpochEnd) and e.pipeline == "boring"] == [0, 1]
+        assert any(isinstance(e, StepMetrics) and e.pipeline == "boring" for e in events)
+    # Its validation_step returns a value but logs nothing: a clear notice in the background.
+    assert any(isinstance(e, Notice) and e.pipeline == "boring" and "logs nothing" in e.text for e in background[2])
+
+
+@pytest.mark.parametrize("name,cls_name,params", [("onecycle", "LitTiny", {"scheduler": "onecycle"}),
+                                                  ("twoopt", "LitTwoOptimizers", {})])
+def test_inline_results_and_lr_trace_equal_plain_lightning(inline, name, cls_name, params):
+    statuses, _, events = inline
+    assert statuses[name] == "completed"
+    plain = plain_lightning(cls_name, **params)
+    vals = [e.metrics for e in events if isinstance(e, ValResult) and e.pipeline == name]
+    assert vals == plain.vals and len(vals) == 2
+    lrs = {e.step: e.lr for e in events if isinstance(e, StepMetrics) and e.pipeline == name}
+    assert lrs == plain.lrs and len(set(lrs.values())) > 2  # the schedule moved and matched
+
+
+def test_inline_best_checkpoint_loads(inline):
+    from tests.tasks.lit_tiny import LitTiny
+
+    _, run_dir, events = inline
+    assert any(isinstance(e, CheckpointSaved) and e.reason == "best" and e.pipeline == "onecycle" for e in events)
+    model = LitTiny.load_from_checkpoint(run_dir / "onecycle" / "checkpoints" / "best.ckpt")
+    assert model.hparams.scheduler == "onecycle"
+
+
+async def test_stop_mid_epoch_then_resume_trains_every_sample_once_per_epoch(tmp_path):
+    seen = tmp_path / "seen"
+    config = lit_config(tmp_path, [{"name": "a", "task": f"{TINY}:LitTiny",
+                                    "params": {"delay": 0.01, "seen_file": str(seen)}}], "background",
+                        max_epochs=3)
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step >= 22)  # epoch 1 of 16-step epochs
+        sup.stop("a")
+        finished = await wait_for(stream, lambda e: isinstance(e, PipelineFinished))
+        assert finished.status == "stopped"
+        await asyncio.wait_for(sup.wait(), 60)
+    finally:
+        await sup.shutdown(graceful=False)
+    stop = [e for e in read_events(sup.run_dir) if isinstance(e, CheckpointSaved) and e.reason == "stop"]
+    assert stop and stop[-1].step % 16  # saved mid-epoch
+    resumed = Supervisor.resume_run(sup.run_dir)
+    await resumed.start()
+    try:
+        assert await asyncio.wait_for(resumed.wait(), 120) == {"a": "completed"}
+    finally:
+        await resumed.shutdown(graceful=False)
+    events = read_events(sup.run_dir)
+    assert [e.step for e in events if isinstance(e, Resumed)] == [stop[-1].step]
+    assert [e.step for e in events if isinstance(e, PipelineFinished)][-1] == 48
+    by_epoch: dict[str, list[int]] = {}
+    for line in seen.read_text().splitlines():
+        *ids, epoch = line.split()
+        by_epoch.setdefault(epoch, []).extend(int(i) for i in ids)
+    assert sorted(by_epoch) == ["e0", "e1", "e2"]
+    for ids in by_epoch.values():
+        assert sorted(ids) == list(range(256))  # every sample once: none repeated, none skipped
+    seqs = [e.seq for e in events if isinstance(e, SnapshotTaken)]
+    assert seqs == sorted(set(seqs))  # snapshot numbers keep rising across the restart
