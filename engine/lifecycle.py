@@ -72,8 +72,9 @@ class Lifecycle:
         if run.slots:
             self._scheduler.release(run.slots)
             run.slots = []
+        figures = run.figures()
         self._publish(PipelineFinished(pipeline=run.name, status=state.value, reason=reason,
-                                       epoch=run.progress.epoch, step=run.progress.step))
+                                       epoch=figures.epoch, step=figures.step))
 
     # ------------------------------------------------------------ starting
 

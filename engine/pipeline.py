@@ -11,11 +11,10 @@ from pathlib import Path
 
 from torchherd.engine.config import Pipeline, RunConfig
 from torchherd.engine.launcher import Handle
-from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Event, Heartbeat, Resumed, StepMetrics,
-                                       TrainingStarted, ValResult, WorkerError)
+from torchherd.engine.messages import EpochEnd, Event, Heartbeat, StepMetrics, TrainingStarted, WorkerError
 from torchherd.engine.placement import Slot, ValidationPlan
 from torchherd.engine.policy import RestartPolicy
-from torchherd.engine.progress import better
+from torchherd.engine.progress import PipelineProgress, apply
 from torchherd.engine.states import WorkerState
 
 
@@ -67,39 +66,6 @@ class Attempt:
 
 
 @dataclass
-class Progress:
-    """How far a pipeline got, folded from its events."""
-
-    epoch: int = 0
-    step: int = 0
-    epochs_total: int = 0
-    steps_per_epoch: int = 0
-    train_loss: float | None = None
-    val_loss: float | None = None
-    best_val: float | None = None
-    samples_per_s: float | None = None
-
-    def apply(self, event: Event, metric: str = "val_loss", mode: str = "min") -> None:
-        if isinstance(event, StepMetrics):
-            self.epoch, self.step, self.train_loss = event.epoch, event.step, event.loss
-            self.samples_per_s = event.samples_per_s
-        elif isinstance(event, EpochEnd):
-            self.epoch, self.step, self.train_loss = event.epoch + 1, event.step, event.train_loss
-            self.samples_per_s = event.samples_per_s
-            self.steps_per_epoch = event.steps_per_epoch
-        elif isinstance(event, (CheckpointSaved, Resumed)):
-            self.epoch, self.step = event.epoch, event.step  # where the saved state stands
-        elif isinstance(event, TrainingStarted):
-            self.epoch, self.step = event.epoch, event.step
-            self.epochs_total, self.steps_per_epoch = event.epochs_total, event.steps_per_epoch
-        elif isinstance(event, ValResult) and not event.error:
-            value = event.metrics.get(metric, event.metrics.get("val_loss"))
-            self.val_loss = event.metrics.get("val_loss", value)
-            if value is not None and better(value, self.best_val, mode):
-                self.best_val = value
-
-
-@dataclass
 class PipelineRun:
     """One pipeline of a session: its plan, state, current attempt, restart accounting and progress."""
 
@@ -116,7 +82,30 @@ class PipelineRun:
     last_traceback: str = ""
     finish_reason: str = ""
     last_failure: tuple[str, int] | None = None  # (error, step) the previous crashed attempt reported
-    progress: Progress = field(default_factory=Progress)
+    progress: PipelineProgress | None = None  # folded from every event of this pipeline the session emits
+    pending_step: StepMetrics | None = None  # the newest step report, not folded yet
+
+    def __post_init__(self) -> None:
+        if self.progress is None:
+            v = self.plan.run_config.validation
+            self.progress = PipelineProgress(name=self.name, metric=v.metric, metric_mode=v.metric_mode,
+                                             epochs_total=self.plan.config.max_epochs)
+
+    def fold(self, event: Event) -> None:
+        """Fold an event the session emitted into this pipeline's progress (engine.progress.apply).
+
+        Step reports supersede one another: only the newest of a burst is folded, when it is read.
+        """
+        if isinstance(event, StepMetrics):
+            self.pending_step = event
+        else:
+            self.progress = apply(self.figures(), event)
+
+    def figures(self) -> PipelineProgress:
+        """Its progress, with the newest step report in it."""
+        if self.pending_step is not None:
+            self.progress, self.pending_step = apply(self.progress, self.pending_step), None
+        return self.progress
 
     @property
     def name(self) -> str:
@@ -156,13 +145,13 @@ class PipelineView:
 
 
 def view_of(run: PipelineRun, run_dir: Path) -> PipelineView:
-    p = run.progress
+    p = run.figures()
     handle = run.handle
     return PipelineView(
         name=run.name, state=run.state, device=",".join(s.name for s in run.slots),
         pid=handle.pid if handle is not None else None, attempt=run.attempts, restarts=run.restarts,
         epoch=p.epoch, step=p.step, epochs_total=p.epochs_total, steps_per_epoch=p.steps_per_epoch,
-        train_loss=p.train_loss, val_loss=p.val_loss, best_val=p.best_val, samples_per_s=p.samples_per_s,
+        train_loss=p.train_loss, val_loss=p.val_loss, best_val=p.best, samples_per_s=p.samples_per_s,
         started_at=run.current.started_at if run.current is not None else None,
         log_path=run_dir / run.name / "log.txt",
         last_error=run.finish_reason if run.state == WorkerState.FAILED else run.last_error,

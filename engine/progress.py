@@ -137,8 +137,8 @@ def _epoch_end(p: PipelineProgress, ev: m.EpochEnd) -> PipelineProgress:
                    epochs_total=ev.epochs_total, steps_per_epoch=ev.steps_per_epoch)
 
 
-def _resumed(p: PipelineProgress, ev: m.Resumed) -> PipelineProgress:
-    return replace(p, epoch=ev.epoch, step=ev.step)
+def _resumed(p: PipelineProgress, ev: m.Resumed | m.CheckpointSaved) -> PipelineProgress:
+    return replace(p, epoch=ev.epoch, step=ev.step)  # where the saved state stands
 
 
 def _val(p: PipelineProgress, ev: m.ValResult) -> PipelineProgress:
@@ -175,6 +175,7 @@ _FOLDS = {
     m.StepMetrics: _step,
     m.EpochEnd: _epoch_end,
     m.Resumed: _resumed,
+    m.CheckpointSaved: _resumed,
     m.ValResult: _val,
     m.WorkerError: _error,
     m.WorkerExited: _exited,

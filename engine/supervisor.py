@@ -19,7 +19,7 @@ from torchherd.engine.lifecycle import Lifecycle
 from torchherd.engine.messages import (CheckpointNow, EarlyStop, Event, Heartbeat, Notice, Pause, PipelineFinished,
                                        PipelineQueued, Resume, RunFinished, RunStarted, SnapshotTaken,
                                        TelemetrySnapshot, TrainingStarted, ValResult, WorkerError)
-from torchherd.engine.pipeline import PipelineRun, PipelineView, Plan, Progress, view_of
+from torchherd.engine.pipeline import PipelineRun, PipelineView, Plan, view_of
 from torchherd.engine.placement import plan_slots, plan_validation
 from torchherd.engine.policy import RestartPolicy
 from torchherd.engine.rundir import RunDirectory, load_resolved_configs, new_run_id, read_events, remove_root, \
@@ -313,7 +313,7 @@ class Supervisor:
             if name != pipe.name:
                 pipe = pipe.model_copy(update={"name": name})
             plan = Plan(config=pipe, run_config=config, policy=policy, order=self._order, validation=validation)
-            run = PipelineRun(plan=plan, progress=Progress(epochs_total=pipe.max_epochs))
+            run = PipelineRun(plan=plan)
             self._runs[name] = run
             self._validation.ledger(name)
             self._order += 1
@@ -361,12 +361,10 @@ class Supervisor:
         if run.handle is not handle:
             return  # a late batch from an attempt already reaped
         run.current.last_progress = time.monotonic()
-        v = run.plan.run_config.validation
         for event in events:
             run.current.saw(event)
             if isinstance(event, Heartbeat):
                 continue  # only proves progress; not worth a line anywhere
-            run.progress.apply(event, v.metric, v.metric_mode)
             if isinstance(event, SnapshotTaken):
                 for out in self._validation.on_snapshot(run.name, event):
                     self._emit(out)
@@ -378,8 +376,6 @@ class Supervisor:
             self._emit(event)
 
     def _on_val_result(self, name: str, event: ValResult) -> None:
-        v = self._runs[name].plan.run_config.validation
-        self._runs[name].progress.apply(event, v.metric, v.metric_mode)
         self._emit_validation(event)
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
@@ -448,6 +444,9 @@ class Supervisor:
 
     def _emit(self, event: Event) -> None:
         self._bus.publish(event)
+        run = self._runs.get(getattr(event, "pipeline", ""))
+        if run is not None:
+            run.fold(event)  # the one fold of progress, as the app folds the same events
 
     def _emit_validation(self, event: Event) -> None:
         """The validator's news; once the run has finished nothing more is written (readers take

@@ -17,7 +17,7 @@ from torchherd.engine import checkpoint as ckpt
 from torchherd.engine.channel import EXIT_COMPLETED, EXIT_STOPPED, StatusSender
 from torchherd.engine.config import Pipeline, ValidationConfig
 from torchherd.engine.control import WorkerControl
-from torchherd.engine.data import EpochSampler, make_loader
+from torchherd.engine.data import make_loader
 from torchherd.engine.evaluate import evaluate
 from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, Resumed, SnapshotTaken, StepMetrics,
                                        TrainingStarted, ValResult)
@@ -168,7 +168,7 @@ class Trainer:
         return False
 
     def _check_finite(self, value: float, where: str) -> int | None:
-        return self.control.non_finite(value, f"epoch {self.epoch} step {self.step} ({where})")
+        return self.control.non_finite(value, f"epoch {self.epoch + 1} step {self.step} ({where})")
 
     def run(self) -> int:
         pipe = self.pipe

@@ -16,7 +16,7 @@ from typing import TextIO
 from torchherd.engine.config import RunConfig
 from torchherd.engine.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
                              RunFinished, RunStarted, SnapshotSkipped, ValidatorStarted, ValResult, WorkerError,
-                             WorkerExited, WorkerRestarting, WorkerStarted)
+                             TrainingStarted, WorkerExited, WorkerRestarting, WorkerStarted)
 from torchherd.engine.supervisor import Supervisor
 
 EXIT_OK = 0
@@ -39,6 +39,15 @@ class LinePrinter:
         self.skipped: dict[str, int] = {}
         self.gone = False
         self.start = time.monotonic() if start is None else start  # time.monotonic() seconds
+        self.per_epoch: dict[str, int] = {}  # steps per epoch, once a pipeline has said
+        self.tracebacks: set[str] = set()  # printed already: a crash loop prints its traceback once
+
+    def where(self, pipeline: str, epoch: int, step: int) -> str:
+        """A saved state's place as people count epochs: 'after epoch 2' or 'in epoch 3, step 2,600'."""
+        per_epoch = self.per_epoch.get(pipeline, 0)
+        if per_epoch and step == epoch * per_epoch and epoch:
+            return f"after epoch {epoch}, step {step:,}"
+        return f"in epoch {epoch + 1}, step {step:,}"
 
     def line(self, text: str) -> None:
         elapsed = time.monotonic() - self.start
@@ -61,8 +70,11 @@ class LinePrinter:
             self.line(f"{ev.pipeline}: started pid {ev.pid} on {ev.device} (attempt {ev.attempt})")
         elif isinstance(ev, Resumed):
             note = f" ({ev.note})" if ev.note else ""
-            self.line(f"{ev.pipeline}: resumed at epoch {ev.epoch} step {ev.step}{note}")
+            self.line(f"{ev.pipeline}: resumed from its checkpoint {self.where(ev.pipeline, ev.epoch, ev.step)}{note}")
+        elif isinstance(ev, TrainingStarted):
+            self.per_epoch[ev.pipeline] = ev.steps_per_epoch
         elif isinstance(ev, EpochEnd):
+            self.per_epoch[ev.pipeline] = ev.steps_per_epoch
             val = self.val.get(ev.pipeline)
             val_text = "val -"
             if val is not None:
@@ -92,10 +104,13 @@ class LinePrinter:
         elif isinstance(ev, EarlyStop):
             self.line(f"{ev.pipeline}: {ev.reason}")
         elif isinstance(ev, CheckpointSaved) and ev.reason in ("stop", "request"):
-            self.line(f"{ev.pipeline}: checkpoint {ev.path} (epoch {ev.epoch}, step {ev.step})")
+            self.line(f"{ev.pipeline}: checkpoint {ev.path} ({self.where(ev.pipeline, ev.epoch, ev.step)})")
         elif isinstance(ev, WorkerError):
             self.line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")
-            if ev.traceback:
+            if ev.traceback and ev.traceback in self.tracebacks:
+                self.write("    (the same traceback as above)\n")
+            elif ev.traceback:
+                self.tracebacks.add(ev.traceback)
                 for line in ev.traceback.rstrip().splitlines():
                     self.write(f"    {line}\n")
         elif isinstance(ev, WorkerExited) and ev.reason in ("crashed", "failed"):

@@ -95,7 +95,7 @@ class PickerScreen(Screen[PickerResult]):
         self.configs: list[Path] = []
         self.runs: list[PastRun] = []
         self.checks: dict[Path, ConfigCheck] = {}  # final verdicts
-        self.building: dict[Path, Building] = {}  # configs whose tasks are being built now
+        self.building: dict[Path, PickerScreen.Building] = {}  # configs whose tasks are being built now
         self.launch_when_checked: Path | None = None
 
     def compose(self) -> ComposeResult:
@@ -225,7 +225,7 @@ class PickerScreen(Screen[PickerResult]):
         chosen = self._chosen(option.id if option else None)
         return chosen[1] if chosen and chosen[0] == "cfg" else None
 
-    def on_picker_screen_building(self, message: Building) -> None:
+    def on_picker_screen_building(self, message: PickerScreen.Building) -> None:
         self.building[message.check.path] = message
         self.checks.pop(message.check.path, None)  # a file changed: the old verdict no longer holds
         if self._highlighted_config() == message.check.path:
@@ -246,7 +246,7 @@ class PickerScreen(Screen[PickerResult]):
         self.query_one("#source", Static).update(source)
         self.query_one("#source-scroll").border_title = check.path.name
 
-    def _show_building(self, building: Building) -> None:
+    def _show_building(self, building: PickerScreen.Building) -> None:
         self._show_source(building.check)
         verdict = Text(f"… checking {_plural(building.total, 'task')}: building each once in a fresh process "
                        f"({building.built} of {building.total} done)", style="bold yellow")
