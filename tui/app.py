@@ -37,9 +37,10 @@ class TorchherdApp(App[int]):
     def __init__(self, target: Path | None = None, runs_dir: Path | None = None, *,
                  factory: SupervisorFactory | None = None, refresh_hz: float = 2.0,
                  clock: Callable[[], float] = time.time,
-                 launch: bool = False):
+                 launch: bool = False, only: list[str] | None = None):
         super().__init__()
         self.launch = launch  # start the target (a config, or an unfinished run to resume) at once
+        self.only = only  # resuming: only these pipelines
         target = Path(target) if target is not None else Path("sample_configs")
         self.target = target
         self.directory = target if not target.is_file() else target.parent
@@ -101,7 +102,7 @@ class TorchherdApp(App[int]):
         adding = self.bridge.live
         try:
             if kind == "resume":
-                await self.bridge.resume(path)
+                await self.bridge.resume(path, self.only if path == self.target else None)
                 names = list(self.bridge.state.rows)
             else:
                 names = await self.bridge.launch(path)
@@ -215,10 +216,12 @@ class TorchherdApp(App[int]):
         self._leave(0)
 
 
-def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bool = False) -> int:
+def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bool = False,
+            only: list[str] | None = None) -> int:
     """Open the app on a config directory (or one config); with `launch`, start the config (or resume
-    the run directory) at once. Returns the exit status: with `launch`, 0 only if every pipeline completed."""
-    app = TorchherdApp(target, runs_dir, launch=launch)
+    the run directory, `only` some of its pipelines) at once. Returns the exit status: with `launch`, 0 only
+    if every pipeline completed."""
+    app = TorchherdApp(target, runs_dir, launch=launch, only=only)
     app.run()
     ends = [run_end(run_dir) for run_dir in app.bridge.run_dirs]
     for end in ends:  # the terminal is ours again: say how each run ended and where it is

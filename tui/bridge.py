@@ -165,15 +165,16 @@ class Bridge:
         await self._start(sup, RunState(metric=config.validation.metric, metric_mode=config.validation.metric_mode))
         return [p.name for p in config.pipelines]
 
-    async def resume(self, run_dir: Path) -> None:
-        """Carry on an unfinished run from its checkpoints, showing its history so far."""
+    async def resume(self, run_dir: Path, only: list[str] | None = None) -> None:
+        """Carry on a run's pipelines that did not complete (or those in `only`) from their checkpoints,
+        showing its history so far."""
         from torchherd.engine.supervisor import Supervisor
 
         if self.live or self._closed:
             raise RuntimeError("a session is already running")
         state = await asyncio.to_thread(replay_run, run_dir)  # the curves so far
         state.read_only = False
-        await self._start(Supervisor.resume_run(run_dir), state)
+        await self._start(Supervisor.resume_run(run_dir, only=only), state)
 
     async def _start(self, sup: Any, state: RunState) -> None:
         self.state = state

@@ -160,7 +160,7 @@ def _resume(args: argparse.Namespace) -> int:
     if not args.headless:
         from torchherd.tui.app import run_app
 
-        return run_app(run_dir, None, launch=True)
+        return run_app(run_dir, None, launch=True, only=only or None)
     return asyncio.run(run_headless(None, supervisor=Supervisor.resume_run(run_dir, only=only or None)))
 
 
