@@ -105,7 +105,7 @@ class PipelineSettings(_Strict):
     args: list[str] = Field(default_factory=list, description="Command-line arguments for `script`.")
     metrics: str | None = Field(None, description=(
         "A regular expression matched against every line `script` prints; named groups `step`, `epoch` and "
-        "`loss` (and `lr`) become step or epoch reports, e.g. 'Epoch (?P<epoch>\\d+), Loss: (?P<loss>\\S+)'."))
+        "`loss` (and `lr`) become step or epoch reports, any other named group a metric of the report, e.g. 'Epoch (?P<epoch>\\d+), Loss: (?P<loss>\\S+)'."))
     # Named `validate` in TOML; that name would shadow pydantic's BaseModel.validate.
     validate_factory: str | None = Field(None, alias="validate", description=(
         "For `script`: 'path/to/file.py:build' or 'package.module:build', a factory returning "

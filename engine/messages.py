@@ -106,6 +106,8 @@ class StepMetrics(Event):
     lr: float
     samples_per_s: float
     dropped: int = 0  # step reports coalesced away before this one
+    metrics: dict[str, float] = field(default_factory=dict)  # other training values (script regex groups,
+    # herd.report(**metrics)); torchherd's own loop reports none
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,6 +132,7 @@ class EpochEnd(Event):
     samples_per_s: float
     epochs_total: int
     steps_per_epoch: int
+    metrics: dict[str, float] = field(default_factory=dict)  # other values a script printed for the epoch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -65,14 +65,15 @@ class ScriptEvents:
             if "loss" in values and self.step == self._epoch_first_step:
                 # Nothing was reported during the epoch: its loss is also the chart's point for it.
                 events.append(self.step_report(None, epoch, values["loss"]))
-            return events + [self.epoch_end(epoch, values.get("loss"))]
+            return events + [self.epoch_end(epoch, values.get("loss"), _others(values))]
         epoch = self.printed_epoch(values["epoch"]) if "epoch" in values else None
         step = int(values["step"]) if "step" in values else None
-        event = self.step_report(step, epoch, values.get("loss"), values.get("lr"))
+        event = self.step_report(step, epoch, values.get("loss"), values.get("lr"), metrics=_others(values))
         return [event] if event is not None else []
 
     def step_report(self, step: int | None, epoch: int | None, loss: float | None, lr: float | None = None,
-                    samples: float = 0.0, seconds: float = 0.0, weight: int = 1) -> StepMetrics | None:
+                    samples: float = 0.0, seconds: float = 0.0, weight: int = 1,
+                    metrics: dict[str, float] | None = None) -> StepMetrics | None:
         """A step (or the next one, if `step` is None); an event only when it carries a loss.
 
         `samples` were trained in the last `seconds`, and `loss` is the mean of `weight` steps'
@@ -93,9 +94,10 @@ class ScriptEvents:
                 self._losses += weight
             return StepMetrics(pipeline=self.name, epoch=self.epoch, step=self.step, loss=float(loss),
                                lr=float(lr) if lr is not None else 0.0,
-                               samples_per_s=samples / seconds if samples and seconds > 0 else 0.0)
+                               samples_per_s=samples / seconds if samples and seconds > 0 else 0.0,
+                               metrics=metrics or {})
 
-    def epoch_end(self, epoch: int, loss: float | None) -> EpochEnd:
+    def epoch_end(self, epoch: int, loss: float | None, metrics: dict[str, float] | None = None) -> EpochEnd:
         """Epoch `epoch` (0-based) finished; its loss, or the mean of its step losses when the script gave none."""
         with self._lock:
             now = time.monotonic()
@@ -105,9 +107,14 @@ class ScriptEvents:
             event = EpochEnd(pipeline=self.name, epoch=epoch, step=self.step, train_loss=float(loss),
                              duration=duration, samples_per_s=self._samples / duration if duration > 0 else 0.0,
                              epochs_total=max(self.epochs_total, epoch + 1),
-                             steps_per_epoch=max(self.step - self._epoch_first_step, 0))
+                             steps_per_epoch=max(self.step - self._epoch_first_step, 0), metrics=metrics or {})
             self.epoch = epoch + 1
             self._epoch_start, self._epoch_first_step = now, self.step
             self._loss_sum = self._samples = 0.0
             self._losses = 0
             return event
+
+
+def _others(values: dict[str, float]) -> dict[str, float]:
+    """The values beyond step, epoch, loss and lr: a script's own metrics."""
+    return {k: v for k, v in values.items() if k not in ("step", "epoch", "loss", "lr")}

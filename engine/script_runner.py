@@ -317,9 +317,11 @@ class ScriptRunner:
             self.client_beats = True
         elif kind == "step":
             self.client_beats = True
+            values = frame.get("metrics") or {}
             event = self.events.step_report(frame.get("step"), frame.get("epoch"), frame.get("loss"),
-                                            frame.get("metrics", {}).get("lr"), frame.get("samples") or 0.0,
-                                            frame.get("seconds") or 0.0, max(int(frame.get("n") or 1), 1))
+                                            values.get("lr"), frame.get("samples") or 0.0,
+                                            frame.get("seconds") or 0.0, max(int(frame.get("n") or 1), 1),
+                                            metrics={k: v for k, v in values.items() if k != "lr"})
             if event is not None:
                 self._emit(event, frame.get("loss"))
         elif kind == "epoch_end":

@@ -112,10 +112,11 @@ class PipelineScorer:
 
 
 def make_scorer(name: str, directory: Path, device: str):
-    """The scorer for the pipeline whose snapshots are in `directory`: a Task's, or a Lightning module's."""
+    """The scorer for the pipeline whose snapshots are in `directory`: a Task's (or a script's `validate`
+    factory's), or a Lightning module's."""
     import json
 
-    task = json.loads((directory / "meta.json").read_text())["pipeline"]["task"]
+    task = json.loads((directory / "meta.json").read_text())["pipeline"].get("task") or ""  # None for a script
     if task.startswith("lightning:"):
         from torchherd.engine.lightning_scorer import LightningScorer
 

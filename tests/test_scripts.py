@@ -57,6 +57,13 @@ def test_printed_epochs_from_zero_and_step_lines():
     assert events.from_match({"loss": "x"}) == [] and events.from_match({"loss": "0.5"})[0].step == 21
 
 
+def test_any_other_named_group_is_a_metric_of_the_report():
+    events = ScriptEvents("p", epochs_total=5)
+    [step] = events.from_match({"step": "3", "loss": "0.5", "acc": "0.75", "grad_norm": "2"})
+    [end] = events.from_match({"epoch": "1", "loss": "0.4", "acc": "0.8"})
+    assert step.metrics == {"acc": 0.75, "grad_norm": 2.0} and end.metrics == {"acc": 0.8}
+
+
 # ------------------------------------------------------------ bad input: one clear message, nothing launched
 
 
