@@ -26,6 +26,8 @@ from torchherd.engine.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, G
 log = logging.getLogger(__name__)
 
 NVML_ERROR_GPU_IS_LOST = 15  # pynvml's value; a lost GPU is not asked again
+# CPU seconds (summed over cores) a host reading must span: five of /proc/stat's 10 ms ticks
+MIN_CPU_DELTA = 0.05
 
 
 @dataclass
@@ -86,7 +88,10 @@ class TelemetrySampler:
         self._descendants: dict[int, list[int]] = {}  # worker pid -> descendant pids
         self._scanned_roots: frozenset[int] = frozenset()
         self._last_scan = float("-inf")  # monotonic seconds
-        self._last_cpu: tuple[float, float] | None = None  # host (total, idle) CPU seconds
+        # host (total, idle) CPU seconds at the start of the current measurement, taken now so
+        # the first pass already has something to compare against
+        self._last_cpu: tuple[float, float] | None = _cpu_counters()
+        self._host_percent: float | None = None  # the newest host reading, repeated until the next one
         self._out: TextIO | None = None
         self._last_persist = float("-inf")  # monotonic seconds
         self._warned: set[str] = set()  # problems already logged; a 1 Hz loop must not spam
@@ -351,23 +356,28 @@ class TelemetrySampler:
         return host
 
     def _host_cpu(self) -> float | None:
-        """Percent of all cores busy since the last pass, from our own cpu_times deltas.
+        """Percent of all cores busy since the previous reading, from our own cpu_times deltas.
 
         psutil.cpu_percent() keeps one module-wide baseline that any other caller
-        in the process would reset, so the sampler keeps its own.
+        in the process would reset, so the sampler keeps its own. /proc/stat moves
+        in clock ticks (10 ms per core): a pass sooner than MIN_CPU_DELTA after the
+        baseline keeps the baseline and repeats the last reading, instead of
+        reporting nothing (or a 0%/100% guess from one tick).
         """
-        try:
-            t = psutil.cpu_times()
-        except (OSError, psutil.Error):
+        now = _cpu_counters()
+        if now is None:
             return None
-        # guest time is already inside user/nice on Linux
-        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-        idle = t.idle + getattr(t, "iowait", 0.0)
-        last, self._last_cpu = self._last_cpu, (total, idle)
-        if last is None or total <= last[0]:
-            return None
-        busy = 1.0 - (idle - last[1]) / (total - last[0])
-        return round(min(100.0, max(0.0, busy * 100.0)), 1)
+        last = self._last_cpu
+        if last is None or now[0] < last[0]:  # first pass, or counters reset (a restored VM)
+            self._last_cpu = now
+            return self._host_percent
+        elapsed = now[0] - last[0]  # CPU seconds, summed over every core
+        if elapsed < MIN_CPU_DELTA:
+            return self._host_percent
+        busy = 1.0 - (now[1] - last[1]) / elapsed
+        self._last_cpu = now
+        self._host_percent = round(min(100.0, max(0.0, busy * 100.0)), 1)
+        return self._host_percent
 
     # -------------------------------------------------------------- persistence
 
@@ -402,6 +412,17 @@ def _ppid_map() -> dict[int, int]:
         except psutil.Error:  # AccessDenied under hidepid
             pass
     return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"]) if p.info["ppid"] is not None}
+
+
+def _cpu_counters() -> tuple[float, float] | None:
+    """Host (total, idle) CPU seconds summed over every core; None when they cannot be read."""
+    try:
+        t = psutil.cpu_times()
+    except (OSError, psutil.Error):
+        return None
+    # guest time is already inside user/nice on Linux
+    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return total, t.idle + getattr(t, "iowait", 0.0)
 
 
 def _walk(root: int, children: dict[int, list[int]]) -> list[int]:

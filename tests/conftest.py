@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,10 @@ def make_config(tmp_path: Path, pipelines: list[dict[str, Any]], **top: Any) -> 
     """A validated config as if read from tmp_path/test.toml; tasks default to tests/tasks/tiny.py."""
     defaults = {"task": f"{TASKS / 'tiny.py'}:build", "max_epochs": 3, "batch_size": 32,
                 "log_every_n_steps": 2, **top.pop("defaults", {})}
+    # A name of its own, so the run id does too: the shared-memory snapshot root is named after the run id
+    # alone (see test_runs_in_different_directories_never_share_snapshots), and two test sessions on one
+    # machine, or two xdist workers, start runs of the same config in the same second.
+    top.setdefault("name", f"test-{uuid.uuid4().hex[:8]}")
     data = {"runs_dir": str(tmp_path / "runs"), "defaults": defaults, "pipelines": pipelines,
             "devices": {"placement": "cpu", "cpu_slots": 2, **top.pop("devices", {})},
             "restart": {"backoff": 0.1, "min_uptime": 0.5, **top.pop("restart", {})}, **top}

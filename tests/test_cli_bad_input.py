@@ -16,10 +16,13 @@ def torchherd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180)
 
 
+# Each starts the CLI in a process of its own; the same checks run in-process in test_config.py,
+# so only the cheapest stays in the fast tier.
 @pytest.mark.parametrize("name, key, substring", [
     ("toml_syntax", "", "TOML syntax error"),
-    ("gpu_missing", "devices.placement[0]", "GPU 7 does not exist"),
-    ("task_factory_raises", "pipelines[0].task", "ValueError: no data at /nonexistent/path"),
+    pytest.param("gpu_missing", "devices.placement[0]", "GPU 7 does not exist", marks=pytest.mark.slow),
+    pytest.param("task_factory_raises", "pipelines[0].task", "ValueError: no data at /nonexistent/path",
+                 marks=pytest.mark.slow),  # the probe imports torch: seconds
 ])
 def test_run_refuses_bad_config(tmp_path: Path, name: str, key: str, substring: str):
     config = CONFIGS / "bad" / f"{name}.toml"

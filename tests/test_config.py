@@ -35,7 +35,12 @@ def test_fixture_sets_are_complete():
     assert sum(needs_probe(p) for p in BAD) == 2
 
 
-@pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
+def probe_is_slow(path: Path):
+    """A fixture's parameter; those that need the probe (a process that imports torch: seconds) are slow."""
+    return pytest.param(path, id=path.stem, marks=[pytest.mark.slow] if needs_probe(path) else [])
+
+
+@pytest.mark.parametrize("path", [probe_is_slow(p) for p in BAD])
 def test_bad_config_names_key_and_problem(path: Path):
     key, substring = expectation(path)
     report = check_config(path.resolve(), probe=needs_probe(path), inventory=NO_GPU)
@@ -61,6 +66,7 @@ def test_good_config_plans_every_pipeline(path: Path):
         assert any(line.startswith(f"{pipe.name}: ") for line in report.lines), report.lines
 
 
+@pytest.mark.slow  # the probe builds the task in a process of its own
 def test_good_task_file_builds_in_the_probe():
     report = check_config(CONFIGS / "good" / "task_file_tables.toml", probe=True, inventory=NO_GPU)
     assert report.ok, report.render()

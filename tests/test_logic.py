@@ -19,7 +19,8 @@ from torchherd.engine.config import RestartConfig
 from torchherd.engine.messages import (Event, EpochEnd, Heartbeat, Message, Notice, StepMetrics, from_record,
                              message_types, to_record)
 from torchherd.engine.policy import RestartPolicy
-from torchherd.engine.states import FINAL_STATES, IllegalTransition, WorkerState, check_transition
+from torchherd.engine.rundir import snapshot_root
+from torchherd.engine.states import FINAL_STATES, TRANSITIONS, IllegalTransition, WorkerState, check_transition
 
 S = WorkerState
 
@@ -60,10 +61,52 @@ def test_healthy_uptime_resets_the_streak():
 # ------------------------------------------------------------ lifecycle guard
 
 
-@pytest.mark.parametrize("old, new", [(S.QUEUED, S.STARTING), (S.STARTING, S.RUNNING), (S.RUNNING, S.HUNG),
-                                      (S.KILLING, S.KILLED), (S.BACKOFF, S.STARTING)])
-def test_legal_transitions_pass(old, new):
-    check_transition(old, new)
+def walk(*states: WorkerState) -> list[str]:
+    """The steps of a path the guard refuses, as 'old -> new'."""
+    refused = []
+    for old, new in zip(states, states[1:]):
+        try:
+            check_transition(old, new)
+        except IllegalTransition:
+            refused.append(f"{old.value} -> {new.value}")
+    return refused
+
+
+@pytest.mark.parametrize("path", [
+    (S.QUEUED, S.STARTING, S.RUNNING, S.COMPLETED),                                   # trains to the end
+    (S.RUNNING, S.BACKOFF, S.STARTING, S.RUNNING),                                    # crash, restart
+    (S.RUNNING, S.HUNG, S.KILLING, S.BACKOFF, S.STARTING),                            # hang, restart
+    (S.STARTING, S.HUNG, S.KILLING, S.FAILED),                                        # stuck building
+    (S.RUNNING, S.PAUSED, S.RUNNING, S.STOPPING, S.STOPPED),                          # pause, resume, stop
+    (S.RUNNING, S.STOPPING, S.KILLING, S.STOPPED),                                    # stop_timeout ran out
+    (S.RUNNING, S.KILLING, S.STARTING),                                               # `r`: user restart
+    (S.KILLED, S.QUEUED, S.STARTING),                                                 # restarted after the end
+], ids=lambda path: "-".join(s.value for s in path))
+def test_the_paths_the_supervisor_walks_are_allowed(path):
+    assert walk(*path) == []
+
+
+def reachable(start: WorkerState) -> set[WorkerState]:
+    seen, todo = set(), [start]
+    while todo:
+        for new in TRANSITIONS[todo.pop()] - seen:
+            seen.add(new)
+            todo.append(new)
+    return seen
+
+
+def test_every_state_is_reachable_and_none_is_a_trap():
+    assert set(TRANSITIONS) == set(WorkerState)
+    assert reachable(S.QUEUED) | {S.QUEUED} == set(WorkerState)
+    for state in set(WorkerState) - FINAL_STATES:  # whatever happens, a pipeline can still end
+        assert reachable(state) & FINAL_STATES, state
+
+
+@pytest.mark.parametrize("state", sorted(set(WorkerState) - FINAL_STATES, key=lambda s: s.value))
+def test_kill_and_stop_are_possible_from_every_live_state(state):
+    # The k and s keys must work whatever the pipeline is doing.
+    assert TRANSITIONS[state] & {S.KILLING, S.KILLED}, f"{state.value} cannot be killed"
+    assert S.STOPPED in reachable(state) and TRANSITIONS[state] & {S.STOPPING, S.STOPPED, S.KILLING}
 
 
 @pytest.mark.parametrize("old, new", [(S.QUEUED, S.RUNNING), (S.RUNNING, S.QUEUED), (S.BACKOFF, S.RUNNING),
@@ -156,6 +199,18 @@ def test_torch_writer_failure_raises_checkpoint_error(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", writer_fails)
     with pytest.raises(ckpt.CheckpointError):
         ckpt.save_checkpoint(tmp_path, state(2.0))
+
+
+# ------------------------------------------------------------ run directories
+
+
+# Regression: the shared-memory snapshot root was /dev/shm/torchherd-<run id>, and a run id is only unique
+# inside its runs directory (time to the second + config name). Two runs of same-named configs started in
+# the same second from different directories (two projects, two test sessions) shared their snapshot
+# slots: a validator scored the other run's weights (a val_result with a seq its own worker never reached).
+def test_runs_in_different_directories_never_share_snapshots(tmp_path):
+    run_id = "20250101-120000-train"
+    assert snapshot_root(run_id, tmp_path / "a" / run_id) != snapshot_root(run_id, tmp_path / "b" / run_id)
 
 
 # ------------------------------------------------------------ message records

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Callable, Iterable
 import psutil
 
 from torchherd.engine.config import RunConfig
+from torchherd.engine.launcher import LaunchSpec, ProcessHandle, ProcessLauncher
 from torchherd.engine.messages import Event
 from torchherd.engine.rundir import read_events
 from torchherd.engine.supervisor import EventStream, Supervisor
@@ -29,6 +30,18 @@ def faulty_config(tmp_path: Path, pipelines: list[dict[str, Any]], **top: Any) -
     top["defaults"] = {"task": FAULTY, **top.get("defaults", {})}
     top.setdefault("telemetry", {"enabled": False})
     return make_config(tmp_path, pipelines, **top)
+
+
+class RecordingLauncher(ProcessLauncher):
+    """The real launcher, keeping each pipeline's newest handle: the seam fault tests reach workers through."""
+
+    def __init__(self) -> None:
+        self.handles: dict[str, ProcessHandle] = {}  # pipeline name (or "validator") -> newest attempt
+
+    def launch(self, spec: LaunchSpec) -> ProcessHandle:
+        handle = super().launch(spec)
+        self.handles[spec.worker.pipeline["name"]] = handle
+        return handle
 
 
 @contextlib.asynccontextmanager

@@ -22,7 +22,7 @@ import torch
 from torchherd.engine.messages import CheckpointSaved, EpochEnd, PipelineFinished, StepMetrics, WorkerExited, WorkerStarted
 from torchherd.engine.supervisor import Supervisor
 from tests.conftest import wait_for
-from tests.faults.support import faulty_config, finish, of, run_events, supervised
+from tests.faults.support import RecordingLauncher, faulty_config, finish, of, run_events, supervised
 
 pytestmark = pytest.mark.slow
 
@@ -31,16 +31,22 @@ LONG_FLOOD = {**FLOOD, "params": {"samples": 5000}}  # lasts while a test catche
 CALM = {"params": {"samples": 256, "delay": 0.002}}
 
 
-def status_handle(sup: Supervisor, name: str):
-    """The ProcessHandle of a pipeline's worker (private: the faults below are done to it)."""
-    handle = sup._runs[name].handle
+def supervisor(config) -> tuple[Supervisor, RecordingLauncher]:
+    launcher = RecordingLauncher()
+    return Supervisor(config, launcher=launcher), launcher
+
+
+def status_handle(launcher: RecordingLauncher, name: str):
+    """The ProcessHandle of a pipeline's worker: the faults below are done to its status pipe."""
+    handle = launcher.handles.get(name)
     assert handle is not None, f"{name} has no worker"
     return handle
 
 
-def unread_bytes(handle) -> int:
-    buf = fcntl.ioctl(handle._status.fileno(), termios.FIONREAD, b"\0\0\0\0")
-    return struct.unpack("i", buf)[0]
+# ProcessHandle has no public way to pause reading its status pipe or to name the pipe's descriptor,
+# so these three are the only places the tests touch its private attributes.
+def status_fd(handle) -> int:
+    return handle._status.fileno()
 
 
 def stop_reading(handle) -> None:
@@ -48,8 +54,13 @@ def stop_reading(handle) -> None:
 
 
 def start_reading(handle) -> None:
-    handle._loop.add_reader(handle._status.fileno(), handle._readable)
+    handle._loop.add_reader(status_fd(handle), handle._readable)
     handle._reading = True
+
+
+def unread_bytes(handle) -> int:
+    buf = fcntl.ioctl(status_fd(handle), termios.FIONREAD, b"\0\0\0\0")
+    return struct.unpack("i", buf)[0]
 
 
 async def pipe_full(handle, timeout: float = 60.0) -> int:
@@ -88,11 +99,11 @@ async def test_a_flood_and_a_kill_mid_write_leave_the_other_channels_alone(tmp_p
     config = faulty_config(tmp_path, [{"name": "flood", **LONG_FLOOD}, {"name": "victim", **LONG_FLOOD},
                                       {"name": "calm", "params": {"samples": 256, "delay": 0.006}}],
                            defaults={"max_epochs": 3}, devices={"cpu_slots": 3}, restart={"min_uptime": 0.0})
-    sup = Supervisor(config)
+    sup, launcher = supervisor(config)
     async with supervised(sup) as stream:
         victim = await wait_for(stream, lambda e: isinstance(e, WorkerStarted) and e.pipeline == "victim")
         # Killed halfway through writing a batch: the SIGKILL leaves that batch torn in its pipe.
-        await freeze_mid_write(status_handle(sup, "victim"), victim.pid)
+        await freeze_mid_write(status_handle(launcher, "victim"), victim.pid)
         os.kill(victim.pid, signal.SIGKILL)
         killed = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == "victim")
         assert killed.signal == "SIGKILL"
@@ -116,10 +127,10 @@ async def test_a_supervisor_that_stops_reading_never_deadlocks_a_worker(tmp_path
     config = faulty_config(tmp_path, [{"name": "stalled", **FLOOD}, {"name": "forever", **FLOOD},
                                       {"name": "calm", **CALM}],
                            defaults={"max_epochs": 3}, devices={"cpu_slots": 3})
-    sup = Supervisor(config)
+    sup, launcher = supervisor(config)
     async with supervised(sup):
         # From the moment they are spawned, not one byte of theirs is read.
-        handles = {n: status_handle(sup, n) for n in ("stalled", "forever")}
+        handles = {n: status_handle(launcher, n) for n in ("stalled", "forever")}
         for handle in handles.values():
             stop_reading(handle)
         for handle in handles.values():
@@ -152,7 +163,7 @@ def torn_batch_at_end(handle) -> bool:
     r, w = os.pipe()
     try:
         fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
-        n = libc.tee(handle._status.fileno(), w, 1 << 20, 2)  # SPLICE_F_NONBLOCK
+        n = libc.tee(status_fd(handle), w, 1 << 20, 2)  # SPLICE_F_NONBLOCK
         assert n >= 0, os.strerror(ctypes.get_errno())
         data = b""
         while len(data) < n:
@@ -193,12 +204,12 @@ async def freeze_mid_write(handle, pid: int, tries: int = 30) -> None:
 async def test_a_worker_frozen_mid_write_does_not_freeze_the_supervisor(tmp_path):
     config = faulty_config(tmp_path, [{"name": "frozen", **LONG_FLOOD}, {"name": "calm", **CALM}],
                            defaults={"max_epochs": 3}, devices={"cpu_slots": 2})
-    sup = Supervisor(config)
+    sup, launcher = supervisor(config)
     responsive = threading.Event()
     in_time: list[bool] = []
     async with supervised(sup) as stream:
         started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted) and e.pipeline == "frozen")
-        handle = status_handle(sup, "frozen")
+        handle = status_handle(launcher, "frozen")
         await freeze_mid_write(handle, started.pid)
         loop = asyncio.get_running_loop()
 

@@ -99,7 +99,9 @@ def test_cuda_oom_is_named_as_such(crash_run):
     crash = of(events, WorkerExited, "oom")[0]
     assert crash.reason == "crashed" and crash.exit_code == 1
     error = of(events, WorkerError, "oom")[0]
-    assert error.error.startswith("CUDA out of memory"), error.error  # named as OOM, not as a RuntimeError
+    assert "torch.OutOfMemoryError: CUDA out of memory" in error.traceback  # the real type was raised
+    # ... and the worker named it as an OOM, not as "OutOfMemoryError: ..." like any other exception
+    assert error.error.startswith("CUDA out of memory"), error.error
     assert "Tried to allocate 20.00 GiB" in error.error and crash.error == error.error
     assert "CUDA out of memory" in of(events, WorkerRestarting, "oom")[0].reason
     assert_restarted_once_and_completed(events, "oom")

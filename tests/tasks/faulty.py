@@ -71,8 +71,10 @@ class Faulty(nn.Module):
             if self.fault == "raise":
                 raise RuntimeError("faulty task exploded on purpose")
             if self.fault == "oom":
-                raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 7.79 GiB total "
-                                   "capacity; 1.02 GiB already allocated)")
+                # What the CUDA caching allocator raises, type and message, without needing a GPU.
+                raise torch.cuda.OutOfMemoryError(
+                    "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 7.79 GiB "
+                    "of which 1.02 GiB is free. Of the allocated memory 6.50 GiB is allocated by PyTorch.")
             if self.fault == "segv":
                 import ctypes
                 ctypes.string_at(0)

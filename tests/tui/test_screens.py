@@ -72,7 +72,8 @@ async def test_epochs_are_counted_from_one_everywhere(make_app, session):
                      m.CheckpointSaved(pipeline="alpha", path="last.pt", epoch=1, step=60, reason="request",
                                        time=session.clock.now))
         table = app.screen.query_one(PipelineTable)
-        await wait_for(pilot, lambda: table.cell("alpha", "step") == "2/4 50", what="second epoch in the table")
+        # The request checkpoint at step 60 is the newest word on where training stands.
+        await wait_for(pilot, lambda: table.cell("alpha", "step") == "2/4 60", what="second epoch in the table")
         texts = log_texts(app)
         for expected in ("epoch 1/4 done", "validated epoch 1/4, step 50", "checkpoint (epoch) after epoch 1/4",
                          "checkpoint (request) in epoch 2/4, step 60"):
