@@ -16,6 +16,10 @@ inside that window: plain runs have checkpointing off, torchherd writes its one
 per epoch costs about 10 ms each here. The three run in turn, ROUNDS times, and the
 best of each is compared, so a spell of load from elsewhere hits all of them alike.
 
+A fourth way isolates torchherd's own cost from the processes around it: its
+Lightning runner (the callback, the snapshot hand-offs) in this process, on this
+thread, with no validator reading, against the same plain train-only fit.
+
 Run: python benchmarks/lightning_overlap.py   (EPOCHS, ROUNDS, HIDDEN to change the size)
 """
 from __future__ import annotations
@@ -100,19 +104,62 @@ async def herd(root: Path) -> tuple[float, float, float]:
     return start - spawned, trained, validated
 
 
+class _Sender:
+    """The worker's status sender, keeping events in memory (with the worker-side clock) instead of a pipe."""
+
+    def __init__(self):
+        self.events: list[tuple[float, object]] = []
+
+    def step(self, event) -> None:
+        self.events.append((time.monotonic(), event))
+
+    send = step
+
+
+class _NoCommands:
+    def poll(self, timeout: float = 0.0) -> list:
+        return []
+
+
+def runner_here(root: Path) -> float:
+    """Training seconds of torchherd's Lightning runner in this process (hand-offs to slots nobody reads)."""
+    from types import SimpleNamespace
+
+    from torchherd.engine.control import WorkerControl
+    from torchherd.engine.lightning_runner import LightningRunner
+
+    data = {"runs_dir": str(root), "defaults": {
+                "task": f"lightning:{HERE / '_lightning_workload.py'}:LitOverlap", "max_epochs": EPOCHS,
+                "log_every_n_steps": 50, "checkpoint_every_n_epochs": EPOCHS, "params": PARAMS},
+            "pipelines": [{"name": "p"}],
+            "validation": {"mode": "background", "device": "cpu", "policy": "latest", "slots": 2},
+            "telemetry": {"enabled": False}}
+    config = parse_config(data, str(root / "bench.toml"), root)
+    (root / "p").mkdir(parents=True)
+    spec = SimpleNamespace(pipeline_dir=str(root / "p"), snapshot_dir=str(root / "p-snapshots"), snapshot_seq=0,
+                           device="cpu")
+    sender = _Sender()
+    torch.set_num_threads(1)
+    LightningRunner(spec, config.pipelines[0], config.validation, sender,
+                    WorkerControl("p", sender, _NoCommands())).run()
+    start = [t for t, e in sender.events if isinstance(e, TrainingStarted)][0]
+    return [t for t, e in sender.events if isinstance(e, EpochEnd)][-1] - start
+
+
 def main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # "GPU available: False" per fit
     load = os.getloadavg()[0]
-    runs: dict[str, list] = {"train-only": [], "sequential": [], "herd": []}
+    runs: dict[str, list] = {"train-only": [], "sequential": [], "herd": [], "here": []}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for i in range(ROUNDS):
             runs["train-only"].append(plain(False, root / f"train-only-{i}"))
             runs["sequential"].append(plain(True, root / f"sequential-{i}"))
             runs["herd"].append(asyncio.run(herd(root / f"herd-{i}")))
+            runs["here"].append(runner_here(root / f"here-{i}"))
             print(f"round {i + 1}: train-only {runs['train-only'][-1][1]:.2f} s, sequential "
                   f"{runs['sequential'][-1][1]:.2f} s, torchherd training {runs['herd'][-1][1]:.2f} s, "
-                  f"last result {runs['herd'][-1][2]:.2f} s", flush=True)
+                  f"last result {runs['herd'][-1][2]:.2f} s, runner in-process {runs['here'][-1]:.2f} s", flush=True)
     base = min(r[1] for r in runs["train-only"])
     seq = min(r[1] for r in runs["sequential"])
     trained = min(r[1] for r in runs["herd"])
@@ -127,6 +174,9 @@ def main() -> None:
     print(f"torchherd background: training    {trained:7.2f} s   {trained / base:.2f}x "
           f"(training speed {base / trained:.2f}x plain Trainer.fit)")
     print(f"torchherd background: last result {validated:7.2f} s   {validated / base:.2f}x")
+    here = min(runs["here"])
+    print(f"torchherd runner in this process  {here:7.2f} s   {here / base:.2f}x "
+          f"(training speed {base / here:.2f}x plain Trainer.fit, same thread, no validator)")
 
 
 if __name__ == "__main__":
