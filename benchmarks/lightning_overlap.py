@@ -25,11 +25,13 @@ Run: python benchmarks/lightning_overlap.py   (EPOCHS, ROUNDS, HIDDEN to change 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -140,14 +142,16 @@ def runner_here(root: Path) -> float:
                            device="cpu")
     sender = _Sender()
     torch.set_num_threads(1)
-    LightningRunner(spec, config.pipelines[0], config.validation, sender,
-                    WorkerControl("p", sender, _NoCommands())).run()
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the worker's model summary
+        LightningRunner(spec, config.pipelines[0], config.validation, sender,
+                        WorkerControl("p", sender, _NoCommands())).run()
     start = [t for t, e in sender.events if isinstance(e, TrainingStarted)][0]
     return [t for t, e in sender.events if isinstance(e, EpochEnd)][-1] - start
 
 
 def main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # "GPU available: False" per fit
+    warnings.filterwarnings("ignore", module="lightning")  # its per-fit advice on loggers and log intervals
     load = os.getloadavg()[0]
     runs: dict[str, list] = {"train-only": [], "sequential": [], "herd": [], "here": []}
     with tempfile.TemporaryDirectory() as tmp:
