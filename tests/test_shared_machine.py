@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_config
+from tests.conftest import make_config, wait_for
 from torchherd.engine import rundir
 from torchherd.engine.config import ConfigError, parse_config
 from torchherd.engine.rundir import PID_FILE, SNAPSHOT_MARKER, claim_root, remove_root, snapshot_root
@@ -112,7 +112,6 @@ def test_a_plain_run_name_is_accepted(tmp_path: Path):
 
 @pytest.mark.slow
 async def test_a_real_run_snapshots_into_a_private_folder_and_removes_it(tmp_path: Path):
-    from conftest import wait_for
     from torchherd.engine.messages import RunFinished, SnapshotTaken
     from torchherd.engine.supervisor import Supervisor
 

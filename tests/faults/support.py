@@ -40,7 +40,7 @@ class RecordingLauncher(ProcessLauncher):
 
     def launch(self, spec: LaunchSpec) -> ProcessHandle:
         handle = super().launch(spec)
-        self.handles[spec.worker.pipeline["name"]] = handle
+        self.handles[spec.child.name] = handle
         return handle
 
 
