@@ -18,8 +18,22 @@ from torchherd.engine.script_runner import run_script
 from torchherd.engine.spec import WorkerSpec
 
 
+def set_up_torch(spec: WorkerSpec, pipe) -> None:
+    """Threads, matmul precision, seed and memory cap for this slot: for the runners that train in this
+    process (a script's own process sets itself up, and a script worker never imports torch)."""
+    import torch
+
+    if spec.device == "cpu":
+        torch.set_num_threads(spec.threads)
+    torch.set_float32_matmul_precision(pipe.float32_matmul_precision)
+    torch.manual_seed(pipe.seed)
+    if spec.device.startswith("cuda") and pipe.gpu_memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(pipe.gpu_memory_fraction, 0)
+
+
 def run_task(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) -> int:
     """The `Task` runner: build the user's task and train it with torchherd's own loop."""
+    set_up_torch(spec, pipe)
     from torchherd.engine.task import TaskError, build_task
     from torchherd.engine.trainer import Trainer
 
@@ -36,6 +50,7 @@ def run_task(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) 
 
 def run_lightning(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) -> int:
     """The Lightning runner: Lightning's own Trainer.fit with a torchherd callback."""
+    set_up_torch(spec, pipe)
     from torchherd.engine.lightning_runner import run_lightning as run
 
     return run(spec, pipe, validation, sender, control)
@@ -51,19 +66,11 @@ def run(spec: WorkerSpec, sender: StatusSender, receiver: ControlReceiver) -> in
     where = "build"
     control = None
     try:
-        import torch
-
         from torchherd.engine.config import Pipeline, ValidationConfig
         from torchherd.engine.control import WorkerControl
 
         pipe = Pipeline.model_validate(spec.pipeline)
         validation = ValidationConfig.model_validate(spec.validation)
-        if spec.device == "cpu":
-            torch.set_num_threads(spec.threads)
-        torch.set_float32_matmul_precision(pipe.float32_matmul_precision)
-        torch.manual_seed(pipe.seed)
-        if spec.device.startswith("cuda") and pipe.gpu_memory_fraction is not None:
-            torch.cuda.set_per_process_memory_fraction(pipe.gpu_memory_fraction, 0)
         control = WorkerControl(name, sender, receiver, pipe.nan_policy)
         where = "train"
         return RUNNERS[pipe.kind](spec, pipe, validation, sender, control)
