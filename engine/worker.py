@@ -80,8 +80,8 @@ def run(spec: WorkerSpec, sender: StatusSender, receiver: ControlReceiver) -> in
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
         error = f"{type(exc).__name__}: {exc}"
-        if "out of memory" in str(exc).lower():
-            error = f"CUDA out of memory: {exc}"
+        if "out of memory" in str(exc).lower():  # torch.cuda.OutOfMemoryError, or a RuntimeError saying so
+            error = str(exc) if str(exc).startswith("CUDA out of memory") else f"CUDA out of memory: {exc}"
         sender.send(WorkerError(pipeline=name, error=error, traceback=tb, where=where,
                                 step=control.step if control is not None else -1))
         return EXIT_ERROR

@@ -2,6 +2,8 @@
 the picker, launching, launch more, past runs, escape, quitting, and a flood of step events."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from textual.widgets import OptionList
 
@@ -159,10 +161,14 @@ async def test_step_flood_is_coalesced(make_app, session):
             original()
 
         dashboard.redraw = counting
+        began = time.monotonic()
         session.train("alpha", 50_000, every=10, val=False, steps_per_epoch=50_000, epochs=1)
         await wait_for(pilot, lambda: app.bridge.state.rows["alpha"].step == 50_000, what="all applied")
         await wait_for(pilot, lambda: count >= 1 and not dashboard._pending, what="redraw done")
-        assert count <= 3
+        # The rate limit, whatever the machine's speed: at most one redraw per interval the flood
+        # lasted (plus the first and the last), never one per event (5,000 of them).
+        allowed = 2 + (time.monotonic() - began) / dashboard.interval
+        assert count <= allowed, (count, allowed)
         assert len(app.bridge.state.series["alpha"].bins.lo) <= 512
 
 

@@ -13,7 +13,7 @@ from torchherd.tui.widgets.pipeline_table import PipelineTable
 from tests.tui.conftest import CONFIGS
 from tests.tui.pilots import wait_for
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]  # starts real training processes
 
 
 async def test_real_config_reaches_val_result(runs_dir):
