@@ -223,8 +223,14 @@ def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bo
     if every pipeline completed."""
     app = TorchherdApp(target, runs_dir, launch=launch, only=only)
     app.run()
+    return report_runs(app, launch)
+
+
+def report_runs(app: TorchherdApp, launch: bool) -> int:
+    """After the app has exited: say how each run of its session ended and where it is. Returns the exit
+    status: with `launch`, 0 only if every pipeline completed."""
     ends = [run_end(run_dir) for run_dir in app.bridge.run_dirs]
-    for end in ends:  # the terminal is ours again: say how each run ended and where it is
+    for end in ends:  # the terminal is ours again
         print("\n".join(end.lines))
     if app.return_code:
         return app.return_code

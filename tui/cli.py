@@ -116,13 +116,12 @@ def _run_app_checked(config: Path, runs_dir: Path | None) -> int:
     from torchherd.engine.probe import pending_jobs, probe_tasks
     from torchherd.tui.headless import EXIT_CONFIG, EXIT_STOPPED
 
+    from torchherd.tui.app import report_runs
+
     app = check_then_launch_app(config, runs_dir)
     app.run()
-    if app.return_code:
-        return app.return_code
-    rows = list(app.bridge.state.rows.values())
-    if rows:
-        return 0 if all(r.state == "completed" for r in rows) else 1
+    if app.bridge.run_dirs or app.return_code:  # it launched: how it ended, and where
+        return report_runs(app, launch=True)
     report = check_config(config)
     problems = report.problems
     if report.ok and report.config is not None and not pending_jobs(report.config):

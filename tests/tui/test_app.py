@@ -205,3 +205,20 @@ async def test_run_app_prints_the_run_directory_after_exit(monkeypatch, capsys, 
     out = capsys.readouterr().out.splitlines()
     assert out == ["torchherd: run 20231114-220000-old failed", "  alpha failed", f"  run directory: {run_dir}",
                    f"  carry it on from its checkpoints: torchherd resume {run_dir}"]  # a failed run resumes too
+
+
+async def test_torchherd_run_in_the_app_reports_its_run_after_exit(monkeypatch, capsys, runs_dir, clock):
+    # Regression: `torchherd run CONFIG`, then escape to the picker and q, printed nothing and exited 3
+    # ("quit before it launched") for a run that had completed.
+    from torchherd.tui import app as app_module
+    from torchherd.tui import cli
+
+    run_dir = await write_past_run(runs_dir, clock)
+
+    def fake_run(self) -> None:  # the app ran a session in run_dir, went back to the picker, was quit
+        self.bridge.run_dirs.append(run_dir)
+
+    monkeypatch.setattr(app_module.TorchherdApp, "run", fake_run)
+    assert cli._run_app_checked(CONFIGS / "good.toml", runs_dir) == 1  # its pipeline failed
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "torchherd: run 20231114-220000-old failed" and f"  run directory: {run_dir}" in out
