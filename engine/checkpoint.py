@@ -73,33 +73,37 @@ def write_atomic(path: Path, state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(directory: Path, state: dict[str, Any], name: str = LAST) -> Path:
-    """Write `name` in `directory`; for 'last', the one it replaces becomes 'prev'."""
+    """Write `name` in `directory`; for 'last' (last.pt, or a Lightning pipeline's last.ckpt), the one it
+    replaces becomes 'prev'."""
     path = directory / name
-    if name != LAST:
+    if not name.startswith("last."):
         write_atomic(path, state)
         return path
-    tmp_new = directory / ".last.new.pt"
+    tmp_new = directory / f".last.new{path.suffix}"
     write_atomic(tmp_new, state)  # fails here on a full disk, before anything is moved
     if path.exists():
-        os.replace(path, directory / PREV)
+        os.replace(path, directory / f"prev{path.suffix}")
     os.replace(tmp_new, path)
     _fsync_dir(directory)
     return path
 
 
-def load_latest(directory: Path, map_location: Any = "cpu") -> tuple[dict[str, Any] | None, Path | None, str]:
-    """The newest readable checkpoint in `directory`: (state, path, note). Nothing there: (None, None, "")."""
+def load_latest(directory: Path, map_location: Any = "cpu", suffix: str = ".pt",
+                required: str = "model") -> tuple[dict[str, Any] | None, Path | None, str]:
+    """The newest readable checkpoint in `directory` (files ending in `suffix`, holding key `required`):
+    (state, path, note). Nothing there: (None, None, "")."""
     import torch
 
     notes = []
-    for name in (LAST, ".last.new.pt", PREV):
+    for name in (f"last{suffix}", f".last.new{suffix}", f"prev{suffix}"):
         path = directory / name
         if not path.exists():
             continue
         try:
             state = torch.load(path, map_location=map_location, weights_only=False)
-            if not isinstance(state, dict) or "model" not in state:
-                raise ValueError("not a torchherd checkpoint")
+            if not isinstance(state, dict) or required not in state:
+                raise ValueError("not a torchherd checkpoint" if required == "model" else
+                                 f"not a checkpoint with {required!r}")
         except Exception as exc:  # truncated, corrupt, wrong format
             notes.append(f"{name} unreadable ({type(exc).__name__}: {str(exc)[:120]})")
             continue

@@ -13,7 +13,6 @@ module may load at import time (tests/test_boundary.py), and it costs seconds.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 import traceback
@@ -93,36 +92,15 @@ def resumable(loader: Any) -> tuple[Any, ResumableSampler | None]:
 
 def save_ckpt(directory: Path, state: dict[str, Any], name: str) -> Path:
     """Write a Lightning checkpoint atomically; writing `last` keeps the one it replaces as `prev`."""
-    path = directory / name
-    if name != LAST:
-        ckpt.write_atomic(path, state)
-        return path
-    new = directory / ".last.new.ckpt"
-    ckpt.write_atomic(new, state)  # a full disk fails here, before anything is moved
-    if path.exists():
-        os.replace(path, directory / PREV)
-    os.replace(new, path)
-    return path
+    return ckpt.save_checkpoint(directory, state, name)
 
 
 def latest_ckpt(directory: Path) -> tuple[Path | None, dict[str, Any] | None, str]:
     """The newest readable checkpoint: (path, its loop counters, note)."""
-    notes = []
-    for name in (LAST, ".last.new.ckpt", PREV):
-        path = directory / name
-        if not path.exists():
-            continue
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-            if not isinstance(state, dict) or "state_dict" not in state:
-                raise ValueError("not a Lightning checkpoint")
-        except Exception as exc:  # truncated, corrupt, wrong format
-            notes.append(f"{name} unreadable ({type(exc).__name__}: {str(exc)[:120]})")
-            continue
-        if notes:
-            notes.append(f"resumed from {name}")
-        return path, {"epoch": state.get("epoch", 0), "step": state.get("global_step", 0)}, "; ".join(notes)
-    return None, None, "; ".join(notes)
+    state, path, note = ckpt.load_latest(directory, suffix=".ckpt", required="state_dict")
+    if state is None:
+        return None, None, note
+    return path, {"epoch": state.get("epoch", 0), "step": state.get("global_step", 0)}, note
 
 
 class HerdHooks:
