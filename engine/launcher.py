@@ -85,9 +85,6 @@ class Launcher(Protocol):
     def launch(self, spec: LaunchSpec) -> Handle: ...
 
 
-WorkerHandle = Handle  # the name the supervisor's older callers know
-
-
 class FrameReader:
     """Splits a byte stream into the messages `Connection.send_bytes` framed (a length, then the bytes)."""
 

@@ -39,8 +39,13 @@ def test_a_project_with_its_own_engine_and_tui_runs(tmp_path: Path):
 @pytest.mark.slow
 def test_installed_package_exposes_only_torchherd(tmp_path: Path):
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(wheels), str(ROOT)], check=True, capture_output=True, timeout=240)
+    leftover = not (ROOT / "build").exists()  # setuptools builds in the checkout; leave it as it was
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--wheel-dir", str(wheels), str(ROOT)], check=True, capture_output=True, timeout=240)
+    finally:
+        if leftover:
+            shutil.rmtree(ROOT / "build", ignore_errors=True)
     [wheel] = wheels.glob("torchherd-*.whl")
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
