@@ -93,6 +93,7 @@ def test_a_syntax_error_needs_no_probe(project: Path):
     assert len(problems) == 1 and problems[0].message.startswith("syntax error in broken.py line 1")
 
 
+@pytest.mark.slow  # starts a probe process
 # Regression: config problems showed the path as written, probe problems the absolute path.
 def test_probe_problems_use_the_same_path_style_as_config_problems(project: Path):
     config = write(project / "configs" / "run.toml", '[defaults]\ntask = "../task.py:build"\n' + TWO_PIPELINES)
@@ -103,6 +104,7 @@ def test_probe_problems_use_the_same_path_style_as_config_problems(project: Path
     assert str(project) not in report.render()
 
 
+@pytest.mark.slow  # starts a probe process
 def test_probe_reports_a_defaults_task_failing_alike_once(project: Path):
     write(project / "task.py", "raise RuntimeError('no GPU driver')\n\ndef build(params):\n    pass\n")
     config = write(project / "run.toml", '[defaults]\ntask = "task.py:build"\n' + TWO_PIPELINES)
@@ -111,6 +113,7 @@ def test_probe_reports_a_defaults_task_failing_alike_once(project: Path):
         [("defaults.task", "importing task.py raised RuntimeError: no GPU driver")]
 
 
+@pytest.mark.slow  # starts a probe process
 def test_probe_verdicts_are_cached_until_the_task_file_changes(project: Path):
     config_path = write(project / "run.toml", '[defaults]\ntask = "task.py:build"\n' + TWO_PIPELINES)
     config = check_config(config_path, inventory=NO_GPU).config

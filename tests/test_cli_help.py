@@ -65,6 +65,7 @@ def gated(tmp_path: Path, body: str) -> tuple[Path, Path]:
     return config, gate
 
 
+@pytest.mark.slow  # starts the CLI and a probe
 # Regression: headless printed nothing while it built the tasks (about 9 s), and its clock started after.
 def test_headless_says_at_once_that_it_checks_and_refuses_a_task_that_does_not_build(tmp_path: Path):
     config, gate = gated(tmp_path, "def build(params):\n    raise ValueError('no data')\n")

@@ -29,6 +29,20 @@ def utc():
     time.tzset()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fixture_configs_checked():
+    """The fixture configs' tasks built once per test session by the real probe, so each app test finds
+    the picker's verdict in the probe's cache instead of building the same tasks again (seconds each)."""
+    from torchherd.engine.config import ConfigError, load_config
+    from torchherd.engine.probe import probe_tasks
+
+    for path in sorted(CONFIGS.glob("*.toml")):
+        try:
+            probe_tasks(load_config(path))
+        except ConfigError:
+            continue  # a config the check refuses before any task is built
+
+
 @pytest.fixture
 def clock(monkeypatch) -> FrozenTime:
     """The clock that stamps the events the supervisor makes, frozen at T0 until a test moves it."""

@@ -54,6 +54,7 @@ async def test_launch_and_data_reach_the_table(make_app, session):
         assert app.bridge.state.rows["beta"].state is S.RUNNING  # typed, not a string
 
 
+@pytest.mark.slow  # builds a second config's tasks in a probe process
 async def test_launch_more_adds_to_the_session_and_queues(make_app, session):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

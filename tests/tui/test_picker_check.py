@@ -47,6 +47,7 @@ def verdict(app) -> str:
     return str(app.screen.query_one("#verdict").content)
 
 
+@pytest.mark.slow  # builds tasks in a real probe process
 # Regression: a config whose task does not build showed "ready: enter launches" in the picker, and enter
 # created a run whose workers all failed seconds later; `torchherd run` refused the same config.
 async def test_picker_builds_the_tasks_and_refuses_a_config_torchherd_run_refuses(tmp_path: Path, runs_dir,
@@ -67,6 +68,7 @@ async def test_picker_builds_the_tasks_and_refuses_a_config_torchherd_run_refuse
         assert any("cannot be launched" in n.message for n in app._notifications)
 
 
+@pytest.mark.slow  # builds tasks in a real probe process
 # Regression: `torchherd run CONFIG` showed a blank screen for about 10 s while it built the tasks.
 async def test_torchherd_run_opens_on_the_check_and_then_launches(tmp_path: Path, runs_dir, session):
     gate = gated_task(tmp_path, "from tiny import build\n")
