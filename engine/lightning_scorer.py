@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from torchherd.engine.channel import StatusSender
-from torchherd.engine.messages import EarlyStop, Notice, ValResult
-from torchherd.engine.progress import better
+from torchherd.engine.messages import Notice, ValResult
+from torchherd.engine.validator import keep_best, load_newest
 
 BEST = "best.ckpt"
 
@@ -71,16 +71,9 @@ class LightningScorer:
         """Validate the newest unseen snapshot, if any; True if one was scored."""
         from torchherd.engine.snapshot import weights_checksum
 
-        for _ in range(5):  # a torn read means a newer snapshot just landed: take that one
-            found = self.reader.newest(after=self.last_seq, oldest=self.validation.policy == "all")
-            if found is None:
-                return False
-            loaded = self.reader.load_into(self.module, found[0])
-            if loaded is not None:
-                break
-        else:
+        loaded = load_newest(self, self.module)
+        if loaded is None:
             return False
-        self.last_seq = loaded.seq
         if not self.has_step:
             self._notice(sender, "no-step", f"{type(self.module).__name__} has no validation_step: "
                          "snapshots are not scored (add one that self.log()s, e.g. 'val_loss')")
@@ -116,19 +109,8 @@ class LightningScorer:
                 self._notice(sender, "metric", f"validation logs {', '.join(sorted(metrics))} but not "
                              f"{metric!r}: set [validation] metric to one of them to keep a best checkpoint")
             return
-        if better(value, self.best, self.validation.metric_mode):
-            self.best, self.since_best = value, 0
-            try:
-                ckpt.write_atomic(self.pipeline_dir / "checkpoints" / BEST, self._best_state(loaded, value))
-            except ckpt.CheckpointError as exc:
-                sender.send(Notice(pipeline=self.name, level="error", text=f"best checkpoint failed: {exc}"))
-            return
-        self.since_best += 1
-        patience = self.validation.patience
-        if patience is not None and self.since_best >= patience:
-            sender.send(EarlyStop(pipeline=self.name, reason=(
-                f"early stopping: {metric} did not improve on {self.best:.6g} in {patience} validations")))
-            self.since_best = 0
+        keep_best(self, sender, value,
+                  lambda: ckpt.write_atomic(self.pipeline_dir / "checkpoints" / BEST, self._best_state(loaded, value)))
 
     def _best_state(self, loaded: Any, value: float) -> dict[str, Any]:
         """A checkpoint `LitModel.load_from_checkpoint` reads: weights, hyperparameters, version."""

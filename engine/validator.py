@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from torchherd.engine.channel import ControlReceiver, StatusSender
 from torchherd.engine.messages import EarlyStop, Notice, Stop, ValResult
@@ -65,16 +65,9 @@ class PipelineScorer:
 
         if self.data is None:
             return False
-        for _ in range(5):  # a torn read means a newer snapshot just landed: take that one
-            found = self.reader.newest(after=self.last_seq, oldest=self.validation.policy == "all")
-            if found is None:
-                return False
-            loaded = self.reader.load_into(self.model, found[0])
-            if loaded is not None:
-                break
-        else:
+        loaded = load_newest(self, self.model)
+        if loaded is None:
             return False
-        self.last_seq = loaded.seq
         checksum = weights_checksum(self.model.state_dict()) if self.validation.checksum else None
         try:
             metrics = evaluate(self.model, self.data, self.task.loss_fn, self.task.metrics_fn, self.device,
@@ -92,23 +85,44 @@ class PipelineScorer:
         value = metrics.get(self.validation.metric)
         if value is None:
             return True
-        if better(value, self.best, self.validation.metric_mode):
-            self.best, self.since_best = value, 0
-            try:
-                ckpt.save_checkpoint(self.pipeline_dir / "checkpoints", {
-                    "model": self.model.state_dict(), "epoch": loaded.epoch, "step": loaded.step,
-                    "metric": self.validation.metric, "value": value, "pipeline": self.name}, ckpt.BEST)
-            except ckpt.CheckpointError as exc:
-                sender.send(Notice(pipeline=self.name, level="error", text=f"best checkpoint failed: {exc}"))
-        else:
-            self.since_best += 1
-            patience = self.validation.patience
-            if patience is not None and self.since_best >= patience:
-                sender.send(EarlyStop(pipeline=self.name, reason=(
-                    f"early stopping: {self.validation.metric} did not improve on {self.best:.6g} "
-                    f"in {patience} validations")))
-                self.since_best = 0
+        keep_best(self, sender, value, lambda: ckpt.save_checkpoint(self.pipeline_dir / "checkpoints", {
+            "model": self.model.state_dict(), "epoch": loaded.epoch, "step": loaded.step,
+            "metric": self.validation.metric, "value": value, "pipeline": self.name}, ckpt.BEST))
         return True
+
+
+def load_newest(scorer: Any, model: Any) -> Any:
+    """The snapshot a scorer takes next (the newest unseen, or the oldest under policy 'all') loaded into
+    `model`, or None; it becomes the scorer's `last_seq`. Shared by every kind of scorer."""
+    for _ in range(5):  # a torn read means a newer snapshot just landed: take that one
+        found = scorer.reader.newest(after=scorer.last_seq, oldest=scorer.validation.policy == "all")
+        if found is None:
+            return None
+        loaded = scorer.reader.load_into(model, found[0])
+        if loaded is not None:
+            scorer.last_seq = loaded.seq
+            return loaded
+    return None
+
+
+def keep_best(scorer: Any, sender: StatusSender, value: float, save: Callable[[], Any]) -> None:
+    """One result against the scorer's best: a better one is saved with `save()` (a checkpoint write),
+    `patience` results in a row that are not ask for an early stop."""
+    from torchherd.engine import checkpoint as ckpt
+
+    v = scorer.validation
+    if better(value, scorer.best, v.metric_mode):
+        scorer.best, scorer.since_best = value, 0
+        try:
+            save()
+        except ckpt.CheckpointError as exc:
+            sender.send(Notice(pipeline=scorer.name, level="error", text=f"best checkpoint failed: {exc}"))
+        return
+    scorer.since_best += 1
+    if v.patience is not None and scorer.since_best >= v.patience:
+        sender.send(EarlyStop(pipeline=scorer.name, reason=(
+            f"early stopping: {v.metric} did not improve on {scorer.best:.6g} in {v.patience} validations")))
+        scorer.since_best = 0
 
 
 def make_scorer(name: str, directory: Path, device: str):
