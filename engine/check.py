@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torchherd.engine.config import BUILTIN_TASKS, LIGHTNING_PREFIX, ConfigError, Problem, RunConfig, display_path, load_config
 from torchherd.engine.devices import Inventory, discover_devices
-from torchherd.engine.placement import describe_plan, plan_slots, plan_validation
+from torchherd.engine.placement import describe_plan, gang_problems, plan_slots, plan_validation
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
         return CheckReport(False, None, exc.problems)
     inventory = inventory if inventory is not None else discover_devices()
     slots, problems = plan_slots(config.devices, inventory, display_path(path))
+    problems += gang_problems(config, slots) if slots else []
     problems += static_task_problems(config)
     if not problems:
         problems = script_problems(config, plan_validation(config, slots, inventory).mode)

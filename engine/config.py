@@ -95,6 +95,9 @@ class PipelineSettings(_Strict):
     gpu_memory_fraction: float | None = Field(None, gt=0, le=1, description=(
         "Cap on this pipeline's share of its GPU's memory (0-1], so it cannot starve a neighbour."))
     seed: int = Field(0, description="Seed for torch's generators and the data order.")
+    ranks: int = Field(1, ge=1, description=(
+        "Processes of one DistributedDataParallel gang, one per device slot, started and restarted as a unit "
+        "(torchrun's --nproc-per-node); 1 trains in one process."))
     nan_policy: Literal["warn", "stop", "restart"] = Field("stop", description=(
         "When the training loss is NaN or infinite: warn and carry on, stop the pipeline as failed, "
         "or restart it from its last checkpoint."))

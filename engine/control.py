@@ -55,6 +55,19 @@ class WorkerControl:
 
     def between_steps(self, step: int, save: Callable[[str], None]) -> None:
         """Beat, obey commands, and hold here while paused (saving on request meanwhile)."""
+        if not self.beat(step):
+            return
+        self.poll()
+        if self.paused:
+            paused_at = time.monotonic()
+            while self.paused and self.stop_reason is None:
+                self.poll(timeout=0.5)
+                if self.take_checkpoint_request():
+                    save("request")
+            self.paused_time += time.monotonic() - paused_at
+
+    def beat(self, step: int) -> bool:
+        """Note the step and beat the heartbeat when due; True when it is time to look at the commands."""
         self.step = step
         if self._start_step is None:
             self._start_step = step
@@ -65,19 +78,12 @@ class WorkerControl:
             self._next_control = self._next_heartbeat = 0.0
         now = time.monotonic()
         if now < self._next_control:
-            return
+            return False
         self._next_control = now + CONTROL_INTERVAL
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + HEARTBEAT_INTERVAL
             self.sender.step(Heartbeat(pipeline=self.name, step=step))
-        self.poll()
-        if self.paused:
-            paused_at = time.monotonic()
-            while self.paused and self.stop_reason is None:
-                self.poll(timeout=0.5)
-                if self.take_checkpoint_request():
-                    save("request")
-            self.paused_time += time.monotonic() - paused_at
+        return True
 
     def non_finite(self, value: float, where: str) -> int | None:
         """None if `value` is finite or the policy only warns; else the exit code the policy asks for."""

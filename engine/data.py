@@ -12,10 +12,17 @@ import torch
 
 
 class EpochSampler(torch.utils.data.Sampler):
-    """A shuffled order fixed by (seed, epoch), so a resumed epoch can skip what was done."""
+    """A shuffled order fixed by (seed, epoch), so a resumed epoch can skip what was done.
 
-    def __init__(self, size: int, seed: int, shuffle: bool = True):
+    In a gang of `world` ranks each takes every `world`-th sample of that order from its
+    rank on, the order padded from its start to a multiple of `world` as DistributedSampler
+    does: every rank has as many batches, so none waits in a collective for another.
+    """
+
+    def __init__(self, size: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1):
         self.size, self.seed, self.shuffle = size, seed, shuffle
+        self.rank, self.world = rank, world
+        self.per_rank = -(-size // world)  # ceil
         self.epoch, self.skip = 0, 0
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
@@ -27,10 +34,13 @@ class EpochSampler(torch.utils.data.Sampler):
             order = torch.randperm(self.size, generator=gen).tolist()
         else:
             order = list(range(self.size))
+        if self.world > 1:
+            total = self.per_rank * self.world
+            order = (order + order[:total - self.size])[self.rank:total:self.world]
         return iter(order[self.skip:])
 
     def __len__(self) -> int:
-        return self.size - self.skip
+        return self.per_rank - self.skip
 
 
 def is_dataset(data: Any) -> bool:
@@ -40,14 +50,15 @@ def is_dataset(data: Any) -> bool:
 
 
 def make_loader(data: Any, pipe: Any, device: torch.device, shuffle: bool,
-                num_workers: int | None = None) -> tuple[Any, EpochSampler | None]:
+                num_workers: int | None = None, rank: int = 0, world: int = 1) -> tuple[Any, EpochSampler | None]:
     """A DataLoader over `data` from the pipeline's settings and its sampler; other iterables as they are.
 
-    `num_workers` overrides the pipeline's (the validator loads in its own process).
+    `num_workers` overrides the pipeline's (the validator loads in its own process); `rank` and
+    `world` shard it for one rank of a gang.
     """
     if not is_dataset(data):
         return data, None
-    sampler = EpochSampler(len(data), pipe.seed, shuffle)
+    sampler = EpochSampler(len(data), pipe.seed, shuffle, rank, world)
     workers = pipe.num_workers if num_workers is None else num_workers
     loader = torch.utils.data.DataLoader(
         data, batch_size=pipe.batch_size, sampler=sampler, num_workers=workers,

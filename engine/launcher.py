@@ -142,6 +142,9 @@ class ProcessHandle:
     def dump_stacks(self) -> None:
         try:
             os.kill(self.pid, signal.SIGUSR1)  # faulthandler writes every thread's stack to the log
+            # A stopped process (SIGSTOP) would hold the request until it is continued: it is about
+            # to be ended anyway, so continue it for the length of the dump.
+            os.kill(self.pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
 
@@ -238,7 +241,7 @@ class ProcessLauncher:
         control_r, control_w = os.pipe()
         child = spec.child
         transport = Transport(status_fd=status_w, control_fd=control_r, supervisor_pid=os.getpid())
-        spec_path = write_spec(spec.log_path.parent / f"{child.role}.json", child, transport)
+        spec_path = write_spec(spec.log_path.parent / f"{child.stem}.json", child, transport)
         env = dict(os.environ)
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"  # the log file shows prints as they happen

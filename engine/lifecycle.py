@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from torchherd.engine.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED
-from torchherd.engine.launcher import Handle, LaunchSpec, Launcher
+from torchherd.engine.launcher import Handle
 from torchherd.engine.messages import (Event, Notice, PipelineFinished, Stop, WorkerExited, WorkerRestarting,
                                        WorkerStarted, WorkerStateChanged)
 from torchherd.engine.pipeline import Attempt, PipelineRun
@@ -46,12 +46,11 @@ def describe_exit(code: int) -> str:
 class Lifecycle:
     """Starts and ends attempts and moves pipelines through their states."""
 
-    def __init__(self, launcher: Launcher, scheduler: Scheduler, publish: Callable[[Event], None],
-                 spec_for: Callable[[PipelineRun], LaunchSpec],
+    def __init__(self, start: Callable[[PipelineRun], Handle], scheduler: Scheduler, publish: Callable[[Event], None],
                  on_events: Callable[[PipelineRun, Handle, list[Event]], None],
                  gpu_note: Callable[[PipelineRun], str]):
-        self._launcher, self._scheduler, self._publish = launcher, scheduler, publish
-        self._spec_for, self._on_events, self._gpu_note = spec_for, on_events, gpu_note
+        self._start, self._scheduler, self._publish = start, scheduler, publish  # start: raises OSError
+        self._on_events, self._gpu_note = on_events, gpu_note
 
     # ------------------------------------------------------------ states
 
@@ -85,7 +84,7 @@ class Lifecycle:
         attempt = Attempt(number=run.attempts)
         run.current = attempt
         try:
-            handle = self._launcher.launch(self._spec_for(run))
+            handle = self._start(run)
         except OSError as exc:
             run.last_error = f"could not start the worker: {exc}"
             self.set_state(run, S.STARTING)  # -> STARTING (it failed at once)
@@ -98,7 +97,8 @@ class Lifecycle:
         self.set_state(run, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
         gpu = run.slots[0].gpu if run.slots else None
         self._publish(WorkerStarted(pipeline=run.name, pid=handle.pid, device=",".join(s.name for s in run.slots),
-                                    attempt=run.attempts, gpu_uuid=gpu.uuid if gpu is not None else ""))
+                                    attempt=run.attempts, gpu_uuid=gpu.uuid if gpu is not None else "",
+                                    pids=handle.pids if len(run.slots) > 1 else ()))
 
     # ------------------------------------------------------------ ending
 
@@ -167,13 +167,30 @@ class Lifecycle:
         exit_desc = describe_exit(code)
         reason = classify(attempt.intent, code)
         sig = exit_desc[len("killed by "):] if code < 0 and exit_desc.startswith("killed by ") else ""
+        rank, pid = 0, handle.pid
+        if attempt.intent is None and getattr(handle, "failed_rank", None) is not None:
+            rank, pid, exit_desc = self._gang_root_cause(run, handle, exit_desc)
         error = run.last_error if reason in WITH_ERROR else ""
         self._publish(WorkerExited(
-            pipeline=run.name, pid=handle.pid, attempt=run.attempts, exit_code=code if code >= 0 else None,
+            pipeline=run.name, pid=pid, attempt=run.attempts, exit_code=code if code >= 0 else None,
             signal=sig, reason=reason,
             error=error or ("" if reason not in ("failed", "crashed", "hung") else exit_desc),
-            traceback=run.last_traceback if error else "", uptime=uptime))
+            traceback=run.last_traceback if error else "", uptime=uptime, rank=rank))
         OUTCOMES[reason](self, run, uptime, exit_desc)
+
+    @staticmethod
+    def _gang_root_cause(run: PipelineRun, gang, exit_desc: str) -> tuple[int, int, str]:
+        """The rank that failed first is why the gang ended; what its peers reported after is its echo."""
+        rank = gang.failed_rank
+        error = gang.errors.get(rank)
+        exit_desc = f"rank {rank} {exit_desc}"
+        if error is not None:
+            run.last_error, run.last_traceback = f"rank {rank}: {error.error}", error.traceback
+            run.current.failure = (error.error, error.step) if error.where == "train" else None
+        else:
+            run.last_error, run.last_traceback = exit_desc, ""
+            run.current.failure = None
+        return rank, gang.ranks[rank].pid, exit_desc
 
     def _relaunch(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
         run.last_error = run.last_traceback = ""

@@ -68,6 +68,7 @@ class WorkerStarted(Event):
     device: str
     attempt: int
     gpu_uuid: str = ""
+    pids: tuple[int, ...] = ()  # of a gang: every rank's pid, rank 0 first
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -233,6 +234,7 @@ class WorkerError(Event):
     traceback: str = ""
     where: str  # "build", "train", "validate", "checkpoint"
     step: int = -1  # optimizer steps completed when it failed; -1 unknown
+    rank: int = 0  # which rank of a gang raised it
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -249,6 +251,7 @@ class WorkerExited(Event):
     error: str = ""
     traceback: str = ""
     uptime: float = 0.0  # seconds
+    rank: int = 0  # of a gang: the rank whose exit brought the gang down (the root cause)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

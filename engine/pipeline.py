@@ -27,7 +27,11 @@ class Plan:
     policy: RestartPolicy
     order: int  # arrival: ties in priority start in this order
     validation: ValidationPlan
-    slots_needed: int = 1
+
+    @property
+    def slots_needed(self) -> int:
+        """Slots it takes at once: one per rank of a gang."""
+        return self.config.ranks
 
     @property
     def name(self) -> str:

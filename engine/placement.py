@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchherd.engine.config import DevicesConfig, Problem, RunConfig
+from torchherd.engine.config import DevicesConfig, Problem, RunConfig, display_path
 from torchherd.engine.devices import GpuInfo, Inventory
 
 
@@ -53,6 +53,22 @@ def plan_slots(devices: DevicesConfig, inventory: Inventory, file: str = "") -> 
     return [Slot(f"cpu{i}", "cpu", None, threads) for i in range(count)], []
 
 
+def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
+    """Gangs that could never start here (more ranks than slots), and runners that cannot run as gangs yet."""
+    problems = []
+    for i, p in enumerate(config.pipelines):
+        if p.ranks > len(slots):
+            have = ", ".join(s.name for s in slots)
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
+                f"{p.ranks} ranks need {p.ranks} device slots at once; this machine gives {len(slots)} "
+                f"({have}): lower ranks, or add slots with [devices] cpu_slots / placement")))
+        elif p.ranks > 1 and p.kind == "lightning":
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
+                "Lightning pipelines run on one device for now: set ranks = 1, or train the module with a "
+                "DDP script of your own as `script` with ranks")))
+    return problems
+
+
 def order_pipelines(config: RunConfig) -> list[str]:
     """Pipeline names in start order: higher priority first, then as written."""
     indexed = list(enumerate(config.pipelines))
@@ -71,9 +87,17 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
     lines.append(f"{len(slots)} slot{'s' if len(slots) != 1 else ''}: " + ", ".join(s.label for s in slots))
     order = order_pipelines(config)
     by_name = {p.name: p for p in config.pipelines}
-    for i, name in enumerate(order):
+    free, waiting = list(slots), 0
+    for name in order:
         p = by_name[name]
-        where = slots[i].label if i < len(slots) else f"queued (#{i - len(slots) + 1}) until a slot frees"
+        if p.ranks <= len(free) and not waiting:  # strict order, as the scheduler: nobody overtakes
+            taken, free = free[:p.ranks], free[p.ranks:]
+            where = " + ".join(s.label for s in taken)
+            if p.ranks > 1:
+                where = f"a gang of {p.ranks} ranks on {where}"
+        else:
+            waiting += 1
+            where = f"queued (#{waiting}) until {p.ranks} slot{'s' if p.ranks > 1 else ''} free"
         limits = f"{p.max_epochs} epochs" + (f", max {p.max_steps} steps" if p.max_steps else "") + \
             (f", max {p.max_time:g}s" if p.max_time else "")
         if p.kind == "script":  # its own loop: torchherd's epochs and precision do not apply

@@ -131,8 +131,9 @@ class RunDirectory:
     def pipeline_dir(self, pipeline: str) -> Path:
         return self.path / pipeline
 
-    def log_path(self, pipeline: str) -> Path:
-        return self.path / pipeline / "log.txt"
+    def log_path(self, pipeline: str, rank: int = 0) -> Path:
+        """The pipeline's log; every other rank of a gang has one of its own beside it."""
+        return self.path / pipeline / ("log.txt" if rank == 0 else f"log-rank{rank}.txt")
 
     def save_config(self, config: RunConfig) -> None:
         if getattr(self, "resuming", False):

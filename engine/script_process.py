@@ -31,12 +31,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def script_environment(attempt: int, device: str, threads: int, extra: dict[str, str]) -> dict[str, str]:
-    """The worker's environment (CUDA_VISIBLE_DEVICES, thread counts) plus torchrun's for one process."""
+def script_environment(attempt: int, device: str, threads: int, extra: dict[str, str],
+                       world_size: int = 1) -> dict[str, str]:
+    """The worker's environment (CUDA_VISIBLE_DEVICES, thread counts) plus torchrun's for one process.
+
+    A rank of a gang already has torchrun's variables for its rank from the launcher.
+    """
     env = dict(os.environ)
-    env.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONUNBUFFERED="1",
-               TORCHHERD_RESTART_COUNT=str(max(attempt - 1, 0)), **extra)
+    if world_size == 1:
+        env.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   TORCHHERD_RESTART_COUNT=str(max(attempt - 1, 0)))
+    env.update(PYTHONUNBUFFERED="1", **extra)
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(threads))
     return env

@@ -93,7 +93,8 @@ class ScriptRunner:
             extra["TORCHHERD_SNAPSHOT"] = json.dumps({
                 "dir": directory, "mode": v.mode, "slots": v.slots, "policy": v.policy, "checksum": v.checksum,
                 "seq": self.spec.snapshot_seq, "meta": meta})
-        return script_environment(self.spec.attempt, self.spec.device, self.spec.threads, extra)
+        return script_environment(self.spec.attempt, self.spec.device, self.spec.threads, extra,
+                                  self.spec.world_size)
 
     def run(self) -> int:
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -365,6 +366,8 @@ class ScriptRunner:
 
     def _save_state(self) -> None:
         """Remember across attempts: how the script counts epochs, which checkpoint holds which step, time trained."""
+        if self.spec.rank:
+            return  # rank 0 keeps the gang's
         self.state["epoch_base"] = self.events.epoch_base
         tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
         try:

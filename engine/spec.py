@@ -28,10 +28,18 @@ class WorkerSpec:
     attempt: int
     snapshot_dir: str = ""  # background validation: where this pipeline's snapshot slots live
     snapshot_seq: int = 0  # the highest snapshot seq handed off so far: seqs never repeat across attempts
+    rank: int = 0  # of a gang (torch.distributed's RANK); 0 alone
+    world_size: int = 1  # ranks in the gang
+    collective_timeout: float = 300.0  # seconds a rank waits in a collective before it gives up
 
     @property
     def name(self) -> str:
         return self.pipeline["name"]
+
+    @property
+    def stem(self) -> str:
+        """The spec file's name without its suffix: one per rank."""
+        return self.role if self.rank == 0 else f"{self.role}-rank{self.rank}"
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,10 @@ class ValidatorSpec:
     directory: str
     attempt: int
     name: str = "validator"
+
+    @property
+    def stem(self) -> str:
+        return self.role
 
 
 ChildSpec = Union[WorkerSpec, ValidatorSpec]

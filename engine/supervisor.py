@@ -10,7 +10,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from torchherd.engine import checkpoint as ckpt
+from torchherd.engine import checkpoint as ckpt, gang
 from torchherd.engine.bus import EventBus, EventStream
 from torchherd.engine.config import ConfigError, RunConfig
 from torchherd.engine.devices import Inventory, discover_devices
@@ -20,7 +20,7 @@ from torchherd.engine.messages import (CheckpointNow, EarlyStop, Event, Heartbea
                                        PipelineQueued, Resume, RunFinished, RunStarted, SnapshotTaken,
                                        TelemetrySnapshot, TrainingStarted, ValResult, WorkerError)
 from torchherd.engine.pipeline import PipelineRun, PipelineView, Plan, view_of
-from torchherd.engine.placement import plan_slots, plan_validation
+from torchherd.engine.placement import gang_problems, plan_slots, plan_validation
 from torchherd.engine.policy import RestartPolicy
 from torchherd.engine.rundir import RunDirectory, load_resolved_configs, new_run_id, read_events, remove_root, \
     snapshot_root
@@ -34,6 +34,7 @@ __all__ = ["EventStream", "PipelineView", "Supervisor"]
 
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
+COLLECTIVE_TIMEOUT = 300.0  # seconds a gang's rank waits in a collective when no hang_timeout is set
 LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
 
 
@@ -46,6 +47,7 @@ class Supervisor:
         self.config = config
         self.inventory = inventory if inventory is not None else discover_devices()
         slots, problems = plan_slots(config.devices, self.inventory, config.source)
+        problems += gang_problems(config, slots) if slots else []
         if problems:
             raise ConfigError(problems)
         base = Path(runs_dir if runs_dir is not None else config.runs_dir)
@@ -57,7 +59,7 @@ class Supervisor:
         self._launcher = launcher if launcher is not None else ProcessLauncher()
         self._bus = EventBus()
         self._scheduler = Scheduler(slots)
-        self._lifecycle = Lifecycle(self._launcher, self._scheduler, self._emit, self._spec_for,
+        self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
                                     self._on_worker_events, self._gpu_note)
         self._validation = ValidationService(self._launcher, self._emit_validation, self.run_dir,
                                              self.snapshot_root, self._on_val_result, self._on_early_stop)
@@ -302,6 +304,9 @@ class Supervisor:
         return list(self._runs.values()) if name is None else [self._get(name)]
 
     def _add(self, config: RunConfig) -> list[str]:
+        problems = gang_problems(config, self._scheduler.slots)
+        if problems:
+            raise ConfigError(problems)
         policy = RestartPolicy(config.restart)
         validation = plan_validation(config, self._scheduler.slots, self.inventory)
         self._validation.start_for(validation)
@@ -341,21 +346,39 @@ class Supervisor:
             run.slots = slots
             self._lifecycle.launch(run)
 
-    def _spec_for(self, run: PipelineRun) -> LaunchSpec:
+    def _start_attempt(self, run: PipelineRun) -> Handle:
+        """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""
+        restart = run.plan.run_config.restart
+        if len(run.slots) == 1:
+            return self._launcher.launch(self._spec_for(run, 0))
+        port = gang.take_port()
+        envs = [gang.rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self.run_id)
+                for rank in range(len(run.slots))]
+        return gang.launch_gang(self._launcher, [self._spec_for(run, rank, env) for rank, env in enumerate(envs)],
+                                linger=restart.stop_timeout, grace=restart.kill_grace,
+                                on_close=lambda: gang.release_port(port))
+
+    def _spec_for(self, run: PipelineRun, rank: int, env: dict[str, str] | None = None) -> LaunchSpec:
         assert self._rundir is not None and run.slots
-        slot = run.slots[0]
+        slot = run.slots[rank]
         plan = run.plan
         ledger = self._validation.ledger(run.name)
+        hang = plan.run_config.restart.hang_timeout
         return LaunchSpec(
             child=WorkerSpec(pipeline=plan.config.model_dump(mode="json"),
                              validation={**plan.run_config.validation.model_dump(mode="json"),
                                          "mode": plan.validation.mode},
                              device=slot.device, threads=slot.threads,
                              pipeline_dir=str(self._rundir.pipeline_dir(run.name)), attempt=run.attempts,
-                             snapshot_dir=str(self._validation.snapshot_dir(run.name)) if plan.background else "",
-                             snapshot_seq=ledger.seq_max),
-            log_path=self._rundir.log_path(run.name),
-            gpu_index=slot.gpu.index if slot.gpu is not None else None)
+                             # rank 0 alone hands snapshots to the validator
+                             snapshot_dir=str(self._validation.snapshot_dir(run.name))
+                             if plan.background and rank == 0 else "",
+                             snapshot_seq=ledger.seq_max, rank=rank, world_size=len(run.slots),
+                             # a rank blocked in a collective gives up well before torch's 30 minutes;
+                             # the hang check, when set, catches a stuck peer sooner still
+                             collective_timeout=max(60.0, 4 * hang) if hang else COLLECTIVE_TIMEOUT),
+            log_path=self._rundir.log_path(run.name, rank),
+            gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {})
 
     def _on_worker_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
         if run.handle is not handle:
@@ -403,7 +426,11 @@ class Supervisor:
         return ""
 
     def _update_pids(self) -> None:
-        pids = {n: r.handle.pid for n, r in self._runs.items() if r.handle is not None}
+        pids = {}
+        for name, run in self._runs.items():
+            if run.handle is not None:  # a gang's rank k shows as "name#k"
+                ranks = run.handle.pids if len(run.slots) > 1 else (run.handle.pid,)
+                pids.update({name if k == 0 else f"{name}#{k}": pid for k, pid in enumerate(ranks)})
         if self._validation.pid is not None:
             pids["(validator)"] = self._validation.pid
         if pids != self._pids:

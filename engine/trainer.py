@@ -5,7 +5,9 @@ and the two pipe ends, and trains until its limits, a Stop, or an error.
 """
 from __future__ import annotations
 
+import contextlib
 import random
+import sys
 import time
 from itertools import islice
 from pathlib import Path
@@ -47,8 +49,11 @@ class Trainer:
 
     def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
                  pipeline_dir: Path, sender: StatusSender, control: WorkerControl,
-                 snapshot_dir: Path | None = None, snapshot_seq: int = 0):
+                 snapshot_dir: Path | None = None, snapshot_seq: int = 0, gang=None):
         self.task, self.pipe, self.validation = task, pipe, validation
+        self.gang = gang  # engine.distributed.Gang for a rank of a DDP gang, else None
+        self.lead = gang is None or gang.lead  # it alone checkpoints, validates and reports for the gang
+        self._time_up = False  # a gang's verdict on max_time, from rank 0 at the last agreement
         self.device = torch.device(device)
         self.dir = pipeline_dir
         self.ckpt_dir = pipeline_dir / "checkpoints"
@@ -67,11 +72,18 @@ class Trainer:
         self.scaler = grad_scaler(self.device, pipe.precision)
         self.non_blocking = self.device.type == "cuda" and pipe.pin_memory
         self.model = task.model.to(self.device)
-        self.train_model = torch.compile(self.model) if pipe.compile else self.model
+        self.ddp = gang.wrap(self.model) if gang is not None else None
+        forward = self.ddp if self.ddp is not None else self.model
+        self.train_model = torch.compile(forward) if pipe.compile else forward
         self.optimizer = task.optimizer
-        self.train_loader, self.sampler = make_loader(task.train_data, pipe, self.device, shuffle=True)
+        self.train_loader, self.sampler = make_loader(task.train_data, pipe, self.device, shuffle=True,
+                                                      rank=gang.rank if gang else 0, world=gang.world if gang else 1)
+        if gang is not None and self.sampler is None and gang.lead:
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=(
+                "the task's train_data is not a Dataset, so torchherd cannot shard it: every rank trains on "
+                "all of it; return a Dataset to split it between ranks")))
         self.val_loader = make_loader(task.val_data, pipe, self.device, shuffle=False)[0] \
-            if task.val_data is not None else None
+            if task.val_data is not None and self.lead else None
         self.snapshot_dir = snapshot_dir
         self._writer = None  # SnapshotWriter, made at the first hand-off (after resume)
         # Snapshot seqs keep rising across restarts: a resumed worker may hand off after
@@ -138,6 +150,8 @@ class Trainer:
         self.sender.send(Resumed(pipeline=self.name, path=str(path), epoch=self.epoch, step=self.step, note=note))
 
     def save(self, reason: str, name: str = ckpt.LAST) -> None:
+        if not self.lead:
+            return  # every rank holds the same weights: rank 0 writes them for the gang
         try:
             path = ckpt.save_checkpoint(self.ckpt_dir, self._state(), name)
         except ckpt.CheckpointError as exc:
@@ -150,8 +164,16 @@ class Trainer:
     # ---------------------------------------------------------- control
 
     def _between_steps(self) -> None:
-        """Obey commands (holding here while paused); cheap when nothing is waiting."""
-        self.control.between_steps(self.step, self.save)
+        """Obey commands (holding here while paused); cheap when nothing is waiting.
+
+        A gang's ranks obey together at report steps, where rank 0's reading is broadcast.
+        """
+        if self.gang is None:
+            self.control.between_steps(self.step, self.save)
+        else:
+            self.control.beat(self.step)
+            if self.step % self.pipe.log_every_n_steps == 0:
+                self._time_up = self.gang.agree(self.control, self.save, self._past_max_time)
         if self.control.take_checkpoint_request():
             self.save("request")
 
@@ -160,12 +182,23 @@ class Trainer:
 
     # ------------------------------------------------------------- train
 
+    @property
+    def _world(self) -> int:
+        return self.gang.world if self.gang is not None else 1
+
+    def _across_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        """`value`, averaged over a gang's ranks (a collective: at report steps only)."""
+        return self.gang.mean(value) if self.gang is not None else value
+
     def _out_of_budget(self) -> bool:
         if self.pipe.max_steps is not None and self.step >= self.pipe.max_steps:
             return True
-        if self.pipe.max_time is not None and self.trained_time + self._elapsed() >= self.pipe.max_time:
-            return True
-        return False
+        if self.gang is not None:
+            return self._time_up  # clocks differ between ranks: rank 0's verdict, agreed
+        return self._past_max_time()
+
+    def _past_max_time(self) -> bool:
+        return self.pipe.max_time is not None and self.trained_time + self._elapsed() >= self.pipe.max_time
 
     def _check_finite(self, value: float, where: str) -> int | None:
         return self.control.non_finite(value, f"epoch {self.epoch + 1} step {self.step} ({where})")
@@ -206,17 +239,21 @@ class Trainer:
                 inputs, targets = batch
                 inputs = inputs.to(self.device, non_blocking=self.non_blocking)
                 targets = targets.to(self.device, non_blocking=self.non_blocking)
-                with self.autocast():
-                    outputs = self.train_model(inputs)
-                    try:
-                        loss = self.task.loss_fn(outputs, targets)
-                    except Exception as exc:
-                        raise LossError(describe_loss_failure(exc, outputs, targets)) from exc
-                scaled = loss / accum if accum > 1 else loss
-                if self.scaler is not None:
-                    self.scaler.scale(scaled).backward()
-                else:
-                    scaled.backward()
+                # Micro-batches before the optimizer step keep their gradients local: one all-reduce a step.
+                sync = self.ddp.no_sync() if self.ddp is not None and (self.batch_in_epoch + 1) % accum \
+                    else contextlib.nullcontext()
+                with sync:
+                    with self.autocast():
+                        outputs = self.train_model(inputs)
+                        try:
+                            loss = self.task.loss_fn(outputs, targets)
+                        except Exception as exc:
+                            raise LossError(describe_loss_failure(exc, outputs, targets)) from exc
+                    scaled = loss / accum if accum > 1 else loss
+                    if self.scaler is not None:
+                        self.scaler.scale(scaled).backward()
+                    else:
+                        scaled.backward()
                 detached = loss.detach()
                 # Loss sums stay on the device: no sync per step, one .item() per report.
                 window_loss += detached
@@ -239,7 +276,7 @@ class Trainer:
                 if self._step_handoff and self.step % self._step_handoff == 0:
                     self._hand_off(self.epoch)
                 if self.step % log_every == 0:
-                    mean = float(window_loss) / window_batches
+                    mean = float(self._across_ranks(window_loss)) / window_batches
                     code = self._check_finite(mean, "step report")
                     if code is not None:
                         return code
@@ -247,7 +284,7 @@ class Trainer:
                     self.sender.step(StepMetrics(
                         pipeline=self.name, epoch=self.epoch, step=self.step, loss=mean,
                         lr=float(self.optimizer.param_groups[0]["lr"]),
-                        samples_per_s=window_samples / max(now - window_start, 1e-9)))
+                        samples_per_s=window_samples * self._world / max(now - window_start, 1e-9)))
                     window_loss.zero_()
                     window_batches = window_samples = 0
                     window_start = now
@@ -262,6 +299,9 @@ class Trainer:
             break  # stopped or out of budget mid-epoch
         self.trained_time += self._elapsed()
         self._start = None
+        if self.gang is not None:  # the test of a gang: every rank ends with the same weights
+            print(f"torchherd: rank {self.gang.rank} step {self.step} weights checksum "
+                  f"{self.gang.checksum(self.model):.10g}", file=sys.stderr, flush=True)
         if self.control.should_stop:
             self.save("stop")
             return EXIT_STOPPED
@@ -270,7 +310,7 @@ class Trainer:
 
     def _end_epoch(self, epoch_start: float, samples: int, steps_per_epoch: int) -> int | None:
         duration = time.monotonic() - epoch_start
-        train_loss = float(self.epoch_loss) / max(self.epoch_batches, 1)
+        train_loss = float(self._across_ranks(self.epoch_loss)) / max(self.epoch_batches, 1)
         code = self._check_finite(train_loss, "epoch mean")
         if code is not None:
             return code
@@ -283,7 +323,7 @@ class Trainer:
         self.epoch_batches = 0
         self._validate(finished)  # inline: its result goes out before the epoch's end
         self.sender.send(EpochEnd(pipeline=self.name, epoch=finished, step=self.step, train_loss=train_loss,
-                                  duration=duration, samples_per_s=samples / max(duration, 1e-9),
+                                  duration=duration, samples_per_s=samples * self._world / max(duration, 1e-9),
                                   epochs_total=self.pipe.max_epochs, steps_per_epoch=steps_per_epoch))
         if self.epoch % self.pipe.checkpoint_every_n_epochs == 0 or self.epoch >= self.pipe.max_epochs:
             self.save("epoch")
@@ -294,7 +334,7 @@ class Trainer:
     def _validate(self, epoch: int) -> None:
         """Validate at an epoch's end: inline here, or by handing a snapshot to the validator."""
         v = self.validation
-        if v.mode == "off" or (epoch + 1) % v.every_n_epochs:
+        if v.mode == "off" or (epoch + 1) % v.every_n_epochs or not self.lead:
             return
         if v.mode == "background":
             self._hand_off(epoch)

@@ -43,8 +43,18 @@ def run_task(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) 
         print(f"torchherd: {exc}", file=sys.stderr)
         sender.send(WorkerError(pipeline=pipe.name, error=str(exc), where="build", traceback=traceback.format_exc()))
         return EXIT_FATAL
+    gang = None
+    if spec.world_size > 1:  # one rank of a DDP gang: MASTER_ADDR/MASTER_PORT come from the launcher
+        import torch
+
+        from torchherd.engine.distributed import Gang
+
+        device = torch.device("cuda", 0) if spec.device.startswith("cuda") else torch.device("cpu")
+        gang = Gang.join(spec.rank, spec.world_size, device, spec.collective_timeout)
     trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
-                      Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq)
+                      Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq, gang=gang)
+    # No destroy_process_group at the end: it can wait for ever on rank 0's store once rank 0 has
+    # exited, and the child ends with os._exit, which releases the group as well.
     return trainer.run()
 
 

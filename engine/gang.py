@@ -1,0 +1,166 @@
+"""A gang: the N rank processes of one DDP pipeline, supervised as one `Handle`.
+
+`GangHandle` wraps one handle per rank: the first rank to fail brings the others
+down at once (none is left blocked in a collective) and its exit is the gang's, and
+rank 0 speaks for the pipeline (other ranks' errors and notices pass, tagged with
+their rank). `rank_env` gives each rank torchrun's environment, on a port of its own.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import replace
+from typing import Callable
+
+from torchherd.engine.channel import EXIT_COMPLETED, EXIT_STOPPED
+from torchherd.engine.launcher import Handle, LaunchSpec, Launcher
+from torchherd.engine.messages import Event, Notice, WorkerError
+
+CLEAN = (EXIT_COMPLETED, EXIT_STOPPED)  # a rank that ends so has not failed: its peers may still be finishing
+
+# Ports handed to gangs of this process: a gang's rank 0 binds its port only once it
+# has imported torch (seconds later), and until then the kernel may offer it again.
+_held: set[int] = set()
+
+
+def take_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port for a gang's MASTER_PORT that no other live gang of this process holds."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _held:
+            _held.add(port)
+            return port
+    raise OSError("no free TCP port for the gang's rendezvous")
+
+
+def release_port(port: int) -> None:
+    _held.discard(port)
+
+
+def rank_env(rank: int, world: int, port: int, restarts: int, max_restarts: int, run_id: str) -> dict[str, str]:
+    """What torchrun --standalone sets for one rank, so a script written for it runs unchanged."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+            "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "TORCHELASTIC_RUN_ID": run_id, "TORCHHERD_RESTART_COUNT": str(restarts)}
+
+
+class GangHandle:
+    """Every rank of one attempt of a gang, as one handle."""
+
+    def __init__(self, ranks: list[Handle], linger: float, grace: float, on_close: Callable[[], None] = lambda: None):
+        self.ranks = ranks
+        self.pid, self.node = ranks[0].pid, ranks[0].node
+        self.failed_rank: int | None = None  # the first rank seen to fail: the root cause
+        self.errors: dict[int, WorkerError] = {}  # the last error each rank reported
+        self._codes: dict[int, int] = {}  # rank -> exit status
+        self._linger, self._grace = linger, grace  # seconds
+        self._terminate_at: float | None = None  # monotonic: bring the survivors down then
+        self._kill_at: float | None = None
+        self._on_close = on_close
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(pid for h in self.ranks for pid in h.pids)
+
+    @property
+    def exit_rank(self) -> int:
+        """The rank whose exit is the gang's (the first to fail, else rank 0)."""
+        return self.failed_rank if self.failed_rank is not None else 0
+
+    def poll(self) -> int | None:
+        now = time.monotonic()
+        fresh = {}
+        for rank, handle in enumerate(self.ranks):
+            if rank not in self._codes:
+                code = handle.poll()
+                if code is not None:
+                    fresh[rank] = code
+        self._codes.update(fresh)
+        # A rank killed by a signal comes first: its peers' errors are what its death did to their collectives.
+        failed = sorted((r for r, c in fresh.items() if c not in CLEAN), key=lambda r: (fresh[r] >= 0, r))
+        if failed and self.failed_rank is None:
+            self.failed_rank = failed[0]
+            self._terminate_at = now
+        elif fresh and self._terminate_at is None:
+            self._terminate_at = now + self._linger  # a rank finished: the others must follow soon
+        if len(self._codes) == len(self.ranks):
+            return self._codes[self.exit_rank]
+        if self._terminate_at is not None and now >= self._terminate_at and self._kill_at is None:
+            self._kill_at = now + self._grace
+            self.terminate()
+        elif self._kill_at is not None and now >= self._kill_at:
+            self._kill_at = float("inf")
+            self.kill()
+        return None
+
+    def terminate(self) -> None:
+        for h in self._alive():
+            h.terminate()
+
+    def kill(self) -> None:
+        for h in self._alive():
+            h.kill()
+
+    def dump_stacks(self) -> None:
+        for h in self._alive():
+            h.dump_stacks()
+
+    def _alive(self) -> list[Handle]:
+        return [h for rank, h in enumerate(self.ranks) if rank not in self._codes]
+
+    def send(self, command) -> bool:
+        """To every rank: a Task gang's rank 0 decides for all, a script's ranks each obey their own."""
+        heard = [h.send(command) for h in self.ranks]
+        return heard[0]
+
+    def attach(self, on_events: Callable[[list[Event]], None]) -> None:
+        for rank, h in enumerate(self.ranks):
+            h.attach(lambda events, rank=rank: self._deliver(rank, events, on_events))
+
+    def _deliver(self, rank: int, events: list[Event], on_events: Callable[[list[Event]], None]) -> None:
+        events = self._from_rank(rank, events)
+        if events:
+            on_events(events)
+
+    def _from_rank(self, rank: int, events: list[Event]) -> list[Event]:
+        """Rank 0's events as they are; of the others only errors and notices, saying which rank."""
+        out = []
+        for event in events:
+            if isinstance(event, WorkerError):
+                event = replace(event, rank=rank)
+                self.errors[rank] = event
+            elif rank == 0:
+                pass
+            elif isinstance(event, Notice):
+                event = replace(event, text=f"rank {rank}: {event.text}")
+            else:
+                continue
+            out.append(event)
+        return out
+
+    def drain(self) -> list[Event]:
+        return [e for rank, h in enumerate(self.ranks) for e in self._from_rank(rank, h.drain())]
+
+    def close(self) -> None:
+        for h in self.ranks:
+            h.close()
+        self._on_close()
+
+
+def launch_gang(launcher: Launcher, specs: list[LaunchSpec], linger: float, grace: float,
+                on_close: Callable[[], None] = lambda: None) -> GangHandle:
+    """Start every rank; if one cannot start, those already started are ended and the error raised."""
+    started: list[Handle] = []
+    try:
+        for spec in specs:
+            started.append(launcher.launch(spec))
+    except OSError:
+        for h in started:
+            h.close()
+        on_close()
+        raise
+    return GangHandle(started, linger, grace, on_close)

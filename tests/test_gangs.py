@@ -1,0 +1,299 @@
+"""DDP gangs: one pipeline on N slots, started together, brought down by any rank, restarted as a unit.
+
+Logic first (the sharded sampler, the scheduler's k-slot order, the gang handle over
+scripted ranks, `check`), then real 2-rank gangs over gloo on the CPU.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from torchherd.engine import gang as gangs
+from torchherd.engine.check import check_config
+from torchherd.engine.data import EpochSampler
+from torchherd.engine.devices import Inventory
+from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, StepMetrics,
+                                       TrainingStarted, WorkerError, WorkerExited, WorkerStarted, WorkerStateChanged)
+from torchherd.engine.placement import Slot
+from torchherd.engine.rundir import read_events
+from torchherd.engine.scheduler import Scheduler
+from torchherd.engine.supervisor import Supervisor
+from tests.conftest import make_config, still_alive, wait_for
+from tests.scripted import FakeHandle
+
+SCRIPTS = Path(__file__).parent / "tasks" / "scripts"
+DDP_SCRIPT = str(SCRIPTS / "ddp_loop.py")
+EPOCH_LOSS = r"Epoch (?P<epoch>\d+), Loss: (?P<loss>[-+.\deE]+)"
+CHECKSUM = re.compile(r"rank (\d+).* weights checksum (\S+)")
+
+
+def inventory(cores: int = 2) -> Inventory:
+    return Inventory(cpu_count=cores, note="no NVIDIA GPU (test inventory)")
+
+
+# ------------------------------------------------------------ logic
+
+
+@pytest.mark.parametrize("size,world", [(10, 2), (11, 2), (7, 3), (4, 4)])
+def test_ranks_split_each_epoch_between_them_evenly_and_cover_every_sample(size, world):
+    shards = [list(EpochSampler(size, seed=3, rank=r, world=world)) for r in range(world)]
+    assert len({len(s) for s in shards}) == 1  # as many batches on every rank: none waits alone
+    assert set().union(*shards) == set(range(size))
+    assert sum(len(s) for s in shards) - size < world  # padding only to even the shards
+
+
+def test_a_resumed_rank_skips_exactly_what_it_trained():
+    whole = list(EpochSampler(100, seed=1, rank=1, world=2))
+    resumed = EpochSampler(100, seed=1, rank=1, world=2)
+    resumed.set_epoch(0, skip=16)
+    assert list(resumed) == whole[16:] and len(resumed) == len(whole) - 16
+
+
+def test_a_waiting_gang_is_not_overtaken_by_smaller_pipelines():
+    slots = [Slot(f"cpu{i}", "cpu", None, 1) for i in range(3)]
+    sched = Scheduler(slots)
+    sched.enqueue("single-a", 0, 0)
+    sched.enqueue("single-b", 0, 1)
+    assert [k for k, _ in sched.allocate()] == ["single-a", "single-b"]
+    sched.enqueue("gang", 0, 2, need=3)
+    sched.enqueue("single-c", 0, 3)
+    assert sched.allocate() == []  # one slot free: the gang waits, and single-c may not slip past it
+    sched.release(slots[:1])
+    assert sched.allocate() == []
+    sched.release(slots[1:2])
+    granted = sched.allocate()
+    assert [k for k, _ in granted] == ["gang"] and len(granted[0][1]) == 3
+    with pytest.raises(ValueError, match="needs 4 slots"):
+        sched.enqueue("too-big", 0, 4, need=4)
+
+
+def ranks(n: int) -> tuple[gangs.GangHandle, list[FakeHandle]]:
+    fakes = [FakeHandle(1000 + r) for r in range(n)]
+    return gangs.GangHandle(fakes, linger=60.0, grace=5.0), fakes
+
+
+def test_the_first_rank_to_fail_brings_the_others_down_and_is_the_gangs_exit():
+    gang, (r0, r1) = ranks(2)
+    assert gang.poll() is None and gang.pids == (1000, 1001)
+    r1.exit(-signal.SIGKILL)
+    assert gang.poll() is None and r0.signals == [signal.SIGTERM]  # rank 0 took the polite signal at once
+    assert gang.poll() == -signal.SIGKILL and gang.failed_rank == 1 and gang.exit_rank == 1
+
+
+def test_a_signal_death_is_the_root_cause_over_its_peers_errors():
+    gang, (r0, r1) = ranks(2)
+    got = []
+    gang.attach(got.extend)
+    r0.on_events([WorkerError(pipeline="p", error="RuntimeError: Connection closed by peer", where="train")])
+    r0.code, r1.code = 1, -signal.SIGKILL  # both seen in one pass: rank 0's error is the echo
+    assert gang.poll() == -signal.SIGKILL and gang.failed_rank == 1 and gang.exit_rank == 1
+    assert got[0].rank == 0 and gang.errors[0].error.startswith("RuntimeError")
+
+
+def test_a_rank_that_finishes_gives_the_others_linger_seconds_then_they_are_ended():
+    fakes = [FakeHandle(1), FakeHandle(2)]
+    gang = gangs.GangHandle(fakes, linger=0.0, grace=5.0)
+    fakes[1].exit(0)
+    assert gang.poll() is None  # noticed: rank 0 has until linger to follow
+    assert gang.poll() == -signal.SIGTERM and gang.failed_rank == 0  # it did not: ended, and that is a failure
+
+
+def test_only_rank_0_speaks_for_the_pipeline_other_ranks_errors_and_notices_say_which_rank():
+    gang, (r0, r1) = ranks(2)
+    got = []
+    gang.attach(got.extend)
+    r1.on_events([StepMetrics(pipeline="p", epoch=0, step=1, loss=1.0, lr=0.1, samples_per_s=1.0),
+                  Notice(pipeline="p", level="warning", text="checkpoint: none yet")])
+    r0.on_events([StepMetrics(pipeline="p", epoch=0, step=1, loss=1.0, lr=0.1, samples_per_s=1.0)])
+    assert [type(e).__name__ for e in got] == ["Notice", "StepMetrics"]
+    assert got[0].text == "rank 1: checkpoint: none yet"
+    gang.send("Stop")  # every rank hears it: a script gang's ranks obey each on their own
+    assert r0.sent == r1.sent == ["Stop"]
+
+
+def test_live_gangs_never_share_a_port():
+    ports = [gangs.take_port() for _ in range(50)]
+    try:
+        assert len(set(ports)) == 50
+    finally:
+        for p in ports:
+            gangs.release_port(p)
+
+
+def test_rank_env_is_what_torchrun_sets():
+    env = gangs.rank_env(1, 2, 29511, restarts=3, max_restarts=5, run_id="r")
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")} == {
+        "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29511", "TORCHELASTIC_RESTART_COUNT": "3"}
+
+
+def test_check_refuses_a_gang_larger_than_the_machine(tmp_path):
+    toml = tmp_path / "big.toml"
+    toml.write_text(f'[defaults]\ntask = "regression"\n[[pipelines]]\nname = "big"\nranks = 3\n'
+                    f'[devices]\nplacement = "cpu"\ncpu_slots = 2\n')
+    report = check_config(toml, inventory=inventory())
+    assert not report.ok
+    [problem] = report.problems
+    assert problem.key == "pipelines[0].ranks" and "3 ranks need 3 device slots" in problem.message
+    assert "big.toml" in str(problem)
+
+
+def test_check_says_where_each_rank_goes(tmp_path):
+    toml = tmp_path / "ok.toml"
+    toml.write_text('[defaults]\ntask = "regression"\n[[pipelines]]\nname = "g"\nranks = 2\n'
+                    '[[pipelines]]\nname = "after"\n[devices]\nplacement = "cpu"\ncpu_slots = 2\n')
+    report = check_config(toml, inventory=inventory())
+    assert report.ok, report.render()
+    text = report.render()
+    assert "g: task regression" in text and "a gang of 2 ranks on cpu0" in text
+    assert "after: task regression" in text and "queued (#1) until 1 slot free" in text
+
+
+# ------------------------------------------------------------ real gangs
+
+def checksums(run_dir: Path, name: str) -> dict[int, tuple[str, str]]:
+    """rank -> (step, checksum) from the last line each rank's log printed about its weights."""
+    out = {}
+    for log in sorted((run_dir / name).glob("log*.txt")):
+        for line in log.read_text().splitlines():
+            m = CHECKSUM.search(line)
+            if m:
+                step = re.search(r"step (\d+)", line)
+                out[int(m.group(1))] = (step.group(1) if step else "", m.group(2))
+    return out
+
+
+async def run_to_end(sup: Supervisor, timeout: float = 180.0) -> dict[str, str]:
+    await sup.start()
+    try:
+        return await asyncio.wait_for(sup.wait(), timeout)
+    finally:
+        await sup.shutdown()
+
+
+@pytest.mark.slow
+async def test_a_task_gang_trains_on_both_ranks_and_ends_with_identical_weights(tmp_path):
+    cfg = make_config(tmp_path, [{"name": "g", "ranks": 2, "max_epochs": 3, "params": {"samples": 256}}],
+                      validation={"mode": "off"})
+    sup = Supervisor(cfg, inventory=inventory())
+    assert await run_to_end(sup) == {"g": "completed"}
+    events = read_events(sup.run_dir)
+    [started] = [e for e in events if isinstance(e, WorkerStarted)]
+    assert started.device == "cpu0,cpu1" and len(started.pids) == 2
+    ends = [e for e in events if isinstance(e, EpochEnd)]
+    assert [e.step for e in ends] == [4, 8, 12]  # 256 samples, 2 ranks of 32-sample batches: 4 steps an epoch
+    assert ends[-1].train_loss < ends[0].train_loss
+    sums = checksums(sup.run_dir, "g")
+    assert set(sums) == {0, 1} and sums[0] == sums[1]
+    assert (sup.run_dir / "g" / "log-rank1.txt").exists()
+
+
+@pytest.mark.slow
+async def test_an_unmodified_ddp_script_runs_as_a_gang_as_under_torchrun(tmp_path):
+    cfg = make_config(tmp_path, [{"name": "s", "ranks": 2, "script": DDP_SCRIPT, "args": ["--epochs", "2"],
+                                  "metrics": EPOCH_LOSS}], validation={"mode": "off"}, defaults={"task": None})
+    sup = Supervisor(cfg, inventory=inventory())
+    assert await run_to_end(sup) == {"s": "completed"}
+    events = read_events(sup.run_dir)
+    ends = [e for e in events if isinstance(e, EpochEnd)]
+    assert len(ends) == 2 and ends[1].train_loss < ends[0].train_loss  # rank 0's lines only, once each
+    sums = checksums(sup.run_dir, "s")
+    assert set(sums) == {0, 1} and sums[0][1] == sums[1][1]
+
+
+@pytest.mark.slow
+async def test_killing_any_rank_brings_the_gang_down_and_back_until_it_completes(tmp_path):
+    kills = 3
+    cfg = make_config(tmp_path, [
+        {"name": "g", "ranks": 2, "max_epochs": 4, "params": {"samples": 512, "delay": 0.002}},
+        {"name": "solo", "max_epochs": 200, "params": {"samples": 64, "delay": 0.002}},
+    ], validation={"mode": "off"}, devices={"cpu_slots": 3}, restart={"max_restarts": kills + 1})
+    sup = Supervisor(cfg, inventory=inventory(3))
+    stream = sup.subscribe()
+    rng = random.Random(7)
+    await sup.start()
+    try:
+        for i in range(kills):
+            started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted) and e.pipeline == "g", 120)
+            await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.pipeline == "g", 120)
+            rank = rng.randrange(2)
+            os.kill(started.pids[rank], signal.SIGKILL)
+            exited = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == "g", 60)
+            assert (exited.rank, exited.signal, exited.reason) == (rank, "SIGKILL", "crashed")
+            assert exited.pid == started.pids[rank]
+            assert not still_alive(list(started.pids), timeout=10.0)  # no rank left blocked in a collective
+            # The solo pipeline trains on while the gang is down and coming back.
+            await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.pipeline == "solo", 60)
+        done = await wait_for(stream, lambda e: isinstance(e, PipelineFinished) and e.pipeline == "g", 180)
+        assert done.status == "completed" and done.step == 4 * 8  # 512 samples, 2 ranks of 32: 8 steps an epoch
+    finally:
+        await sup.shutdown(graceful=False)
+    sums = checksums(sup.run_dir, "g")
+    assert sums[0] == sums[1]
+
+
+@pytest.mark.slow
+async def test_a_stopped_rank_is_caught_as_a_hang_with_every_ranks_stack_in_the_logs(tmp_path):
+    cfg = make_config(tmp_path, [{"name": "g", "ranks": 2, "max_epochs": 50, "params": {"samples": 512}}],
+                      validation={"mode": "off"}, restart={"hang_timeout": 3.0, "max_restarts": 0})
+    sup = Supervisor(cfg, inventory=inventory())
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted), 120)
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics), 120)
+        os.kill(started.pids[1], signal.SIGSTOP)
+        await wait_for(stream, lambda e: isinstance(e, WorkerStateChanged) and e.state == "hung", 60)
+        exited = await wait_for(stream, lambda e: isinstance(e, WorkerExited), 60)
+        assert exited.reason == "hung"
+        assert not still_alive(list(started.pids), timeout=10.0)
+    finally:
+        await sup.shutdown(graceful=False)
+    for log in ("log.txt", "log-rank1.txt"):  # faulthandler's dump: "Thread 0x... (most recent call first)"
+        assert "most recent call first" in (sup.run_dir / "g" / log).read_text(), log
+
+
+@pytest.mark.slow
+async def test_stop_lands_on_the_same_step_on_every_rank_and_resume_is_exact(tmp_path):
+    pipe = {"name": "g", "ranks": 2, "max_epochs": 3, "params": {"samples": 512, "delay": 0.002}}
+    whole = Supervisor(make_config(tmp_path / "whole", [pipe], validation={"mode": "off"}), inventory=inventory())
+    assert await run_to_end(whole) == {"g": "completed"}
+
+    cfg = make_config(tmp_path / "halves", [pipe], validation={"mode": "off"})
+    sup = Supervisor(cfg, inventory=inventory())
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step >= 10, 120)
+        sup.checkpoint("g")
+        saved = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request", 60)
+        assert saved.step % 2 == 0  # taken where the ranks agree: a report step (log_every_n_steps = 2)
+        sup.stop("g")
+        done = await wait_for(stream, lambda e: isinstance(e, PipelineFinished), 60)
+        assert done.status == "stopped" and 0 < done.step < 24
+    finally:
+        await sup.shutdown()
+    stopped = checksums(sup.run_dir, "g")
+    assert stopped[0] == stopped[1] and stopped[0][0] == str(done.step)  # same step, same weights
+
+    again = Supervisor.resume_run(sup.run_dir, inventory=inventory())
+    assert await run_to_end(again) == {"g": "completed"}
+    assert checksums(again.run_dir, "g") == checksums(whole.run_dir, "g")  # as if never stopped
+
+
+@pytest.mark.slow
+async def test_two_gangs_train_at_once_on_ports_of_their_own(tmp_path):
+    cfg = make_config(tmp_path, [{"name": f"g{i}", "ranks": 2, "max_epochs": 2, "params": {"samples": 128}}
+                                 for i in range(2)], validation={"mode": "off"}, devices={"cpu_slots": 4})
+    sup = Supervisor(cfg, inventory=inventory(4))
+    assert await run_to_end(sup) == {"g0": "completed", "g1": "completed"}
+    for name in ("g0", "g1"):
+        assert '"world_size": 2' in (sup.run_dir / name / "worker.json").read_text()
+        assert checksums(sup.run_dir, name)[0] == checksums(sup.run_dir, name)[1]
