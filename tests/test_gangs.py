@@ -134,6 +134,13 @@ def test_rank_env_is_what_torchrun_sets():
         "MASTER_PORT": "29511", "TORCHELASTIC_RESTART_COUNT": "3"}
 
 
+def test_a_gangs_slots_fit_the_device_column():
+    from torchherd.tui.formats import fmt_device
+
+    assert [fmt_device(d) for d in ("cpu1", "cpu0,cpu1", "gpu0,gpu1,gpu2,gpu3", "cpu10,cpu11", "gpu0,gpu2")] == \
+        ["cpu1", "cpu0-1", "gpu0-3", "2×cpu", "2×gpu"]
+
+
 def test_check_refuses_a_gang_larger_than_the_machine(tmp_path):
     toml = tmp_path / "big.toml"
     toml.write_text(f'[defaults]\ntask = "regression"\n[[pipelines]]\nname = "big"\nranks = 3\n'
@@ -297,3 +304,68 @@ async def test_two_gangs_train_at_once_on_ports_of_their_own(tmp_path):
     for name in ("g0", "g1"):
         assert '"world_size": 2' in (sup.run_dir / name / "worker.json").read_text()
         assert checksums(sup.run_dir, name)[0] == checksums(sup.run_dir, name)[1]
+
+
+@pytest.mark.slow
+async def test_a_paused_gang_reports_no_steps_raises_no_hang_alarm_and_resumes(tmp_path):
+    cfg = make_config(tmp_path, [{"name": "g", "ranks": 2, "max_epochs": 2, "params": {"samples": 512, "delay": 0.002}}],
+                      validation={"mode": "off"}, restart={"hang_timeout": 2.0, "max_restarts": 0})
+    sup = Supervisor(cfg, inventory=inventory())
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics), 120)
+        sup.pause("g")
+        await wait_for(stream, lambda e: isinstance(e, WorkerStateChanged) and e.state == "paused", 10)
+        # Reports already on their way may land; then nothing for 2.5x hang_timeout, and no alarm.
+        later: list = []
+
+        def note(event) -> bool:  # never satisfied: collects what arrives while paused
+            if isinstance(event, (StepMetrics, WorkerStateChanged)):
+                later.append(event)
+            return False
+
+        with pytest.raises(asyncio.TimeoutError):
+            await wait_for(stream, note, timeout=5.0)
+        assert not [e for e in later if isinstance(e, WorkerStateChanged)], later  # no hang alarm
+        assert len(later) <= 1, later  # at most the report that was on its way
+        sup.resume("g")
+        done = await wait_for(stream, lambda e: isinstance(e, PipelineFinished), 120)
+        assert done.status == "completed"
+    finally:
+        await sup.shutdown()
+    sums = checksums(sup.run_dir, "g")
+    assert sums[0] == sums[1]
+
+
+@pytest.mark.slow
+def test_a_sigkilled_torchherd_takes_every_rank_of_a_gang_with_it(tmp_path):
+    from tests.faults.support import HeadlessCli, is_alive, write_toml
+
+    toml = write_toml(tmp_path / "gang.toml", f"""
+[[pipelines]]
+name = "g"
+task = "{Path(__file__).parent.as_posix()}/tasks/tiny.py:build"
+ranks = 2
+max_epochs = 1000
+params = {{ samples = 512, delay = 0.002 }}
+[devices]
+placement = "cpu"
+cpu_slots = 2
+[telemetry]
+enabled = false
+""")
+    cli = HeadlessCli(toml, tmp_path / "runs")
+    try:
+        started = cli.wait_records(lambda recs: [r for r in recs if r["type"] == "worker_started"], 120,
+                                   "the gang to start")[0]
+        cli.wait_records(lambda recs: any(r["type"] == "step" for r in recs), 120, "a step")
+        ranks = [p for p in cli.known if p.pid in started["pids"]]
+        assert len(ranks) == 2
+        cli.signal(signal.SIGKILL)
+        cli.proc.wait(10)
+        assert not still_alive([p.pid for p in ranks], timeout=5.0)
+        assert not [p for p in ranks if is_alive(p)]
+    finally:
+        leftovers = cli.cleanup()
+    assert not leftovers

@@ -47,6 +47,22 @@ def fmt_count(n: float | None, width: int = 6) -> str:
     return "#" * width
 
 
+def fmt_device(device: str, width: int = 6) -> str:
+    """A pipeline's slots in `width` cells: "cpu1", a gang's "gpu0-3" when they run in a row, else "4×gpu"."""
+    names = device.split(",") if device else []
+    if len(names) <= 1:
+        return device or "-"
+    kinds = {n.rstrip("0123456789") for n in names}
+    numbers = [n[len(n.rstrip("0123456789")):] for n in names]
+    if len(kinds) == 1 and all(numbers):
+        kind, first, last = kinds.pop(), int(numbers[0]), int(numbers[-1])
+        span = f"{kind}{first}-{last}"
+        if [int(x) for x in numbers] == list(range(first, last + 1)) and len(span) <= width:
+            return span
+        return f"{len(names)}×{kind}"
+    return f"{len(names)} slots"
+
+
 def fmt_duration(seconds: float | None) -> str:
     """'4:05' under an hour, '2h05m' under 100 hours, then '4d07h', then '123d': six cells at most."""
     if seconds is None:

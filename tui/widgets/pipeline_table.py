@@ -21,7 +21,7 @@ from textual.widget import Widget
 
 from torchherd.engine.progress import PipelineProgress
 from torchherd.engine.states import WorkerState
-from torchherd.tui.formats import fmt_count, fmt_duration, fmt_num, metric_label
+from torchherd.tui.formats import fmt_count, fmt_device, fmt_duration, fmt_num, metric_label
 
 S = WorkerState
 WIDE = 118  # terminal columns from which every column is shown
@@ -75,7 +75,7 @@ class Column:
 # The widths plus a space each fit WIDE - 2 (the border); the compact ones fit 78 (80 columns).
 COLUMNS = (
     Column("name", "pipeline", 14, lambda r, now, w: r.name, True),
-    Column("device", "device", 6, lambda r, now, w: r.device or "-", False),
+    Column("device", "device", 6, lambda r, now, w: fmt_device(r.device, w), False),
     Column("state", "state", 9, lambda r, now, w: r.state.value, True),
     Column("attempt", "try", 7, lambda r, now, w: fmt_try(r, w), False),
     Column("step", "epoch step", 12, lambda r, now, w: fmt_epoch_step(r, w), True),
