@@ -19,6 +19,7 @@ class Slot:
     device: str  # "cuda" or "cpu"
     gpu: GpuInfo | None
     threads: int
+    node: str = ""  # a cluster node's id (engine/ray_placement.py); "" for this machine
 
     @property
     def label(self) -> str:
