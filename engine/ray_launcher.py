@@ -46,6 +46,10 @@ def connect(cluster: ClusterConfig) -> None:
     address = None if cluster.address == "local" else cluster.address
     ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, include_dashboard=False,
              logging_level=logging.ERROR, configure_logging=True)
+    if address is None:  # Ray's agents would outlive a SIGKILLed supervisor: a reaper ends them
+        from torchherd.engine.ray_reaper import start_reaper
+
+        start_reaper()
 
 
 class RayHandle(ProcessHandle):
