@@ -260,7 +260,7 @@ class ClusterConfig(_Strict):
     @field_validator("address")
     @classmethod
     def _address(cls, v: str) -> str:
-        if v in ("auto", "local") or re.fullmatch(r"(ray://)?[\w.\-]+:\d{1,5}", v):
+        if v in ("auto", "local") or re.fullmatch(r"[\w.\-]+:\d{1,5}", v):
             return v
         raise ValueError(f"must be 'auto', 'local' or 'host:port' like '10.0.0.5:6379' (got {v!r})")
 

@@ -133,6 +133,11 @@ def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) 
     v = config.validation
     if v.mode in ("off", "inline"):
         return ValidationPlan(v.mode, "", None, v.threads, "as configured")
+    nodes = len(getattr(inventory, "nodes", ()))  # a Ray cluster's inventory (engine/ray_placement.py)
+    if nodes > 1:
+        # Snapshots live in the shared memory of the worker's node, out of reach of a validator on
+        # another; until there is one validator per node, each worker validates its own.
+        return ValidationPlan("inline", "", None, v.threads, f"workers on {nodes} cluster nodes")
     used = {s.gpu.index for s in slots if s.gpu is not None}
     spare = [g for g in inventory.gpus if g.index not in used]
     if isinstance(v.device, int):

@@ -69,6 +69,7 @@ class RayHandle(ProcessHandle):
         self._reading = False
         self._launcher, self.key, self.name, self.actor = launcher, key, name, actor
         self.node_id = node_id
+        self.label = launcher.inventory.label(node_id)
         self.node = label  # "" when it runs on this machine's node
         self.pid = 0  # known once the actor has started the child
         self.actor_pid = 0
@@ -102,6 +103,9 @@ class RayHandle(ProcessHandle):
         queued, self._queued = self._queued, []
         for command in queued:
             super().send(command)
+        if self._on_events is not None:  # where it runs, for people (the launch said only which slot)
+            self._on_events([Notice(pipeline="" if self.name == "validator" else self.name, level="info",
+                                    text=f"{self.name} runs on node {self.label} (Ray)")])
         self._readable()  # it may have written before we looked
 
     def attach(self, on_events) -> None:
@@ -265,7 +269,9 @@ class RayLauncher:
             actor = self._actor().options(
                 name=key, namespace=NAMESPACE, max_restarts=0, max_task_retries=0,
                 num_cpus=amount if kind == "cpu" else 0, num_gpus=amount if kind == "cuda" else 0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False, _fail_on_unavailable=True),
+                # Hard affinity: a dead node fails it at once. It waits while the node is busy: the actor of
+                # the attempt before may still be giving its CPUs back.
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote()
         except ValueError as exc:  # a live actor of that name: another supervisor runs this run
             self.listener.forget(handle.token)

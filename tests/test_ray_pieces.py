@@ -108,3 +108,14 @@ async def test_only_the_attempts_token_opens_the_connection():
             conn.close()
     finally:
         listener.close()
+
+
+def test_validation_is_inline_across_cluster_nodes():
+    from torchherd.engine.placement import plan_validation
+
+    inv = cluster_inventory(read_nodes(NODES))
+    slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=2), inv)
+    plan = plan_validation(config(validation={"mode": "background"}), slots, inv)
+    assert plan.mode == "inline" and "2 cluster nodes" in plan.why
+    one = cluster_inventory(read_nodes(NODES[:1]))
+    assert plan_validation(config(validation={"mode": "background"}), slots[:1], one).mode == "background"

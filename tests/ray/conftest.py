@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from torchherd.engine.config import RunConfig
-from tests.conftest import make_config
+from tests.conftest import TASKS, make_config
 
 ray = pytest.importorskip("ray", reason='Ray is not installed: pip install "torchherd[ray]"')
 
@@ -31,6 +31,33 @@ def ray_config(tmp_path: Path, pipelines: list[dict[str, Any]], address: str, **
     top.setdefault("telemetry", {"enabled": False})
     top["devices"] = {"placement": "cpu", "cpu_slots": 2, **top.get("devices", {})}
     return make_config(tmp_path, pipelines, cluster={"backend": "ray", "address": address}, **top)
+
+
+def ray_toml(path: Path, address: str, pipelines: int) -> Path:
+    """A config file for the CLI: `pipelines` long runs of tests/tasks/tiny.py on the Ray backend."""
+    task = f"{TASKS / 'tiny.py'}:build".replace("\\", "/")
+    names = "".join(f'\n[[pipelines]]\nname = "{chr(97 + i)}"\n' for i in range(pipelines))
+    path.write_text(f"""
+[defaults]
+task = "{task}"
+max_epochs = 1000
+params = {{ delay = 0.002 }}
+{names}
+[devices]
+placement = "cpu"
+cpu_slots = {pipelines}
+
+[validation]
+mode = "inline"
+
+[telemetry]
+enabled = false
+
+[cluster]
+backend = "ray"
+address = "{address}"
+""")
+    return path
 
 
 def ours_alive() -> list[str]:

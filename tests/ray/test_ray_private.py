@@ -12,42 +12,17 @@ import tempfile
 
 import pytest
 
-from tests.conftest import TASKS
-from tests.faults.support import HeadlessCli, is_alive, poll_until, write_toml
-from tests.ray.conftest import ray  # noqa: F401  (skips this module without Ray)
+from tests.faults.support import HeadlessCli, is_alive, poll_until
+from tests.ray.conftest import ray, ray_toml  # noqa: F401  (importing it skips this module without Ray)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-CONFIG = f"""
-[defaults]
-task = "{TASKS / 'tiny.py'}:build"
-max_epochs = 1000
-params = {{ delay = 0.002 }}
-
-[[pipelines]]
-name = "a"
-
-[devices]
-placement = "cpu"
-cpu_slots = 1
-
-[validation]
-mode = "inline"
-
-[telemetry]
-enabled = false
-
-[cluster]
-backend = "ray"
-address = "local"
-"""
 
 
 def test_sigkilled_supervisor_leaves_no_process_of_its_private_ray(tmp_path, monkeypatch):
     tmp = tempfile.mkdtemp(prefix=f"thray{os.getuid()}-")  # never /tmp/ray: the machine is shared
     os.mkdir(os.path.join(tmp, "ray"))
     monkeypatch.setenv("RAY_TMPDIR", tmp)
-    cli = HeadlessCli(write_toml(tmp_path / "local.toml", CONFIG.replace("\\", "/")), tmp_path / "runs")
+    cli = HeadlessCli(ray_toml(tmp_path / "local.toml", "local", 1), tmp_path / "runs")
     try:
         cli.wait_records(lambda recs: any(r["type"] == "step" for r in recs), 120, "a step")
         cli.remember()

@@ -9,39 +9,10 @@ import signal
 
 import pytest
 
-from tests.conftest import TASKS
-from tests.faults.support import HeadlessCli, poll_until, write_toml
-from tests.ray.conftest import ours_alive, ray
+from tests.faults.support import HeadlessCli, poll_until
+from tests.ray.conftest import ours_alive, ray, ray_toml
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-TINY = f"{TASKS / 'tiny.py'}:build".replace("\\", "/")
-
-CONFIG = """
-[defaults]
-task = "{task}"
-max_epochs = 1000
-params = {{ delay = 0.002 }}
-
-[[pipelines]]
-name = "a"
-
-[[pipelines]]
-name = "b"
-
-[devices]
-placement = "cpu"
-cpu_slots = 2
-
-[validation]
-mode = "inline"
-
-[telemetry]
-enabled = false
-
-[cluster]
-backend = "ray"
-address = "{address}"
-"""
 
 
 def our_actors() -> list[str]:
@@ -50,7 +21,7 @@ def our_actors() -> list[str]:
 
 
 def test_sigkilled_supervisor_leaves_no_actor_and_no_child(tmp_path, cluster):
-    cli = HeadlessCli(write_toml(tmp_path / "ray.toml", CONFIG.format(address=cluster.address, task=TINY)), tmp_path / "runs")
+    cli = HeadlessCli(ray_toml(tmp_path / "ray.toml", cluster.address, 2), tmp_path / "runs")
     try:
         cli.wait_records(lambda recs: {r["pipeline"] for r in recs if r["type"] == "step"} >= {"a", "b"},
                          120, "both pipelines to report a step")
