@@ -1,5 +1,8 @@
 """The pipes between the supervisor and a worker: batched status events up, commands down.
 
+On another machine the same framing runs over one TCP connection the child dials
+back to the supervisor (`dial_back`), opened with its attempt's token.
+
 `StatusSender` never blocks the training thread: events queue locally and a
 background thread ships them in batches; step reports beyond a bound are dropped
 and counted, everything else is always delivered. Exit codes a worker uses to
@@ -8,7 +11,9 @@ say how it ended live here too, since they are part of the same protocol.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
+import socket
 import threading
 from collections import deque
 from multiprocessing.connection import Connection
@@ -79,6 +84,23 @@ class StatusSender:
         self._closing = True
         self._wake.set()
         self._thread.join(timeout)
+
+
+TOKEN_CHARS = 32  # a per-attempt token: 16 random bytes as hex, the first thing a dialled-back child sends
+
+
+def dial_back(address: str, token: str, timeout: float = 30.0) -> tuple[Connection, Connection]:
+    """Connect to the supervisor at "host:port", prove who we are with `token`, and return the status
+    (up) and control (down) ends of the one connection. Its close means the supervisor went away."""
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=timeout)  # seconds
+    sock.settimeout(None)
+    # Batches leave every 50 ms anyway; Nagle's wait on top of that would only add latency.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(token.encode("ascii"))
+    fd = sock.detach()
+    # Connection reads and writes plain descriptors; a socket's work as a pipe's do.
+    return Connection(fd, readable=False), Connection(os.dup(fd), writable=False)
 
 
 def decode_batch(payload: bytes) -> list[Event]:

@@ -16,7 +16,8 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from torchherd.engine.channel import EXIT_ERROR, EXIT_ORPHANED, ControlReceiver, StatusSender, SupervisorGone
+from torchherd.engine.channel import EXIT_ERROR, EXIT_ORPHANED, ControlReceiver, StatusSender, SupervisorGone, \
+    dial_back
 from torchherd.engine.spec import ValidatorSpec, read_spec
 
 PR_SET_PDEATHSIG = 1
@@ -42,8 +43,18 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(f"torchherd {spec.role} pid {os.getpid()} {spec.name} attempt {spec.attempt} device {spec.device}",
           flush=True)
-    sender = StatusSender(Connection(transport.status_fd, readable=False))
-    control = ControlReceiver(Connection(transport.control_fd, writable=False))
+    if transport.address:  # on a cluster node: one connection back to the supervisor
+        try:
+            status, commands = dial_back(transport.address, transport.token)
+        except OSError as exc:
+            print(f"torchherd: cannot reach the supervisor at {transport.address}: {exc}", file=sys.stderr,
+                  flush=True)
+            os._exit(EXIT_ORPHANED)
+    else:
+        status = Connection(transport.status_fd, readable=False)
+        commands = Connection(transport.control_fd, writable=False)
+    sender = StatusSender(status)
+    control = ControlReceiver(commands)
     if isinstance(spec, ValidatorSpec):
         from torchherd.engine.validator import serve as body
     else:

@@ -251,6 +251,23 @@ class TelemetryConfig(_Strict):
     enabled: bool = Field(True, description="Sample at all; off saves the sampler's fraction of a core.")
 
 
+class ClusterConfig(_Strict):
+    """Where the workers run: this machine, or a Ray cluster."""
+
+    backend: Literal["local", "ray"] = Field("local", description=(
+        "'local': processes on this machine; 'ray': Ray actors on a cluster (pip install \"torchherd[ray]\")."))
+    address: str = Field("auto", description=(
+        "With backend 'ray': 'auto' (the cluster `ray start` made here, or RAY_ADDRESS), 'host:port' of a "
+        "cluster's head, or 'local' for a private one-machine cluster torchherd starts and ends."))
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if v in ("auto", "local") or re.fullmatch(r"[\w.\-]+:\d{1,5}", v):
+            return v
+        raise ValueError(f"must be 'auto', 'local' or 'host:port' like '10.0.0.5:6379' (got {v!r})")
+
+
 class RunConfig(_Strict):
     """A whole torchherd config file."""
 
@@ -265,6 +282,7 @@ class RunConfig(_Strict):
     validation: ValidationConfig = Field(default_factory=ValidationConfig, description="Validation settings.")
     restart: RestartConfig = Field(default_factory=RestartConfig, description="Restart policy.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="Telemetry sampling.")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Local processes or a Ray cluster.")
     source: str = Field("", description="The file this config was read from; filled in by the loader.")
 
     @field_validator("name")
@@ -315,7 +333,7 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         first = loc[0]
         sub = {"defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig,
                "validation": ValidationConfig, "restart": RestartConfig,
-               "telemetry": TelemetryConfig}.get(first)
+               "telemetry": TelemetryConfig, "cluster": ClusterConfig}.get(first)
         if sub is not None:
             names = [f.alias or n for n, f in sub.model_fields.items()]
     return [n for n in names if n not in RESOLVED]
@@ -477,6 +495,11 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
     except ValidationError as exc:
         problems += _problems(exc, shown, RunConfig)
         top = None
+    if top is not None and top.cluster.backend == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:  # found without importing it (half a second)
+            problems.append(Problem(shown, "cluster.backend", 'Ray is not installed: pip install "torchherd[ray]"'))
     if problems:
         raise ConfigError(problems)
     assert top is not None
@@ -509,6 +532,6 @@ def load_config(path: str | os.PathLike[str]) -> RunConfig:
 def describe_fields() -> dict[str, dict[str, str]]:
     """Every config table's keys and their descriptions (for docs and the app)."""
     tables = {"(top level)": RunConfig, "pipelines / defaults": Pipeline, "devices": DevicesConfig,
-              "validation": ValidationConfig, "restart": RestartConfig, "telemetry": TelemetryConfig}
+              "validation": ValidationConfig, "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig}
     return {t: {f.alias or n: f.description or "" for n, f in m.model_fields.items() if n not in RESOLVED}
             for t, m in tables.items()}

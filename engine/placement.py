@@ -19,6 +19,7 @@ class Slot:
     device: str  # "cuda" or "cpu"
     gpu: GpuInfo | None
     threads: int
+    node: str = ""  # a cluster node's id (engine/ray_placement.py); "" for this machine
 
     @property
     def label(self) -> str:
@@ -62,6 +63,10 @@ def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
                 f"{p.ranks} ranks need {p.ranks} device slots at once; this machine gives {len(slots)} "
                 f"({have}): lower ranks, or add slots with [devices] cpu_slots / placement")))
+        elif p.ranks > 1 and config.cluster.backend != "local":
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
+                "gangs run on one machine for now: set ranks = 1 on a Ray cluster, or run the gang with "
+                "[cluster] backend = \"local\"")))
         elif p.ranks > 1 and p.kind == "lightning":
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
                 "Lightning pipelines run on one device for now: set ranks = 1, or train the module with a "
@@ -156,6 +161,11 @@ def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) 
     v = config.validation
     if v.mode in ("off", "inline"):
         return ValidationPlan(v.mode, "", None, v.threads, "as configured")
+    nodes = len(getattr(inventory, "nodes", ()))  # a Ray cluster's inventory (engine/ray_placement.py)
+    if nodes > 1:
+        # Snapshots live in the shared memory of the worker's node, out of reach of a validator on
+        # another; until there is one validator per node, each worker validates its own.
+        return ValidationPlan("inline", "", None, v.threads, f"workers on {nodes} cluster nodes")
     used = {s.gpu.index for s in slots if s.gpu is not None}
     spare = [g for g in inventory.gpus if g.index not in used]
     if isinstance(v.device, int):

@@ -2,12 +2,13 @@
 
 `WorkerSpec` is one attempt of a pipeline's worker, `ValidatorSpec` the background
 validator; `Transport` says how the child reaches its supervisor (pipe descriptors
-for a local process). `write_spec`/`read_spec` keep the file format in one place.
+for a local process, or an address to dial back with a per-attempt token). `write_spec`/`read_spec` keep the file format in one place.
 Standard library only: every child imports this before anything else.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar, Union
@@ -65,18 +66,25 @@ _ROLES: dict[str, type] = {WorkerSpec.role: WorkerSpec, ValidatorSpec.role: Vali
 
 @dataclass(frozen=True)
 class Transport:
-    """How a child reaches its supervisor: a status pipe up, a control pipe down."""
+    """How a child reaches its supervisor: a status pipe up, a control pipe down; or, on another machine,
+    one TCP connection it dials to `address` and opens with `token` (the supervisor drops any other)."""
 
     status_fd: int = -1
     control_fd: int = -1
-    supervisor_pid: int = 0  # the child dies with this process
+    supervisor_pid: int = 0  # the child dies with this process (on a cluster: the actor that started it)
+    address: str = ""  # "host:port" to dial back; "" for the pipes
+    token: str = ""  # hex; proves the connection is this attempt's
     extra: dict = field(default_factory=dict)  # anything a launcher adds for its own children
 
 
 def write_spec(path: Path, spec: ChildSpec, transport: Transport) -> Path:
     """Write the file a child reads at start; returns its path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"role": spec.role, "spec": asdict(spec), "transport": asdict(transport)}))
+    # Private: on a shared filesystem the transport's token must be readable by us alone.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps({"role": spec.role, "spec": asdict(spec), "transport": asdict(transport)}))
+    os.chmod(path, 0o600)  # a spec left by an earlier attempt keeps its mode through O_TRUNC
     return path
 
 

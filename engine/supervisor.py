@@ -45,12 +45,19 @@ class Supervisor:
                  launcher: Launcher | None = None, inventory: Inventory | None = None,
                  run_id: str | None = None, tick: float = TICK):
         self.config = config
+        base = Path(runs_dir if runs_dir is not None else config.runs_dir)
+        if launcher is None and config.cluster.backend == "ray":
+            from torchherd.engine.ray_launcher import RayLauncher  # imports Ray: only for a Ray config
+
+            launcher = RayLauncher(config.cluster, base, config.source)
+        # A cluster's launcher brings its nodes' devices and plans slots on them.
+        planner = getattr(launcher, "plan_slots", plan_slots)
+        inventory = inventory if inventory is not None else getattr(launcher, "inventory", None)
         self.inventory = inventory if inventory is not None else discover_devices()
-        slots, problems = plan_slots(config.devices, self.inventory, config.source)
+        slots, problems = planner(config.devices, self.inventory, config.source)
         problems += gang_problems(config, slots) if slots else []
         if problems:
             raise ConfigError(problems)
-        base = Path(runs_dir if runs_dir is not None else config.runs_dir)
         self.run_id = run_id or new_run_id(base, config.name)
         self.run_dir = base / self.run_id
         self.snapshot_root = snapshot_root(self.run_id, self.run_dir)

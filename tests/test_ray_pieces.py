@@ -1,0 +1,121 @@
+"""The Ray backend's pieces that need no cluster: its config, slots from `ray.nodes()`, the node book,
+and the dial-back listener's token check. They run without Ray installed."""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import socket
+
+import pytest
+
+from torchherd.engine.channel import StatusSender, decode_batch, dial_back
+from torchherd.engine.config import ConfigError, DevicesConfig, parse_config
+from torchherd.engine.messages import Notice
+from torchherd.engine.ray_placement import NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, read_nodes
+from torchherd.engine.ray_transport import DialBackListener
+
+NODES = [  # what ray.nodes() says about a head with 4 CPUs and a node with 2 CPUs and 2 GPUs, one dead node
+    {"NodeID": "aa" * 14, "Alive": True, "NodeManagerHostname": "head", "NodeManagerAddress": "10.0.0.1",
+     "Resources": {"CPU": 4.0, "memory": 1e9}},
+    {"NodeID": "bb" * 14, "Alive": True, "NodeManagerHostname": "gpu1", "NodeManagerAddress": "10.0.0.2",
+     "Resources": {"CPU": 2.0, "GPU": 2.0}},
+    {"NodeID": "cc" * 14, "Alive": False, "NodeManagerHostname": "gone", "Resources": {"CPU": 64.0}},
+]
+
+
+def config(**top):
+    return parse_config({"pipelines": [{"name": "a", "task": "regression"}], **top}, "c.toml")
+
+
+def test_cluster_keys_are_checked_and_name_the_key():
+    assert config().cluster.backend == "local"
+    assert config(cluster={"backend": "ray", "address": "10.0.0.5:6379"}).cluster.address == "10.0.0.5:6379"
+    with pytest.raises(ConfigError) as err:
+        config(cluster={"backend": "ray", "address": "head node"})
+    assert err.value.problems[0].key == "cluster.address"
+
+
+def test_a_ray_config_without_ray_says_what_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ConfigError) as err:
+        config(cluster={"backend": "ray"})
+    [problem] = err.value.problems
+    assert problem.key == "cluster.backend" and 'pip install "torchherd[ray]"' in problem.message
+
+
+def test_cpu_slots_spread_over_live_nodes_and_gpus_number_across_nodes():
+    inv = cluster_inventory(read_nodes(NODES))
+    assert [n.label for n in inv.nodes] == ["head", "gpu1"] and inv.cpu_count == 6
+    assert [g.index for g in inv.gpus] == [0, 1] and inv.home(1) == ("bb" * 14, 1)
+    slots, problems = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=3), inv)
+    assert problems == [] and [s.node[:2] for s in slots] == ["aa", "bb", "aa"]  # the first free ones spread
+    slots, _ = plan_cluster_slots(DevicesConfig(placement="auto"), inv)
+    assert [(s.device, s.node[:2]) for s in slots] == [("cuda", "bb"), ("cuda", "bb")]
+
+
+@pytest.mark.parametrize("devices, key, words", [
+    ({"placement": [0, 5]}, "devices.placement[1]", "no GPU 5"),
+    ({"placement": "cpu", "threads_per_worker": 8}, "devices.threads_per_worker", "largest has 4"),
+    ({"placement": "cpu", "cpu_slots": 7}, "devices.cpu_slots", "room for 6"),
+])
+def test_what_no_node_could_host_is_refused_up_front(devices, key, words):
+    slots, problems = plan_cluster_slots(DevicesConfig(**devices), cluster_inventory(read_nodes(NODES)), "c.toml")
+    assert [p.key for p in problems] == [key] and words in problems[0].message
+
+
+def test_node_book_moves_work_off_a_node_that_left():
+    book = NodeBook(cluster_inventory(read_nodes(NODES)))
+    first = book.choose("cpu", 2)
+    book.hold("run/a/1", first, "cpu", 2)
+    assert first == "aa" * 14
+    assert book.choose("cpu", 2) in ("aa" * 14, "bb" * 14)
+    assert book.refresh(read_nodes(NODES[1:])) == ["head"]
+    assert book.choose("cpu", 2) == "bb" * 14
+    book.hold("run/b/1", "bb" * 14, "cpu", 2)
+    with pytest.raises(NoRoom, match="no live node"):
+        book.choose("cpu", 1)
+
+
+async def test_only_the_attempts_token_opens_the_connection():
+    listener = DialBackListener("127.0.0.1")
+    got: list[socket.socket] = []
+    arrived = asyncio.Event()
+    token = listener.expect(lambda sock: (got.append(sock), arrived.set()))
+    host, port = listener.address.rsplit(":", 1)
+    try:
+        # A stranger with a wrong token is cut off without a word.
+        stranger = await asyncio.to_thread(socket.create_connection, (host, int(port)))
+        stranger.sendall(b"0" * 32)
+        assert await asyncio.to_thread(stranger.recv, 1) == b""
+        stranger.close()
+        # The child with the right one gets through, and its framed batches read back as events.
+        status, control = await asyncio.to_thread(dial_back, listener.address, token)
+        await asyncio.wait_for(arrived.wait(), 10)
+        sender = StatusSender(status)
+        sender.send(Notice(text="hello"))
+        sender.close()
+        sock = got[0]
+        data = await asyncio.to_thread(sock.recv, 1 << 16)
+        assert [e.text for e in decode_batch(data[4:])] == ["hello"]
+        assert listener.rejected == 1
+        # A token is good for one connection only.
+        again = await asyncio.to_thread(socket.create_connection, (host, int(port)))
+        again.sendall(token.encode())
+        assert await asyncio.to_thread(again.recv, 1) == b""
+        again.close()
+        for conn in (status, control, sock):
+            conn.close()
+    finally:
+        listener.close()
+
+
+def test_validation_is_inline_across_cluster_nodes():
+    from torchherd.engine.placement import plan_validation
+
+    inv = cluster_inventory(read_nodes(NODES))
+    slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=2), inv)
+    plan = plan_validation(config(validation={"mode": "background"}), slots, inv)
+    assert plan.mode == "inline" and "2 cluster nodes" in plan.why
+    one = cluster_inventory(read_nodes(NODES[:1]))
+    assert plan_validation(config(validation={"mode": "background"}), slots[:1], one).mode == "background"
