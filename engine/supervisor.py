@@ -34,7 +34,7 @@ __all__ = ["EventStream", "PipelineView", "Supervisor"]
 
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
-COLLECTIVE_TIMEOUT = 300.0  # seconds a gang's rank waits in a collective when no hang_timeout is set
+COLLECTIVE_TIMEOUT = 300.0  # seconds a gang's rank waits in a collective, at least
 LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
 
 
@@ -381,9 +381,10 @@ class Supervisor:
                              snapshot_dir=str(self._validation.snapshot_dir(run.name))
                              if plan.background and rank == 0 else "",
                              snapshot_seq=ledger.seq_max, rank=rank, world_size=len(run.slots),
-                             # a rank blocked in a collective gives up well before torch's 30 minutes;
-                             # the hang check, when set, catches a stuck peer sooner still
-                             collective_timeout=max(60.0, 4 * hang) if hang else COLLECTIVE_TIMEOUT),
+                             # a rank blocked in a collective gives up well before torch's 30 minutes; the
+                             # hang check, when set, catches a stuck peer sooner still. Not less than 5
+                             # minutes: the other ranks wait in one while rank 0 validates inline.
+                             collective_timeout=max(COLLECTIVE_TIMEOUT, 4 * hang) if hang else COLLECTIVE_TIMEOUT),
             log_path=self._rundir.log_path(run.name, rank),
             gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {})
 
