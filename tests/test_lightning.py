@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ pl = pytest.importorskip("lightning.pytorch")
 import torch  # noqa: E402
 
 from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed,  # noqa: E402
-                                       SnapshotTaken, StepMetrics, ValResult, WorkerStarted)
+                                       SnapshotTaken, StepMetrics, ValResult, WorkerExited,
+                                       WorkerStarted)
 from torchherd.engine.rundir import read_events  # noqa: E402
 from torchherd.engine.supervisor import Supervisor  # noqa: E402
 from tests.conftest import TASKS, make_config, wait_for  # noqa: E402
@@ -171,6 +173,21 @@ def test_inline_best_checkpoint_loads(inline):
     assert model.hparams.scheduler == "onecycle"
 
 
+def trained_per_epoch(seen: Path, lost: tuple[int, int] | None = None) -> dict[str, list[int]]:
+    """The sample ids trained in each epoch, from LitTiny's seen_file.
+
+    `lost` is (pid, step): what that process trained from optimizer step `step` on died with it
+    (it was killed after its last checkpoint), so the weights the run went on with never saw it.
+    """
+    by_epoch: dict[str, list[int]] = {}
+    for line in seen.read_text().splitlines():
+        *ids, epoch, step, pid = line.split()
+        if lost is not None and int(pid[1:]) == lost[0] and int(step[1:]) >= lost[1]:
+            continue
+        by_epoch.setdefault(epoch, []).extend(int(i) for i in ids)
+    return by_epoch
+
+
 async def test_stop_mid_epoch_then_resume_trains_every_sample_once_per_epoch(tmp_path):
     seen = tmp_path / "seen"
     config = lit_config(tmp_path, [{"name": "a", "task": f"{TINY}:LitTiny",
@@ -198,10 +215,41 @@ async def test_stop_mid_epoch_then_resume_trains_every_sample_once_per_epoch(tmp
     events = read_events(sup.run_dir)
     assert [e.step for e in events if isinstance(e, Resumed)] == [stop[-1].step]
     assert [e.step for e in events if isinstance(e, PipelineFinished)][-1] == 48
-    by_epoch: dict[str, list[int]] = {}
-    for line in seen.read_text().splitlines():
-        *ids, epoch = line.split()
-        by_epoch.setdefault(epoch, []).extend(int(i) for i in ids)
+    by_epoch = trained_per_epoch(seen)
+    assert sorted(by_epoch) == ["e0", "e1", "e2"]
+    for ids in by_epoch.values():
+        assert sorted(ids) == list(range(256))  # every sample once: none repeated, none skipped
+    seqs = [e.seq for e in events if isinstance(e, SnapshotTaken)]
+    assert seqs == sorted(set(seqs))  # snapshot numbers keep rising across the restart
+
+
+async def test_sigkill_mid_epoch_restarts_from_the_last_checkpoint_and_trains_every_sample_once(tmp_path):
+    seen = tmp_path / "seen"
+    # 32 batches an epoch of at least 0.03 s each: about a second inside epoch 1 (steps 32..63) to act in.
+    config = lit_config(tmp_path, [{"name": "a", "task": f"{TINY}:LitTiny",
+                                    "params": {"batch_size": 8, "delay": 0.03, "seen_file": str(seen)}}],
+                        "background", max_epochs=3)
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted))
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step >= 36)
+        sup.checkpoint("a")
+        saved = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step >= saved.step + 2)
+        os.kill(started.pid, signal.SIGKILL)  # what it trained since `saved` is lost with it
+        resumed = await wait_for(stream, lambda e: isinstance(e, Resumed))
+        finished = await wait_for(stream, lambda e: isinstance(e, PipelineFinished))
+    finally:
+        await sup.shutdown(graceful=False)
+    events = read_events(sup.run_dir)
+    crash = [e for e in events if isinstance(e, WorkerExited)][0]
+    assert crash.signal == "SIGKILL" and crash.reason == "crashed"
+    assert 32 < saved.step < 64 and resumed.step == saved.step  # restarted from mid-epoch 1, by itself
+    assert finished.status == "completed" and finished.step == 96  # 3 epochs of 32 steps, none extra
+    by_epoch = trained_per_epoch(seen, lost=(started.pid, saved.step))
+    assert by_epoch != trained_per_epoch(seen)  # the killed worker had trained past its checkpoint
     assert sorted(by_epoch) == ["e0", "e1", "e2"]
     for ids in by_epoch.values():
         assert sorted(ids) == list(range(256))  # every sample once: none repeated, none skipped

@@ -33,8 +33,9 @@ class LitTiny(pl.LightningModule):
         if self.hparams.delay:
             time.sleep(self.hparams.delay)  # workload knob: lets tests act mid-epoch
         if self.hparams.seen_file:
-            with open(self.hparams.seen_file, "a") as fh:  # which samples were trained, for resume tests
-                fh.write(" ".join(str(int(i)) for i in ids) + f" e{self.current_epoch}\n")
+            with open(self.hparams.seen_file, "a") as fh:  # which samples were trained, when, by which process
+                fh.write(" ".join(str(int(i)) for i in ids) +
+                         f" e{self.current_epoch} s{self.global_step} p{os.getpid()}\n")
         loss = nn.functional.mse_loss(self(x), y)
         self.log("train_loss", loss)
         return loss
