@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed,  # noqa: E402
                                        SnapshotTaken, StepMetrics, ValResult, WorkerExited,
-                                       WorkerStarted)
+                                       WorkerStarted, WorkerStateChanged)
 from torchherd.engine.rundir import read_events  # noqa: E402
 from torchherd.engine.supervisor import Supervisor  # noqa: E402
 from tests.conftest import TASKS, make_config, wait_for  # noqa: E402
@@ -42,10 +42,10 @@ def session(config, timeout: float = 120.0) -> tuple[dict[str, str], Path]:
 BORING = "lightning:lightning.pytorch.demos.boring_classes:BoringModel"
 
 
-def lit_config(tmp_path: Path, pipelines: list[dict], mode: str, **defaults):
+def lit_config(tmp_path: Path, pipelines: list[dict], mode: str, restart: dict | None = None, **defaults):
     return make_config(tmp_path, pipelines, defaults={"max_epochs": 2, **defaults},
                        validation={"mode": mode, "device": "cpu"} if mode == "background" else {"mode": mode},
-                       telemetry={"enabled": False}, devices={"cpu_slots": len(pipelines)})
+                       telemetry={"enabled": False}, devices={"cpu_slots": len(pipelines)}, restart=restart or {})
 
 
 @pytest.fixture(scope="module")
@@ -255,3 +255,31 @@ async def test_sigkill_mid_epoch_restarts_from_the_last_checkpoint_and_trains_ev
         assert sorted(ids) == list(range(256))  # every sample once: none repeated, none skipped
     seqs = [e.seq for e in events if isinstance(e, SnapshotTaken)]
     assert seqs == sorted(set(seqs))  # snapshot numbers keep rising across the restart
+
+
+async def test_pause_sends_no_step_reports_and_raises_no_hang_alarm(tmp_path):
+    hang = 2.5  # seconds; starting up (Lightning's import) may take three times as long
+    config = lit_config(tmp_path, [{"name": "a", "task": f"{TINY}:LitTiny", "params": {"delay": 0.02}}], "off",
+                        restart={"hang_timeout": hang}, max_epochs=3)
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics))
+        sup.pause("a")
+        sup.checkpoint("a")  # saved inside the worker's pause loop: once it lands, the worker is held
+        held = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
+        alarm = (lambda e: isinstance(e, StepMetrics) or isinstance(e, WorkerStateChanged) and e.state == "hung"
+                 or isinstance(e, Notice) and "hung" in e.text)
+        with pytest.raises(asyncio.TimeoutError):
+            await wait_for(stream, alarm, timeout=2.4 * hang)
+        sup.checkpoint("a")
+        again = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
+        assert again.step == held.step  # still held: no optimizer step in all that time
+        sup.resume("a")
+        finished = await wait_for(stream, lambda e: isinstance(e, PipelineFinished))
+    finally:
+        await sup.shutdown(graceful=False)
+    assert finished.status == "completed" and finished.step == 48
+    states = [e.state for e in read_events(sup.run_dir) if isinstance(e, WorkerStateChanged)]
+    assert "paused" in states and "hung" not in states
