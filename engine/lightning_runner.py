@@ -287,8 +287,10 @@ class LightningRunner:
         from torchherd.engine.snapshot import SnapshotWriter
 
         v = self.validation
+        # "runner" tells the validator to score with Lightning: a factory's LightningTask has no
+        # `lightning:` prefix in its config for it to go by.
         meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
-                "pipeline_dir": str(self.dir), "best": best}
+                "pipeline_dir": str(self.dir), "best": best, "runner": "lightning"}
         self.writer = SnapshotWriter(self.snapshot_dir, module, v.slots, v.policy, v.checksum, meta)
         self.writer.seq = self.seq
 
@@ -340,19 +342,27 @@ class LightningRunner:
             args["num_sanity_val_steps"] = 0
         return args
 
-    def run(self) -> int:
+    def run(self, task: LightningTask | None = None) -> int:
+        """Train; `task` is one a `task = "file.py:build"` factory already built (else it is built here)."""
         import lightning.pytorch as pl
 
         from torchherd.engine.task import TaskError
 
-        pl.seed_everything(self.pipe.seed, verbose=False)
-        try:
-            task = build_for(self.pipe)
-        except TaskError as exc:
-            print(f"torchherd: {exc}", file=sys.stderr)
-            self.send(WorkerError(pipeline=self.name, error=str(exc), where="build",
-                                  traceback=traceback.format_exc()))
-            return EXIT_FATAL
+        if task is not None:
+            # The worker seeded torch before the factory ran, as seed_everything does before a
+            # `lightning:` module is built; seed the rest the same way but leave torch's generator
+            # where building left it, so both ways train the same run.
+            with torch.random.fork_rng(devices=[]):
+                pl.seed_everything(self.pipe.seed, verbose=False)
+        else:
+            pl.seed_everything(self.pipe.seed, verbose=False)
+            try:
+                task = build_for(self.pipe)
+            except TaskError as exc:
+                print(f"torchherd: {exc}", file=sys.stderr)
+                self.send(WorkerError(pipeline=self.name, error=str(exc), where="build",
+                                      traceback=traceback.format_exc()))
+                return EXIT_FATAL
         if self.validation.mode == "background":
             found = val_monitors(task, with_optimizers=False)
             if found:
@@ -389,6 +399,7 @@ def herd_callback(runner: LightningRunner) -> Any:
     return cls(runner)
 
 
-def run_lightning(spec, pipe, validation, sender, control) -> int:
-    """The runner for `task = "lightning:..."` pipelines (registered in engine/worker.py)."""
-    return LightningRunner(spec, pipe, validation, sender, control).run()
+def run_lightning(spec, pipe, validation, sender, control, task: LightningTask | None = None) -> int:
+    """The runner for `task = "lightning:..."` pipelines (registered in engine/worker.py), and for a
+    `task = "file.py:build"` whose factory returned the LightningTask `task`."""
+    return LightningRunner(spec, pipe, validation, sender, control).run(task)

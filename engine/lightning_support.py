@@ -3,12 +3,15 @@
 `build_lightning(pipe)` turns `task = "lightning:file.py:Class"` (with an optional
 `datamodule`) or a factory returning `LightningTask` into a built task; the worker
 (engine/lightning_runner.py) and the validator (engine/lightning_scorer.py) both
-call it in fresh processes. Importing this module loads neither torch nor Lightning.
+call it in fresh processes. `build_factory` builds a plain `task = "file.py:build"`,
+whose factory may return either a `Task` or a `LightningTask`. Importing this module
+loads neither torch nor Lightning.
 """
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,15 +96,88 @@ def build_lightning(ref: str, params: dict[str, Any], datamodule: str = "",
             raise TaskError(f"{ref} is a class but not a LightningModule")
         task = LightningTask(module=_construct(ref, obj, dict(params), "LightningModule"))
     else:
-        try:
-            task = obj(dict(params))
-        except Exception as exc:
-            raise TaskError(f"task factory {ref} raised {type(exc).__name__}: {exc}") from exc
-        if isinstance(task, pl.LightningModule):
-            task = LightningTask(module=task)
-        if not isinstance(task, LightningTask):
-            raise TaskError(f"task factory {ref} returned {type(task).__name__}; it must return "
+        built = _call_factory(ref, obj, params)
+        task = as_lightning_task(built)
+        if task is None:
+            raise TaskError(f"task factory {ref} returned {type(built).__name__}; it must return "
                             "torchherd.LightningTask(...) or a LightningModule")
+    return _checked(ref, task, datamodule, datamodule_params)
+
+
+def as_lightning_task(obj: Any) -> LightningTask | None:
+    """What a factory returned, as a LightningTask if it is one (or a bare LightningModule); else None.
+
+    Imports nothing: a factory that built a LightningModule has imported Lightning already.
+    """
+    if isinstance(obj, LightningTask):
+        return obj
+    pl = sys.modules.get("lightning.pytorch")
+    if pl is not None and isinstance(obj, pl.LightningModule):
+        return LightningTask(module=obj)
+    return None
+
+
+def build_factory(ref: str, params: dict[str, Any]) -> Any:
+    """What the factory of `task = "file.py:build"` builds: a checked Task, or a checked LightningTask.
+
+    The config decides a pipeline's kind before any user code runs, so a factory that returns
+    `torchherd.LightningTask` makes a "task" pipeline until it has run: the worker and the probe
+    build through here (the factory runs once) and hand a LightningTask to the Lightning side.
+    """
+    from torchherd.engine.task import _load_callable
+
+    built = _call_factory(ref, _load_callable(ref), params)
+    task = as_lightning_task(built)
+    if task is not None:
+        return _checked(ref, task, "", None)
+    return _checked_task(ref, built)
+
+
+def _call_factory(ref: str, factory: Any, params: dict[str, Any]) -> Any:
+    from torchherd.engine.task import TaskError
+
+    try:
+        return factory(dict(params))
+    except Exception as exc:
+        raise TaskError(f"task factory {ref} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _checked_task(ref: str, task: Any) -> Any:
+    """`task` if it is a usable torchherd Task; else TaskError saying what is wrong.
+
+    The checks engine/task.py's build_task makes after calling the factory, which it does not
+    expose apart from the call.
+    """
+    import torch
+
+    from torchherd.engine.task import Task, TaskError
+
+    if not isinstance(task, Task):
+        raise TaskError(f"task factory {ref} returned {type(task).__name__}; it must return torchherd.Task(...) "
+                        "or, for a LightningModule, torchherd.LightningTask(...)")
+    problems = []
+    if not isinstance(task.model, torch.nn.Module):
+        problems.append(f"model is {type(task.model).__name__}, not a torch.nn.Module")
+    if not isinstance(task.optimizer, torch.optim.Optimizer):
+        problems.append(f"optimizer is {type(task.optimizer).__name__}, not a torch.optim.Optimizer")
+    if task.train_data is None:
+        problems.append("train_data is None")
+    if not callable(task.loss_fn):
+        problems.append("loss_fn is not callable")
+    if task.metrics_fn is not None and not callable(task.metrics_fn):
+        problems.append("metrics_fn is not callable")
+    if problems:
+        raise TaskError(f"task factory {ref} returned a Task whose " + "; ".join(problems))
+    return task
+
+
+def _checked(ref: str, task: LightningTask, datamodule: str, datamodule_params: dict[str, Any] | None
+             ) -> LightningTask:
+    """`task` with the config's DataModule, if it names one, once both are what Lightning needs."""
+    import lightning.pytorch as pl
+
+    from torchherd.engine.task import TaskError
+
     if not isinstance(task.module, pl.LightningModule):
         raise TaskError(f"{ref}: module is {type(task.module).__name__}, not a LightningModule")
     if datamodule:

@@ -32,17 +32,23 @@ def set_up_torch(spec: WorkerSpec, pipe) -> None:
 
 
 def run_task(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) -> int:
-    """The `Task` runner: build the user's task and train it with torchherd's own loop."""
+    """The `Task` runner: build the user's task and train it with torchherd's own loop (or with
+    Lightning's, when the factory returned a torchherd.LightningTask)."""
     set_up_torch(spec, pipe)
-    from torchherd.engine.task import TaskError, build_task
+    from torchherd.engine.lightning_support import LightningTask, build_factory
+    from torchherd.engine.task import TaskError
     from torchherd.engine.trainer import Trainer
 
     try:
-        task = build_task(pipe.task_ref or pipe.task, pipe.params)
+        task = build_factory(pipe.task_ref or pipe.task, pipe.params)
     except TaskError as exc:
         print(f"torchherd: {exc}", file=sys.stderr)
         sender.send(WorkerError(pipeline=pipe.name, error=str(exc), where="build", traceback=traceback.format_exc()))
         return EXIT_FATAL
+    if isinstance(task, LightningTask):  # only the factory could tell: the config says "task"
+        from torchherd.engine.lightning_runner import run_lightning as run
+
+        return run(spec, pipe, validation, sender, control, task=task)
     trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
                       Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq)
     return trainer.run()

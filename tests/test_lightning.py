@@ -40,6 +40,7 @@ def session(config, timeout: float = 120.0) -> tuple[dict[str, str], Path]:
 
 
 BORING = "lightning:lightning.pytorch.demos.boring_classes:BoringModel"
+FACTORY = f"{TASKS / 'lit_tiny.py'}:build"  # no `lightning:` prefix: its factory returns a LightningTask
 
 
 def lit_config(tmp_path: Path, pipelines: list[dict], mode: str, restart: dict | None = None, **defaults):
@@ -54,15 +55,18 @@ def background(tmp_path_factory):
     val_file = tmp / "validation_pids"
     config = lit_config(tmp, [{"name": "tiny", "task": f"{TINY}:LitTiny", "params": {"val_file": str(val_file)}},
                               {"name": "novalstep", "task": f"{TINY}:NoValidation"},
-                              {"name": "boring", "task": BORING}], "background")
+                              {"name": "boring", "task": BORING},
+                              {"name": "factory", "task": FACTORY, "params": {"val_file": str(val_file)}}],
+                        "background")
     statuses, run_dir = session(config)
     return statuses, run_dir, read_events(run_dir), val_file
 
 
-def test_background_run_reports_steps_epochs_and_validator_results(background):
+@pytest.mark.parametrize("name", ["tiny", "factory"])
+def test_background_run_reports_steps_epochs_and_validator_results(background, name):
     statuses, _, events, _ = background
-    assert statuses == {"tiny": "completed", "novalstep": "completed", "boring": "completed"}
-    mine = [e for e in events if getattr(e, "pipeline", "") == "tiny"]
+    assert statuses == {"tiny": "completed", "novalstep": "completed", "boring": "completed", "factory": "completed"}
+    mine = [e for e in events if getattr(e, "pipeline", "") == name]
     assert [e.epoch for e in mine if isinstance(e, EpochEnd)] == [0, 1]
     assert any(isinstance(e, StepMetrics) and e.loss > 0 for e in mine)
     vals = [e for e in mine if isinstance(e, ValResult)]
@@ -138,7 +142,8 @@ def inline(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("inline")
     config = lit_config(tmp, [{"name": "onecycle", "task": f"{TINY}:LitTiny", "params": {"scheduler": "onecycle"}},
                               {"name": "twoopt", "task": f"{TINY}:LitTwoOptimizers"},
-                              {"name": "boring", "task": BORING}], "inline")
+                              {"name": "boring", "task": BORING},
+                              {"name": "factory", "task": FACTORY, "params": {"scheduler": "onecycle"}}], "inline")
     statuses, run_dir = session(config)
     return statuses, run_dir, read_events(run_dir)
 
@@ -153,7 +158,8 @@ def test_lightnings_own_boring_model_runs_unchanged_inline_and_background(inline
 
 
 @pytest.mark.parametrize("name,cls_name,params", [("onecycle", "LitTiny", {"scheduler": "onecycle"}),
-                                                  ("twoopt", "LitTwoOptimizers", {})])
+                                                  ("twoopt", "LitTwoOptimizers", {}),
+                                                  ("factory", "LitTiny", {"scheduler": "onecycle"})])
 def test_inline_results_and_lr_trace_equal_plain_lightning(inline, name, cls_name, params):
     statuses, _, events = inline
     assert statuses[name] == "completed"

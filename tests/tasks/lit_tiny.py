@@ -113,3 +113,10 @@ def with_early_stopping(params):
     from torchherd import LightningTask
 
     return LightningTask(module=LitTiny(**params), callbacks=[EarlyStopping(monitor="val_loss")])
+
+
+def build(params):
+    """A plain `task = "lit_tiny.py:build"` (no `lightning:` prefix) whose factory returns a LightningTask."""
+    from torchherd import LightningTask
+
+    return LightningTask(module=LitTiny(**params))
