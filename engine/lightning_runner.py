@@ -103,6 +103,30 @@ def latest_ckpt(directory: Path) -> tuple[Path | None, dict[str, Any] | None, st
     return path, {"epoch": state.get("epoch", 0), "step": state.get("global_step", 0)}, note
 
 
+def logged_on_step(trainer: Any, device: Any) -> tuple[list[str], list[Any]]:
+    """What the module `self.log`ged on this training step, by the names Lightning's loggers use
+    ('train_loss', or 'train_loss_step' when it is also logged per epoch), and values logged only
+    for the progress bar: (names, values as 0-d float tensors on `device`, not synced)."""
+    results = getattr(trainer, "_results", None)
+    if results is None:
+        return [], []
+    logged = results.metrics(True)  # on_step values of the newest batch (Lightning's own per-batch pass)
+    found = dict(logged["log"])
+    for name, value in logged["pbar"].items():
+        found.setdefault(name, value)
+    names, values = [], []
+    for name, value in found.items():
+        if torch.is_tensor(value) and value.numel() == 1:
+            value = value.detach().to(device, torch.float32).reshape(())
+        elif isinstance(value, (int, float)):
+            value = torch.tensor(float(value), device=device)
+        else:
+            continue
+        names.append(name)
+        values.append(value)
+    return names, values
+
+
 class HerdHooks:
     """Reports, snapshots, checkpoints and obeys the supervisor from inside Lightning's loop.
 
@@ -179,7 +203,9 @@ class HerdHooks:
             if v.mode == "background" and v.every_n_steps and step % v.every_n_steps == 0:
                 r.hand_off(trainer.current_epoch, step)
             if step % r.pipe.log_every_n_steps == 0 and self._window_n:
-                mean = float(self._window) / self._window_n
+                names, values = logged_on_step(trainer, self._window.device)
+                synced = torch.stack([self._window.float(), *values]).tolist()  # the report's one device sync
+                mean = synced[0] / self._window_n
                 code = r.control.non_finite(mean, f"epoch {trainer.current_epoch} step {step} (step report)")
                 if code is not None:
                     self.exit_code, trainer.should_stop = code, True
@@ -188,7 +214,8 @@ class HerdHooks:
                 samples = self._window_n * r.batch_size
                 r.sender.step(StepMetrics(pipeline=r.name, epoch=trainer.current_epoch, step=step, loss=mean,
                                           lr=r.lr(trainer), samples_per_s=samples / max(now - self._window_start,
-                                                                                         1e-9)))
+                                                                                         1e-9),
+                                          metrics=dict(zip(names, synced[1:]))))
                 self._window.zero_()
                 self._window_n, self._window_start = 0, now
         r.control.between_steps(step, lambda reason: r.save(trainer, reason))

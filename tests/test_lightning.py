@@ -6,6 +6,7 @@ Lightning's import (seconds a process) is paid a few times, not once per asserti
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -106,12 +107,13 @@ class LrTrace(pl.Callback):
     """Plain Lightning's learning rate at each reported step, and its validation results per epoch."""
 
     def __init__(self, every: int):
-        self.every, self.lrs, self.vals, self._step = every, {}, [], 0
+        self.every, self.lrs, self.losses, self.vals, self._step = every, {}, {}, [], 0
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         step = trainer.global_step
         if step != self._step and step % self.every == 0:
             self.lrs[step] = float(trainer.optimizers[0].param_groups[0]["lr"])
+            self.losses[step] = float(trainer.callback_metrics["train_loss"])  # as self.log()ged this step
         self._step = step
 
     def on_validation_end(self, trainer, module):
@@ -168,6 +170,20 @@ def test_inline_results_and_lr_trace_equal_plain_lightning(inline, name, cls_nam
     assert vals == plain.vals and len(vals) == 2
     lrs = {e.step: e.lr for e in events if isinstance(e, StepMetrics) and e.pipeline == name}
     assert lrs == plain.lrs and len(set(lrs.values())) > 2  # the schedule moved and matched
+    logged = {e.step: e.metrics["train_loss"] for e in events if isinstance(e, StepMetrics) and e.pipeline == name}
+    assert logged == plain.losses
+
+
+def test_every_value_logged_in_training_step_reaches_step_reports_and_metrics_jsonl(inline):
+    _, run_dir, _ = inline
+    records = [json.loads(line) for line in (run_dir / "onecycle" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["type"] == "step"]
+    assert len(steps) == 16  # 32 steps, a report every 2
+    for r in steps:
+        # train_mae is also logged per epoch, so loggers (and torchherd) name its step value train_mae_step;
+        # `batch` is logged for the progress bar only, which torchherd's reports stand in for.
+        assert set(r["metrics"]) == {"train_loss", "train_mae_step", "batch"} and r["metrics"]["batch"] == 16.0
+    assert len({r["metrics"]["train_mae_step"] for r in steps}) == 16  # this step's value, not a stale one
 
 
 def test_inline_best_checkpoint_loads(inline):

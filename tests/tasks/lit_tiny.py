@@ -36,8 +36,11 @@ class LitTiny(pl.LightningModule):
             with open(self.hparams.seen_file, "a") as fh:  # which samples were trained, when, by which process
                 fh.write(" ".join(str(int(i)) for i in ids) +
                          f" e{self.current_epoch} s{self.global_step} p{os.getpid()}\n")
-        loss = nn.functional.mse_loss(self(x), y)
+        out = self(x)
+        loss = nn.functional.mse_loss(out, y)
         self.log("train_loss", loss)
+        self.log("train_mae", (out - y).abs().mean(), on_epoch=True)  # a logger sees train_mae_step per step
+        self.log("batch", float(len(x)), prog_bar=True, logger=False)  # for the progress bar only
         return loss
 
     def validation_step(self, batch, batch_idx):
