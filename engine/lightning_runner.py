@@ -5,8 +5,8 @@ torchherd sets the Trainer arguments that are its job (limits, precision,
 accumulation, the one device, the root dir, no progress bar) and `HerdCallback`
 reports steps and epochs, hands snapshots to the validator, beats the heartbeat,
 obeys pause/stop/checkpoint-now between batches and writes `.ckpt` files
-atomically. The training DataLoader gets `ResumableSampler`, so a resumed epoch
-trains exactly the samples the stopped one had not.
+atomically. The training DataLoader gets `ResumableSampler` (engine/lightning_data.py),
+so a resumed epoch trains exactly the samples the stopped one had not.
 
 Lightning is imported only when a run starts: it imports rich, which no engine
 module may load at import time (tests/test_boundary.py), and it costs seconds.
@@ -24,6 +24,7 @@ import torch
 
 from torchherd.engine import checkpoint as ckpt
 from torchherd.engine.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
+from torchherd.engine.lightning_data import ResumableSampler, resumable
 from torchherd.engine.lightning_support import (PREPARED, LightningTask, build_for, monitors_problem,
                                                 prepare_once, val_monitors)
 from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, Resumed, SnapshotTaken, StepMetrics,
@@ -32,62 +33,6 @@ from torchherd.engine.progress import better
 
 LAST, PREV, BEST = "last.ckpt", "prev.ckpt", "best.ckpt"
 PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
-
-
-class ResumableSampler(torch.utils.data.Sampler):
-    """RandomSampler's order (the same draw from torch's generator), but able to resume mid-epoch.
-
-    Each epoch's order comes from one seed drawn exactly as RandomSampler draws it,
-    so a run equals plain Lightning's on the same seed; the seed is kept in the
-    checkpoint, so a resumed epoch replays that order and skips what was trained.
-    """
-
-    def __init__(self, size: int, shuffle: bool):
-        self.size, self.shuffle = size, shuffle
-        self.epoch = 0
-        self.seed = 0  # the current epoch's order
-        self.resume: tuple[int, int, int] | None = None  # (epoch, seed, samples to skip)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        # The full epoch: Lightning counts a resumed epoch's batches from where it stopped.
-        return self.size
-
-    def __iter__(self):
-        skip = 0
-        if self.resume is not None and self.resume[0] == self.epoch:
-            _, self.seed, skip = self.resume
-        elif self.shuffle:
-            self.seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        self.resume = None
-        if self.shuffle:
-            gen = torch.Generator()
-            gen.manual_seed(self.seed)
-            order = torch.randperm(self.size, generator=gen).tolist()
-        else:
-            order = list(range(self.size))
-        yield from order[skip:]
-
-
-def resumable(loader: Any) -> tuple[Any, ResumableSampler | None]:
-    """`loader` with a ResumableSampler in place of its Random/SequentialSampler; others as they are."""
-    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
-    from lightning.pytorch.utilities.data import _update_dataloader
-
-    if not isinstance(loader, DataLoader) or type(loader.batch_sampler) is not BatchSampler:
-        return loader, None
-    inner = loader.batch_sampler.sampler
-    if type(inner) is RandomSampler and not inner.replacement and inner.generator is None \
-            and inner._num_samples is None:
-        shuffle = True
-    elif type(inner) is SequentialSampler:
-        shuffle = False
-    else:
-        return loader, None
-    sampler = ResumableSampler(len(inner), shuffle)
-    return _update_dataloader(loader, sampler), sampler
 
 
 def save_ckpt(directory: Path, state: dict[str, Any], name: str) -> Path:

@@ -1,4 +1,4 @@
-"""Lightning modules as torchherd tasks: `LightningTask`, building one from a config, and resumable data.
+"""Lightning modules as torchherd tasks: `LightningTask`, building one from a config, and its checks.
 
 `build_lightning(pipe)` turns `task = "lightning:file.py:Class"` (with an optional
 `datamodule`) or a factory returning `LightningTask` into a built task; the worker
