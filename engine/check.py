@@ -50,11 +50,13 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     problems += static_task_problems(config)
     if not problems:
         problems = script_problems(config, plan_validation(config, slots, inventory).mode)
+    background = plan_validation(config, slots, inventory).mode == "background"
     if probe and not problems:
-        problems = _probe_tasks(config, plan_validation(config, slots, inventory).mode == "background")
+        problems = _probe_tasks(config, background)
     if problems:
         return CheckReport(False, config, problems)
-    return CheckReport(True, config, [], describe_plan(config, slots, inventory))
+    lines = describe_plan(config, slots, inventory)
+    return CheckReport(True, config, [], _say_lightning(config, lines, background) if probe else lines)
 
 
 def task_problems(config: RunConfig, errors: dict[int, str]) -> list[Problem]:
@@ -235,6 +237,22 @@ def script_problems(config: RunConfig, validation_mode: str) -> list[Problem]:
                 "add `import torchherd.client as herd` and `herd.hand_off(model)` after each epoch, "
                 "or remove `validate`")))
     return problems
+
+
+def _say_lightning(config: RunConfig, lines: list[str], background: bool) -> list[str]:
+    """`lines` saying which plain tasks train under Lightning: those whose factory returned a
+    LightningTask, which only the probe (building them) can tell."""
+    from torchherd.engine.probe import lightning_factories
+
+    names = lightning_factories(config, background)
+    tasks = {p.name: p.task for p in config.pipelines if p.name in names}
+    out = []
+    for line in lines:
+        name, sep, rest = line.partition(": task ")
+        if sep and name in tasks and rest.startswith(tasks[name]):
+            line = f"{name}: task {tasks[name]} (Lightning Trainer.fit){rest[len(tasks[name]):]}"
+        out.append(line)
+    return out
 
 
 def _probe_tasks(config: RunConfig, background: bool) -> list[Problem]:

@@ -5,8 +5,8 @@ torchherd sets the Trainer arguments that are its job (limits, precision,
 accumulation, the one device, the root dir, no progress bar) and `HerdCallback`
 reports steps and epochs, hands snapshots to the validator, beats the heartbeat,
 obeys pause/stop/checkpoint-now between batches and writes `.ckpt` files
-atomically. The training DataLoader gets `ResumableSampler`, so a resumed epoch
-trains exactly the samples the stopped one had not.
+atomically. The training DataLoader gets `ResumableSampler` (engine/lightning_data.py),
+so a resumed epoch trains exactly the samples the stopped one had not.
 
 Lightning is imported only when a run starts: it imports rich, which no engine
 module may load at import time (tests/test_boundary.py), and it costs seconds.
@@ -24,6 +24,7 @@ import torch
 
 from torchherd.engine import checkpoint as ckpt
 from torchherd.engine.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
+from torchherd.engine.lightning_data import ResumableSampler, resumable
 from torchherd.engine.lightning_support import (PREPARED, LightningTask, build_for, monitors_problem,
                                                 prepare_once, val_monitors)
 from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, Resumed, SnapshotTaken, StepMetrics,
@@ -32,62 +33,6 @@ from torchherd.engine.progress import better
 
 LAST, PREV, BEST = "last.ckpt", "prev.ckpt", "best.ckpt"
 PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
-
-
-class ResumableSampler(torch.utils.data.Sampler):
-    """RandomSampler's order (the same draw from torch's generator), but able to resume mid-epoch.
-
-    Each epoch's order comes from one seed drawn exactly as RandomSampler draws it,
-    so a run equals plain Lightning's on the same seed; the seed is kept in the
-    checkpoint, so a resumed epoch replays that order and skips what was trained.
-    """
-
-    def __init__(self, size: int, shuffle: bool):
-        self.size, self.shuffle = size, shuffle
-        self.epoch = 0
-        self.seed = 0  # the current epoch's order
-        self.resume: tuple[int, int, int] | None = None  # (epoch, seed, samples to skip)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        # The full epoch: Lightning counts a resumed epoch's batches from where it stopped.
-        return self.size
-
-    def __iter__(self):
-        skip = 0
-        if self.resume is not None and self.resume[0] == self.epoch:
-            _, self.seed, skip = self.resume
-        elif self.shuffle:
-            self.seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        self.resume = None
-        if self.shuffle:
-            gen = torch.Generator()
-            gen.manual_seed(self.seed)
-            order = torch.randperm(self.size, generator=gen).tolist()
-        else:
-            order = list(range(self.size))
-        yield from order[skip:]
-
-
-def resumable(loader: Any) -> tuple[Any, ResumableSampler | None]:
-    """`loader` with a ResumableSampler in place of its Random/SequentialSampler; others as they are."""
-    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
-    from lightning.pytorch.utilities.data import _update_dataloader
-
-    if not isinstance(loader, DataLoader) or type(loader.batch_sampler) is not BatchSampler:
-        return loader, None
-    inner = loader.batch_sampler.sampler
-    if type(inner) is RandomSampler and not inner.replacement and inner.generator is None \
-            and inner._num_samples is None:
-        shuffle = True
-    elif type(inner) is SequentialSampler:
-        shuffle = False
-    else:
-        return loader, None
-    sampler = ResumableSampler(len(inner), shuffle)
-    return _update_dataloader(loader, sampler), sampler
 
 
 def save_ckpt(directory: Path, state: dict[str, Any], name: str) -> Path:
@@ -101,6 +46,30 @@ def latest_ckpt(directory: Path) -> tuple[Path | None, dict[str, Any] | None, st
     if state is None:
         return None, None, note
     return path, {"epoch": state.get("epoch", 0), "step": state.get("global_step", 0)}, note
+
+
+def logged_on_step(trainer: Any, device: Any) -> tuple[list[str], list[Any]]:
+    """What the module `self.log`ged on this training step, by the names Lightning's loggers use
+    ('train_loss', or 'train_loss_step' when it is also logged per epoch), and values logged only
+    for the progress bar: (names, values as 0-d float tensors on `device`, not synced)."""
+    results = getattr(trainer, "_results", None)
+    if results is None:
+        return [], []
+    logged = results.metrics(True)  # on_step values of the newest batch (Lightning's own per-batch pass)
+    found = dict(logged["log"])
+    for name, value in logged["pbar"].items():
+        found.setdefault(name, value)
+    names, values = [], []
+    for name, value in found.items():
+        if torch.is_tensor(value) and value.numel() == 1:
+            value = value.detach().to(device, torch.float32).reshape(())
+        elif isinstance(value, (int, float)):
+            value = torch.tensor(float(value), device=device)
+        else:
+            continue
+        names.append(name)
+        values.append(value)
+    return names, values
 
 
 class HerdHooks:
@@ -179,7 +148,9 @@ class HerdHooks:
             if v.mode == "background" and v.every_n_steps and step % v.every_n_steps == 0:
                 r.hand_off(trainer.current_epoch, step)
             if step % r.pipe.log_every_n_steps == 0 and self._window_n:
-                mean = float(self._window) / self._window_n
+                names, values = logged_on_step(trainer, self._window.device)
+                synced = torch.stack([self._window.float(), *values]).tolist()  # the report's one device sync
+                mean = synced[0] / self._window_n
                 code = r.control.non_finite(mean, f"epoch {trainer.current_epoch} step {step} (step report)")
                 if code is not None:
                     self.exit_code, trainer.should_stop = code, True
@@ -188,7 +159,8 @@ class HerdHooks:
                 samples = self._window_n * r.batch_size
                 r.sender.step(StepMetrics(pipeline=r.name, epoch=trainer.current_epoch, step=step, loss=mean,
                                           lr=r.lr(trainer), samples_per_s=samples / max(now - self._window_start,
-                                                                                         1e-9)))
+                                                                                         1e-9),
+                                          metrics=dict(zip(names, synced[1:]))))
                 self._window.zero_()
                 self._window_n, self._window_start = 0, now
         r.control.between_steps(step, lambda reason: r.save(trainer, reason))
@@ -287,8 +259,10 @@ class LightningRunner:
         from torchherd.engine.snapshot import SnapshotWriter
 
         v = self.validation
+        # "runner" tells the validator to score with Lightning: a factory's LightningTask has no
+        # `lightning:` prefix in its config for it to go by.
         meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
-                "pipeline_dir": str(self.dir), "best": best}
+                "pipeline_dir": str(self.dir), "best": best, "runner": "lightning"}
         self.writer = SnapshotWriter(self.snapshot_dir, module, v.slots, v.policy, v.checksum, meta)
         self.writer.seq = self.seq
 
@@ -340,19 +314,27 @@ class LightningRunner:
             args["num_sanity_val_steps"] = 0
         return args
 
-    def run(self) -> int:
+    def run(self, task: LightningTask | None = None) -> int:
+        """Train; `task` is one a `task = "file.py:build"` factory already built (else it is built here)."""
         import lightning.pytorch as pl
 
         from torchherd.engine.task import TaskError
 
-        pl.seed_everything(self.pipe.seed, verbose=False)
-        try:
-            task = build_for(self.pipe)
-        except TaskError as exc:
-            print(f"torchherd: {exc}", file=sys.stderr)
-            self.send(WorkerError(pipeline=self.name, error=str(exc), where="build",
-                                  traceback=traceback.format_exc()))
-            return EXIT_FATAL
+        if task is not None:
+            # The worker seeded torch before the factory ran, as seed_everything does before a
+            # `lightning:` module is built; seed the rest the same way but leave torch's generator
+            # where building left it, so both ways train the same run.
+            with torch.random.fork_rng(devices=[]):
+                pl.seed_everything(self.pipe.seed, verbose=False)
+        else:
+            pl.seed_everything(self.pipe.seed, verbose=False)
+            try:
+                task = build_for(self.pipe)
+            except TaskError as exc:
+                print(f"torchherd: {exc}", file=sys.stderr)
+                self.send(WorkerError(pipeline=self.name, error=str(exc), where="build",
+                                      traceback=traceback.format_exc()))
+                return EXIT_FATAL
         if self.validation.mode == "background":
             found = val_monitors(task, with_optimizers=False)
             if found:
@@ -389,6 +371,7 @@ def herd_callback(runner: LightningRunner) -> Any:
     return cls(runner)
 
 
-def run_lightning(spec, pipe, validation, sender, control) -> int:
-    """The runner for `task = "lightning:..."` pipelines (registered in engine/worker.py)."""
-    return LightningRunner(spec, pipe, validation, sender, control).run()
+def run_lightning(spec, pipe, validation, sender, control, task: LightningTask | None = None) -> int:
+    """The runner for `task = "lightning:..."` pipelines (registered in engine/worker.py), and for a
+    `task = "file.py:build"` whose factory returned the LightningTask `task`."""
+    return LightningRunner(spec, pipe, validation, sender, control).run(task)

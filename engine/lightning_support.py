@@ -1,14 +1,17 @@
-"""Lightning modules as torchherd tasks: `LightningTask`, building one from a config, and resumable data.
+"""Lightning modules as torchherd tasks: `LightningTask`, building one from a config, and its checks.
 
 `build_lightning(pipe)` turns `task = "lightning:file.py:Class"` (with an optional
 `datamodule`) or a factory returning `LightningTask` into a built task; the worker
 (engine/lightning_runner.py) and the validator (engine/lightning_scorer.py) both
-call it in fresh processes. Importing this module loads neither torch nor Lightning.
+call it in fresh processes. `build_factory` builds a plain `task = "file.py:build"`,
+whose factory may return either a `Task` or a `LightningTask`. Importing this module
+loads neither torch nor Lightning.
 """
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +83,7 @@ def _construct(ref: str, obj: Any, params: dict[str, Any], what: str) -> Any:
 def build_lightning(ref: str, params: dict[str, Any], datamodule: str = "",
                     datamodule_params: dict[str, Any] | None = None) -> LightningTask:
     """Build the LightningTask a pipeline names; raises TaskError saying what is wrong."""
-    from torchherd.engine.task import TaskError
+    from torchherd.engine.task import TaskError, call_factory
 
     if not lightning_installed():
         raise TaskError(MISSING)
@@ -93,15 +96,50 @@ def build_lightning(ref: str, params: dict[str, Any], datamodule: str = "",
             raise TaskError(f"{ref} is a class but not a LightningModule")
         task = LightningTask(module=_construct(ref, obj, dict(params), "LightningModule"))
     else:
-        try:
-            task = obj(dict(params))
-        except Exception as exc:
-            raise TaskError(f"task factory {ref} raised {type(exc).__name__}: {exc}") from exc
-        if isinstance(task, pl.LightningModule):
-            task = LightningTask(module=task)
-        if not isinstance(task, LightningTask):
-            raise TaskError(f"task factory {ref} returned {type(task).__name__}; it must return "
+        built = call_factory(ref, params, obj)
+        task = as_lightning_task(built)
+        if task is None:
+            raise TaskError(f"task factory {ref} returned {type(built).__name__}; it must return "
                             "torchherd.LightningTask(...) or a LightningModule")
+    return _checked(ref, task, datamodule, datamodule_params)
+
+
+def as_lightning_task(obj: Any) -> LightningTask | None:
+    """What a factory returned, as a LightningTask if it is one (or a bare LightningModule); else None.
+
+    Imports nothing: a factory that built a LightningModule has imported Lightning already.
+    """
+    if isinstance(obj, LightningTask):
+        return obj
+    pl = sys.modules.get("lightning.pytorch")
+    if pl is not None and isinstance(obj, pl.LightningModule):
+        return LightningTask(module=obj)
+    return None
+
+
+def build_factory(ref: str, params: dict[str, Any]) -> Any:
+    """What the factory of `task = "file.py:build"` builds: a checked Task, or a checked LightningTask.
+
+    The config decides a pipeline's kind before any user code runs, so a factory that returns
+    `torchherd.LightningTask` makes a "task" pipeline until it has run: the worker and the probe
+    build through here (the factory runs once) and hand a LightningTask to the Lightning side.
+    """
+    from torchherd.engine.task import call_factory, check_task
+
+    built = call_factory(ref, params)
+    task = as_lightning_task(built)
+    if task is not None:
+        return _checked(ref, task, "", None)
+    return check_task(ref, built, instead="for a LightningModule, torchherd.LightningTask(...)")
+
+
+def _checked(ref: str, task: LightningTask, datamodule: str, datamodule_params: dict[str, Any] | None
+             ) -> LightningTask:
+    """`task` with the config's DataModule, if it names one, once both are what Lightning needs."""
+    import lightning.pytorch as pl
+
+    from torchherd.engine.task import TaskError
+
     if not isinstance(task.module, pl.LightningModule):
         raise TaskError(f"{ref}: module is {type(task.module).__name__}, not a LightningModule")
     if datamodule:

@@ -38,7 +38,8 @@ class ProbeJob:
     params: str  # JSON, keys sorted
     pipelines: tuple[int, ...]
     stamp: tuple[str, int, int] | None  # (file, mtime ns, size bytes) of the task's source, if known
-    lightning: str = ""  # Lightning pipelines: JSON of datamodule, datamodule_params and background
+    lightning: str = ""  # JSON of whether validation is in the background (then a Lightning callback
+    # may not monitor a val_* metric), and for `lightning:` pipelines their datamodule and its params
 
     @property
     def key(self) -> tuple:
@@ -46,6 +47,7 @@ class ProbeJob:
 
 
 _CACHE: dict[tuple, str] = {}  # job key -> error ("" when it built)
+_LIGHTNING: set[tuple] = set()  # keys of the jobs that built a LightningTask (a factory's, or `lightning:`)
 _CACHE_LOCK = threading.Lock()
 
 
@@ -80,8 +82,9 @@ def plan_jobs(config: RunConfig, background: bool | None = None) -> list[ProbeJo
     for i, p in enumerate(config.pipelines):
         if p.kind == "script":
             continue  # the user's own script: there is no factory to build
-        lightning = json.dumps({"datamodule": p.datamodule, "datamodule_params": p.datamodule_params,
-                                "background": background}, sort_keys=True) if p.kind == "lightning" else ""
+        # A plain task's factory may return a LightningTask too: every job is told the validation mode.
+        extra = {"datamodule": p.datamodule, "datamodule_params": p.datamodule_params} if p.kind == "lightning" else {}
+        lightning = json.dumps({**extra, "background": background}, sort_keys=True)
         grouped.setdefault((p.task_ref or p.task, json.dumps(p.params, sort_keys=True), lightning), []).append(i)
     return [ProbeJob(ref, params, tuple(idx), _stamp(ref.removeprefix(LIGHTNING_PREFIX)), lightning)
             for (ref, params, lightning), idx in grouped.items()]
@@ -112,8 +115,10 @@ def probe_tasks(config: RunConfig, timeout: float = 180.0,
         if failure:
             return [Problem(file, "pipelines", failure)]
         with _CACHE_LOCK:
-            for job, error in zip(todo, results):
+            for job, (error, lightning) in zip(todo, results):
                 _CACHE[job.key] = error
+                if lightning:
+                    _LIGHTNING.add(job.key)
     errors = {}
     with _CACHE_LOCK:
         for job in jobs:
@@ -124,6 +129,14 @@ def probe_tasks(config: RunConfig, timeout: float = 180.0,
     return task_problems(config, errors)
 
 
+def lightning_factories(config: RunConfig, background: bool | None = None) -> set[str]:
+    """The pipelines whose `task = "file.py:build"` factory returned a LightningTask, as far as probes
+    have found (`background` as for plan_jobs): the config cannot tell them from torchherd Tasks."""
+    with _CACHE_LOCK:
+        return {config.pipelines[i].name for job in plan_jobs(config, background) if job.key in _LIGHTNING
+                for i in job.pipelines if config.pipelines[i].kind == "task"}
+
+
 def _shorten(error: str, ref: str) -> str:
     """The task file as problems show paths (relative to the working directory when under it)."""
     target = ref.rpartition(":")[0]
@@ -131,13 +144,13 @@ def _shorten(error: str, ref: str) -> str:
 
 
 def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int], None] | None,
-         cancelled: Callable[[], bool] | None) -> tuple[list[str], str]:
-    """(an error or "" per job, a failure of the probe itself or "")."""
+         cancelled: Callable[[], bool] | None) -> tuple[list[tuple[str, bool]], str]:
+    """((an error or "", whether it built a LightningTask) per job, a failure of the probe itself or "")."""
     payload = json.dumps([{"id": k, "ref": job.ref, "params": json.loads(job.params),
                            **(json.loads(job.lightning) if job.lightning else {})} for k, job in enumerate(jobs)])
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     lines: queue.Queue[str | None] = queue.Queue()
-    results: dict[int, str] = {}
+    results: dict[int, tuple[str, bool]] = {}
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
         proc = subprocess.Popen(python_module_command("torchherd.engine.probe"), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, start_new_session=True)
@@ -158,7 +171,7 @@ def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int],
                     break
                 if line.startswith(PREFIX):
                     result = json.loads(line[len(PREFIX):])
-                    results[result["id"]] = result["error"]
+                    results[result["id"]] = (result["error"], result.get("lightning", False))
                     if on_progress is not None:
                         on_progress(len(results), len(jobs))
             proc.wait()
@@ -195,31 +208,35 @@ def _main() -> None:
     jobs = json.loads(sys.stdin.read())
     import torch
 
-    from torchherd.engine.task import TaskError, build_task
+    from torchherd.engine.lightning_support import LightningTask, build_factory, build_lightning
+    from torchherd.engine.task import TaskError
 
     torch.set_num_threads(1)
     for job in jobs:
+        lightning = False
         try:
             if job["ref"].startswith(LIGHTNING_PREFIX):
-                _probe_lightning(job)
-            else:
-                build_task(job["ref"], job["params"])
+                task = build_lightning(job["ref"], job["params"], job["datamodule"], job["datamodule_params"])
+            else:  # a torchherd Task, or a LightningTask its factory returned
+                task = build_factory(job["ref"], job["params"])
+            lightning = isinstance(task, LightningTask)
+            if lightning:
+                _check_lightning(task, job["background"])
             error = ""
         except TaskError as exc:
             error = str(exc)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        results.write(PREFIX + json.dumps({"id": job["id"], "error": error}) + "\n")
+        results.write(PREFIX + json.dumps({"id": job["id"], "error": error, "lightning": lightning}) + "\n")
 
 
-
-def _probe_lightning(job: dict) -> None:
-    """Build the module and DataModule (no data, no Trainer: Lightning's import is the cost already)."""
-    from torchherd.engine.lightning_support import build_lightning, monitors_problem, val_monitors
+def _check_lightning(task, background: bool) -> None:
+    """What the built module and DataModule allow (no data, no Trainer: Lightning's import is the cost
+    already): in the background, no callback or scheduler may watch a validation metric."""
+    from torchherd.engine.lightning_support import monitors_problem, val_monitors
     from torchherd.engine.task import TaskError
 
-    task = build_lightning(job["ref"], job["params"], job["datamodule"], job["datamodule_params"])
-    if job["background"]:
+    if background:
         found = val_monitors(task)
         if found:
             raise TaskError(monitors_problem(found))

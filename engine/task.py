@@ -80,15 +80,29 @@ def _load_callable(ref: str) -> Callable[..., Any]:
 
 def build_task(ref: str, params: dict[str, Any]) -> Task:
     """Import the factory named by `ref`, call it with `params` and check what it returns."""
-    import torch
+    return check_task(ref, call_factory(ref, params))
 
-    fn = _load_callable(ref)
+
+def call_factory(ref: str, params: dict[str, Any], fn: Any = None) -> Any:
+    """What the factory named by `ref` (or `fn`, already loaded from it) returns for `params`; TaskError
+    if it raises."""
+    fn = fn if fn is not None else _load_callable(ref)
     try:
-        task = fn(dict(params))
+        return fn(dict(params))
     except Exception as exc:
         raise TaskError(f"task factory {ref} raised {type(exc).__name__}: {exc}") from exc
+
+
+def check_task(ref: str, task: Any, instead: str = "") -> Task:
+    """`task` if it is a usable Task; else TaskError naming the factory and what is wrong.
+
+    `instead` names what else the caller would have accepted, for the message.
+    """
+    import torch
+
     if not isinstance(task, Task):
-        raise TaskError(f"task factory {ref} returned {type(task).__name__}; it must return torchherd.Task(...)")
+        raise TaskError(f"task factory {ref} returned {type(task).__name__}; it must return torchherd.Task(...)"
+                        + (f" or, {instead}" if instead else ""))
     problems = []
     if not isinstance(task.model, torch.nn.Module):
         problems.append(f"model is {type(task.model).__name__}, not a torch.nn.Module")

@@ -130,8 +130,10 @@ def make_scorer(name: str, directory: Path, device: str):
     factory's), or a Lightning module's."""
     import json
 
-    task = json.loads((directory / "meta.json").read_text())["pipeline"].get("task") or ""  # None for a script
-    if task.startswith("lightning:"):
+    meta = json.loads((directory / "meta.json").read_text())
+    task = meta["pipeline"].get("task") or ""  # None for a script
+    # A factory's LightningTask has no "lightning:" prefix: its worker says which runner wrote the snapshots.
+    if task.startswith("lightning:") or meta.get("runner") == "lightning":
         from torchherd.engine.lightning_scorer import LightningScorer
 
         return LightningScorer(name, directory, device)

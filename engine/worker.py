@@ -32,17 +32,29 @@ def set_up_torch(spec: WorkerSpec, pipe) -> None:
 
 
 def run_task(spec: WorkerSpec, pipe, validation, sender: StatusSender, control) -> int:
-    """The `Task` runner: build the user's task and train it with torchherd's own loop."""
+    """The `Task` runner: build the user's task and train it with torchherd's own loop (or with
+    Lightning's, when the factory returned a torchherd.LightningTask)."""
     set_up_torch(spec, pipe)
-    from torchherd.engine.task import TaskError, build_task
+    from torchherd.engine.lightning_support import LightningTask, build_factory
+    from torchherd.engine.task import TaskError
     from torchherd.engine.trainer import Trainer
 
     try:
-        task = build_task(pipe.task_ref or pipe.task, pipe.params)
+        task = build_factory(pipe.task_ref or pipe.task, pipe.params)
     except TaskError as exc:
         print(f"torchherd: {exc}", file=sys.stderr)
         sender.send(WorkerError(pipeline=pipe.name, error=str(exc), where="build", traceback=traceback.format_exc()))
         return EXIT_FATAL
+    if isinstance(task, LightningTask):  # only the factory could tell: the config says "task"
+        if spec.world_size > 1:
+            error = (f"{pipe.task}: the factory returned a LightningTask, and Lightning pipelines run on one "
+                     "device for now: set ranks = 1")
+            print(f"torchherd: {error}", file=sys.stderr)
+            sender.send(WorkerError(pipeline=pipe.name, error=error, where="build"))
+            return EXIT_FATAL
+        from torchherd.engine.lightning_runner import run_lightning as run
+
+        return run(spec, pipe, validation, sender, control, task=task)
     gang = None
     if spec.world_size > 1:  # one rank of a DDP gang: MASTER_ADDR/MASTER_PORT come from the launcher
         import torch

@@ -6,7 +6,9 @@ Lightning's import (seconds a process) is paid a few times, not once per asserti
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,8 @@ pl = pytest.importorskip("lightning.pytorch")
 import torch  # noqa: E402
 
 from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed,  # noqa: E402
-                                       SnapshotTaken, StepMetrics, ValResult, WorkerStarted)
+                                       SnapshotTaken, StepMetrics, ValResult, WorkerExited,
+                                       WorkerStarted, WorkerStateChanged)
 from torchherd.engine.rundir import read_events  # noqa: E402
 from torchherd.engine.supervisor import Supervisor  # noqa: E402
 from tests.conftest import TASKS, make_config, wait_for  # noqa: E402
@@ -38,12 +41,13 @@ def session(config, timeout: float = 120.0) -> tuple[dict[str, str], Path]:
 
 
 BORING = "lightning:lightning.pytorch.demos.boring_classes:BoringModel"
+FACTORY = f"{TASKS / 'lit_tiny.py'}:build"  # no `lightning:` prefix: its factory returns a LightningTask
 
 
-def lit_config(tmp_path: Path, pipelines: list[dict], mode: str, **defaults):
+def lit_config(tmp_path: Path, pipelines: list[dict], mode: str, restart: dict | None = None, **defaults):
     return make_config(tmp_path, pipelines, defaults={"max_epochs": 2, **defaults},
                        validation={"mode": mode, "device": "cpu"} if mode == "background" else {"mode": mode},
-                       telemetry={"enabled": False}, devices={"cpu_slots": len(pipelines)})
+                       telemetry={"enabled": False}, devices={"cpu_slots": len(pipelines)}, restart=restart or {})
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +56,18 @@ def background(tmp_path_factory):
     val_file = tmp / "validation_pids"
     config = lit_config(tmp, [{"name": "tiny", "task": f"{TINY}:LitTiny", "params": {"val_file": str(val_file)}},
                               {"name": "novalstep", "task": f"{TINY}:NoValidation"},
-                              {"name": "boring", "task": BORING}], "background")
+                              {"name": "boring", "task": BORING},
+                              {"name": "factory", "task": FACTORY, "params": {"val_file": str(val_file)}}],
+                        "background")
     statuses, run_dir = session(config)
     return statuses, run_dir, read_events(run_dir), val_file
 
 
-def test_background_run_reports_steps_epochs_and_validator_results(background):
+@pytest.mark.parametrize("name", ["tiny", "factory"])
+def test_background_run_reports_steps_epochs_and_validator_results(background, name):
     statuses, _, events, _ = background
-    assert statuses == {"tiny": "completed", "novalstep": "completed", "boring": "completed"}
-    mine = [e for e in events if getattr(e, "pipeline", "") == "tiny"]
+    assert statuses == {"tiny": "completed", "novalstep": "completed", "boring": "completed", "factory": "completed"}
+    mine = [e for e in events if getattr(e, "pipeline", "") == name]
     assert [e.epoch for e in mine if isinstance(e, EpochEnd)] == [0, 1]
     assert any(isinstance(e, StepMetrics) and e.loss > 0 for e in mine)
     vals = [e for e in mine if isinstance(e, ValResult)]
@@ -100,12 +107,13 @@ class LrTrace(pl.Callback):
     """Plain Lightning's learning rate at each reported step, and its validation results per epoch."""
 
     def __init__(self, every: int):
-        self.every, self.lrs, self.vals, self._step = every, {}, [], 0
+        self.every, self.lrs, self.losses, self.vals, self._step = every, {}, {}, [], 0
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         step = trainer.global_step
         if step != self._step and step % self.every == 0:
             self.lrs[step] = float(trainer.optimizers[0].param_groups[0]["lr"])
+            self.losses[step] = float(trainer.callback_metrics["train_loss"])  # as self.log()ged this step
         self._step = step
 
     def on_validation_end(self, trainer, module):
@@ -136,7 +144,8 @@ def inline(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("inline")
     config = lit_config(tmp, [{"name": "onecycle", "task": f"{TINY}:LitTiny", "params": {"scheduler": "onecycle"}},
                               {"name": "twoopt", "task": f"{TINY}:LitTwoOptimizers"},
-                              {"name": "boring", "task": BORING}], "inline")
+                              {"name": "boring", "task": BORING},
+                              {"name": "factory", "task": FACTORY, "params": {"scheduler": "onecycle"}}], "inline")
     statuses, run_dir = session(config)
     return statuses, run_dir, read_events(run_dir)
 
@@ -151,7 +160,8 @@ def test_lightnings_own_boring_model_runs_unchanged_inline_and_background(inline
 
 
 @pytest.mark.parametrize("name,cls_name,params", [("onecycle", "LitTiny", {"scheduler": "onecycle"}),
-                                                  ("twoopt", "LitTwoOptimizers", {})])
+                                                  ("twoopt", "LitTwoOptimizers", {}),
+                                                  ("factory", "LitTiny", {"scheduler": "onecycle"})])
 def test_inline_results_and_lr_trace_equal_plain_lightning(inline, name, cls_name, params):
     statuses, _, events = inline
     assert statuses[name] == "completed"
@@ -160,6 +170,20 @@ def test_inline_results_and_lr_trace_equal_plain_lightning(inline, name, cls_nam
     assert vals == plain.vals and len(vals) == 2
     lrs = {e.step: e.lr for e in events if isinstance(e, StepMetrics) and e.pipeline == name}
     assert lrs == plain.lrs and len(set(lrs.values())) > 2  # the schedule moved and matched
+    logged = {e.step: e.metrics["train_loss"] for e in events if isinstance(e, StepMetrics) and e.pipeline == name}
+    assert logged == plain.losses
+
+
+def test_every_value_logged_in_training_step_reaches_step_reports_and_metrics_jsonl(inline):
+    _, run_dir, _ = inline
+    records = [json.loads(line) for line in (run_dir / "onecycle" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["type"] == "step"]
+    assert len(steps) == 16  # 32 steps, a report every 2
+    for r in steps:
+        # train_mae is also logged per epoch, so loggers (and torchherd) name its step value train_mae_step;
+        # `batch` is logged for the progress bar only, which torchherd's reports stand in for.
+        assert set(r["metrics"]) == {"train_loss", "train_mae_step", "batch"} and r["metrics"]["batch"] == 16.0
+    assert len({r["metrics"]["train_mae_step"] for r in steps}) == 16  # this step's value, not a stale one
 
 
 def test_inline_best_checkpoint_loads(inline):
@@ -169,6 +193,21 @@ def test_inline_best_checkpoint_loads(inline):
     assert any(isinstance(e, CheckpointSaved) and e.reason == "best" and e.pipeline == "onecycle" for e in events)
     model = LitTiny.load_from_checkpoint(run_dir / "onecycle" / "checkpoints" / "best.ckpt")
     assert model.hparams.scheduler == "onecycle"
+
+
+def trained_per_epoch(seen: Path, lost: tuple[int, int] | None = None) -> dict[str, list[int]]:
+    """The sample ids trained in each epoch, from LitTiny's seen_file.
+
+    `lost` is (pid, step): what that process trained from optimizer step `step` on died with it
+    (it was killed after its last checkpoint), so the weights the run went on with never saw it.
+    """
+    by_epoch: dict[str, list[int]] = {}
+    for line in seen.read_text().splitlines():
+        *ids, epoch, step, pid = line.split()
+        if lost is not None and int(pid[1:]) == lost[0] and int(step[1:]) >= lost[1]:
+            continue
+        by_epoch.setdefault(epoch, []).extend(int(i) for i in ids)
+    return by_epoch
 
 
 async def test_stop_mid_epoch_then_resume_trains_every_sample_once_per_epoch(tmp_path):
@@ -198,12 +237,71 @@ async def test_stop_mid_epoch_then_resume_trains_every_sample_once_per_epoch(tmp
     events = read_events(sup.run_dir)
     assert [e.step for e in events if isinstance(e, Resumed)] == [stop[-1].step]
     assert [e.step for e in events if isinstance(e, PipelineFinished)][-1] == 48
-    by_epoch: dict[str, list[int]] = {}
-    for line in seen.read_text().splitlines():
-        *ids, epoch = line.split()
-        by_epoch.setdefault(epoch, []).extend(int(i) for i in ids)
+    by_epoch = trained_per_epoch(seen)
     assert sorted(by_epoch) == ["e0", "e1", "e2"]
     for ids in by_epoch.values():
         assert sorted(ids) == list(range(256))  # every sample once: none repeated, none skipped
     seqs = [e.seq for e in events if isinstance(e, SnapshotTaken)]
     assert seqs == sorted(set(seqs))  # snapshot numbers keep rising across the restart
+
+
+async def test_sigkill_mid_epoch_restarts_from_the_last_checkpoint_and_trains_every_sample_once(tmp_path):
+    seen = tmp_path / "seen"
+    # 32 batches an epoch of at least 0.03 s each: about a second inside epoch 1 (steps 32..63) to act in.
+    config = lit_config(tmp_path, [{"name": "a", "task": f"{TINY}:LitTiny",
+                                    "params": {"batch_size": 8, "delay": 0.03, "seen_file": str(seen)}}],
+                        "background", max_epochs=3)
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted))
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step >= 36)
+        sup.checkpoint("a")
+        saved = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step >= saved.step + 2)
+        os.kill(started.pid, signal.SIGKILL)  # what it trained since `saved` is lost with it
+        resumed = await wait_for(stream, lambda e: isinstance(e, Resumed))
+        finished = await wait_for(stream, lambda e: isinstance(e, PipelineFinished))
+    finally:
+        await sup.shutdown(graceful=False)
+    events = read_events(sup.run_dir)
+    crash = [e for e in events if isinstance(e, WorkerExited)][0]
+    assert crash.signal == "SIGKILL" and crash.reason == "crashed"
+    assert 32 < saved.step < 64 and resumed.step == saved.step  # restarted from mid-epoch 1, by itself
+    assert finished.status == "completed" and finished.step == 96  # 3 epochs of 32 steps, none extra
+    by_epoch = trained_per_epoch(seen, lost=(started.pid, saved.step))
+    assert by_epoch != trained_per_epoch(seen)  # the killed worker had trained past its checkpoint
+    assert sorted(by_epoch) == ["e0", "e1", "e2"]
+    for ids in by_epoch.values():
+        assert sorted(ids) == list(range(256))  # every sample once: none repeated, none skipped
+    seqs = [e.seq for e in events if isinstance(e, SnapshotTaken)]
+    assert seqs == sorted(set(seqs))  # snapshot numbers keep rising across the restart
+
+
+async def test_pause_sends_no_step_reports_and_raises_no_hang_alarm(tmp_path):
+    hang = 2.5  # seconds; starting up (Lightning's import) may take three times as long
+    config = lit_config(tmp_path, [{"name": "a", "task": f"{TINY}:LitTiny", "params": {"delay": 0.02}}], "off",
+                        restart={"hang_timeout": hang}, max_epochs=3)
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics))
+        sup.pause("a")
+        sup.checkpoint("a")  # saved inside the worker's pause loop: once it lands, the worker is held
+        held = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
+        alarm = (lambda e: isinstance(e, StepMetrics) or isinstance(e, WorkerStateChanged) and e.state == "hung"
+                 or isinstance(e, Notice) and "hung" in e.text)
+        with pytest.raises(asyncio.TimeoutError):
+            await wait_for(stream, alarm, timeout=2.4 * hang)
+        sup.checkpoint("a")
+        again = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
+        assert again.step == held.step  # still held: no optimizer step in all that time
+        sup.resume("a")
+        finished = await wait_for(stream, lambda e: isinstance(e, PipelineFinished))
+    finally:
+        await sup.shutdown(graceful=False)
+    assert finished.status == "completed" and finished.step == 48
+    states = [e.state for e in read_events(sup.run_dir) if isinstance(e, WorkerStateChanged)]
+    assert "paused" in states and "hung" not in states

@@ -56,3 +56,22 @@ def test_probe_says_early_stopping_cannot_watch_val_loss_in_background(tmp_path)
     [problem] = report.problems
     assert "EarlyStopping monitors 'val_loss'" in problem.message and "[validation] metric and patience" in \
         problem.message and 'mode = "inline"' in problem.message
+
+
+@pytest.mark.slow
+def test_probe_sees_a_plain_factory_that_returns_a_lightning_task(tmp_path):
+    pytest.importorskip("lightning")
+    path = tmp_path / "two.toml"
+    path.write_text(f'[defaults]\ntask = "{TASKS / "lit_tiny.py"}:build"\n[validation]\nmode = "background"\n'
+                    '[devices]\nplacement = "cpu"\ncpu_slots = 2\n[[pipelines]]\nname = "a"\n'
+                    f'[[pipelines]]\nname = "b"\ntask = "{TASKS / "lit_tiny.py"}:with_early_stopping"\n')
+    inventory = Inventory(cpu_count=4, note="test")
+    report = check_config(path, probe=True, inventory=inventory)
+    # No `lightning:` prefix, yet its EarlyStopping on val_loss is caught in background mode, as with one.
+    [problem] = report.problems
+    assert problem.key == "pipelines[1].task" and "EarlyStopping monitors 'val_loss'" in problem.message
+    # The other one built (from the probe's cache now) and trains under Lightning, which check says.
+    report = check_config(write(tmp_path, f"{TASKS / 'lit_tiny.py'}:build"), probe=True, inventory=inventory)
+    assert report.ok, report.render()
+    assert any(line.startswith("a: task ") and "lit_tiny.py:build (Lightning Trainer.fit)," in line
+               for line in report.lines)

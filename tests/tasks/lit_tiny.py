@@ -33,10 +33,14 @@ class LitTiny(pl.LightningModule):
         if self.hparams.delay:
             time.sleep(self.hparams.delay)  # workload knob: lets tests act mid-epoch
         if self.hparams.seen_file:
-            with open(self.hparams.seen_file, "a") as fh:  # which samples were trained, for resume tests
-                fh.write(" ".join(str(int(i)) for i in ids) + f" e{self.current_epoch}\n")
-        loss = nn.functional.mse_loss(self(x), y)
+            with open(self.hparams.seen_file, "a") as fh:  # which samples were trained, when, by which process
+                fh.write(" ".join(str(int(i)) for i in ids) +
+                         f" e{self.current_epoch} s{self.global_step} p{os.getpid()}\n")
+        out = self(x)
+        loss = nn.functional.mse_loss(out, y)
         self.log("train_loss", loss)
+        self.log("train_mae", (out - y).abs().mean(), on_epoch=True)  # a logger sees train_mae_step per step
+        self.log("batch", float(len(x)), prog_bar=True, logger=False)  # for the progress bar only
         return loss
 
     def validation_step(self, batch, batch_idx):
@@ -112,3 +116,10 @@ def with_early_stopping(params):
     from torchherd import LightningTask
 
     return LightningTask(module=LitTiny(**params), callbacks=[EarlyStopping(monitor="val_loss")])
+
+
+def build(params):
+    """A plain `task = "lit_tiny.py:build"` (no `lightning:` prefix) whose factory returns a LightningTask."""
+    from torchherd import LightningTask
+
+    return LightningTask(module=LitTiny(**params))
