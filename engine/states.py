@@ -63,8 +63,9 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
     _S.RUNNING: frozenset({_S.PAUSED, _S.STOPPING, _S.KILLING, _S.HUNG, _S.BACKOFF,
                            _S.COMPLETED, _S.STOPPED, _S.FAILED}),
     _S.HUNG: frozenset({_S.KILLING, _S.BACKOFF, _S.FAILED, _S.STOPPED, _S.KILLED, _S.COMPLETED}),
+    # PAUSED -> COMPLETED: the pause reached a worker that had just trained its last step.
     _S.PAUSED: frozenset({_S.RUNNING, _S.STOPPING, _S.KILLING, _S.BACKOFF,
-                          _S.STOPPED, _S.FAILED}),
+                          _S.STOPPED, _S.FAILED, _S.COMPLETED}),
     _S.STOPPING: frozenset({_S.KILLING, _S.HUNG, _S.STOPPED, _S.COMPLETED, _S.BACKOFF, _S.FAILED}),
     _S.KILLING: frozenset({_S.KILLED, _S.STARTING, _S.QUEUED, _S.STOPPED, _S.COMPLETED,
                            _S.FAILED, _S.BACKOFF}),

@@ -123,6 +123,20 @@ async def test_pause_resume_and_stop_send_commands(tmp_path, launcher):
     await sup.shutdown()
 
 
+async def test_a_worker_that_completes_while_paused_is_completed(tmp_path, launcher):
+    # Regression: a pause that reached the worker as it finished its last epoch left the pipeline
+    # PAUSED for ever (PAUSED -> COMPLETED was refused), so wait() never returned.
+    sup = make(tmp_path, [{"name": "a"}], launcher)
+    await sup.start()
+    await until(lambda: launcher.handles)
+    launcher.handles[0].started("a")
+    sup.pause("a")
+    launcher.handles[0].code = 0
+    await until(lambda: sup.finished)
+    assert sup.view("a").state == WorkerState.COMPLETED
+    await sup.shutdown()
+
+
 async def test_unknown_pipeline_name_is_a_key_error(tmp_path, launcher):
     sup = make(tmp_path, [{"name": "a"}], launcher)
     await sup.start()
