@@ -77,6 +77,49 @@ def test_node_book_moves_work_off_a_node_that_left():
         book.choose("cpu", 1)
 
 
+def test_slots_follow_the_cluster_and_an_allocation_on_a_node_that_left_moves():
+    from torchherd.engine.scheduler import Scheduler
+
+    devices = DevicesConfig(placement="cpu", cpu_slots=3)
+    slots, _ = plan_cluster_slots(devices, cluster_inventory(read_nodes(NODES)))
+    sched = Scheduler(slots)
+    for name in ("a", "b", "c"):
+        sched.enqueue(name, 0, ord(name))
+    grants = dict(sched.allocate())
+    assert [s.node[:2] for s in grants["b"]] == ["bb"] and sched.free == []
+    # The GPU node leaves: the head alone holds the three slots (4 CPUs), of which a and c hold two.
+    book = NodeBook(cluster_inventory(read_nodes(NODES)))
+    book.refresh(read_nodes(NODES[:1]))
+    assert book.generation == 1
+    shrunk, problems = plan_cluster_slots(devices, book.inventory, fit=True)
+    assert problems == [] and [s.node[:2] for s in shrunk] == ["aa"] * 3
+    sched.resize(shrunk)
+    assert len(sched.free) == 1  # counted by node, not by name: cpu1 is b's name and a free head slot's
+    moved = sched.refit(grants["b"])
+    assert moved is not None and moved[0].node == "aa" * 14 and sched.free == []
+    assert sched.refit(grants["a"]) is grants["a"]  # a live allocation stays as it is
+    sched.release(moved)
+    assert len(sched.free) == 1
+    # Asked for more CPU slots than the live nodes hold, a running session takes what there is.
+    fewer, problems = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=6), book.inventory, fit=True)
+    assert problems == [] and len(fewer) == 4
+
+
+def test_refit_without_a_free_slot_leaves_the_allocation():
+    from torchherd.engine.scheduler import Scheduler
+
+    inv = cluster_inventory(read_nodes(NODES))
+    slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=2, threads_per_worker=2), inv)
+    sched = Scheduler(slots)
+    sched.enqueue("a", 0, 0)
+    sched.enqueue("b", 0, 1)
+    grants = dict(sched.allocate())
+    sched.resize([s for s in slots if s.node == "aa" * 14])  # the head's one slot is a's
+    assert sched.refit(grants["b"]) is None
+    sched.release(grants["a"])
+    assert sched.refit(grants["b"]) == [slots[0]]
+
+
 async def test_only_the_attempts_token_opens_the_connection():
     listener = DialBackListener("127.0.0.1")
     got: list[socket.socket] = []
