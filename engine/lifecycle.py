@@ -95,10 +95,21 @@ class Lifecycle:
         attempt.started_at = time.time()
         handle.attach(lambda events, run=run, handle=handle: self._on_events(run, handle, events))
         self.set_state(run, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
+        self._announce(run, attempt)
+
+    def _announce(self, run: PipelineRun, attempt: Attempt, force: bool = False) -> None:
+        """WorkerStarted, once the launcher knows every process's pid: at once locally; on Ray when
+        the actor has started its child (a tick or so later). `force`: now, with what is known."""
+        handle = attempt.handle
+        pids = handle.pids
+        if attempt.announced or (len(pids) < max(1, len(run.slots)) and not force):
+            return
+        attempt.announced = True
         gpu = run.slots[0].gpu if run.slots else None
-        self._publish(WorkerStarted(pipeline=run.name, pid=handle.pid, device=",".join(s.name for s in run.slots),
-                                    attempt=run.attempts, gpu_uuid=gpu.uuid if gpu is not None else "",
-                                    pids=handle.pids if len(run.slots) > 1 else ()))
+        self._publish(WorkerStarted(pipeline=run.name, pid=pids[0] if pids else handle.pid,
+                                    device=",".join(s.name for s in run.slots), attempt=attempt.number,
+                                    gpu_uuid=gpu.uuid if gpu is not None else "",
+                                    pids=pids if len(run.slots) > 1 else (), node=handle.node))
 
     # ------------------------------------------------------------ ending
 
@@ -125,6 +136,8 @@ class Lifecycle:
                 self.launch(run)
             return
         code = handle.poll()
+        if not attempt.announced:
+            self._announce(run, attempt, force=code is not None)
         if code is not None:
             self.exited(run, code)
         elif attempt.deadline is not None and now >= attempt.deadline:

@@ -13,6 +13,9 @@ from torchherd.engine.config import ConfigError, DevicesConfig, parse_config
 from torchherd.engine.messages import Notice
 from torchherd.engine.ray_placement import NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, read_nodes
 from torchherd.engine.ray_transport import DialBackListener
+from torchherd.engine.messages import WorkerStarted
+from tests.conftest import make_config, wait_for
+from tests.scripted import FakeHandle, ScriptedLauncher, until
 
 NODES = [  # what ray.nodes() says about a head with 4 CPUs and a node with 2 CPUs and 2 GPUs, one dead node
     {"NodeID": "aa" * 14, "Alive": True, "NodeManagerHostname": "head", "NodeManagerAddress": "10.0.0.1",
@@ -162,3 +165,75 @@ def test_validation_is_inline_across_cluster_nodes():
     assert plan.mode == "inline" and "2 cluster nodes" in plan.why
     one = cluster_inventory(read_nodes(NODES[:1]))
     assert plan_validation(config(validation={"mode": "background"}), slots[:1], one).mode == "background"
+
+
+class RemoteHandle(FakeHandle):
+    """A scripted attempt on another node whose pid is known only once its actor has started the child."""
+
+    node = "node2"
+    known = False
+
+    @property
+    def pids(self):
+        return (self.pid,) if self.known else ()
+
+
+async def test_worker_started_waits_for_the_remote_pid_and_names_the_node(tmp_path):
+    # Regression: on Ray every worker_started said pid 0 (the actor had not started the child yet).
+    from torchherd.engine.devices import Inventory
+    from torchherd.engine.supervisor import Supervisor
+
+    launcher = ScriptedLauncher()
+    launcher.make = lambda n: RemoteHandle(0)  # as a RayHandle: pid 0 until the actor says
+    config = make_config(tmp_path, [{"name": "a"}], telemetry={"enabled": False}, validation={"mode": "inline"})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=1), tick=0.005)
+    events = sup.subscribe()
+    await sup.start()
+    try:
+        await until(lambda: launcher.handles)
+        handle = launcher.handles[0]
+        await until(lambda: sup.view("a").state.value == "starting")
+        assert sup.view("a").node == "node2"
+        handle.pid, handle.known = 7000, True
+        started = await wait_for(events, lambda e: isinstance(e, WorkerStarted))
+        assert (started.pid, started.node) == (7000, "node2")  # an early one would say pid 0
+    finally:
+        await sup.shutdown(graceful=False)
+
+
+def test_the_headless_line_names_the_node():
+    import io
+
+    from torchherd.engine.messages import WorkerStarted
+    from torchherd.tui.headless import LinePrinter
+
+    out = io.StringIO()
+    printer = LinePrinter(out, start=0.0)
+    printer.handle(WorkerStarted(pipeline="a", pid=41, device="cpu1", attempt=1, node="gpu1"))
+    printer.handle(WorkerStarted(pipeline="b", pid=42, device="cpu0", attempt=1))
+    text = out.getvalue()
+    assert "a: started pid 41 on cpu1 of node gpu1 (attempt 1)" in text
+    assert "b: started pid 42 on cpu0 (attempt 1)" in text
+
+
+async def test_the_node_column_shows_only_when_a_pipeline_runs_elsewhere():
+    from textual.app import App
+
+    from torchherd.engine.progress import PipelineProgress
+    from torchherd.tui.widgets.pipeline_table import PipelineTable
+
+    class One(App):
+        def compose(self):
+            yield PipelineTable()
+
+    app = One()
+    async with app.run_test(size=(140, 8)) as pilot:
+        table = app.query_one(PipelineTable)
+        table.update_rows([PipelineProgress(name="a", device="cpu0")], 0.0, 140)
+        await pilot.pause()
+        assert "node" not in table.render_line(0).text
+        table.update_rows([PipelineProgress(name="a", device="cpu0"),
+                           PipelineProgress(name="b", device="cpu1", node="gpu1")], 0.0, 140)
+        await pilot.pause()
+        assert "node" in table.render_line(0).text and "gpu1" in table.render_line(2).text
+        assert table.cell("a", "node") == "-"

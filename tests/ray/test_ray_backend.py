@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from torchherd.engine.messages import (CheckpointSaved, Notice, PipelineFinished, Resumed, RunFinished, StepMetrics,
-                                       TrainingStarted, WorkerExited, WorkerStateChanged)
+                                       TrainingStarted, WorkerExited, WorkerStarted, WorkerStateChanged)
 from torchherd.engine.rundir import read_events
 from torchherd.engine.supervisor import Supervisor
 from tests.conftest import TASKS, wait_for
@@ -56,6 +56,10 @@ async def test_pipelines_land_on_both_nodes_and_complete(tmp_path, cluster):
     events = read_events(sup.run_dir)
     assert isinstance(events[-1], RunFinished) and events[-1].ok
     assert "torchherd worker pid" in (sup.run_dir / "a" / "log.txt").read_text()
+    started = {e.pipeline: e for e in events if isinstance(e, WorkerStarted)}
+    assert all(e.pid > 0 for e in started.values())  # the child's pid, not the 0 of an actor not started yet
+    # The head is this process's node: shown as "" there; the other node by its label.
+    assert sorted(bool(e.node) for e in started.values()) == [False, True]
 
 
 async def test_sigkill_of_the_actor_process_restarts_from_the_checkpoint(tmp_path, cluster):
