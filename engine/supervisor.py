@@ -454,10 +454,13 @@ class Supervisor:
     def _update_pids(self) -> None:
         pids = {}
         for name, run in self._runs.items():
-            if run.handle is not None:  # a gang's rank k shows as "name#k"
+            # Telemetry reads this machine's /proc: a pid on another node is some other process here.
+            # (Other nodes' workers have no process figures yet; a sampler actor per node could send them.)
+            if run.handle is not None and not run.handle.node:  # a gang's rank k shows as "name#k"
                 ranks = run.handle.pids if len(run.slots) > 1 else (run.handle.pid,)
                 pids.update({name if k == 0 else f"{name}#{k}": pid for k, pid in enumerate(ranks)})
-        if self._validation.pid is not None:
+        validator = self._validation.handle
+        if self._validation.pid is not None and not getattr(validator, "node", ""):
             pids["(validator)"] = self._validation.pid
         if pids != self._pids:
             self._pids = pids

@@ -237,3 +237,26 @@ async def test_the_node_column_shows_only_when_a_pipeline_runs_elsewhere():
         await pilot.pause()
         assert "node" in table.render_line(0).text and "gpu1" in table.render_line(2).text
         assert table.cell("a", "node") == "-"
+
+
+async def test_telemetry_samples_only_workers_on_this_machine(tmp_path):
+    # Regression: a worker's pid on another node was sampled from this machine's /proc (someone else's process).
+    import os
+
+    from torchherd.engine.devices import Inventory
+    from torchherd.engine.messages import TelemetrySnapshot
+    from torchherd.engine.supervisor import Supervisor
+
+    launcher = ScriptedLauncher()
+    here = os.getpid()  # a live local process, so the local one is sampled for sure
+    launcher.make = lambda n: FakeHandle(here) if n == 0 else RemoteHandle(here)
+    config = make_config(tmp_path, [{"name": "local"}, {"name": "remote"}], validation={"mode": "inline"},
+                         telemetry={"enabled": True, "interval": 0.05})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=2), tick=0.005)
+    events = sup.subscribe()
+    await sup.start()
+    try:
+        snap = await wait_for(events, lambda e: isinstance(e, TelemetrySnapshot) and e.processes)
+        assert [p.pipeline for p in snap.processes] == ["local"]
+    finally:
+        await sup.shutdown(graceful=False)
