@@ -297,6 +297,9 @@ class Supervisor:
             except asyncio.CancelledError:
                 pass
         self._closed = True
+        close = getattr(self._launcher, "close", None)
+        if close is not None:  # a cluster's launcher: its listening socket and the actors still ending
+            close()
         remove_root(self.snapshot_root)
         self._rundir.close()
         self._bus.close()

@@ -260,3 +260,31 @@ async def test_telemetry_samples_only_workers_on_this_machine(tmp_path):
         assert [p.pipeline for p in snap.processes] == ["local"]
     finally:
         await sup.shutdown(graceful=False)
+
+
+async def test_shutdown_closes_a_launcher_that_can_be_closed(tmp_path):
+    # Regression: a Ray session ended with the dial-back listener's socket still open.
+    from torchherd.engine.devices import Inventory
+    from torchherd.engine.supervisor import Supervisor
+
+    class Closable(ScriptedLauncher):
+        closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    launcher = Closable()
+    config = make_config(tmp_path, [{"name": "a"}], telemetry={"enabled": False}, validation={"mode": "inline"})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=1), tick=0.005)
+    await sup.start()
+    await until(lambda: launcher.handles)
+    await sup.shutdown(graceful=False)
+    await sup.shutdown(graceful=False)
+    assert launcher.closed == 1
+
+
+async def test_the_listener_closes_once():
+    listener = DialBackListener("127.0.0.1")
+    listener.expect(lambda sock: None)
+    listener.close()
+    listener.close()  # a second close (the launcher's, after the supervisor's) is harmless
