@@ -21,8 +21,10 @@ from torchherd.engine.states import WorkerState, check_transition
 S = WorkerState
 HANG_DUMP_WAIT = 1.0  # seconds between asking a hung worker for its stack and killing it
 
-# Why an attempt ended: what we asked of it wins over its exit code.
-BY_INTENT = {"restart": "restarted", "kill": "killed", "hung": "hung"}
+# Why an attempt ended: what we asked of it wins over its exit code, and so does what its launcher knows
+# better than the code (`handle.cause`): "node left", an attempt lost with its cluster node, is moved
+# to a live one as a restart is, spending no budget.
+BY_INTENT = {"restart": "restarted", "kill": "killed", "hung": "hung", "node left": "restarted"}
 BY_CODE = {EXIT_STOPPED: "stopped", EXIT_COMPLETED: "completed", EXIT_RESTART: "restart requested",
            EXIT_FATAL: "failed"}
 WITH_ERROR = ("failed", "crashed", "hung", "restart requested")  # reasons that carry the worker's error
@@ -178,7 +180,7 @@ class Lifecycle:
         attempt.handle = None
         uptime = time.monotonic() - attempt.started_mono
         exit_desc = describe_exit(code)
-        reason = classify(attempt.intent, code)
+        reason = classify(attempt.intent or getattr(handle, "cause", None), code)
         sig = exit_desc[len("killed by "):] if code < 0 and exit_desc.startswith("killed by ") else ""
         rank, pid = 0, handle.pid
         if attempt.intent is None and getattr(handle, "failed_rank", None) is not None:
@@ -207,7 +209,11 @@ class Lifecycle:
 
     def _relaunch(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
         run.last_error = run.last_traceback = ""
-        self.launch(run)  # KILLING -> STARTING, same slots, no budget spent
+        if run.state == S.KILLING:
+            self.launch(run)  # KILLING -> STARTING, same slots, no budget spent
+        else:  # it ended for a cause that costs nothing (its node left): start again on the next tick
+            run.restart_at = time.monotonic()
+            self.set_state(run, S.BACKOFF)  # STARTING/RUNNING/PAUSED/STOPPING/HUNG -> BACKOFF
 
     def _killed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
         self.finish(run, S.KILLED, "killed on request")

@@ -79,6 +79,7 @@ class RayHandle(ProcessHandle):
         self._queued: list[Command] = []
         self._start_ref = self._exit_ref = None
         self._code: int | None = None
+        self.cause: str | None = None  # "node left": classified by the lifecycle (BY_INTENT), not a crash
         self._lost = ""  # why the actor died under us, for people
         self._closed = False
 
@@ -311,7 +312,9 @@ class RayLauncher:
         gone = self.refresh()
         where = self.inventory.label(handle.node_id) if self.book.alive(handle.node_id) else None
         if where is None:
-            return f"node {handle.node or 'of the supervisor'} left the cluster; the attempt on it is lost"
+            handle.cause = "node left"
+            return f"node {handle.node or 'of the supervisor'} left the cluster; the attempt on it is lost " \
+                   "and starts again on a live node (no restart spent)"
         return f"the Ray actor of this attempt died ({type(exc).__name__})" + \
             (f"; nodes that left: {', '.join(gone)}" if gone else "")
 

@@ -288,3 +288,30 @@ async def test_the_listener_closes_once():
     listener.expect(lambda sock: None)
     listener.close()
     listener.close()  # a second close (the launcher's, after the supervisor's) is harmless
+
+
+async def test_an_attempt_lost_with_its_node_restarts_without_spending_the_budget(tmp_path):
+    import signal
+
+    from torchherd.engine.devices import Inventory
+    from torchherd.engine.messages import WorkerExited
+    from torchherd.engine.supervisor import Supervisor
+
+    launcher = ScriptedLauncher()
+    config = make_config(tmp_path, [{"name": "a"}], telemetry={"enabled": False}, validation={"mode": "inline"},
+                         restart={"max_restarts": 0})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=1), tick=0.005)
+    events = sup.subscribe()
+    await sup.start()
+    try:
+        await until(lambda: launcher.handles)
+        launcher.handles[0].started("a")
+        await until(lambda: sup.view("a").state.value == "running")
+        launcher.handles[0].cause = "node left"  # as RayHandle says when the actor's node is gone
+        launcher.handles[0].exit(-signal.SIGKILL)
+        exited = await wait_for(events, lambda e: isinstance(e, WorkerExited))
+        assert exited.reason == "restarted"
+        await until(lambda: len(launcher.handles) == 2)  # a budget of 0 would have failed it instead
+        assert sup.view("a").restarts == 0 and sup.view("a").attempt == 2
+    finally:
+        await sup.shutdown(graceful=False)

@@ -134,7 +134,7 @@ async def test_a_hung_ray_worker_is_caught_with_a_stack_dump(tmp_path, cluster):
 async def test_removing_a_node_moves_its_pipeline_to_another(tmp_path, cluster):
     config = ray_config(tmp_path, [{"name": "a", "params": {"delay": 0.004}}, {"name": "b", "params": {"delay": 0.004}}],
                         cluster.address, defaults={"max_epochs": 4}, validation={"mode": "inline"},
-                        restart={"min_uptime": 0.0})
+                        restart={"min_uptime": 0.0, "max_restarts": 0})
     sup = Supervisor(config)
     stream = sup.subscribe()
     await sup.start()
@@ -150,9 +150,12 @@ async def test_removing_a_node_moves_its_pipeline_to_another(tmp_path, cluster):
         notice = await wait_for(stream, lambda e: isinstance(e, Notice) and e.pipeline == victim
                                 and "left the cluster" in e.text)
         assert notice.level == "error"
+        exited = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == victim)
+        assert exited.reason == "restarted"  # moved, not crashed: no restart spent
         statuses = await asyncio.wait_for(sup.wait(), 120)
         assert statuses == {"a": "completed", "b": "completed"}
         assert node_of(sup, victim, 2) != node_of(sup, victim, 1)
+        assert sup.view(victim).restarts == 0
     finally:
         await sup.shutdown(graceful=False)
     assert extra is not None
