@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._gang_support import RANKS, Torchrun, herd_config  # noqa: E402
 from torchherd.engine.devices import Inventory  # noqa: E402
-from torchherd.engine.messages import StepMetrics, WorkerStarted  # noqa: E402
+from torchherd.engine.messages import StepMetrics, WorkerExited, WorkerStarted  # noqa: E402
 from torchherd.engine.supervisor import Supervisor  # noqa: E402
 
 # Long enough to outlast every kill; a checkpoint each epoch to come back to.
@@ -66,7 +66,9 @@ async def herd_kills(kills: int, timeout: float, rng: random.Random, tmp: Path) 
     sup = Supervisor(config, inventory=Inventory(cpu_count=RANKS, note="benchmark"))
     stream = sup.subscribe(replay=False)
     out: list[float | None] = []
+    down: list[float] = []  # seconds from each kill to the whole gang being reaped
     current: WorkerStarted | None = None
+    killed = 0.0
 
     async def next_step() -> float | None:
         """When the next attempt (started after now) reports its first step."""
@@ -81,7 +83,9 @@ async def herd_kills(kills: int, timeout: float, rng: random.Random, tmp: Path) 
                 event = await asyncio.wait_for(stream.__anext__(), left)
             except asyncio.TimeoutError:
                 return None
-            if isinstance(event, WorkerStarted):
+            if isinstance(event, WorkerExited):
+                down.append(time.monotonic() - killed)
+            elif isinstance(event, WorkerStarted):
                 current, fresh = event, True
             elif isinstance(event, StepMetrics) and fresh:
                 return time.monotonic()
@@ -102,6 +106,9 @@ async def herd_kills(kills: int, timeout: float, rng: random.Random, tmp: Path) 
                 break
     finally:
         await sup.shutdown(graceful=False)
+    if down:
+        print(f"torchherd: kill to the whole gang down (every rank reaped): median {statistics.median(down):.2f}s, "
+              f"worst {max(down):.2f}s (kill_grace {config.restart.kill_grace:g}s)")
     return out
 
 

@@ -53,7 +53,7 @@ class GangHandle:
 
     def __init__(self, ranks: list[Handle], linger: float, grace: float, on_close: Callable[[], None] = lambda: None):
         self.ranks = ranks
-        self.pid, self.node = ranks[0].pid, ranks[0].node
+        self.node = ranks[0].node
         self.failed_rank: int | None = None  # the first rank seen to fail: the root cause
         self.errors: dict[int, WorkerError] = {}  # the last error each rank reported
         self._codes: dict[int, int] = {}  # rank -> exit status
@@ -61,6 +61,16 @@ class GangHandle:
         self._terminate_at: float | None = None  # monotonic: bring the survivors down then
         self._kill_at: float | None = None
         self._on_close = on_close
+
+    @property
+    def pid(self) -> int:
+        """Rank 0's (read late: a cluster's launcher learns it after the launch)."""
+        return self.ranks[0].pid
+
+    @property
+    def cause(self) -> str | None:
+        """What the failing rank's launcher knows of why it ended (its node left, say), if anything."""
+        return getattr(self.ranks[self.exit_rank], "cause", None)
 
     @property
     def pids(self) -> tuple[int, ...]:

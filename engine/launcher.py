@@ -42,6 +42,7 @@ class LaunchSpec:
     gpu_index: int | None  # physical GPU for CUDA_VISIBLE_DEVICES; None on CPU
     env: dict[str, str] = field(default_factory=dict)
     module: str = CHILD_MODULE
+    node: str = ""  # the cluster node the scheduler placed it on (its slot's node); "" for this machine
 
 
 class Handle(Protocol):

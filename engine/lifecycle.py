@@ -21,8 +21,10 @@ from torchherd.engine.states import WorkerState, check_transition
 S = WorkerState
 HANG_DUMP_WAIT = 1.0  # seconds between asking a hung worker for its stack and killing it
 
-# Why an attempt ended: what we asked of it wins over its exit code.
-BY_INTENT = {"restart": "restarted", "kill": "killed", "hung": "hung"}
+# Why an attempt ended: what we asked of it wins over its exit code, and so does what its launcher knows
+# better than the code (`handle.cause`): "node left", an attempt lost with its cluster node, is moved
+# to a live one as a restart is, spending no budget.
+BY_INTENT = {"restart": "restarted", "kill": "killed", "hung": "hung", "node left": "restarted"}
 BY_CODE = {EXIT_STOPPED: "stopped", EXIT_COMPLETED: "completed", EXIT_RESTART: "restart requested",
            EXIT_FATAL: "failed"}
 WITH_ERROR = ("failed", "crashed", "hung", "restart requested")  # reasons that carry the worker's error
@@ -95,10 +97,21 @@ class Lifecycle:
         attempt.started_at = time.time()
         handle.attach(lambda events, run=run, handle=handle: self._on_events(run, handle, events))
         self.set_state(run, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
+        self._announce(run, attempt)
+
+    def _announce(self, run: PipelineRun, attempt: Attempt, force: bool = False) -> None:
+        """WorkerStarted, once the launcher knows every process's pid: at once locally; on Ray when
+        the actor has started its child (a tick or so later). `force`: now, with what is known."""
+        handle = attempt.handle
+        pids = handle.pids
+        if attempt.announced or (len(pids) < max(1, len(run.slots)) and not force):
+            return
+        attempt.announced = True
         gpu = run.slots[0].gpu if run.slots else None
-        self._publish(WorkerStarted(pipeline=run.name, pid=handle.pid, device=",".join(s.name for s in run.slots),
-                                    attempt=run.attempts, gpu_uuid=gpu.uuid if gpu is not None else "",
-                                    pids=handle.pids if len(run.slots) > 1 else ()))
+        self._publish(WorkerStarted(pipeline=run.name, pid=pids[0] if pids else handle.pid,
+                                    device=",".join(s.name for s in run.slots), attempt=attempt.number,
+                                    gpu_uuid=gpu.uuid if gpu is not None else "",
+                                    pids=pids if len(run.slots) > 1 else (), node=handle.node))
 
     # ------------------------------------------------------------ ending
 
@@ -125,6 +138,8 @@ class Lifecycle:
                 self.launch(run)
             return
         code = handle.poll()
+        if not attempt.announced:
+            self._announce(run, attempt, force=code is not None)
         if code is not None:
             self.exited(run, code)
         elif attempt.deadline is not None and now >= attempt.deadline:
@@ -165,7 +180,7 @@ class Lifecycle:
         attempt.handle = None
         uptime = time.monotonic() - attempt.started_mono
         exit_desc = describe_exit(code)
-        reason = classify(attempt.intent, code)
+        reason = classify(attempt.intent or getattr(handle, "cause", None), code)
         sig = exit_desc[len("killed by "):] if code < 0 and exit_desc.startswith("killed by ") else ""
         rank, pid = 0, handle.pid
         if attempt.intent is None and getattr(handle, "failed_rank", None) is not None:
@@ -194,7 +209,11 @@ class Lifecycle:
 
     def _relaunch(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
         run.last_error = run.last_traceback = ""
-        self.launch(run)  # KILLING -> STARTING, same slots, no budget spent
+        if run.state == S.KILLING:
+            self.launch(run)  # KILLING -> STARTING, same slots, no budget spent
+        else:  # it ended for a cause that costs nothing (its node left): start again on the next tick
+            run.restart_at = time.monotonic()
+            self.set_state(run, S.BACKOFF)  # STARTING/RUNNING/PAUSED/STOPPING/HUNG -> BACKOFF
 
     def _killed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
         self.finish(run, S.KILLED, "killed on request")

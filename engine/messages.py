@@ -69,6 +69,7 @@ class WorkerStarted(Event):
     attempt: int
     gpu_uuid: str = ""
     pids: tuple[int, ...] = ()  # of a gang: every rank's pid, rank 0 first
+    node: str = ""  # the cluster node it runs on; "" for the supervisor's machine
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -57,6 +57,7 @@ class Attempt:
     start_step: int | None = None  # the step it resumed at (from TrainingStarted)
     stepped: bool = False  # it completed an optimizer step: dying now is no failed start
     failure: tuple[str, int] | None = None  # (error, step) of the exception it reported
+    announced: bool = False  # its WorkerStarted is out (on Ray, once the actor knows the child's pid)
 
     def saw(self, event: Event) -> None:
         """Note what an event says about this attempt's progress and failure."""
@@ -146,6 +147,7 @@ class PipelineView:
     log_path: Path
     last_error: str
     priority: int = 0
+    node: str = ""  # the cluster node its worker runs on; "" for this machine (or none running)
 
 
 def view_of(run: PipelineRun, run_dir: Path) -> PipelineView:
@@ -159,4 +161,4 @@ def view_of(run: PipelineRun, run_dir: Path) -> PipelineView:
         started_at=run.current.started_at if run.current is not None else None,
         log_path=run_dir / run.name / "log.txt",
         last_error=run.finish_reason if run.state == WorkerState.FAILED else run.last_error,
-        priority=run.plan.config.priority)
+        priority=run.plan.config.priority, node=handle.node if handle is not None else "")

@@ -44,6 +44,7 @@ class PipelineProgress:
     metric_mode: str = "min"  # "min" or "max"
     state: WorkerState = WorkerState.QUEUED
     device: str = ""
+    node: str = ""  # the cluster node its worker runs on; "" for this machine
     pid: int | None = None
     attempt: int = 0  # 1 for the first start; every start (crash restart or a person's restart) adds one
     restarts: int = 0  # restarts after crashes, spent from the restart budget
@@ -103,12 +104,12 @@ def apply(progress: PipelineProgress, event: m.Event) -> PipelineProgress:
 
 def _queued(p: PipelineProgress, ev: m.PipelineQueued) -> PipelineProgress:
     # Queued (again) holds no device: a restarted pipeline may start on another slot.
-    return replace(p, state=WorkerState.QUEUED, device="", pid=None, finished_at=None, finish_reason="",
+    return replace(p, state=WorkerState.QUEUED, device="", node="", pid=None, finished_at=None, finish_reason="",
                    rate_origin=None, step_rate=0.0)
 
 
 def _started(p: PipelineProgress, ev: m.WorkerStarted) -> PipelineProgress:
-    return replace(p, device=ev.device, pid=ev.pid, attempt=ev.attempt, started_at=p.started_at or ev.time,
+    return replace(p, device=ev.device, node=ev.node, pid=ev.pid, attempt=ev.attempt, started_at=p.started_at or ev.time,
                    finished_at=None, rate_origin=None, step_rate=0.0)
 
 

@@ -1,8 +1,9 @@
 """The Ray launcher: each attempt of a worker (and the validator) is one Ray actor on a cluster node.
 
-`RayLauncher.launch(spec)` picks a live node with room (engine/ray_placement.py),
-starts a `ChildHost` actor there (engine/ray_actor.py) that runs the same child a
-local run does, and returns a `RayHandle`. The child dials back to this process
+`RayLauncher.launch(spec)` starts a `ChildHost` actor (engine/ray_actor.py) on the
+node of the spec's slot, which runs the same child a local run does, and returns a
+`RayHandle`. Slots are planned on the cluster's nodes (engine/ray_placement.py), so
+the scheduler chooses the node; `follow` tells the supervisor when nodes join or leave. The child dials back to this process
 (engine/ray_transport.py) with its attempt's token; status and commands then flow
 over that connection with the framing of the local pipes, read on the event loop by
 the code `ProcessHandle` reads pipes with. Actors get no Ray-level restarts (the
@@ -22,14 +23,15 @@ from torchherd.engine.config import ClusterConfig, ConfigError, DevicesConfig, P
 from torchherd.engine.launcher import FrameReader, LaunchSpec, ProcessHandle
 from torchherd.engine.messages import Command, Event, Notice
 from torchherd.engine.placement import Slot
-from torchherd.engine.ray_placement import ClusterInventory, NodeBook, cluster_inventory, plan_cluster_slots, \
-    read_nodes
+from torchherd.engine.ray_placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, \
+    plan_cluster_slots, read_nodes
 from torchherd.engine.ray_rundir import check_shared
 from torchherd.engine.ray_transport import DialBackListener
 from torchherd.engine.spec import Transport, ValidatorSpec, write_spec
 
 NAMESPACE = "torchherd"  # every actor torchherd starts is named in this Ray namespace
 SHUTDOWN_WAIT = 2.0  # seconds an actor gets to end its child's process group before ray.kill
+LAUNCH_FRESH = 0.5  # seconds: a launch trusts a look at the cluster's nodes this recent
 
 
 def connect(cluster: ClusterConfig) -> None:
@@ -77,6 +79,7 @@ class RayHandle(ProcessHandle):
         self._queued: list[Command] = []
         self._start_ref = self._exit_ref = None
         self._code: int | None = None
+        self.cause: str | None = None  # "node left": classified by the lifecycle (BY_INTENT), not a crash
         self._lost = ""  # why the actor died under us, for people
         self._closed = False
 
@@ -215,6 +218,7 @@ class RayLauncher:
             if problems:
                 raise ConfigError(problems)
         self.book = NodeBook(cluster_inventory(nodes))
+        self._looked = time.monotonic()  # when ray.nodes() was last read
         self.listener = DialBackListener(ray.util.get_node_ip_address())
         self._actor_class = None
         self._ending: list[tuple[object, object, float]] = []  # (actor, shutdown ref, deadline)
@@ -223,9 +227,9 @@ class RayLauncher:
     def inventory(self) -> ClusterInventory:
         return self.book.inventory
 
-    def plan_slots(self, devices: DevicesConfig, inventory: ClusterInventory,
-                   file: str = "") -> tuple[list[Slot], list[Problem]]:
-        return plan_cluster_slots(devices, inventory, file)
+    def plan_slots(self, devices: DevicesConfig, inventory: ClusterInventory, file: str = "",
+                   fit: bool = False) -> tuple[list[Slot], list[Problem]]:
+        return plan_cluster_slots(devices, inventory, file, fit)
 
     def label(self, node_id: str) -> str:
         """How a node is shown: "" for the one this process runs on."""
@@ -233,14 +237,25 @@ class RayLauncher:
 
     def refresh(self) -> list[str]:
         """Re-read the cluster's live nodes; returns the labels of those that left since last time."""
+        self._looked = time.monotonic()
         return self.book.refresh(read_nodes(self._ray.nodes()))
+
+    def follow(self, max_age: float) -> int:
+        """The cluster's node generation, re-read first if the last look is older than `max_age` seconds.
+
+        One GCS round trip (milliseconds) when it looks: the supervisor asks every few seconds, not
+        every tick, and compares the generation to know when to plan its slots again.
+        """
+        if time.monotonic() - self._looked >= max_age:
+            self.refresh()
+        return self.book.generation
 
     def launch(self, spec: LaunchSpec) -> RayHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._reap_ending()
         child = spec.child
-        self.refresh()  # a node may have left since the last launch: ms, one GCS round trip
+        self.follow(LAUNCH_FRESH)  # a node may have left since the last look
         env = dict(spec.env)
         env["PYTHONUNBUFFERED"] = "1"  # the log file shows prints as they happen
         home = self.inventory.home(spec.gpu_index) if spec.gpu_index is not None else None
@@ -250,12 +265,12 @@ class RayLauncher:
             node = home[0] if home and self.book.alive(home[0]) else self.driver_node
             if home:
                 env["CUDA_VISIBLE_DEVICES"] = str(home[1])
-        elif spec.gpu_index is not None:
-            kind, amount = "cuda", 1  # Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it
-            node = self.book.choose(kind, amount, prefer=home[0] if home else "")
         else:
-            kind, amount = "cpu", child.threads
-            node = self.book.choose(kind, amount)
+            # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it
+            kind, amount = ("cuda", 1) if spec.gpu_index is not None else ("cpu", child.threads)
+            node = spec.node or self.book.choose(kind, amount, prefer=home[0] if home else "")
+            if not self.book.alive(node):  # the scheduler's slot is on a node that just left
+                raise NoRoom(f"node {self.inventory.label(node)} of its slot has left the cluster")
         if kind == "cpu" and not (isinstance(child, ValidatorSpec) and home):
             env["CUDA_VISIBLE_DEVICES"] = ""  # Ray leaves a CPU actor every GPU of its node
             env.setdefault("OMP_NUM_THREADS", str(child.threads))
@@ -297,7 +312,9 @@ class RayLauncher:
         gone = self.refresh()
         where = self.inventory.label(handle.node_id) if self.book.alive(handle.node_id) else None
         if where is None:
-            return f"node {handle.node or 'of the supervisor'} left the cluster; the attempt on it is lost"
+            handle.cause = "node left"
+            return f"node {handle.node or 'of the supervisor'} left the cluster; the attempt on it is lost " \
+                   "and starts again on a live node (no restart spent)"
         return f"the Ray actor of this attempt died ({type(exc).__name__})" + \
             (f"; nodes that left: {', '.join(gone)}" if gone else "")
 

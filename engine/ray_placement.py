@@ -67,15 +67,21 @@ def cluster_inventory(nodes: list[ClusterNode]) -> ClusterInventory:
                             nodes=tuple(nodes), gpu_homes=tuple(homes))
 
 
-def plan_cluster_slots(devices: DevicesConfig, inventory: ClusterInventory,
-                       file: str = "") -> tuple[list[Slot], list[Problem]]:
-    """The slots `devices` asks for on the cluster, or why the cluster can never host them."""
+def plan_cluster_slots(devices: DevicesConfig, inventory: ClusterInventory, file: str = "",
+                       fit: bool = False) -> tuple[list[Slot], list[Problem]]:
+    """The slots `devices` asks for on the cluster, or why the cluster can never host them.
+
+    With `fit` (the cluster changed under a running session) it gives what the live nodes hold of
+    them instead: fewer CPU slots, or only the listed GPUs that still exist, and no problems.
+    """
     threads = devices.threads_per_worker
     placement = devices.placement
     if isinstance(placement, list):
         slots, problems = [], []
         for i, index in enumerate(placement):
             home = inventory.home(index)
+            if home is None and fit:
+                continue
             if home is None:
                 have = ", ".join(f"{g.index} ({g.name})" for g in inventory.gpus) or "none"
                 problems.append(Problem(file, f"devices.placement[{i}]",
@@ -88,6 +94,11 @@ def plan_cluster_slots(devices: DevicesConfig, inventory: ClusterInventory,
                 for g in inventory.gpus], []
     room = {n.node_id: n.cpus // threads for n in inventory.nodes}
     total = sum(room.values())
+    if fit:
+        devices = devices.model_copy(update={"cpu_slots": "auto" if devices.cpu_slots == "auto"
+                                             else min(devices.cpu_slots, total)})
+    if total == 0 and fit:
+        return [], []
     if total == 0:
         biggest = max((n.cpus for n in inventory.nodes), default=0)
         return [], [Problem(file, "devices.threads_per_worker",
@@ -118,6 +129,7 @@ class NodeBook:
 
     def __init__(self, inventory: ClusterInventory):
         self.inventory = inventory
+        self.generation = 0  # counts changes of the set of live nodes
         self._held: dict[str, tuple[str, str, int]] = {}  # attempt key -> (node id, "cpu"/"cuda", amount)
 
     def refresh(self, nodes: list[ClusterNode]) -> list[str]:
@@ -125,6 +137,8 @@ class NodeBook:
         before = {n.node_id: n.label for n in self.inventory.nodes}
         self.inventory = cluster_inventory(nodes)
         alive = {n.node_id for n in nodes}
+        if alive != set(before):
+            self.generation += 1
         return [label for node_id, label in before.items() if node_id not in alive]
 
     def alive(self, node_id: str) -> bool:

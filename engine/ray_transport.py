@@ -104,6 +104,8 @@ class DialBackListener:
 
     def close(self) -> None:
         """Stop listening and close connections that never said who they were."""
+        if self._sock.fileno() < 0:
+            return  # closed already
         for conn in list(self._greeting):
             self._release(conn)
             conn.close()

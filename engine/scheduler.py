@@ -4,13 +4,24 @@ A pipeline asks for k slots (one for a single worker, N for a gang) and gets all
 at once or waits. The queue is served strictly in order (priority, then arrival):
 nothing starts ahead of a waiting pipeline that needs more slots than are free, so
 a big gang cannot be starved for ever by small pipelines slipping past it.
+
+On a cluster the pool follows the nodes (`resize`): a slot is then counted by its node
+and device, not by its name, since the names of a cluster's slots are renumbered as
+nodes come and go; an allocation on a node that left is swapped for a live slot when
+its pipeline starts again (`refit`).
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Hashable
 
 from torchherd.engine.placement import Slot
+
+
+def _kind(slot: Slot) -> Hashable:
+    """What a slot is for counting: itself on this machine, its node and device on a cluster."""
+    return slot if not slot.node else (slot.node, slot.device)
 
 
 @dataclass(frozen=True)
@@ -26,6 +37,7 @@ class Scheduler:
     def __init__(self, slots: list[Slot]):
         self.slots = list(slots)
         self._free = list(slots)
+        self._taken: list[Slot] = []  # allocated now, possibly on a node no longer in the pool
         self._waiting: dict[Hashable, _Waiting] = {}
 
     @property
@@ -57,11 +69,47 @@ class Scheduler:
             if need > len(self._free):
                 break  # strict order: the head waits for its k slots, nobody overtakes it
             taken, self._free = self._free[:need], self._free[need:]
+            self._taken += taken
             del self._waiting[key]
             granted.append((key, taken))
         return granted
 
     def release(self, slots: list[Slot]) -> None:
-        """Give slots back to the pool (kept in the machine's order)."""
-        self._free.extend(slots)
-        self._free.sort(key=self.slots.index)
+        """Give slots back to the pool (kept in the machine's order); a slot of a node that left is dropped."""
+        for slot in slots:
+            if slot in self._taken:
+                self._taken.remove(slot)
+        self._refree()
+
+    def resize(self, slots: list[Slot]) -> None:
+        """The pool is now `slots` (a cluster's nodes joined or left); allocations stay as they are."""
+        self.slots = list(slots)
+        self._refree()
+
+    def refit(self, slots: list[Slot]) -> list[Slot] | None:
+        """An allocation with each slot on a node that left swapped for a free live one; None if too few
+        are free (the allocation is then left as it was)."""
+        live = {_kind(s) for s in self.slots}
+        stale = [s for s in slots if _kind(s) not in live]
+        if not stale:
+            return slots
+        if len(stale) > len(self._free):
+            return None
+        fresh = iter(self._free[:len(stale)])
+        out = [next(fresh) if _kind(s) not in live else s for s in slots]
+        for slot in stale:
+            self._taken.remove(slot)
+        self._taken += [s for s in out if s not in slots]
+        self._refree()
+        return out
+
+    def _refree(self) -> None:
+        """Free = the pool less what is allocated, counted per slot kind, in the pool's order."""
+        used = Counter(_kind(s) for s in self._taken)
+        free = []
+        for slot in self.slots:
+            if used[_kind(slot)] > 0:
+                used[_kind(slot)] -= 1
+            else:
+                free.append(slot)
+        self._free = free

@@ -36,6 +36,7 @@ S = WorkerState
 TICK = 0.1  # seconds between supervision passes
 COLLECTIVE_TIMEOUT = 300.0  # seconds a gang's rank waits in a collective, at least
 LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
+NODE_REFRESH = 2.0  # seconds between looks at a cluster's nodes (Ray itself sees a node leave in ~2 s)
 
 
 class Supervisor:
@@ -66,6 +67,7 @@ class Supervisor:
         self._launcher = launcher if launcher is not None else ProcessLauncher()
         self._bus = EventBus()
         self._scheduler = Scheduler(slots)
+        self._generation = 0  # of the cluster's nodes the slots were planned for (launcher.follow)
         self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
                                     self._on_worker_events, self._gpu_note)
         self._validation = ValidationService(self._launcher, self._emit_validation, self.run_dir,
@@ -295,6 +297,9 @@ class Supervisor:
             except asyncio.CancelledError:
                 pass
         self._closed = True
+        close = getattr(self._launcher, "close", None)
+        if close is not None:  # a cluster's launcher: its listening socket and the actors still ending
+            close()
         remove_root(self.snapshot_root)
         self._rundir.close()
         self._bus.close()
@@ -353,9 +358,26 @@ class Supervisor:
             run.slots = slots
             self._lifecycle.launch(run)
 
+    def _follow_cluster(self, max_age: float) -> None:
+        """On a cluster, plan the slots again when nodes have joined or left (seen at most `max_age` ago)."""
+        follow = getattr(self._launcher, "follow", None)
+        if follow is None:
+            return
+        generation = follow(max_age)
+        if generation != self._generation:
+            self._generation = generation
+            self.inventory = self._launcher.inventory
+            slots, _ = self._launcher.plan_slots(self.config.devices, self.inventory, self.config.source, fit=True)
+            self._scheduler.resize(slots)
+
     def _start_attempt(self, run: PipelineRun) -> Handle:
         """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""
         restart = run.plan.run_config.restart
+        self._follow_cluster(NODE_REFRESH / 4)
+        slots = self._scheduler.refit(run.slots)  # a slot on a node that left: another, if one is free
+        if slots is None:
+            raise OSError("its slot's node left the cluster and no live node has a free slot now")
+        run.slots = slots
         if len(run.slots) == 1:
             return self._launcher.launch(self._spec_for(run, 0))
         port = gang.take_port()
@@ -386,7 +408,7 @@ class Supervisor:
                              # minutes: the other ranks wait in one while rank 0 validates inline.
                              collective_timeout=max(COLLECTIVE_TIMEOUT, 4 * hang) if hang else COLLECTIVE_TIMEOUT),
             log_path=self._rundir.log_path(run.name, rank),
-            gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {})
+            gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node)
 
     def _on_worker_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
         if run.handle is not handle:
@@ -436,10 +458,13 @@ class Supervisor:
     def _update_pids(self) -> None:
         pids = {}
         for name, run in self._runs.items():
-            if run.handle is not None:  # a gang's rank k shows as "name#k"
+            # Telemetry reads this machine's /proc: a pid on another node is some other process here.
+            # (Other nodes' workers have no process figures yet; a sampler actor per node could send them.)
+            if run.handle is not None and not run.handle.node:  # a gang's rank k shows as "name#k"
                 ranks = run.handle.pids if len(run.slots) > 1 else (run.handle.pid,)
                 pids.update({name if k == 0 else f"{name}#{k}": pid for k, pid in enumerate(ranks)})
-        if self._validation.pid is not None:
+        validator = self._validation.handle
+        if self._validation.pid is not None and not getattr(validator, "node", ""):
             pids["(validator)"] = self._validation.pid
         if pids != self._pids:
             self._pids = pids
@@ -458,6 +483,7 @@ class Supervisor:
             self._lifecycle.tick(run, now)
         if not self._closing:
             self._validation.tick(now)
+        self._follow_cluster(NODE_REFRESH)
         self._schedule()
         self._update_pids()
         if self._rundir is not None:

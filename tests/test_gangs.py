@@ -227,8 +227,8 @@ async def test_killing_any_rank_brings_the_gang_down_and_back_until_it_completes
     rng = random.Random(7)
     await sup.start()
     try:
+        started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted) and e.pipeline == "g", 120)
         for i in range(kills):
-            started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted) and e.pipeline == "g", 120)
             await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.pipeline == "g", 120)
             rank = rng.randrange(2)
             os.kill(started.pids[rank], signal.SIGKILL)
@@ -236,8 +236,18 @@ async def test_killing_any_rank_brings_the_gang_down_and_back_until_it_completes
             assert (exited.rank, exited.signal, exited.reason) == (rank, "SIGKILL", "crashed")
             assert exited.pid == started.pids[rank]
             assert not still_alive(list(started.pids), timeout=10.0)  # no rank left blocked in a collective
-            # The solo pipeline trains on while the gang is down and coming back.
-            await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.pipeline == "solo", 60)
+            # The solo pipeline trains on while the gang is down and coming back (in either order).
+            seen: dict[str, object] = {}
+
+            def restarted_and_solo_stepped(e) -> bool:
+                if isinstance(e, WorkerStarted) and e.pipeline == "g":
+                    seen["restart"] = e
+                elif isinstance(e, StepMetrics) and e.pipeline == "solo":
+                    seen["solo"] = e
+                return len(seen) == 2
+
+            await wait_for(stream, restarted_and_solo_stepped, 120)
+            started = seen["restart"]
         done = await wait_for(stream, lambda e: isinstance(e, PipelineFinished) and e.pipeline == "g", 180)
         assert done.status == "completed" and done.step == 6 * 8  # 512 samples, 2 ranks of 32: 8 steps an epoch
     finally:

@@ -13,6 +13,9 @@ from torchherd.engine.config import ConfigError, DevicesConfig, parse_config
 from torchherd.engine.messages import Notice
 from torchherd.engine.ray_placement import NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, read_nodes
 from torchherd.engine.ray_transport import DialBackListener
+from torchherd.engine.messages import WorkerStarted
+from tests.conftest import make_config, wait_for
+from tests.scripted import FakeHandle, ScriptedLauncher, until
 
 NODES = [  # what ray.nodes() says about a head with 4 CPUs and a node with 2 CPUs and 2 GPUs, one dead node
     {"NodeID": "aa" * 14, "Alive": True, "NodeManagerHostname": "head", "NodeManagerAddress": "10.0.0.1",
@@ -77,6 +80,49 @@ def test_node_book_moves_work_off_a_node_that_left():
         book.choose("cpu", 1)
 
 
+def test_slots_follow_the_cluster_and_an_allocation_on_a_node_that_left_moves():
+    from torchherd.engine.scheduler import Scheduler
+
+    devices = DevicesConfig(placement="cpu", cpu_slots=3)
+    slots, _ = plan_cluster_slots(devices, cluster_inventory(read_nodes(NODES)))
+    sched = Scheduler(slots)
+    for name in ("a", "b", "c"):
+        sched.enqueue(name, 0, ord(name))
+    grants = dict(sched.allocate())
+    assert [s.node[:2] for s in grants["b"]] == ["bb"] and sched.free == []
+    # The GPU node leaves: the head alone holds the three slots (4 CPUs), of which a and c hold two.
+    book = NodeBook(cluster_inventory(read_nodes(NODES)))
+    book.refresh(read_nodes(NODES[:1]))
+    assert book.generation == 1
+    shrunk, problems = plan_cluster_slots(devices, book.inventory, fit=True)
+    assert problems == [] and [s.node[:2] for s in shrunk] == ["aa"] * 3
+    sched.resize(shrunk)
+    assert len(sched.free) == 1  # counted by node, not by name: cpu1 is b's name and a free head slot's
+    moved = sched.refit(grants["b"])
+    assert moved is not None and moved[0].node == "aa" * 14 and sched.free == []
+    assert sched.refit(grants["a"]) is grants["a"]  # a live allocation stays as it is
+    sched.release(moved)
+    assert len(sched.free) == 1
+    # Asked for more CPU slots than the live nodes hold, a running session takes what there is.
+    fewer, problems = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=6), book.inventory, fit=True)
+    assert problems == [] and len(fewer) == 4
+
+
+def test_refit_without_a_free_slot_leaves_the_allocation():
+    from torchherd.engine.scheduler import Scheduler
+
+    inv = cluster_inventory(read_nodes(NODES))
+    slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=2, threads_per_worker=2), inv)
+    sched = Scheduler(slots)
+    sched.enqueue("a", 0, 0)
+    sched.enqueue("b", 0, 1)
+    grants = dict(sched.allocate())
+    sched.resize([s for s in slots if s.node == "aa" * 14])  # the head's one slot is a's
+    assert sched.refit(grants["b"]) is None
+    sched.release(grants["a"])
+    assert sched.refit(grants["b"]) == [slots[0]]
+
+
 async def test_only_the_attempts_token_opens_the_connection():
     listener = DialBackListener("127.0.0.1")
     got: list[socket.socket] = []
@@ -119,3 +165,153 @@ def test_validation_is_inline_across_cluster_nodes():
     assert plan.mode == "inline" and "2 cluster nodes" in plan.why
     one = cluster_inventory(read_nodes(NODES[:1]))
     assert plan_validation(config(validation={"mode": "background"}), slots[:1], one).mode == "background"
+
+
+class RemoteHandle(FakeHandle):
+    """A scripted attempt on another node whose pid is known only once its actor has started the child."""
+
+    node = "node2"
+    known = False
+
+    @property
+    def pids(self):
+        return (self.pid,) if self.known else ()
+
+
+async def test_worker_started_waits_for_the_remote_pid_and_names_the_node(tmp_path):
+    # Regression: on Ray every worker_started said pid 0 (the actor had not started the child yet).
+    from torchherd.engine.devices import Inventory
+    from torchherd.engine.supervisor import Supervisor
+
+    launcher = ScriptedLauncher()
+    launcher.make = lambda n: RemoteHandle(0)  # as a RayHandle: pid 0 until the actor says
+    config = make_config(tmp_path, [{"name": "a"}], telemetry={"enabled": False}, validation={"mode": "inline"})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=1), tick=0.005)
+    events = sup.subscribe()
+    await sup.start()
+    try:
+        await until(lambda: launcher.handles)
+        handle = launcher.handles[0]
+        await until(lambda: sup.view("a").state.value == "starting")
+        assert sup.view("a").node == "node2"
+        handle.pid, handle.known = 7000, True
+        started = await wait_for(events, lambda e: isinstance(e, WorkerStarted))
+        assert (started.pid, started.node) == (7000, "node2")  # an early one would say pid 0
+    finally:
+        await sup.shutdown(graceful=False)
+
+
+def test_the_headless_line_names_the_node():
+    import io
+
+    from torchherd.engine.messages import WorkerStarted
+    from torchherd.tui.headless import LinePrinter
+
+    out = io.StringIO()
+    printer = LinePrinter(out, start=0.0)
+    printer.handle(WorkerStarted(pipeline="a", pid=41, device="cpu1", attempt=1, node="gpu1"))
+    printer.handle(WorkerStarted(pipeline="b", pid=42, device="cpu0", attempt=1))
+    text = out.getvalue()
+    assert "a: started pid 41 on cpu1 of node gpu1 (attempt 1)" in text
+    assert "b: started pid 42 on cpu0 (attempt 1)" in text
+
+
+async def test_the_node_column_shows_only_when_a_pipeline_runs_elsewhere():
+    from textual.app import App
+
+    from torchherd.engine.progress import PipelineProgress
+    from torchherd.tui.widgets.pipeline_table import PipelineTable
+
+    class One(App):
+        def compose(self):
+            yield PipelineTable()
+
+    app = One()
+    async with app.run_test(size=(140, 8)) as pilot:
+        table = app.query_one(PipelineTable)
+        table.update_rows([PipelineProgress(name="a", device="cpu0")], 0.0, 140)
+        await pilot.pause()
+        assert "node" not in table.render_line(0).text
+        table.update_rows([PipelineProgress(name="a", device="cpu0"),
+                           PipelineProgress(name="b", device="cpu1", node="gpu1")], 0.0, 140)
+        await pilot.pause()
+        assert "node" in table.render_line(0).text and "gpu1" in table.render_line(2).text
+        assert table.cell("a", "node") == "-"
+
+
+async def test_telemetry_samples_only_workers_on_this_machine(tmp_path):
+    # Regression: a worker's pid on another node was sampled from this machine's /proc (someone else's process).
+    import os
+
+    from torchherd.engine.devices import Inventory
+    from torchherd.engine.messages import TelemetrySnapshot
+    from torchherd.engine.supervisor import Supervisor
+
+    launcher = ScriptedLauncher()
+    here = os.getpid()  # a live local process, so the local one is sampled for sure
+    launcher.make = lambda n: FakeHandle(here) if n == 0 else RemoteHandle(here)
+    config = make_config(tmp_path, [{"name": "local"}, {"name": "remote"}], validation={"mode": "inline"},
+                         telemetry={"enabled": True, "interval": 0.05})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=2), tick=0.005)
+    events = sup.subscribe()
+    await sup.start()
+    try:
+        snap = await wait_for(events, lambda e: isinstance(e, TelemetrySnapshot) and e.processes)
+        assert [p.pipeline for p in snap.processes] == ["local"]
+    finally:
+        await sup.shutdown(graceful=False)
+
+
+async def test_shutdown_closes_a_launcher_that_can_be_closed(tmp_path):
+    # Regression: a Ray session ended with the dial-back listener's socket still open.
+    from torchherd.engine.devices import Inventory
+    from torchherd.engine.supervisor import Supervisor
+
+    class Closable(ScriptedLauncher):
+        closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    launcher = Closable()
+    config = make_config(tmp_path, [{"name": "a"}], telemetry={"enabled": False}, validation={"mode": "inline"})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=1), tick=0.005)
+    await sup.start()
+    await until(lambda: launcher.handles)
+    await sup.shutdown(graceful=False)
+    await sup.shutdown(graceful=False)
+    assert launcher.closed == 1
+
+
+async def test_the_listener_closes_once():
+    listener = DialBackListener("127.0.0.1")
+    listener.expect(lambda sock: None)
+    listener.close()
+    listener.close()  # a second close (the launcher's, after the supervisor's) is harmless
+
+
+async def test_an_attempt_lost_with_its_node_restarts_without_spending_the_budget(tmp_path):
+    import signal
+
+    from torchherd.engine.devices import Inventory
+    from torchherd.engine.messages import WorkerExited
+    from torchherd.engine.supervisor import Supervisor
+
+    launcher = ScriptedLauncher()
+    config = make_config(tmp_path, [{"name": "a"}], telemetry={"enabled": False}, validation={"mode": "inline"},
+                         restart={"max_restarts": 0})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=1), tick=0.005)
+    events = sup.subscribe()
+    await sup.start()
+    try:
+        await until(lambda: launcher.handles)
+        launcher.handles[0].started("a")
+        await until(lambda: sup.view("a").state.value == "running")
+        launcher.handles[0].cause = "node left"  # as RayHandle says when the actor's node is gone
+        launcher.handles[0].exit(-signal.SIGKILL)
+        exited = await wait_for(events, lambda e: isinstance(e, WorkerExited))
+        assert exited.reason == "restarted"
+        await until(lambda: len(launcher.handles) == 2)  # a budget of 0 would have failed it instead
+        assert sup.view("a").restarts == 0 and sup.view("a").attempt == 2
+    finally:
+        await sup.shutdown(graceful=False)

@@ -67,11 +67,12 @@ class LinePrinter:
         if isinstance(ev, RunStarted):
             self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
         elif isinstance(ev, WorkerStarted):
+            where = f"{ev.device} of node {ev.node}" if ev.node else ev.device
             if ev.pids:  # a gang: every rank
                 self.line(f"{ev.pipeline}: started {len(ev.pids)} ranks, pids {', '.join(map(str, ev.pids))}, "
-                          f"on {ev.device} (attempt {ev.attempt})")
+                          f"on {where} (attempt {ev.attempt})")
             else:
-                self.line(f"{ev.pipeline}: started pid {ev.pid} on {ev.device} (attempt {ev.attempt})")
+                self.line(f"{ev.pipeline}: started pid {ev.pid} on {where} (attempt {ev.attempt})")
         elif isinstance(ev, Resumed):
             note = f" ({ev.note})" if ev.note else ""
             self.line(f"{ev.pipeline}: resumed from its checkpoint {self.where(ev.pipeline, ev.epoch, ev.step)}{note}")

@@ -113,7 +113,8 @@ class RunState:
         self.note("info", ev.pipeline, f"queued ({where})", at=ev.time)
 
     def _worker_started(self, ev: m.WorkerStarted, _) -> None:
-        self.note("info", ev.pipeline, f"started on {ev.device} (pid {ev.pid}, attempt {ev.attempt})", at=ev.time)
+        where = f"{ev.device} of node {ev.node}" if ev.node else ev.device
+        self.note("info", ev.pipeline, f"started on {where} (pid {ev.pid}, attempt {ev.attempt})", at=ev.time)
 
     def _state(self, ev: m.WorkerStateChanged, _) -> None:
         if ev.state in LOGGED_STATES or ev.previous == "paused":

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from torchherd.engine.messages import (CheckpointSaved, Notice, PipelineFinished, Resumed, RunFinished, StepMetrics,
-                                       TrainingStarted, WorkerExited, WorkerStateChanged)
+                                       TrainingStarted, WorkerExited, WorkerStarted, WorkerStateChanged)
 from torchherd.engine.rundir import read_events
 from torchherd.engine.supervisor import Supervisor
 from tests.conftest import TASKS, wait_for
@@ -56,6 +56,10 @@ async def test_pipelines_land_on_both_nodes_and_complete(tmp_path, cluster):
     events = read_events(sup.run_dir)
     assert isinstance(events[-1], RunFinished) and events[-1].ok
     assert "torchherd worker pid" in (sup.run_dir / "a" / "log.txt").read_text()
+    started = {e.pipeline: e for e in events if isinstance(e, WorkerStarted)}
+    assert all(e.pid > 0 for e in started.values())  # the child's pid, not the 0 of an actor not started yet
+    # The head is this process's node: shown as "" there; the other node by its label.
+    assert sorted(bool(e.node) for e in started.values()) == [False, True]
 
 
 async def test_sigkill_of_the_actor_process_restarts_from_the_checkpoint(tmp_path, cluster):
@@ -130,7 +134,7 @@ async def test_a_hung_ray_worker_is_caught_with_a_stack_dump(tmp_path, cluster):
 async def test_removing_a_node_moves_its_pipeline_to_another(tmp_path, cluster):
     config = ray_config(tmp_path, [{"name": "a", "params": {"delay": 0.004}}, {"name": "b", "params": {"delay": 0.004}}],
                         cluster.address, defaults={"max_epochs": 4}, validation={"mode": "inline"},
-                        restart={"min_uptime": 0.0})
+                        restart={"min_uptime": 0.0, "max_restarts": 0})
     sup = Supervisor(config)
     stream = sup.subscribe()
     await sup.start()
@@ -146,9 +150,12 @@ async def test_removing_a_node_moves_its_pipeline_to_another(tmp_path, cluster):
         notice = await wait_for(stream, lambda e: isinstance(e, Notice) and e.pipeline == victim
                                 and "left the cluster" in e.text)
         assert notice.level == "error"
+        exited = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == victim)
+        assert exited.reason == "restarted"  # moved, not crashed: no restart spent
         statuses = await asyncio.wait_for(sup.wait(), 120)
         assert statuses == {"a": "completed", "b": "completed"}
         assert node_of(sup, victim, 2) != node_of(sup, victim, 1)
+        assert sup.view(victim).restarts == 0
     finally:
         await sup.shutdown(graceful=False)
     assert extra is not None

@@ -2,6 +2,8 @@
 
 Only rows whose text changed are repainted (a DataTable re-renders every cell on any update, which
 cost most of the app's CPU under a stream of step events). Below 118 columns it shows fewer columns.
+A `node` column appears only when some pipeline runs on a cluster node other than this machine
+(then the full set needs 11 more columns), so local runs look as they always did.
 Every value is written to fit its column (numbers give up digits, never characters); the `val`
 header names the validation metric (`best` is the best of it so far).
 """
@@ -87,6 +89,8 @@ COLUMNS = (
     Column("elapsed", "elapsed", 7, lambda r, now, w: fmt_duration(r.elapsed(now)), False),
     Column("eta", "eta", 6, lambda r, now, w: fmt_duration(r.eta()), True),
 )
+# Only while some pipeline runs on another cluster node; placed after the device column.
+NODE = Column("node", "node", 10, lambda r, now, w: r.node or "-", False)
 
 
 def _fit(text: str, width: int) -> str:
@@ -122,6 +126,7 @@ class PipelineTable(Widget, can_focus=True):
         self.cursor = 0
         self.top = 0  # first row shown
         self.compact = False
+        self.nodes = False  # some pipeline runs on another node: the node column is shown
 
     # ------------------------------------------------------------ API
     @property
@@ -144,12 +149,14 @@ class PipelineTable(Widget, can_focus=True):
     def update_rows(self, rows: list[PipelineProgress], now: float, terminal_width: int,
                     metric: str = "val_loss") -> None:
         """Take new values; repaint only the rows whose text changed."""
-        compact = terminal_width < WIDE
-        relayout = compact != self.compact or len(rows) != len(self.names) or metric != self.metric
-        self.compact, self.metric = compact, metric
+        nodes = self.nodes or any(r.node for r in rows)  # once shown it stays: no column jumping about
+        compact = terminal_width < WIDE + (NODE.width + 1 if nodes else 0)
+        relayout = compact != self.compact or len(rows) != len(self.names) or metric != self.metric or \
+            nodes != self.nodes
+        self.compact, self.metric, self.nodes = compact, metric, nodes
         first = not self.names
         for row in rows:
-            values = {c.key: c.text(row, now, c.width) for c in COLUMNS}
+            values = {c.key: c.text(row, now, c.width) for c in (*COLUMNS, NODE)}
             self.states[row.name] = row.state
             old = self.cells.get(row.name)
             if old is None:
@@ -188,7 +195,10 @@ class PipelineTable(Widget, can_focus=True):
             self.refresh(Region(0, y, self.size.width, 1))
 
     def _columns(self) -> list[Column]:
-        return [c for c in COLUMNS if c.compact or not self.compact]
+        columns = [c for c in COLUMNS if c.compact or not self.compact]
+        if self.nodes and not self.compact:
+            columns.insert(2, NODE)  # after pipeline and device
+        return columns
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
