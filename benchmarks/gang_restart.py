@@ -125,13 +125,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a restart may take to train again")
+    parser.add_argument("--herd-only", action="store_true", help="skip torchrun (it can take a minute a kill)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="torchherd-gang-bench-") as tmp:
         print(f"{args.kills} kills of a random rank of a 2-rank gloo DDP script, each:", flush=True)
         herd = asyncio.run(herd_kills(args.kills, args.timeout, random.Random(1), Path(tmp)))
-        torchrun = torchrun_kills(args.kills, args.timeout, random.Random(1), Path(tmp))
+        torchrun = [] if args.herd_only else torchrun_kills(args.kills, args.timeout, random.Random(1), Path(tmp))
     h = summary("torchherd", herd)
-    t = summary("torchrun", torchrun)
+    t = summary("torchrun", torchrun) if torchrun else None
     if h and t:
         print(f"time to resume, torchherd / torchrun (medians): {h / t:.2f}")
 
