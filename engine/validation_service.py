@@ -14,6 +14,7 @@ nodes that share one machine's /dev/shm, as a test cluster does, never mix).
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -239,7 +240,9 @@ class ValidationService:
             claim_root(v.root)  # on another node, the actor that first needs it there makes it
         v.attempt += 1
         v.restart_at = None
-        directory = self.run_dir / ("validator" if not v.node else f"validator-{self._label(v.node)}")
+        # a label may be "host/id" when hosts share a name: one folder per node, never nested
+        directory = self.run_dir / ("validator" if not v.node else
+                                    "validator-" + re.sub(r"[^\w.-]", "-", self._label(v.node)))
         plan = self.plan
         spec = LaunchSpec(
             child=ValidatorSpec(snapshot_root=str(v.root), device=plan.device, threads=plan.threads,
