@@ -221,6 +221,25 @@ def test_a_dead_node_validator_restarts_alone_and_one_whose_node_left_is_dropped
     assert [(e.pipeline, e.seq) for e in skipped] == [("b", 1)] and not svc.pending(training_done=True)
 
 
+def test_a_node_label_with_a_slash_names_one_validator_folder(tmp_path):
+    # Regression: a label is "host/id" when the cluster's hosts share a name; the validator's folder was
+    # nested under validator-host/ and its spec and log were not where people (and tests) look.
+    from torchherd.engine.placement import ValidationPlan
+
+    class Hosts:  # two hosts named "vm": ClusterInventory.label tells them apart by node id
+        def label(self, node):
+            return "vm/" + node[:6]
+
+    launcher = ScriptedLauncher()
+    launcher.inventory = Hosts()
+    svc, published = service(tmp_path, launcher, [])
+    svc.start_for(ValidationPlan("background", "cpu", None, 1, "test", per_node=True))
+    svc.hand_off_dir("a", "bb" * 14)
+    folder = launcher.specs[0].log_path.parent
+    assert folder.parent == svc.run_dir and folder.name == "validator-vm-bbbbbb"
+    assert published[0].device.endswith(" on node vm/bbbbbb")
+
+
 def test_a_local_plan_keeps_one_validator_whatever_the_node(tmp_path):
     from torchherd.engine.placement import ValidationPlan
 
