@@ -286,8 +286,9 @@ class ValidationService:
         v.restart_at = time.monotonic() + delay
         how = "" if code is None else (f" (killed by {signal.Signals(-code).name})" if code < 0 and
                                        -code in signal.Signals._value2member_map_ else f" (exit code {code})")
-        self._publish(Notice(level="error", text=f"validator{where} exited{how}; restarting in {delay:g}s; "
-                                                 "training goes on and the snapshots it misses are recorded as skipped"))
+        self._publish(Notice(level="error", text=(
+            f"validator{where} exited{how}; restarting in {delay:g}s; "
+            "training goes on and the snapshots it misses are recorded as skipped")))
 
     def _events(self, v: Validator, handle: Handle, events: list[Event]) -> None:
         if v.handle is not handle:

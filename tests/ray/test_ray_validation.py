@@ -45,8 +45,8 @@ def validator_actor(sup: Supervisor, snapshot_root: Path) -> psutil.Process:
 
 
 async def test_each_node_validates_its_own_workers_and_a_killed_validator_restarts(tmp_path, cluster):
-    config = ray_config(tmp_path, [{"name": "a", "params": {"delay": 0.004}}, {"name": "b", "params": {"delay": 0.004}}],
-                        cluster.address, defaults={"max_epochs": 400},
+    config = ray_config(tmp_path, [{"name": "a"}, {"name": "b"}], cluster.address,
+                        defaults={"max_epochs": 400, "params": {"delay": 0.004}},
                         validation={"mode": "background", "device": "cpu"})
     sup = Supervisor(config)
     stream = sup.subscribe()
