@@ -7,6 +7,12 @@ and the time from a worker's SIGKILL to its next reported step on each backend.
 Starts a private one-machine Ray (4 logical CPUs) under a temporary RAY_TMPDIR.
 Run: python benchmarks/ray_overhead.py   (ROUNDS=3 by default)
 
+`python benchmarks/ray_overhead.py validation` measures background validation instead,
+on a local two-node cluster (ray.cluster_utils.Cluster, head and one node, 2 CPUs each)
+against the local backend: two pipelines, one per node, each scored by its own node's
+validator; per node, the time from session start to the first result and the median
+time from a snapshot's hand-off report to its result.
+
 Given a spec file instead, it is the stand-in worker of the events/s figure: it dials
 back and sends step reports as fast as a StatusSender takes them.
 """
@@ -25,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchherd.engine.messages import EpochEnd, Notice, StepMetrics, WorkerExited  # noqa: E402
+from torchherd.engine.messages import (EpochEnd, Notice, SnapshotTaken, StepMetrics, ValResult,  # noqa: E402
+                                       WorkerExited, WorkerStarted)
 
 PARAMS = {"samples": 40_000, "features": 64, "hidden": 256, "lr": 0.01}
 EPOCHS = 3
@@ -161,6 +168,87 @@ def flood(spec_path: str) -> None:
     sender.close(timeout=60)
 
 
+async def validation_latency(tmp: Path, backend: str, address: str = "local") -> dict[str, tuple[float, ...]]:
+    """Per node ("" here), in seconds: start to the first result, the first hand-off to the first result
+    (a validator started with its node's first worker starts up inside it), and the median hand-off to
+    result."""
+    import statistics
+
+    from torchherd.engine.config import parse_config
+    from torchherd.engine.devices import Inventory
+    from torchherd.engine.supervisor import Supervisor
+
+    data = {"runs_dir": str(tmp), "name": f"val-{backend}",
+            "pipelines": [{"name": n, "task": "regression", "params": {**PARAMS, "samples": 8_000},
+                           "max_epochs": 12, "batch_size": BATCH, "log_every_n_steps": 10} for n in ("a", "b")],
+            "devices": {"placement": "cpu", "cpu_slots": 2, "threads_per_worker": 1},
+            "validation": {"mode": "background", "device": "cpu"},
+            "telemetry": {"enabled": False}, "cluster": {"backend": backend, "address": address}}
+    config = parse_config(data, str(tmp / "val.toml"), tmp)
+    inventory = Inventory(cpu_count=os.cpu_count() or 1) if backend == "local" else None
+    sup = Supervisor(config, inventory=inventory)
+    stream = sup.subscribe()
+    begun = time.perf_counter()
+    await sup.start()
+    node: dict[str, str] = {}
+    handed: dict[tuple[str, int], float] = {}
+    first: dict[str, float] = {}
+    opened: dict[str, float] = {}
+    lags: dict[str, list[float]] = {}
+
+    async def watch() -> None:  # arrival times here: transport included
+        async for ev in stream:
+            now = time.perf_counter()
+            if isinstance(ev, WorkerStarted):
+                node[ev.pipeline] = ev.node
+            elif isinstance(ev, SnapshotTaken):
+                handed[(ev.pipeline, ev.seq)] = now
+            elif isinstance(ev, ValResult) and not ev.error:
+                where = node.get(ev.pipeline, "")
+                if where not in first:
+                    first[where] = now - begun
+                    opened[where] = now - min(t for (p, _), t in handed.items() if node.get(p, "") == where)
+                if (ev.pipeline, ev.seq) in handed:
+                    lags.setdefault(where, []).append(now - handed[(ev.pipeline, ev.seq)])
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await sup.wait()
+    finally:
+        await sup.shutdown()
+    await watcher  # the stream ends with the session
+    return {where: (first[where], opened[where], statistics.median(lags.get(where, [float("nan")])))
+            for where in first}
+
+
+def main_validation() -> None:
+    """Background validation: first-result latency per node on a two-node cluster, against local."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray_tmp = tempfile.mkdtemp(prefix=f"thray{os.getuid()}-")
+    os.mkdir(os.path.join(ray_tmp, "ray"))
+    os.environ["RAY_TMPDIR"] = ray_tmp
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="torchherd", log_to_driver=False, include_dashboard=False,
+             logging_level="error")
+    try:
+        with tempfile.TemporaryDirectory() as tmpdir:
+            tmp = Path(tmpdir)
+            for backend, address in (("local", "local"), ("ray", cluster.address)):
+                for where, (first, opened, lag) in sorted(asyncio.run(validation_latency(tmp / backend, backend,
+                                                                                 address)).items()):
+                    print(f"{backend:5} node {where or '(this one)':16} first result {first:5.2f} s after start, "
+                          f"{opened:5.2f} s after the first hand-off; hand-off to result median "
+                          f"{lag * 1000:5.0f} ms", flush=True)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 def main() -> None:
     import ray
 
@@ -193,7 +281,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
+    if sys.argv[1:] == ["validation"]:
+        main_validation()
+    elif len(sys.argv) > 1:
         flood(sys.argv[1])
     else:
         main()

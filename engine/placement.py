@@ -147,6 +147,7 @@ class ValidationPlan:
     gpu: GpuInfo | None
     threads: int
     why: str
+    per_node: bool = False  # one validator on each cluster node that hosts validated workers
 
     @property
     def label(self) -> str:
@@ -164,8 +165,14 @@ def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) 
     nodes = len(getattr(inventory, "nodes", ()))  # a Ray cluster's inventory (engine/ray_placement.py)
     if nodes > 1:
         # Snapshots live in the shared memory of the worker's node, out of reach of a validator on
-        # another; until there is one validator per node, each worker validates its own.
-        return ValidationPlan("inline", "", None, v.threads, f"workers on {nodes} cluster nodes")
+        # another (and the object store drops a snapshot with the worker that put it): one validator
+        # per node, on its CPU, sharing the node as the local validator shares this machine.
+        busy = sum(s.threads for s in slots if s.gpu is None)
+        if v.mode == "background" or inventory.cpu_count > busy or any(s.gpu is not None for s in slots):
+            return ValidationPlan("background", "cpu", None, v.threads, f"a validator on each of {nodes} "
+                                  "cluster nodes that hosts validated workers", per_node=True)
+        return ValidationPlan("inline", "", None, v.threads,
+                              f"no spare core on the cluster ({busy} of {inventory.cpu_count} train)")
     used = {s.gpu.index for s in slots if s.gpu is not None}
     spare = [g for g in inventory.gpus if g.index not in used]
     if isinstance(v.device, int):

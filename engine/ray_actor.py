@@ -29,9 +29,15 @@ class ChildHost:
         self.proc: subprocess.Popen | None = None
 
     async def start(self, module: str, spec_path: str, log_path: str, env: dict[str, str], cwd: str,
-                    header: str) -> dict:
-        """Start the child; returns its pid and where it runs."""
+                    header: str, snapshot_root: str = "", own_root: bool = False) -> dict:
+        """Start the child (first making `snapshot_root` on this node, when given, and with `own_root`
+        owning it); returns its pid and where it runs."""
         import ray
+
+        if snapshot_root:  # snapshots stay in this node's shared memory, for this node's validator
+            from torchherd.engine.ray_rundir import ensure_root
+
+            ensure_root(snapshot_root, own_root)
 
         full = dict(os.environ)  # this node's environment (PATH, the venv), not the supervisor's
         for key in [k for k in full if k.startswith("RAY_")]:

@@ -25,7 +25,7 @@ from torchherd.engine.messages import Command, Event, Notice
 from torchherd.engine.placement import Slot
 from torchherd.engine.ray_placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, \
     plan_cluster_slots, read_nodes
-from torchherd.engine.ray_rundir import check_shared
+from torchherd.engine.ray_rundir import check_shared, remove_roots
 from torchherd.engine.ray_transport import DialBackListener
 from torchherd.engine.spec import Transport, ValidatorSpec, write_spec
 
@@ -260,22 +260,31 @@ class RayLauncher:
         env["PYTHONUNBUFFERED"] = "1"  # the log file shows prints as they happen
         home = self.inventory.home(spec.gpu_index) if spec.gpu_index is not None else None
         if isinstance(child, ValidatorSpec):
-            # Not a slot: it shares a node (and its GPU) as it shares this machine locally.
+            # Not a slot: it shares a node (and its GPU) as it shares this machine locally. One per node
+            # (spec.node) when snapshots stay on their workers' nodes.
             kind, amount = "cpu", 0
-            node = home[0] if home and self.book.alive(home[0]) else self.driver_node
+            node = spec.node or (home[0] if home and self.book.alive(home[0]) else self.driver_node)
+            if spec.node and not self.book.alive(node):
+                raise NoRoom(f"node {self.inventory.label(node)} has left the cluster")
             if home:
                 env["CUDA_VISIBLE_DEVICES"] = str(home[1])
+            # its own node's snapshot root; the one on this node is the supervisor's, made already
+            root = child.snapshot_root if spec.node else ""
         else:
             # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it
             kind, amount = ("cuda", 1) if spec.gpu_index is not None else ("cpu", child.threads)
             node = spec.node or self.book.choose(kind, amount, prefer=home[0] if home else "")
             if not self.book.alive(node):  # the scheduler's slot is on a node that just left
                 raise NoRoom(f"node {self.inventory.label(node)} of its slot has left the cluster")
+            # a worker may start on a node before that node's validator has made the root
+            root = str(Path(child.snapshot_dir).parent) if child.snapshot_dir and spec.node else ""
         if kind == "cpu" and not (isinstance(child, ValidatorSpec) and home):
             env["CUDA_VISIBLE_DEVICES"] = ""  # Ray leaves a CPU actor every GPU of its node
             env.setdefault("OMP_NUM_THREADS", str(child.threads))
         run_id = Path(spec.log_path).parent.parent.name
         key = f"{run_id}/{child.name}/{child.attempt}"
+        if isinstance(child, ValidatorSpec) and spec.node:
+            key = f"{run_id}/{child.name}@{node[:12]}/{child.attempt}"  # one validator per node
         handle = RayHandle(self, key, child.name, None, node, self.label(node))
         handle.token = self.listener.expect(handle.connected)
         transport = Transport(address=self.listener.address, token=handle.token)
@@ -295,7 +304,7 @@ class RayLauncher:
         header = f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} on " \
                  f"{self.inventory.label(node)} (Ray) ====\n"
         handle.started(actor.start.remote(spec.module, str(spec_path), str(spec.log_path), env, os.getcwd(),
-                                          header),
+                                          header, root, isinstance(child, ValidatorSpec)),
                        actor.wait.remote())
         self.book.hold(key, node, kind, amount)
         return handle
@@ -348,6 +357,10 @@ class RayLauncher:
             else:
                 left.append((actor, ref, deadline))
         self._ending = left
+
+    def remove_roots(self, roots: dict[str, str]) -> None:
+        """Free the snapshot roots {node id: path} on their nodes (blocking: call it off the loop)."""
+        remove_roots({node: path for node, path in roots.items() if self.book.alive(node)})
 
     def close(self) -> None:
         """End every actor still ending and stop listening (the session is over)."""

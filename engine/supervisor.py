@@ -399,8 +399,8 @@ class Supervisor:
                                          "mode": plan.validation.mode},
                              device=slot.device, threads=slot.threads,
                              pipeline_dir=str(self._rundir.pipeline_dir(run.name)), attempt=run.attempts,
-                             # rank 0 alone hands snapshots to the validator
-                             snapshot_dir=str(self._validation.snapshot_dir(run.name))
+                             # rank 0 alone hands snapshots to the validator (its node's, on a cluster)
+                             snapshot_dir=str(self._validation.hand_off_dir(run.name, slot.node))
                              if plan.background and rank == 0 else "",
                              snapshot_seq=ledger.seq_max, rank=rank, world_size=len(run.slots),
                              # a rank blocked in a collective gives up well before torch's 30 minutes; the

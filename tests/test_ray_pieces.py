@@ -156,15 +156,117 @@ async def test_only_the_attempts_token_opens_the_connection():
         listener.close()
 
 
-def test_validation_is_inline_across_cluster_nodes():
+def test_validation_runs_on_each_node_across_cluster_nodes():
     from torchherd.engine.placement import plan_validation
 
     inv = cluster_inventory(read_nodes(NODES))
     slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=2), inv)
     plan = plan_validation(config(validation={"mode": "background"}), slots, inv)
-    assert plan.mode == "inline" and "2 cluster nodes" in plan.why
+    assert (plan.mode, plan.device, plan.per_node) == ("background", "cpu", True) and "2 cluster nodes" in plan.why
     one = cluster_inventory(read_nodes(NODES[:1]))
-    assert plan_validation(config(validation={"mode": "background"}), slots[:1], one).mode == "background"
+    single = plan_validation(config(validation={"mode": "background"}), slots[:1], one)
+    assert single.mode == "background" and not single.per_node  # one node: one validator, as locally
+    busy, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=6), inv)
+    assert plan_validation(config(validation={"mode": "auto"}), busy, inv).mode == "inline"  # no spare core
+
+
+def service(tmp_path, launcher, results):
+    from torchherd.engine.validation_service import ValidationService
+
+    published = []
+    svc = ValidationService(launcher, published.append, tmp_path / "run", tmp_path / "shm" / "torchherd-r-0123",
+                            lambda name, r: results.append((name, r)), lambda name, e: None)
+    return svc, published
+
+
+def test_one_validator_per_node_each_watching_its_own_root(tmp_path):
+    from torchherd.engine.messages import ValResult
+    from torchherd.engine.placement import ValidationPlan
+
+    launcher, results = ScriptedLauncher(), []
+    svc, _ = service(tmp_path, launcher, results)
+    svc.start_for(ValidationPlan("background", "cpu", None, 1, "test", per_node=True))
+    assert launcher.specs == []  # none up front: a node gets one with its first validated worker
+    a, b, c = (svc.hand_off_dir(n, node) for n, node in (("a", "n1" * 7), ("b", "n2" * 7), ("c", "n1" * 7)))
+    assert [s.node for s in launcher.specs] == ["n1" * 7, "n2" * 7]
+    roots = [s.child.snapshot_root for s in launcher.specs]
+    assert len(set(roots)) == 2 and str(a.parent) == str(c.parent) == roots[0] and str(b.parent) == roots[1]
+    assert all(r.startswith(str(svc.snapshot_root) + "-") for r in roots)  # two nodes on one machine never mix
+    launcher.handles[1].on_events([ValResult(pipeline="b", epoch=0, step=1, metrics={"loss": 1.0}, seq=1)])
+    assert [name for name, _ in results] == ["b"]
+
+
+def test_a_dead_node_validator_restarts_alone_and_one_whose_node_left_is_dropped(tmp_path):
+    import signal
+    import time
+
+    from torchherd.engine.messages import SnapshotSkipped, SnapshotTaken
+    from torchherd.engine.placement import ValidationPlan
+
+    launcher = ScriptedLauncher()
+    svc, published = service(tmp_path, launcher, [])
+    svc.start_for(ValidationPlan("background", "cpu", None, 1, "test", per_node=True))
+    svc.hand_off_dir("a", "n1")
+    svc.hand_off_dir("b", "n2")
+    svc.on_snapshot("b", SnapshotTaken(pipeline="b", seq=1, epoch=0, step=5, slot=0, stall_ms=0.1, nbytes=8))
+    launcher.handles[0].exit(-signal.SIGKILL)
+    svc.tick(time.monotonic())
+    svc.tick(time.monotonic() + 60)  # past the backoff
+    assert [s.node for s in launcher.specs] == ["n1", "n2", "n1"] and launcher.specs[2].child.attempt == 2
+    launcher.handles[1].cause = "node left"  # as RayHandle says
+    launcher.handles[1].exit(-signal.SIGKILL)
+    svc.tick(time.monotonic() + 120)
+    assert len(launcher.specs) == 3 and "n2" not in svc.validators  # not restarted on a node that is gone
+    skipped = [e for e in published if isinstance(e, SnapshotSkipped)]
+    assert [(e.pipeline, e.seq) for e in skipped] == [("b", 1)] and not svc.pending(training_done=True)
+
+
+def test_a_node_label_with_a_slash_names_one_validator_folder(tmp_path):
+    # Regression: a label is "host/id" when the cluster's hosts share a name; the validator's folder was
+    # nested under validator-host/ and its spec and log were not where people (and tests) look.
+    from torchherd.engine.placement import ValidationPlan
+
+    class Hosts:  # two hosts named "vm": ClusterInventory.label tells them apart by node id
+        def label(self, node):
+            return "vm/" + node[:6]
+
+    launcher = ScriptedLauncher()
+    launcher.inventory = Hosts()
+    svc, published = service(tmp_path, launcher, [])
+    svc.start_for(ValidationPlan("background", "cpu", None, 1, "test", per_node=True))
+    svc.hand_off_dir("a", "bb" * 14)
+    folder = launcher.specs[0].log_path.parent
+    assert folder.parent == svc.run_dir and folder.name == "validator-vm-bbbbbb"
+    assert published[0].device.endswith(" on node vm/bbbbbb")
+
+
+def test_a_local_plan_keeps_one_validator_whatever_the_node(tmp_path):
+    from torchherd.engine.placement import ValidationPlan
+
+    launcher = ScriptedLauncher()
+    svc, _ = service(tmp_path, launcher, [])
+    svc.start_for(ValidationPlan("background", "cpu", None, 1, "test"))
+    assert svc.hand_off_dir("a", "n1") == svc.snapshot_root / "a"  # a one-node cluster: the session's root
+    assert [s.node for s in launcher.specs] == [""] and svc.snapshot_root.is_dir()
+
+
+def test_ensure_root_makes_a_node_root_once_and_refuses_a_stranger(tmp_path):
+    import os
+
+    from torchherd.engine.ray_rundir import ensure_root
+    from torchherd.engine.rundir import PID_FILE, SNAPSHOT_MARKER
+
+    root = tmp_path / "torchherd-r-0123-n1"
+    ensure_root(str(root))
+    (root / "a").mkdir()  # a worker's snapshots: a second actor on the node must keep them
+    ensure_root(str(root), own=True)
+    assert (root / "a").is_dir() and (root / SNAPSHOT_MARKER).is_file()
+    assert (root / PID_FILE).read_text().split() == [str(os.getpid())]
+    assert oct(root.stat().st_mode & 0o777) == "0o700" and [p.name for p in tmp_path.iterdir()] == [root.name]
+    stranger = tmp_path / "torchherd-r-0123-n2"
+    stranger.mkdir()  # no marker: not ours to adopt
+    with pytest.raises(OSError):
+        ensure_root(str(stranger))
 
 
 class RemoteHandle(FakeHandle):
