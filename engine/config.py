@@ -202,8 +202,8 @@ class ValidationConfig(_Strict):
     """How and when the weights are scored on validation data."""
 
     mode: Literal["auto", "background", "inline", "off"] = Field("auto", description=(
-        "'background' hands weight snapshots to a validation process (one per node on a Ray cluster) while training goes on; 'inline' "
-        "validates in the worker, which waits; 'auto' picks background when there is a spare GPU or core, "
+        "'background' hands weight snapshots to a validation process (one per node on a Ray cluster) while "
+        "training goes on; 'inline' validates in the worker, which waits; 'auto' picks background when there is a spare GPU or core, "
         "else inline; 'off' never validates."))
     every_n_epochs: int = Field(1, ge=1, description="Validate every this many epochs.")
     every_n_steps: int | None = Field(None, ge=1, description=(

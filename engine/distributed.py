@@ -45,7 +45,8 @@ class Gang:
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, device_ids=[self.device.index or 0] if self.device.type == "cuda" else None)
+        on_gpu = self.device.type == "cuda"
+        return DistributedDataParallel(model, device_ids=[self.device.index or 0] if on_gpu else None)
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The mean of `value` over every rank (a collective: every rank calls it at the same step)."""
