@@ -48,6 +48,10 @@ class WorkerControl:
             elif isinstance(cmd, CheckpointNow):
                 self.checkpoint_requested = True
 
+    def discard(self) -> None:
+        """Read and drop whatever commands arrived (a gang's rank that takes its orders from rank 0)."""
+        self.control.poll(0.0)
+
     def take_checkpoint_request(self) -> bool:
         """True once per checkpoint-now command."""
         requested, self.checkpoint_requested = self.checkpoint_requested, False

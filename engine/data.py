@@ -36,7 +36,7 @@ class EpochSampler(torch.utils.data.Sampler):
             order = list(range(self.size))
         if self.world > 1:
             total = self.per_rank * self.world
-            order = (order + order[:total - self.size])[self.rank:total:self.world]
+            order = (order * -(-total // self.size))[:total][self.rank::self.world]  # padded cyclically
         return iter(order[self.skip:])
 
     def __len__(self) -> int:

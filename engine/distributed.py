@@ -58,17 +58,22 @@ class Gang:
         """Every rank takes rank 0's commands (stop, pause, checkpoint-now) and its verdict on the time
         budget; a paused gang holds here, all ranks together. Returns whether the time budget is spent."""
         flags = self._broadcast(control, time_up)
-        if flags[PAUSE] and not flags[STOP]:
-            paused_at = time.monotonic()
-            while flags[PAUSE] and not flags[STOP]:
-                # Rounds keep every rank in step, and well inside the collective timeout.
-                flags = self._broadcast(control, time_up, wait=PAUSE_POLL, save=save)
-            control.paused_time += time.monotonic() - paused_at
+        paused, last = False, time.monotonic()
+        while flags[PAUSE] and not flags[STOP]:
+            # Rounds keep every rank in step, and well inside the collective timeout; the time paused is
+            # credited before each, so rank 0's verdict on max_time leaves it out.
+            now = time.monotonic()
+            control.paused_time, last, paused = control.paused_time + now - last, now, True
+            flags = self._broadcast(control, time_up, wait=PAUSE_POLL, save=save)
+        if paused:
+            control.paused_time += time.monotonic() - last
         return bool(flags[TIME_UP])
 
     def _broadcast(self, control: WorkerControl, time_up: Callable[[], bool], wait: float = 0.0,
                    save: Callable[[str], None] | None = None) -> list[int]:
-        if self.lead:
+        if not self.lead:
+            control.discard()  # commands reach every rank; rank 0's decide, the others' must not pile up
+        else:
             control.poll(timeout=wait)
             if save is not None and control.take_checkpoint_request():
                 save("request")  # paused: the weights are the same on every rank
@@ -81,6 +86,10 @@ class Gang:
         control.paused = bool(flags[PAUSE])
         control.checkpoint_requested = bool(flags[CHECKPOINT])
         return flags
+
+    def barrier(self) -> None:
+        """Every rank waits here for the others (the last: none ends while rank 0 still saves)."""
+        dist.barrier()
 
     def checksum(self, model: torch.nn.Module) -> float:
         """A sum over every weight: equal on every rank while they train in step."""

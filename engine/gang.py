@@ -7,6 +7,7 @@ their rank). `rank_env` gives each rank torchrun's environment, on a port of its
 """
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from dataclasses import replace
@@ -23,11 +24,11 @@ CLEAN = (EXIT_COMPLETED, EXIT_STOPPED)  # a rank that ends so has not failed: it
 _held: set[int] = set()
 
 
-def take_port(host: str = "127.0.0.1") -> int:
+def take_port() -> int:
     """A free TCP port for a gang's MASTER_PORT that no other live gang of this process holds."""
     for _ in range(64):
         with socket.socket() as s:
-            s.bind((host, 0))
+            s.bind(("", 0))  # rank 0's store listens on every interface: the port must be free on all
             port = s.getsockname()[1]
         if port not in _held:
             _held.add(port)
@@ -56,6 +57,8 @@ class GangHandle:
         self.node = ranks[0].node
         self.failed_rank: int | None = None  # the first rank seen to fail: the root cause
         self.errors: dict[int, WorkerError] = {}  # the last error each rank reported
+        self._error_order: list[int] = []  # ranks in the order their first error arrived
+        self._rank0_said: set[str] = set()  # rank 0's notice and error texts: the same from a peer is an echo
         self._codes: dict[int, int] = {}  # rank -> exit status
         self._linger, self._grace = linger, grace  # seconds
         self._terminate_at: float | None = None  # monotonic: bring the survivors down then
@@ -90,8 +93,7 @@ class GangHandle:
                 if code is not None:
                     fresh[rank] = code
         self._codes.update(fresh)
-        # A rank killed by a signal comes first: its peers' errors are what its death did to their collectives.
-        failed = sorted((r for r, c in fresh.items() if c not in CLEAN), key=lambda r: (fresh[r] >= 0, r))
+        failed = sorted((r for r, c in fresh.items() if c not in CLEAN), key=lambda r: self._blame(r, fresh[r]))
         if failed and self.failed_rank is None:
             self.failed_rank = failed[0]
             self._terminate_at = now
@@ -106,6 +108,19 @@ class GangHandle:
             self._kill_at = float("inf")
             self.kill()
         return None
+
+    def _blame(self, rank: int, code: int) -> tuple[int, int, int]:
+        """Sort key among ranks seen to fail in one pass: the root cause first.
+
+        A rank killed by a signal (SIGKILL, SIGSEGV, ...) comes first: its peers' errors are what its
+        death did to their collectives. Then the rank whose error arrived first (its peers' "Connection
+        closed by peer" come after it); last, a SIGABRT, as NCCL's watchdog ends a rank left waiting.
+        """
+        if code < 0 and -code != signal.SIGABRT:
+            return (0, 0, rank)
+        if rank in self._error_order:
+            return (1, self._error_order.index(rank), rank)
+        return (2, 0, rank)
 
     def terminate(self) -> None:
         for h in self._alive():
@@ -137,18 +152,28 @@ class GangHandle:
             on_events(events)
 
     def _from_rank(self, rank: int, events: list[Event]) -> list[Event]:
-        """Rank 0's events as they are; of the others only errors and notices, saying which rank."""
+        """Rank 0's events as they are; of the others only errors and notices that say something rank 0 did
+        not (a NaN loss or a checkpoint note comes from every rank), saying which rank."""
         out = []
         for event in events:
             if isinstance(event, WorkerError):
-                event = replace(event, rank=rank)
-                self.errors[rank] = event
-            elif rank == 0:
-                pass
+                self.errors[rank] = event = replace(event, rank=rank)
+                if rank not in self._error_order:
+                    self._error_order.append(rank)
+                text = event.error
             elif isinstance(event, Notice):
-                event = replace(event, text=f"rank {rank}: {event.text}")
+                text = event.text
+            elif rank == 0:
+                out.append(event)
+                continue
             else:
                 continue
+            if rank == 0:
+                self._rank0_said.add(text)
+            elif text in self._rank0_said:
+                continue
+            elif isinstance(event, Notice):
+                event = replace(event, text=f"rank {rank}: {event.text}")
             out.append(event)
         return out
 
@@ -168,7 +193,7 @@ def launch_gang(launcher: Launcher, specs: list[LaunchSpec], linger: float, grac
     try:
         for spec in specs:
             started.append(launcher.launch(spec))
-    except OSError:
+    except BaseException:  # whatever went wrong, no rank may be left running and no port held
         for h in started:
             h.close()
         on_close()

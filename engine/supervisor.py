@@ -10,11 +10,12 @@ import asyncio
 import time
 from pathlib import Path
 
-from torchherd.engine import checkpoint as ckpt, gang
+from torchherd.engine import checkpoint as ckpt
+from torchherd.engine.attempts import AttemptLauncher
 from torchherd.engine.bus import EventBus, EventStream
 from torchherd.engine.config import ConfigError, RunConfig
 from torchherd.engine.devices import Inventory, discover_devices
-from torchherd.engine.launcher import Handle, LaunchSpec, Launcher, ProcessLauncher
+from torchherd.engine.launcher import Handle, Launcher, ProcessLauncher
 from torchherd.engine.lifecycle import Lifecycle
 from torchherd.engine.messages import (CheckpointNow, EarlyStop, Event, Heartbeat, Notice, Pause, PipelineFinished,
                                        PipelineQueued, Resume, RunFinished, RunStarted, SnapshotTaken,
@@ -25,7 +26,6 @@ from torchherd.engine.policy import RestartPolicy
 from torchherd.engine.rundir import RunDirectory, load_resolved_configs, new_run_id, read_events, remove_root, \
     snapshot_root
 from torchherd.engine.scheduler import Scheduler
-from torchherd.engine.spec import WorkerSpec
 from torchherd.engine.states import WorkerState
 from torchherd.engine.telemetry import TelemetrySampler
 from torchherd.engine.validation_service import SESSION_ENDED, ValidationService
@@ -34,7 +34,6 @@ __all__ = ["EventStream", "PipelineView", "Supervisor"]
 
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
-COLLECTIVE_TIMEOUT = 300.0  # seconds a gang's rank waits in a collective, at least
 LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
 NODE_REFRESH = 2.0  # seconds between looks at a cluster's nodes (Ray itself sees a node leave in ~2 s)
 
@@ -75,6 +74,7 @@ class Supervisor:
         self._runs: dict[str, PipelineRun] = {}
         self._order = 0
         self._rundir: RunDirectory | None = None
+        self._attempts: AttemptLauncher | None = None  # made with the run directory
         self._tick_task: asyncio.Task | None = None
         self._finished = asyncio.Event()
         self._finished_sent = False
@@ -107,6 +107,7 @@ class Supervisor:
         if resuming:
             done = {e.pipeline: e.status for e in read_events(self.run_dir) if isinstance(e, PipelineFinished)}
         self._rundir = RunDirectory(self.run_dir)
+        self._attempts = AttemptLauncher(self._launcher, self._rundir, self._validation, self.run_id)
         self._rundir.resuming = resuming
         self._rundir.save_config(self.config)
         self._bus.add_sink(self._rundir.write)
@@ -372,43 +373,13 @@ class Supervisor:
 
     def _start_attempt(self, run: PipelineRun) -> Handle:
         """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""
-        restart = run.plan.run_config.restart
+        assert self._attempts is not None
         self._follow_cluster(NODE_REFRESH / 4)
         slots = self._scheduler.refit(run.slots)  # a slot on a node that left: another, if one is free
         if slots is None:
             raise OSError("its slot's node left the cluster and no live node has a free slot now")
         run.slots = slots
-        if len(run.slots) == 1:
-            return self._launcher.launch(self._spec_for(run, 0))
-        port = gang.take_port()
-        envs = [gang.rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self.run_id)
-                for rank in range(len(run.slots))]
-        return gang.launch_gang(self._launcher, [self._spec_for(run, rank, env) for rank, env in enumerate(envs)],
-                                linger=restart.stop_timeout, grace=restart.kill_grace,
-                                on_close=lambda: gang.release_port(port))
-
-    def _spec_for(self, run: PipelineRun, rank: int, env: dict[str, str] | None = None) -> LaunchSpec:
-        assert self._rundir is not None and run.slots
-        slot = run.slots[rank]
-        plan = run.plan
-        ledger = self._validation.ledger(run.name)
-        hang = plan.run_config.restart.hang_timeout
-        return LaunchSpec(
-            child=WorkerSpec(pipeline=plan.config.model_dump(mode="json"),
-                             validation={**plan.run_config.validation.model_dump(mode="json"),
-                                         "mode": plan.validation.mode},
-                             device=slot.device, threads=slot.threads,
-                             pipeline_dir=str(self._rundir.pipeline_dir(run.name)), attempt=run.attempts,
-                             # rank 0 alone hands snapshots to the validator (its node's, on a cluster)
-                             snapshot_dir=str(self._validation.hand_off_dir(run.name, slot.node))
-                             if plan.background and rank == 0 else "",
-                             snapshot_seq=ledger.seq_max, rank=rank, world_size=len(run.slots),
-                             # a rank blocked in a collective gives up well before torch's 30 minutes; the
-                             # hang check, when set, catches a stuck peer sooner still. Not less than 5
-                             # minutes: the other ranks wait in one while rank 0 validates inline.
-                             collective_timeout=max(COLLECTIVE_TIMEOUT, 4 * hang) if hang else COLLECTIVE_TIMEOUT),
-            log_path=self._rundir.log_path(run.name, rank),
-            gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node)
+        return self._attempts.start(run)
 
     def _on_worker_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
         if run.handle is not handle:

@@ -186,6 +186,18 @@ class Trainer:
     def _world(self) -> int:
         return self.gang.world if self.gang is not None else 1
 
+    def _report_mean(self, window_loss: torch.Tensor, window_batches: int) -> float:
+        """The mean loss since the last report (over every rank of a gang: one all-reduce per report).
+
+        A gang also makes its epoch sums the same on every rank here, so a checkpoint taken at a
+        report step (rank 0's) holds the whole gang's and a resumed epoch's mean is exact.
+        """
+        if self.gang is None:
+            return float(window_loss) / window_batches
+        both = self.gang.mean(torch.stack([window_loss, self.epoch_loss]))
+        self.epoch_loss.copy_(both[1])
+        return float(both[0]) / window_batches
+
     def _across_ranks(self, value: torch.Tensor) -> torch.Tensor:
         """`value`, averaged over a gang's ranks (a collective: at report steps only)."""
         return self.gang.mean(value) if self.gang is not None else value
@@ -276,7 +288,7 @@ class Trainer:
                 if self._step_handoff and self.step % self._step_handoff == 0:
                     self._hand_off(self.epoch)
                 if self.step % log_every == 0:
-                    mean = float(self._across_ranks(window_loss)) / window_batches
+                    mean = self._report_mean(window_loss, window_batches)
                     code = self._check_finite(mean, "step report")
                     if code is not None:
                         return code
@@ -302,11 +314,13 @@ class Trainer:
         if self.gang is not None:  # the test of a gang: every rank ends with the same weights
             print(f"torchherd: rank {self.gang.rank} step {self.step} weights checksum "
                   f"{self.gang.checksum(self.model):.10g}", file=sys.stderr, flush=True)
-        if self.control.should_stop:
-            self.save("stop")
-            return EXIT_STOPPED
-        self.save("final")
-        return EXIT_COMPLETED
+        stopped = self.control.should_stop
+        self.save("stop" if stopped else "final")
+        if self.gang is not None:
+            # No rank ends while rank 0 still validates or saves: an early exit would start the gang's
+            # linger clock, and rank 0 could be ended before its last checkpoint.
+            self.gang.barrier()
+        return EXIT_STOPPED if stopped else EXIT_COMPLETED
 
     def _end_epoch(self, epoch_start: float, samples: int, steps_per_epoch: int) -> int | None:
         duration = time.monotonic() - epoch_start

@@ -10,6 +10,8 @@ import os
 import random
 import re
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -40,10 +42,12 @@ def inventory(cores: int = 2) -> Inventory:
 # ------------------------------------------------------------ logic
 
 
-@pytest.mark.parametrize("size,world", [(10, 2), (11, 2), (7, 3), (4, 4)])
+# (1, 3), (2, 5), (3, 8): regression, a dataset smaller than half the gang left a rank with no sample.
+@pytest.mark.parametrize("size,world", [(10, 2), (11, 2), (7, 3), (4, 4), (1, 3), (2, 5), (3, 8)])
 def test_ranks_split_each_epoch_between_them_evenly_and_cover_every_sample(size, world):
-    shards = [list(EpochSampler(size, seed=3, rank=r, world=world)) for r in range(world)]
-    assert len({len(s) for s in shards}) == 1  # as many batches on every rank: none waits alone
+    samplers = [EpochSampler(size, seed=3, rank=r, world=world) for r in range(world)]
+    shards = [list(s) for s in samplers]
+    assert {len(s) for s in shards} == {len(samplers[0])}  # as many batches on every rank: none waits alone
     assert set().union(*shards) == set(range(size))
     assert sum(len(s) for s in shards) - size < world  # padding only to even the shards
 
@@ -84,6 +88,55 @@ def test_the_first_rank_to_fail_brings_the_others_down_and_is_the_gangs_exit():
     r1.exit(-signal.SIGKILL)
     assert gang.poll() is None and r0.signals == [signal.SIGTERM]  # rank 0 took the polite signal at once
     assert gang.poll() == -signal.SIGKILL and gang.failed_rank == 1 and gang.exit_rank == 1
+
+
+def test_of_two_ranks_failing_together_the_one_whose_error_came_first_is_the_cause():
+    # Regression: both exits seen in one pass named rank 0, whose "Connection closed by peer" was the echo.
+    gang, (r0, r1) = ranks(2)
+    gang.attach(lambda events: None)
+    r1.on_events([WorkerError(pipeline="p", error="ValueError: bad sample", where="train", step=7)])
+    r0.on_events([WorkerError(pipeline="p", error="RuntimeError: Connection closed by peer", where="train")])
+    r0.code = r1.code = 1
+    assert gang.poll() == 1 and gang.failed_rank == 1 and gang.errors[1].error == "ValueError: bad sample"
+
+
+def test_what_every_rank_says_is_said_once():
+    gang, (r0, r1) = ranks(2)
+    got = []
+    gang.attach(got.extend)
+    nan = "training loss is nan at epoch 1 step 4 (step report)"
+    r0.on_events([Notice(pipeline="p", level="warning", text=nan)])
+    r1.on_events([Notice(pipeline="p", level="warning", text=nan),
+                  Notice(pipeline="p", level="warning", text="only rank 1 says this")])
+    assert [e.text for e in got] == [nan, "rank 1: only rank 1 says this"]
+
+
+def test_a_paused_gang_does_not_count_the_pause_against_max_time(monkeypatch):
+    # Regression: rank 0 judged max_time in the last pause round, before the pause was credited.
+    import torch.distributed as dist
+    from multiprocessing import Pipe
+
+    import torch
+
+    from torchherd.engine.channel import ControlReceiver
+    from torchherd.engine.control import WorkerControl
+    from torchherd.engine.distributed import Gang
+    from torchherd.engine.messages import Pause, Resume
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(gangs.take_port()))
+    ours, theirs = Pipe()
+    control = WorkerControl("p", sender=None, control=ControlReceiver(ours))
+    gang = Gang.join(0, 1, torch.device("cpu"), timeout=30)
+    try:
+        budget, started = 0.3, time.monotonic()  # seconds of training allowed; a pause of 0.6 s
+        theirs.send(Pause())
+        threading.Timer(0.6, lambda: theirs.send(Resume())).start()
+        time_up = gang.agree(control, save=lambda reason: None,
+                             time_up=lambda: time.monotonic() - started - control.paused_time >= budget)
+        assert control.paused_time >= 0.5 and not time_up
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_signal_death_is_the_root_cause_over_its_peers_errors():
