@@ -81,6 +81,7 @@ class Validator:
         self.restart_at: float | None = None
         self.failures = 0  # consecutive deaths; sets the backoff
         self.started_mono = 0.0
+        self.announced = False  # validator_started went out for this attempt
 
 
 class ValidationService:
@@ -203,6 +204,7 @@ class ValidationService:
         for v in list(self.validators.values()):  # one whose node left is dropped
             if v.handle is not None:
                 code = v.handle.poll()
+                self._announce(v, force=code is not None)
                 if code is not None:
                     self._died(v, code)
             elif v.restart_at is not None and now >= v.restart_at:
@@ -255,10 +257,18 @@ class ValidationService:
             self._publish(Notice(level="error", text=f"could not start the validator{self._where(v)}: {exc}"))
             self._died(v)
             return
-        v.handle = handle
+        v.handle, v.announced = handle, False
         v.started_mono = time.monotonic()
-        self._publish(ValidatorStarted(pid=handle.pid, device=plan.label + self._where(v), attempt=v.attempt))
+        self._announce(v)
         handle.attach(lambda events, v=v, handle=handle: self._events(v, handle, events))
+
+    def _announce(self, v: Validator, force: bool = False) -> None:
+        """validator_started, once its pid is known: at once locally; on a cluster when the actor has
+        started the process (a tick or so later). `force`: now, with what is known."""
+        if v.announced or v.handle is None or (not v.handle.pids and not force):
+            return
+        v.announced = True
+        self._publish(ValidatorStarted(pid=v.handle.pid, device=self.plan.label + self._where(v), attempt=v.attempt))
 
     def _where(self, v: Validator) -> str:
         return f" on node {self._label(v.node)}" if v.node else ""

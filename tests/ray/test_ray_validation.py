@@ -63,6 +63,7 @@ async def test_each_node_validates_its_own_workers_and_a_killed_validator_restar
     try:
         await wait_for(stream, lambda e: note(e) or scored == {"a", "b"}, 120)
         assert len(started) == 2 and all(" on node " in e.device for e in started)
+        assert all(e.pid > 0 for e in started)  # regression: announced before the actor knew its pid (0)
         assert len({e.device for e in started}) == 2  # one validator per node, each named by its node
         roots = node_roots(sup)
         assert sorted(sorted(names) for names in roots.values()) == [["a"], ["b"]]
@@ -72,7 +73,7 @@ async def test_each_node_validates_its_own_workers_and_a_killed_validator_restar
         await wait_for(stream, lambda e: isinstance(e, Notice) and "validator on node" in e.text
                        and "exited" in e.text, 60)
         restarted = await wait_for(stream, lambda e: isinstance(e, ValidatorStarted), 60)
-        assert restarted.attempt == 2
+        assert restarted.attempt == 2 and restarted.pid > 0
         again = await wait_for(stream, lambda e: isinstance(e, ValResult) and e.pipeline == "b" and not e.error, 120)
         assert again.seq > 0
     finally:
