@@ -373,6 +373,7 @@ class GpuSample:
     processes: tuple[GpuProcess, ...] | None = None
     mem_other: int | None = None  # bytes held by processes that are not our workers'
     note: str = ""  # why readings are missing, e.g. "GPU is lost"
+    node: str = ""  # the cluster node's label; "" for this machine
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -385,6 +386,7 @@ class ProcessSample:
     rss: int | None  # bytes; pages shared between forked children count once per process
     children: int  # descendants counted into the figures
     gpu_memory: int | None = None  # bytes on all GPUs; None when no GPU could be read
+    node: str = ""  # the cluster node's label; "" for this machine
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

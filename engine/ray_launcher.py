@@ -222,6 +222,7 @@ class RayLauncher:
         self.listener = DialBackListener(ray.util.get_node_ip_address())
         self._actor_class = None
         self._ending: list[tuple[object, object, float]] = []  # (actor, shutdown ref, deadline)
+        self._telemetry = None  # the other nodes' samplers, once the supervisor asks for them
 
     @property
     def inventory(self) -> ClusterInventory:
@@ -362,7 +363,17 @@ class RayLauncher:
         """Free the snapshot roots {node id: path} on their nodes (blocking: call it off the loop)."""
         remove_roots({node: path for node, path in roots.items() if self.book.alive(node)})
 
+    def remote_telemetry(self, pids):
+        """The other nodes' telemetry for the supervisor's sampler: `pids()` gives {node id: {label: pid}};
+        the result's `extend` is the sampler's hook (engine/ray_telemetry.py)."""
+        from torchherd.engine.ray_telemetry import RemoteTelemetry
+
+        self._telemetry = RemoteTelemetry(pids, self.inventory.label)
+        return self._telemetry
+
     def close(self) -> None:
         """End every actor still ending and stop listening (the session is over)."""
+        if self._telemetry is not None:
+            self._telemetry.close()
         self._reap_ending(wait=True)
         self.listener.close()

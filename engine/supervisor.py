@@ -81,6 +81,7 @@ class Supervisor:
         self._closing = False  # shutdown has begun: no more restarts of the validator
         self._closed = False
         self._pids: dict[str, int] = {}  # replaced whole on change: the sampler thread reads it
+        self._remote_pids: dict[str, dict[str, int]] = {}  # node id -> {label: pid}; replaced whole too
         self._sampler: TelemetrySampler | None = None
         self._resume_configs: list[RunConfig] | None = None
         self._resume_only: set[str] | None = None
@@ -131,10 +132,12 @@ class Supervisor:
         self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
         t = self.config.telemetry
         if t.enabled:
+            remote = getattr(self._launcher, "remote_telemetry", None)  # a cluster's other nodes
             self._sampler = TelemetrySampler(
                 interval=t.interval, pids=lambda: self._pids,
                 on_snapshot=lambda snap: loop.call_soon_threadsafe(self._on_telemetry, snap),
-                persist_path=self.run_dir / "telemetry.jsonl", persist_every=t.persist_every)
+                persist_path=self.run_dir / "telemetry.jsonl", persist_every=t.persist_every,
+                extend=remote(lambda: self._remote_pids).extend if remote is not None else None)
             self._sampler.start()
 
     def _resume_plan(self, name: str, kept: dict[str, str]) -> str:
@@ -427,18 +430,24 @@ class Supervisor:
         return ""
 
     def _update_pids(self) -> None:
-        pids = {}
+        pids: dict[str, int] = {}
+        remote: dict[str, dict[str, int]] = {}
         for name, run in self._runs.items():
-            # Telemetry reads this machine's /proc: a pid on another node is some other process here.
-            # (Other nodes' workers have no process figures yet; a sampler actor per node could send them.)
-            if run.handle is not None and not run.handle.node:  # a gang's rank k shows as "name#k"
+            # Telemetry reads this machine's /proc: a pid on another node goes to that node's sampler
+            # (engine/ray_telemetry.py), keyed by the node's id.
+            if run.handle is not None:  # a gang's rank k shows as "name#k"
                 ranks = run.handle.pids if len(run.slots) > 1 else (run.handle.pid,)
-                pids.update({name if k == 0 else f"{name}#{k}": pid for k, pid in enumerate(ranks)})
+                node = getattr(run.handle, "node_id", run.handle.node)  # a RayHandle's Ray node id
+                into = remote.setdefault(node, {}) if run.handle.node else pids
+                into.update({name if k == 0 else f"{name}#{k}": pid for k, pid in enumerate(ranks)})
         validator = self._validation.handle
-        if self._validation.pid is not None and not getattr(validator, "node", ""):
-            pids["(validator)"] = self._validation.pid
+        if self._validation.pid is not None:
+            into = remote.setdefault(getattr(validator, "node_id", ""), {}) if getattr(validator, "node", "") else pids
+            into["(validator)"] = self._validation.pid
         if pids != self._pids:
             self._pids = pids
+        if remote != self._remote_pids:
+            self._remote_pids = remote
 
     async def _tick_loop(self) -> None:
         while True:

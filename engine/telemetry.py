@@ -60,7 +60,8 @@ class TelemetrySampler:
                  persist_every: float = 10.0,
                  *,
                  tree_every: float = 5.0,
-                 in_container: bool | None = None) -> None:
+                 in_container: bool | None = None,
+                 extend: Callable[[TelemetrySnapshot], TelemetrySnapshot] | None = None) -> None:
         if interval <= 0:
             raise ValueError(f"telemetry interval must be > 0 seconds, got {interval}")
         self.interval = interval  # seconds
@@ -72,6 +73,8 @@ class TelemetrySampler:
         self.latest: TelemetrySnapshot | None = None
         self._pids = pids or dict
         self._on_snapshot = on_snapshot
+        # adds what other nodes sampled (engine/ray_telemetry.py); runs on the sampler thread, off the loop
+        self._extend = extend
         self._nvml_given = nvml
         # Inside a container NVML may report host pids, which could collide with
         # unrelated pids here: anything not ours is then "unknown owner".
@@ -128,6 +131,11 @@ class TelemetrySampler:
             except Exception:  # a bug in a pass must not end telemetry for the run
                 self._warn_once("pass", "telemetry pass failed", exc_info=True)
             else:
+                if self._extend is not None:
+                    try:
+                        snapshot = self.latest = self._extend(snapshot)
+                    except Exception:  # other nodes' figures are extra: this node's still go out
+                        self._warn_once("extend", "telemetry extend callback failed", exc_info=True)
                 self._persist(snapshot)
                 if self._on_snapshot is not None:
                     try:

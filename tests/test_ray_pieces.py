@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import socket
+from types import SimpleNamespace
 
 import pytest
 
 from torchherd.engine.channel import StatusSender, decode_batch, dial_back
 from torchherd.engine.config import ConfigError, DevicesConfig, parse_config
-from torchherd.engine.messages import Notice
+from torchherd.engine.messages import GpuSample, Notice, ProcessSample, TelemetrySnapshot, from_record, to_record
 from torchherd.engine.ray_placement import NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, read_nodes
+from torchherd.engine.ray_telemetry import RemoteTelemetry, merge
 from torchherd.engine.ray_transport import DialBackListener
 from torchherd.engine.messages import WorkerStarted
 from tests.conftest import make_config, wait_for
@@ -417,3 +420,99 @@ async def test_an_attempt_lost_with_its_node_restarts_without_spending_the_budge
         assert sup.view("a").restarts == 0 and sup.view("a").attempt == 2
     finally:
         await sup.shutdown(graceful=False)
+
+
+# ------------------------------------------------------------ other nodes' telemetry
+
+
+class _Ref:
+    def __init__(self, value=None, error=None):
+        self.value, self.error, self.ready = value, error, False
+
+
+class _FakeRay:
+    """The few Ray calls RemoteTelemetry makes: an answer is ready only when the test says so."""
+
+    def __init__(self):
+        self.made, self.calls, self.killed = [], [], []
+        self.util = SimpleNamespace(scheduling_strategies=SimpleNamespace(
+            NodeAffinitySchedulingStrategy=lambda node, soft: ("on", node, soft)))
+
+    def wait(self, refs, timeout):
+        assert timeout == 0  # never waits on a node
+        return [r for r in refs if r.ready], [r for r in refs if not r.ready]
+
+    def get(self, ref):
+        if ref.error:
+            raise ref.error
+        return ref.value
+
+    def kill(self, actor, no_restart):
+        self.killed.append(actor)
+
+    def actor_class(self):
+        fake = self
+
+        class Actor:
+            def __init__(self, options):
+                self.options_ = options
+                self.sample = SimpleNamespace(remote=self._sample)
+
+            def _sample(self, pids):
+                ref = _Ref()
+                fake.calls.append((self, dict(pids), ref))
+                return ref
+
+        return SimpleNamespace(options=lambda **kw: SimpleNamespace(remote=lambda: fake.made.append(Actor(kw))
+                                                                    or fake.made[-1]))
+
+
+def _snap(*names, gpus=()):
+    return TelemetrySnapshot(processes=tuple(ProcessSample(pipeline=n, pid=100 + i, cpu_percent=1.0, rss=1,
+                                                           children=0) for i, n in enumerate(names)),
+                             gpus=gpus, host_cpu_percent=5.0)
+
+
+def test_merge_labels_other_nodes_rows_and_keeps_local_ones_as_they_were():
+    local = _snap("a", gpus=(GpuSample(index=0, uuid="u0", name="H"),))
+    remote = _snap("b", gpus=(GpuSample(index=0, uuid="u1", name="H"),))
+    merged = merge(local, {"node2": remote})
+    assert [(p.pipeline, p.node) for p in merged.processes] == [("a", ""), ("b", "node2")]
+    assert [(g.uuid, g.node) for g in merged.gpus] == [("u0", ""), ("u1", "node2")]
+    assert merged.host_cpu_percent == 5.0  # host figures stay this machine's
+    assert merge(local, {}) is local
+    back = from_record(json.loads(json.dumps(to_record(merged))))
+    assert back == merged and back.processes[1].node == "node2"
+
+
+def test_remote_telemetry_asks_each_node_once_at_a_time_and_merges_what_arrived():
+    fake = _FakeRay()
+    wanted = {"n2" * 14: {"b": 42}}
+    remote = RemoteTelemetry(lambda: wanted, lambda node: "node2", ray=fake, actor_class=fake.actor_class())
+    first = remote.extend(_snap("a"))
+    assert [p.node for p in first.processes] == [""]  # nothing has answered yet
+    assert len(fake.made) == 1 and fake.made[0].options_["scheduling_strategy"] == ("on", "n2" * 14, False)
+    assert fake.made[0].options_["num_cpus"] == 0
+    remote.extend(_snap("a"))
+    assert len(fake.calls) == 1  # the first call is still out: not asked again
+    actor, pids, ref = fake.calls[0]
+    assert pids == {"b": 42}
+    ref.value, ref.ready = _snap("b"), True
+    merged = remote.extend(_snap("a"))
+    assert [(p.pipeline, p.node) for p in merged.processes] == [("a", ""), ("b", "node2")]
+    assert len(fake.calls) == 2  # and the next question is out
+    wanted.clear()  # its workers ended: its sampler goes, and so do its rows
+    assert [p.node for p in remote.extend(_snap("a")).processes] == [""]
+    assert fake.killed == [actor]
+
+
+def test_a_node_sampler_that_died_is_replaced():
+    fake = _FakeRay()
+    wanted = {"n2" * 14: {"b": 42}}
+    remote = RemoteTelemetry(lambda: wanted, lambda node: "node2", ray=fake, actor_class=fake.actor_class())
+    remote.extend(_snap("a"))
+    fake.calls[0][2].error, fake.calls[0][2].ready = RuntimeError("actor died"), True
+    assert [p.node for p in remote.extend(_snap("a")).processes] == [""]
+    assert len(fake.made) == 2 and fake.killed == [fake.made[0]]
+    remote.close()
+    assert fake.killed == fake.made

@@ -1,6 +1,7 @@
 """The telemetry sampler against an NVML stand-in with scripted readings, and against real processes."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -307,6 +308,39 @@ def test_every_snapshot_is_persisted_when_asked_and_reads_back(tmp_path):
     lines = path.read_text().splitlines()
     assert [from_record(json.loads(line)) for line in lines] == got
     assert json.loads(lines[0])["type"] == "telemetry"
+
+
+def test_extend_adds_other_nodes_rows_before_they_are_persisted_and_delivered(tmp_path):
+    path, got = tmp_path / "telemetry.jsonl", []
+    remote = ProcessSample(pipeline="b", pid=9, cpu_percent=1.0, rss=1, children=0, node="node2")
+    calls = []
+
+    def extend(snap):
+        calls.append(snap)
+        if len(calls) == 2:
+            raise RuntimeError("a node's bug")  # that pass still goes out, with this machine's rows
+        return dataclasses.replace(snap, processes=snap.processes + (remote,))
+
+    sampler = TelemetrySampler(interval=0.01, on_snapshot=got.append, nvml=FakeNvml(), extend=extend,
+                               persist_path=path, persist_every=0)
+    sampler.start()
+    wait_for(lambda: len(got) >= 3)
+    sampler.stop()
+    assert [remote in s.processes for s in got[:3]] == [True, False, True]
+    saved = [from_record(json.loads(line)) for line in path.read_text().splitlines()]
+    assert saved == got and saved[0].processes[-1].node == "node2"
+
+
+def test_the_pane_names_other_nodes_and_leaves_local_rows_alone():
+    from torchherd.tui.widgets.device_pane import describe
+
+    snap = TelemetrySnapshot(
+        gpus=(GpuSample(index=0, uuid="u0", name="H"), GpuSample(index=0, uuid="u1", name="H", node="node2")),
+        processes=(ProcessSample(pipeline="a", pid=7, cpu_percent=None, rss=None, children=0),
+                   ProcessSample(pipeline="b", pid=8, cpu_percent=None, rss=None, children=0, node="node2")))
+    lines = describe(snap).plain.splitlines()
+    assert lines[0].startswith("GPU0 ") and lines[1].startswith("node2:GPU0 ")
+    assert lines[-2].startswith(" a ") and lines[-1].startswith(" node2:b ")
 
 
 def test_persistence_is_at_a_lower_rate(tmp_path):

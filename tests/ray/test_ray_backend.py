@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from torchherd.engine.messages import (CheckpointSaved, Notice, PipelineFinished, Resumed, RunFinished, StepMetrics,
+                                       TelemetrySnapshot,
                                        TrainingStarted, WorkerExited, WorkerStarted, WorkerStateChanged)
 from torchherd.engine.rundir import read_events
 from torchherd.engine.supervisor import Supervisor
@@ -160,3 +161,23 @@ async def test_removing_a_node_moves_its_pipeline_to_another(tmp_path, cluster):
         await sup.shutdown(graceful=False)
     assert extra is not None
 
+
+
+async def test_telemetry_shows_the_worker_on_the_other_node(tmp_path, cluster):
+    config = ray_config(tmp_path, [{"name": "a"}, {"name": "b"}], cluster.address,
+                        defaults={"max_epochs": 200}, validation={"mode": "inline"},
+                        telemetry={"enabled": True, "interval": 0.2})
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        # One pipeline per node: the non-driver node's worker comes from that node's sampler actor.
+        snap = await wait_for(stream, lambda e: isinstance(e, TelemetrySnapshot)
+                              and any(p.node for p in e.processes), timeout=90)
+        remote = [p for p in snap.processes if p.node]
+        assert len(remote) == 1 and remote[0].pid > 0 and remote[0].rss
+        assert remote[0].node == node_of(sup, remote[0].pipeline)
+        started = {e.pipeline: e for e in read_events(sup.run_dir) if isinstance(e, WorkerStarted)}
+        assert remote[0].pid == started[remote[0].pipeline].pid
+    finally:
+        await sup.shutdown(graceful=False)

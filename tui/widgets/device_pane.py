@@ -45,7 +45,7 @@ def describe(snapshot: TelemetrySnapshot | None) -> Text:
         power = "n/a" if g.power_draw is None else \
             f"{g.power_draw:.0f}" + (f"/{g.power_limit:.0f}" if g.power_limit else "") + " W"
         owners = sorted({p.owner for p in g.processes or ()})
-        out.append(f"GPU{g.index} ", style="bold")
+        out.append(f"{g.node}:GPU{g.index} " if g.node else f"GPU{g.index} ", style="bold")
         out.append(_bar(g.util_gpu), style="green")
         out.append(f" {_na(g.util_gpu, 'd', '%'):>4} {mem} {_na(g.temperature, 'd', '°C')} {power}")
         if owners:
@@ -61,7 +61,8 @@ def describe(snapshot: TelemetrySnapshot | None) -> Text:
     for p in snapshot.processes:
         rss = "n/a" if p.rss is None else f"{p.rss / GIB:.2f} GiB"
         kids = f" +{p.children}" if p.children else ""
-        out.append(f"\n {p.pipeline[:14]:<14} pid {p.pid}{kids} CPU {_na(p.cpu_percent, '.0f', '%'):>5} RSS {rss}")
+        where = f"{p.node}:" if p.node else ""  # another node's worker; local rows look as they always did
+        out.append(f"\n {where}{p.pipeline[:14]:<14} pid {p.pid}{kids} CPU {_na(p.cpu_percent, '.0f', '%'):>5} RSS {rss}")
     return out
 
 
