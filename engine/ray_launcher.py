@@ -251,6 +251,13 @@ class RayLauncher:
             self.refresh()
         return self.book.generation
 
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        """MASTER_ADDR and a held MASTER_PORT for a gang whose ranks all run on `node` (engine/ray_gang.py)."""
+        from torchherd.engine.ray_gang import rendezvous
+
+        self.follow(LAUNCH_FRESH)  # a node may have left since the last look
+        return rendezvous(self._ray, self.inventory, self.driver_node, node)
+
     def launch(self, spec: LaunchSpec) -> RayHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
