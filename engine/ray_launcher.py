@@ -291,6 +291,8 @@ class RayLauncher:
             env.setdefault("OMP_NUM_THREADS", str(child.threads))
         run_id = Path(spec.log_path).parent.parent.name
         key = f"{run_id}/{child.name}/{child.attempt}"
+        if getattr(child, "rank", 0):  # a gang's other ranks: an actor of each rank's own
+            key += f"/rank{child.rank}"
         if isinstance(child, ValidatorSpec) and spec.node:
             key = f"{run_id}/{child.name}@{node[:12]}/{child.attempt}"  # one validator per node
         handle = RayHandle(self, key, child.name, None, node, self.label(node))
