@@ -2,7 +2,8 @@
 
 `AttemptLauncher.start(run)` writes each rank's worker spec (its slot, log and, for
 rank 0, where snapshots go) and launches one process, or a gang of one per slot with
-torchrun's environment on a port of its own.
+torchrun's environment on a port of its own (on a cluster, the launcher's
+`rendezvous` names its node's address and a port free there).
 """
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ class AttemptLauncher:
         if len(run.slots) == 1:
             return self._launcher.launch(self.spec_for(run, 0))
         restart = run.plan.run_config.restart
-        port = gang.take_port()
-        envs = [gang.rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self._run_id)
+        # the scheduler gives a gang's ranks one node: rank 0's store listens there
+        addr, port = gang.rendezvous(self._launcher, run.slots[0].node)
+        envs = [gang.rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self._run_id,
+                              addr)
                 for rank in range(len(run.slots))]
         return gang.launch_gang(self._launcher, [self.spec_for(run, rank, env) for rank, env in enumerate(envs)],
                                 linger=restart.stop_timeout, grace=restart.kill_grace,

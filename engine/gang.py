@@ -3,7 +3,8 @@
 `GangHandle` wraps one handle per rank: the first rank to fail brings the others
 down at once (none is left blocked in a collective) and its exit is the gang's, and
 rank 0 speaks for the pipeline (other ranks' errors and notices pass, tagged with
-their rank). `rank_env` gives each rank torchrun's environment, on a port of its own.
+their rank). `rank_env` gives each rank torchrun's environment, on a port of its own
+(on a cluster, on the address and a free port of the one node all its ranks share).
 """
 from __future__ import annotations
 
@@ -36,15 +37,31 @@ def take_port() -> int:
     raise OSError("no free TCP port for the gang's rendezvous")
 
 
+def hold_port(port: int) -> bool:
+    """Hold a port found free elsewhere (on a cluster node) for a gang; False if a live gang holds it."""
+    if port in _held:
+        return False
+    _held.add(port)
+    return True
+
+
 def release_port(port: int) -> None:
     _held.discard(port)
 
 
-def rank_env(rank: int, world: int, port: int, restarts: int, max_restarts: int, run_id: str) -> dict[str, str]:
+def rendezvous(launcher: Launcher, node: str) -> tuple[str, int]:
+    """MASTER_ADDR and a held MASTER_PORT for a gang on `node`: the launcher's `rendezvous(node)` hook
+    where it has one (a cluster's: the node's address and a port free there), else this machine's."""
+    hook = getattr(launcher, "rendezvous", None)
+    return hook(node) if hook is not None else ("127.0.0.1", take_port())
+
+
+def rank_env(rank: int, world: int, port: int, restarts: int, max_restarts: int, run_id: str,
+             addr: str = "127.0.0.1") -> dict[str, str]:
     """What torchrun --standalone sets for one rank, so a script written for it runs unchanged."""
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
             "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
-            "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "ROLE_NAME": "default", "MASTER_ADDR": addr, "MASTER_PORT": str(port),
             "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
             "TORCHELASTIC_RUN_ID": run_id, "TORCHHERD_RESTART_COUNT": str(restarts)}
 
@@ -54,7 +71,9 @@ class GangHandle:
 
     def __init__(self, ranks: list[Handle], linger: float, grace: float, on_close: Callable[[], None] = lambda: None):
         self.ranks = ranks
-        self.node = ranks[0].node
+        self.node = ranks[0].node  # every rank shares its node (engine/scheduler.py)
+        if hasattr(ranks[0], "node_id"):  # a cluster's: telemetry asks that node's sampler for the ranks
+            self.node_id = ranks[0].node_id
         self.failed_rank: int | None = None  # the first rank seen to fail: the root cause
         self.errors: dict[int, WorkerError] = {}  # the last error each rank reported
         self._error_order: list[int] = []  # ranks in the order their first error arrived

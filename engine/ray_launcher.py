@@ -251,6 +251,13 @@ class RayLauncher:
             self.refresh()
         return self.book.generation
 
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        """MASTER_ADDR and a held MASTER_PORT for a gang whose ranks all run on `node` (engine/ray_gang.py)."""
+        from torchherd.engine.ray_gang import rendezvous
+
+        self.follow(LAUNCH_FRESH)  # a node may have left since the last look
+        return rendezvous(self._ray, self.inventory, self.driver_node, node)
+
     def launch(self, spec: LaunchSpec) -> RayHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -284,6 +291,8 @@ class RayLauncher:
             env.setdefault("OMP_NUM_THREADS", str(child.threads))
         run_id = Path(spec.log_path).parent.parent.name
         key = f"{run_id}/{child.name}/{child.attempt}"
+        if getattr(child, "rank", 0):  # a gang's other ranks: an actor of each rank's own
+            key += f"/rank{child.rank}"
         if isinstance(child, ValidatorSpec) and spec.node:
             key = f"{run_id}/{child.name}@{node[:12]}/{child.attempt}"  # one validator per node
         handle = RayHandle(self, key, child.name, None, node, self.label(node))

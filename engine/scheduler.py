@@ -8,7 +8,9 @@ a big gang cannot be starved for ever by small pipelines slipping past it.
 On a cluster the pool follows the nodes (`resize`): a slot is then counted by its node
 and device, not by its name, since the names of a cluster's slots are renumbered as
 nodes come and go; an allocation on a node that left is swapped for a live slot when
-its pipeline starts again (`refit`).
+its pipeline starts again (`refit`). A gang's k slots all come from one node (their
+collectives then never cross the network: what Ray's STRICT_PACK placement would give);
+on this machine every slot's node is "", so that rule changes nothing.
 """
 from __future__ import annotations
 
@@ -22,6 +24,22 @@ from torchherd.engine.placement import Slot
 def _kind(slot: Slot) -> Hashable:
     """What a slot is for counting: itself on this machine, its node and device on a cluster."""
     return slot if not slot.node else (slot.node, slot.device)
+
+
+def _one_node(free: list[Slot], need: int) -> list[Slot] | None:
+    """The first `need` free slots of the first node (in pool order) that has that many free; None if none has.
+
+    One slot may come from anywhere; more (a gang) share a node.
+    """
+    if need <= 1:
+        return free[:need] if len(free) >= need else None
+    by_node: dict[str, list[Slot]] = {}
+    for slot in free:
+        group = by_node.setdefault(slot.node, [])
+        group.append(slot)
+        if len(group) == need:
+            return group
+    return None
 
 
 @dataclass(frozen=True)
@@ -66,9 +84,10 @@ class Scheduler:
         granted = []
         for key in self.queued():
             need = self._waiting[key].need
-            if need > len(self._free):
+            taken = _one_node(self._free, need)
+            if taken is None:
                 break  # strict order: the head waits for its k slots, nobody overtakes it
-            taken, self._free = self._free[:need], self._free[need:]
+            self._free = [s for s in self._free if s not in taken]
             self._taken += taken
             del self._waiting[key]
             granted.append((key, taken))
@@ -93,6 +112,15 @@ class Scheduler:
         stale = [s for s in slots if _kind(s) not in live]
         if not stale:
             return slots
+        if len(slots) > 1:  # a gang: all of it moves to one node with room for every rank
+            out = _one_node(self._free, len(slots))
+            if out is None:
+                return None
+            for slot in slots:
+                self._taken.remove(slot)
+            self._taken += out
+            self._refree()
+            return out
         if len(stale) > len(self._free):
             return None
         fresh = iter(self._free[:len(stale)])

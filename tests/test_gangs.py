@@ -77,6 +77,31 @@ def test_a_waiting_gang_is_not_overtaken_by_smaller_pipelines():
         sched.enqueue("too-big", 0, 4, need=4)
 
 
+def test_on_a_cluster_a_gang_gets_all_its_slots_on_one_node_and_keeps_its_place_in_the_queue():
+    # Slots spread node by node, as engine/ray_placement.py plans them: a, b, a, b.
+    slots = [Slot(f"cpu{i}", "cpu", None, 1, node="ab"[i % 2]) for i in range(4)]
+    sched = Scheduler(slots)
+    sched.enqueue("single", 0, 0)
+    [(_, [first])] = sched.allocate()
+    assert first.node == "a"
+    sched.enqueue("gang", 0, 1, need=2)
+    sched.enqueue("late", 0, 2)
+    (key, on_b), (_, [late]) = sched.allocate()  # the first two free slots are on b and a: b has two
+    assert key == "gang" and [s.node for s in on_b] == ["b", "b"] and late.node == "a"
+    sched.release([first])
+    sched.enqueue("gang2", 0, 3, need=2)
+    sched.enqueue("late2", 0, 4)
+    assert sched.allocate() == []  # one slot free on a: gang2 waits, and late2 may not slip past it
+    sched.release([late])
+    [(key, on_a)] = sched.allocate()
+    assert key == "gang2" and [s.node for s in on_a] == ["a", "a"]
+    # Node b leaves: its gang moves whole to a node with room for both ranks, never split across two.
+    sched.release(on_a)
+    sched.resize([s for s in slots if s.node == "a"])
+    moved = sched.refit(on_b)
+    assert moved is not None and [s.node for s in moved] == ["a", "a"]
+
+
 def ranks(n: int) -> tuple[gangs.GangHandle, list[FakeHandle]]:
     fakes = [FakeHandle(1000 + r) for r in range(n)]
     return gangs.GangHandle(fakes, linger=60.0, grace=5.0), fakes
