@@ -15,7 +15,7 @@ from typing import Any
 
 from torchherd.engine.channel import StatusSender
 from torchherd.engine.messages import Notice, ValResult
-from torchherd.engine.validator import keep_best, load_newest
+from torchherd.engine.validator import keep_best, load_newest, open_pipeline
 
 BEST = "best.ckpt"
 
@@ -27,20 +27,10 @@ class LightningScorer:
         import lightning.pytorch as pl
         from lightning.pytorch.utilities.model_helpers import is_overridden
 
-        from torchherd.engine.config import Pipeline, ValidationConfig
         from torchherd.engine.lightning_runner import PRECISION
         from torchherd.engine.lightning_support import build_for
-        from torchherd.engine.snapshot import SnapshotReader
 
-        self.name = name
-        self.reader = SnapshotReader(directory)
-        meta = self.reader.meta
-        self.pipe = Pipeline.model_validate(meta["pipeline"])
-        self.validation = ValidationConfig.model_validate(meta["validation"])
-        self.pipeline_dir = Path(meta["pipeline_dir"])
-        self.last_seq = 0
-        self.best: float | None = meta.get("best")
-        self.since_best = 0
+        open_pipeline(self, name, directory)
         self.noticed: set[str] = set()
         pl.seed_everything(self.pipe.seed, verbose=False)
         self.task = build_for(self.pipe)

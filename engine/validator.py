@@ -21,28 +21,35 @@ from torchherd.engine.spec import ValidatorSpec
 POLL = 0.02  # seconds between looks for new snapshots when idle
 
 
+def open_pipeline(scorer: Any, name: str, directory: Path) -> None:
+    """What every scorer reads from a pipeline's snapshot folder: its reader, the pipeline and validation
+    settings the worker wrote there, its run folder, and the best score so far."""
+    from torchherd.engine.config import Pipeline, ValidationConfig
+    from torchherd.engine.snapshot import SnapshotReader
+
+    scorer.name = name
+    scorer.reader = SnapshotReader(directory)
+    meta = scorer.reader.meta
+    scorer.pipe = Pipeline.model_validate(meta["pipeline"])
+    scorer.validation = ValidationConfig.model_validate(meta["validation"])
+    scorer.pipeline_dir = Path(meta["pipeline_dir"])
+    scorer.last_seq = 0
+    scorer.best = meta.get("best")
+    scorer.since_best = 0
+
+
 class PipelineScorer:
     """One pipeline as the validator sees it: its model and data, built once, and its best score."""
 
     def __init__(self, name: str, directory: Path, device: str):
         import torch
 
-        from torchherd.engine.config import Pipeline, ValidationConfig
         from torchherd.engine.data import make_loader
         from torchherd.engine.precision import autocast
-        from torchherd.engine.snapshot import SnapshotReader
         from torchherd.engine.task import build_task
 
-        self.name = name
-        self.reader = SnapshotReader(directory)
-        meta = self.reader.meta
-        self.pipe = Pipeline.model_validate(meta["pipeline"])
-        self.validation = ValidationConfig.model_validate(meta["validation"])
-        self.pipeline_dir = Path(meta["pipeline_dir"])
+        open_pipeline(self, name, directory)
         self.device = torch.device(device)
-        self.last_seq = 0
-        self.best: float | None = meta.get("best")
-        self.since_best = 0
         self.failed = ""
         if self.pipe.kind == "script":  # the script's `validate` factory: model and data, no training parts
             from torchherd.engine.script_validation import build_validation
