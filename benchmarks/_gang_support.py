@@ -87,10 +87,18 @@ class Torchrun:
         return None
 
     def end(self) -> None:
+        """Kill torchrun and its ranks: they run in process groups of their own, and a SIGKILLed
+        torchrun leaves them training as orphans."""
+        ranks = [psutil.Process(pid) for pid in self.ranks() if psutil.pid_exists(pid)]
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for rank in ranks:
+            try:
+                rank.kill()
+            except psutil.Error:
+                pass
         self.proc.wait()
 
 
