@@ -5,9 +5,9 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from torchherd.engine.channel import StatusSender
-from torchherd.engine.messages import Notice, StepMetrics
-from torchherd.engine.spec import read_spec
+from torchherd.engine.protocol.channel import StatusSender
+from torchherd.engine.protocol.messages import Notice, StepMetrics
+from torchherd.engine.protocol.spec import read_spec
 
 
 def main() -> None:

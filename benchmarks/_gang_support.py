@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from torchherd.engine.config import RunConfig, parse_config
+from torchherd.engine.config.schema import RunConfig, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "tasks" / "scripts" / "ddp_loop.py"

@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._gang_support import RANKS, Torchrun, herd_config  # noqa: E402
-from torchherd.engine.devices import Inventory  # noqa: E402
-from torchherd.engine.supervisor import Supervisor  # noqa: E402
+from torchherd.engine.hardware.devices import Inventory  # noqa: E402
+from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 ARGS = ["--epochs", "6", "--samples", "8192", "--width", "256"]
 SPEED = re.compile(r"ddp_loop: trained (\d+) samples in ([\d.]+)s")

@@ -22,9 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._gang_support import RANKS, Torchrun, herd_config  # noqa: E402
-from torchherd.engine.devices import Inventory  # noqa: E402
-from torchherd.engine.messages import StepMetrics, WorkerExited, WorkerStarted  # noqa: E402
-from torchherd.engine.supervisor import Supervisor  # noqa: E402
+from torchherd.engine.hardware.devices import Inventory  # noqa: E402
+from torchherd.engine.protocol.messages import StepMetrics, WorkerExited, WorkerStarted  # noqa: E402
+from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 # Long enough to outlast every kill; a checkpoint each epoch to come back to.
 ARGS = ["--epochs", "10000", "--samples", "2048", "--delay", "0.01"]

@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
 
-from torchherd.engine.config import parse_config  # noqa: E402
-from torchherd.engine.messages import EpochEnd, TrainingStarted, ValResult, WorkerStarted  # noqa: E402
-from torchherd.engine.supervisor import Supervisor  # noqa: E402
+from torchherd.engine.config.schema import parse_config  # noqa: E402
+from torchherd.engine.protocol.messages import EpochEnd, TrainingStarted, ValResult, WorkerStarted  # noqa: E402
+from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 EPOCHS = int(os.environ.get("EPOCHS", "20"))  # enough that the validator's one Lightning import is amortised
@@ -96,7 +96,7 @@ async def herd(root: Path) -> tuple[float, float, float]:
         await asyncio.wait_for(sup.wait(), 1800)
     finally:
         await sup.shutdown(graceful=True)
-    from torchherd.engine.rundir import read_events
+    from torchherd.engine.rundir.directory import read_events
 
     events = read_events(sup.run_dir)
     spawned = [e.time for e in events if isinstance(e, WorkerStarted)][0]
@@ -127,8 +127,8 @@ def runner_here(root: Path) -> float:
     """Training seconds of torchherd's Lightning runner in this process (hand-offs to slots nobody reads)."""
     from types import SimpleNamespace
 
-    from torchherd.engine.control import WorkerControl
-    from torchherd.engine.lightning_runner import LightningRunner
+    from torchherd.engine.worker.control import WorkerControl
+    from torchherd.engine.runners.lightning.runner import LightningRunner
 
     data = {"runs_dir": str(root), "defaults": {
                 "task": f"lightning:{HERE / '_lightning_workload.py'}:LitOverlap", "max_epochs": EPOCHS,

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchherd.engine.messages import (EpochEnd, Notice, SnapshotTaken, StepMetrics, ValResult,  # noqa: E402
+from torchherd.engine.protocol.messages import (EpochEnd, Notice, SnapshotTaken, StepMetrics, ValResult,  # noqa: E402
                                        WorkerExited, WorkerStarted)
 
 PARAMS = {"samples": 40_000, "features": 64, "hidden": 256, "lr": 0.01}
@@ -40,7 +40,7 @@ BATCH = 64
 
 
 def config(tmp: Path, backend: str, epochs: int = EPOCHS):
-    from torchherd.engine.config import parse_config
+    from torchherd.engine.config.schema import parse_config
 
     data = {"runs_dir": str(tmp), "name": f"bench-{backend}",
             "pipelines": [{"name": "bench", "task": "regression", "params": PARAMS,
@@ -53,8 +53,8 @@ def config(tmp: Path, backend: str, epochs: int = EPOCHS):
 
 
 async def samples_per_s(tmp: Path, backend: str) -> float:
-    from torchherd.engine.devices import Inventory
-    from torchherd.engine.supervisor import Supervisor
+    from torchherd.engine.hardware.devices import Inventory
+    from torchherd.engine.supervise.supervisor import Supervisor
 
     inventory = Inventory(cpu_count=os.cpu_count() or 1) if backend == "local" else None
     sup = Supervisor(config(tmp, backend), inventory=inventory)
@@ -82,8 +82,8 @@ def worker_pid(pipeline_dir: Path) -> int:
 
 async def kill_to_next_step(tmp: Path, backend: str) -> float:
     """Seconds from SIGKILL of the training process to the restarted attempt's first step report."""
-    from torchherd.engine.devices import Inventory
-    from torchherd.engine.supervisor import Supervisor
+    from torchherd.engine.hardware.devices import Inventory
+    from torchherd.engine.supervise.supervisor import Supervisor
 
     inventory = Inventory(cpu_count=os.cpu_count() or 1) if backend == "local" else None
     sup = Supervisor(config(tmp, backend, epochs=1000), inventory=inventory)
@@ -107,10 +107,10 @@ async def kill_to_next_step(tmp: Path, backend: str) -> float:
 
 async def ray_events_per_s(tmp: Path, workers: int = 4, count: int = 200_000) -> float:
     """Step events/s from `workers` Ray actors' children into this event loop, over dial-back connections."""
-    from torchherd.engine.config import ClusterConfig
-    from torchherd.engine.launcher import LaunchSpec
-    from torchherd.engine.ray_launcher import RayLauncher
-    from torchherd.engine.spec import WorkerSpec
+    from torchherd.engine.config.schema import ClusterConfig
+    from torchherd.engine.launch.process import LaunchSpec
+    from torchherd.engine.launch.ray.launcher import RayLauncher
+    from torchherd.engine.protocol.spec import WorkerSpec
 
     launcher = RayLauncher(ClusterConfig(backend="ray", address="local"))
     received, reports, done = 0, [], asyncio.Event()
@@ -155,8 +155,8 @@ async def ray_events_per_s(tmp: Path, workers: int = 4, count: int = 200_000) ->
 
 def flood(spec_path: str) -> None:
     """The stand-in worker: dial back, send `count` step reports, then one notice that it is done."""
-    from torchherd.engine.channel import StatusSender, dial_back
-    from torchherd.engine.spec import read_spec
+    from torchherd.engine.protocol.channel import StatusSender, dial_back
+    from torchherd.engine.protocol.spec import read_spec
 
     spec, transport = read_spec(Path(spec_path))
     count = spec.pipeline["params"]["count"]
@@ -174,9 +174,9 @@ async def validation_latency(tmp: Path, backend: str, address: str = "local") ->
     result."""
     import statistics
 
-    from torchherd.engine.config import parse_config
-    from torchherd.engine.devices import Inventory
-    from torchherd.engine.supervisor import Supervisor
+    from torchherd.engine.config.schema import parse_config
+    from torchherd.engine.hardware.devices import Inventory
+    from torchherd.engine.supervise.supervisor import Supervisor
 
     data = {"runs_dir": str(tmp), "name": f"val-{backend}",
             "pipelines": [{"name": n, "task": "regression", "params": {**PARAMS, "samples": 8_000},

@@ -17,12 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from torchherd.engine.config import parse_config  # noqa: E402
-from torchherd.engine.devices import Inventory  # noqa: E402
-from torchherd.engine.launcher import LaunchSpec, ProcessLauncher  # noqa: E402
-from torchherd.engine.spec import WorkerSpec  # noqa: E402
-from torchherd.engine.messages import EpochEnd, Notice, StepMetrics  # noqa: E402
-from torchherd.engine.supervisor import Supervisor  # noqa: E402
+from torchherd.engine.config.schema import parse_config  # noqa: E402
+from torchherd.engine.hardware.devices import Inventory  # noqa: E402
+from torchherd.engine.launch.process import LaunchSpec, ProcessLauncher  # noqa: E402
+from torchherd.engine.protocol.spec import WorkerSpec  # noqa: E402
+from torchherd.engine.protocol.messages import EpochEnd, Notice, StepMetrics  # noqa: E402
+from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 PARAMS = {"samples": 40_000, "features": 64, "hidden": 256, "lr": 0.01}
 EPOCHS = 3
@@ -33,7 +33,7 @@ def bare_samples_per_s() -> float:
     """The task trained by the loop anyone would write, in this process, one thread."""
     import torch
 
-    from torchherd.engine.builtin_tasks import regression
+    from torchherd.engine.runners.task.builtin import regression
 
     torch.set_num_threads(1)
     task = regression(PARAMS)

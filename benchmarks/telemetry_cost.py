@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 
-from torchherd.engine.telemetry import TelemetrySampler, _ppid_map  # noqa: E402
+from torchherd.engine.telemetry.sampler import TelemetrySampler, _ppid_map  # noqa: E402
 
 # ~1 ms of work every ~50 ms: about 2% of a core each, so 16 of them leave the machine usable
 BUSY = ("import time\nwhile True:\n    t = time.perf_counter()\n"

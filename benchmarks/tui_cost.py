@@ -47,9 +47,9 @@ def run_child(args: argparse.Namespace) -> None:
     sys.path[:0] = [str(ROOT)]
     from tests.tui.scripting import FrozenTime, Session
 
-    from torchherd.engine.supervisor import TICK
+    from torchherd.engine.supervise.supervisor import TICK
 
-    from torchherd.engine import messages as m
+    from torchherd.engine.protocol import messages as m
     from torchherd.tui.app import TorchherdApp
 
     # The real Supervisor over scripted workers: every event goes through its fold, its run directory

@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from torchherd.engine.config import parse_config  # noqa: E402
-from torchherd.engine.devices import Inventory  # noqa: E402
-from torchherd.engine.messages import EpochEnd, SnapshotTaken, TrainingStarted, ValResult  # noqa: E402
-from torchherd.engine.supervisor import Supervisor  # noqa: E402
+from torchherd.engine.config.schema import parse_config  # noqa: E402
+from torchherd.engine.hardware.devices import Inventory  # noqa: E402
+from torchherd.engine.protocol.messages import EpochEnd, SnapshotTaken, TrainingStarted, ValResult  # noqa: E402
+from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 TASK = f"{Path(__file__).resolve().parent / '_overlap_task.py'}:build"
 EPOCHS = int(os.environ.get("EPOCHS", "6"))

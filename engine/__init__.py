@@ -2,12 +2,12 @@
 
 Import what you need from here; importing it loads neither torch nor Textual.
 """
-from torchherd.engine.check import CheckReport, check_config
-from torchherd.engine.config import ConfigError, Problem, RunConfig, load_config
-from torchherd.engine.messages import Event
-from torchherd.engine.states import WorkerState
-from torchherd.engine.supervisor import PipelineView, Supervisor
-from torchherd.engine.task import Task
+from .preflight.check import CheckReport, check_config
+from .config.schema import ConfigError, Problem, RunConfig, load_config
+from .protocol.messages import Event
+from .protocol.states import WorkerState
+from .supervise.supervisor import PipelineView, Supervisor
+from .runners.task.api import Task
 
 __all__ = ["CheckReport", "ConfigError", "Event", "PipelineView", "Problem", "RunConfig", "Supervisor", "Task",
            "WorkerState", "check_config", "load_config"]

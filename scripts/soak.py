@@ -38,13 +38,13 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchherd.engine.config import parse_config  # noqa: E402
-from torchherd.engine.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, RunFinished,  # noqa: E402
+from torchherd.engine.config.schema import parse_config  # noqa: E402
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, RunFinished,  # noqa: E402
                              SnapshotSkipped, SnapshotTaken, StepMetrics, TrainingStarted, ValidatorStarted,
                              ValResult, WorkerExited, WorkerRestarting, WorkerStarted)
-from torchherd.engine.rundir import read_events, read_records  # noqa: E402
-from torchherd.engine.states import WorkerState  # noqa: E402
-from torchherd.engine.supervisor import Supervisor  # noqa: E402
+from torchherd.engine.rundir.directory import read_events, read_records  # noqa: E402
+from torchherd.engine.protocol.states import WorkerState  # noqa: E402
+from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 TINY = ROOT / "tests" / "tasks" / "tiny.py"
 LIVE = (WorkerState.RUNNING, WorkerState.PAUSED)

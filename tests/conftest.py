@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import pytest
 
-from torchherd.engine.config import RunConfig, parse_config
+from torchherd.engine.config.schema import RunConfig, parse_config
 
 TASKS = Path(__file__).parent / "tasks"
 

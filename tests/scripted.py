@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from torchherd.engine.messages import TrainingStarted
+from torchherd.engine.protocol.messages import TrainingStarted
 
 
 class FakeHandle:

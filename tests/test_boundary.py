@@ -1,4 +1,8 @@
-"""The engine runs without the screen: no engine module imports Textual or rich, and importing it loads no torch."""
+"""The engine runs without the screen, and its sub-packages form layers.
+
+No engine module imports Textual or rich, importing it loads no torch, and no two
+engine sub-packages import each other (directly or round a longer loop).
+"""
 import ast
 import subprocess
 import sys
@@ -14,33 +18,108 @@ ENGINE = Path(torchherd.engine.__path__[0])
 CODE = """
 import importlib, pkgutil, sys
 import torchherd.engine
-for mod in pkgutil.iter_modules(torchherd.engine.__path__):
-    importlib.import_module(f"torchherd.engine.{mod.name}")
+for mod in pkgutil.walk_packages(torchherd.engine.__path__, "torchherd.engine."):
+    importlib.import_module(mod.name)
 print(sorted({"textual", "rich"} & {m.split(".")[0] for m in sys.modules}))
 """
 
 
+def module_name(path: Path) -> list[str]:
+    """`engine/launch/ray/actor.py` -> ["torchherd", "engine", "launch", "ray", "actor"]."""
+    parts = list(path.relative_to(ENGINE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1] + ["__init__"]
+    return ["torchherd", "engine", *parts]
+
+
 def imported_modules(path: Path) -> set[str]:
     """Every module an engine file names in an import statement, at top level or inside a function."""
+    package = module_name(path)[:-1]
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against torchherd.engine
-                base = ["torchherd", "engine"][: max(0, 3 - node.level)]
-                names.add(".".join(base + ([node.module] if node.module else [])))
+            if node.level:  # relative: resolve against the file's own package
+                base = package[: len(package) - node.level + 1]
+                if node.module:
+                    names.add(".".join(base + [node.module]))
+                else:  # `from . import messages`: each name may be a module
+                    names.update(".".join(base + [alias.name]) for alias in node.names)
             else:
                 names.add(node.module or "")
     return names
 
 
+def engine_files() -> list[Path]:
+    return sorted(ENGINE.rglob("*.py"))
+
+
 def test_no_engine_file_names_screen_code():
     # Fast and static; the test below proves the same for what the imports pull in, in a fresh interpreter.
-    files = sorted(ENGINE.glob("*.py"))
-    assert len(files) >= 10, ENGINE
-    found = {f"{path.name}: {name}" for path in files for name in imported_modules(path)
+    files = engine_files()
+    assert len(files) >= 50 and any(len(f.relative_to(ENGINE).parts) > 2 for f in files), ENGINE
+    found = {f"{path.relative_to(ENGINE)}: {name}" for path in files for name in imported_modules(path)
              if name.startswith(SCREEN)}
+    assert found == set()
+
+
+def subpackage_graph() -> dict[str, set[str]]:
+    """Which engine sub-package imports which (the top-level `torchherd.engine` facade left out)."""
+    graph: dict[str, set[str]] = {}
+    for path in engine_files():
+        own = module_name(path)
+        if len(own) < 4:  # engine/__init__.py: the public facade, above every layer
+            continue
+        edges = graph.setdefault(own[2], set())
+        for name in imported_modules(path):
+            parts = name.split(".")
+            if parts[:2] == ["torchherd", "engine"] and len(parts) > 2 and parts[2] != own[2]:
+                edges.add(parts[2])
+    return graph
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str]:
+    """One import loop between sub-packages, as a path that ends where it began, or []."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return []
+        for nxt in sorted(graph.get(node, ())):
+            found = visit(nxt, path + [node])
+            if found:
+                return found
+        done.add(node)
+        return []
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found:
+            return found
+    return []
+
+
+def test_engine_subpackages_import_each_other_without_loops():
+    graph = subpackage_graph()
+    assert {"protocol", "launch", "supervise", "worker", "runners", "validation"} <= set(graph)
+    assert cycle_in(graph) == []
+
+
+def test_the_loop_finder_finds_a_loop():
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert cycle_in({"a": {"b"}, "b": set()}) == []
+
+
+def test_protocol_needs_only_the_standard_library():
+    # Every child imports it before anything else, and a client of the run may have no torch.
+    third_party = {"torch", "pydantic", "psutil", "pynvml", "ray", "lightning", "numpy", "textual", "rich"}
+    found = {f"{path.name}: {name}" for path in (ENGINE / "protocol").glob("*.py")
+             for name in imported_modules(path)
+             if name.split(".")[0] in third_party
+             or (name.startswith("torchherd.") and not name.startswith("torchherd.engine.protocol"))}
     assert found == set()
 
 

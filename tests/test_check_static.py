@@ -9,9 +9,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchherd.engine.check import check_config
-from torchherd.engine.devices import Inventory
-from torchherd.engine.probe import ProbeCancelled, pending_jobs, probe_tasks
+from torchherd.engine.preflight.check import check_config
+from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.preflight.probe import ProbeCancelled, pending_jobs, probe_tasks
 
 NO_GPU = Inventory(cpu_count=2, note="no NVIDIA GPU (test inventory)")
 TWO_PIPELINES = """

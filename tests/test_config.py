@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from torchherd.engine.check import check_config
-from torchherd.engine.config import ConfigError, Problem, display_path, parse_config
-from torchherd.engine.devices import Inventory
+from torchherd.engine.preflight.check import check_config
+from torchherd.engine.config.schema import ConfigError, Problem, display_path, parse_config
+from torchherd.engine.hardware.devices import Inventory
 
 CONFIGS = Path(__file__).parent / "configs"
 BAD = sorted((CONFIGS / "bad").glob("*.toml"))

@@ -5,12 +5,12 @@ import asyncio
 
 import pytest
 
-from torchherd.engine.devices import Inventory
-from torchherd.engine.messages import Heartbeat, PipelineFinished, TrainingStarted, WorkerError, WorkerRestarting
-from torchherd.engine.rundir import read_events
+from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.protocol.messages import Heartbeat, PipelineFinished, TrainingStarted, WorkerError, WorkerRestarting
+from torchherd.engine.rundir.directory import read_events
 from tests.conftest import TASKS, make_config
 from tests.scripted import ScriptedLauncher, until
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.supervise.supervisor import Supervisor
 
 
 def scripted(tmp_path, **restart):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from torchherd.engine.devices import GpuInfo, Inventory, discover_devices
+from torchherd.engine.hardware.devices import GpuInfo, Inventory, discover_devices
 
 GiB = 1 << 30
 

@@ -1,8 +1,8 @@
 """The README documents every config key and every event type the engine has."""
 from pathlib import Path
 
-from torchherd.engine.config import describe_fields
-from torchherd.engine.messages import Command, message_types
+from torchherd.engine.config.schema import describe_fields
+from torchherd.engine.protocol.messages import Command, message_types
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

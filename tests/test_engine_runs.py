@@ -8,10 +8,10 @@ import signal
 import psutil
 import pytest
 
-from torchherd.engine.messages import (CheckpointSaved, StepMetrics, EpochEnd, PipelineFinished, Resumed, RunFinished, TrainingStarted,
+from torchherd.engine.protocol.messages import (CheckpointSaved, StepMetrics, EpochEnd, PipelineFinished, Resumed, RunFinished, TrainingStarted,
                              ValResult, WorkerError, WorkerExited, WorkerStarted)
-from torchherd.engine.rundir import read_events, read_records
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.rundir.directory import read_events, read_records
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config, still_alive, wait_for
 
 pytestmark = pytest.mark.slow

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from torchherd.engine import gang as gangs
-from torchherd.engine.check import check_config
-from torchherd.engine.data import EpochSampler
-from torchherd.engine.devices import Inventory
-from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, StepMetrics,
+from torchherd.engine.launch import gang as gangs
+from torchherd.engine.preflight.check import check_config
+from torchherd.engine.worker.data import EpochSampler
+from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, StepMetrics,
                                        TrainingStarted, WorkerError, WorkerExited, WorkerStarted, WorkerStateChanged)
-from torchherd.engine.placement import Slot
-from torchherd.engine.rundir import read_events
-from torchherd.engine.scheduler import Scheduler
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.hardware.placement import Slot
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.scheduler import Scheduler
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config, still_alive, wait_for
 from tests.scripted import FakeHandle
 
@@ -78,7 +78,7 @@ def test_a_waiting_gang_is_not_overtaken_by_smaller_pipelines():
 
 
 def test_on_a_cluster_a_gang_gets_all_its_slots_on_one_node_and_keeps_its_place_in_the_queue():
-    # Slots spread node by node, as engine/ray_placement.py plans them: a, b, a, b.
+    # Slots spread node by node, as engine/launch/ray/placement.py plans them: a, b, a, b.
     slots = [Slot(f"cpu{i}", "cpu", None, 1, node="ab"[i % 2]) for i in range(4)]
     sched = Scheduler(slots)
     sched.enqueue("single", 0, 0)
@@ -143,10 +143,10 @@ def test_a_paused_gang_does_not_count_the_pause_against_max_time(monkeypatch):
 
     import torch
 
-    from torchherd.engine.channel import ControlReceiver
-    from torchherd.engine.control import WorkerControl
-    from torchherd.engine.distributed import Gang
-    from torchherd.engine.messages import Pause, Resume
+    from torchherd.engine.protocol.channel import ControlReceiver
+    from torchherd.engine.worker.control import WorkerControl
+    from torchherd.engine.runners.task.distributed import Gang
+    from torchherd.engine.protocol.messages import Pause, Resume
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(gangs.take_port()))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import io
 
-from torchherd.engine.messages import CheckpointSaved, EpochEnd, ValResult, WorkerError
+from torchherd.engine.protocol.messages import CheckpointSaved, EpochEnd, ValResult, WorkerError
 from torchherd.tui.headless import LinePrinter
 
 TB = 'Traceback (most recent call last):\n  File "task.py", line 3, in loss\nValueError: shapes differ\n'

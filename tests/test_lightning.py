@@ -17,11 +17,11 @@ pl = pytest.importorskip("lightning.pytorch")
 
 import torch  # noqa: E402
 
-from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed,  # noqa: E402
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed,  # noqa: E402
                                        SnapshotTaken, StepMetrics, ValResult, WorkerExited,
                                        WorkerStarted, WorkerStateChanged)
-from torchherd.engine.rundir import read_events  # noqa: E402
-from torchherd.engine.supervisor import Supervisor  # noqa: E402
+from torchherd.engine.rundir.directory import read_events  # noqa: E402
+from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 from tests.conftest import TASKS, make_config, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,9 @@ import importlib.util
 
 import pytest
 
-from torchherd.engine.check import check_config
-from torchherd.engine.config import ConfigError, parse_config
-from torchherd.engine.devices import Inventory
+from torchherd.engine.preflight.check import check_config
+from torchherd.engine.config.schema import ConfigError, parse_config
+from torchherd.engine.hardware.devices import Inventory
 from tests.conftest import TASKS
 
 SAMPLES = TASKS.parent.parent / "sample_configs"

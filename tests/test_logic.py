@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchherd.engine import checkpoint as ckpt
-from torchherd.engine.channel import StatusSender, decode_batch
-from torchherd.engine.config import RestartConfig
-from torchherd.engine.messages import (Event, EpochEnd, Heartbeat, Message, Notice, StepMetrics, from_record,
+from torchherd.engine.worker import checkpoint as ckpt
+from torchherd.engine.protocol.channel import StatusSender, decode_batch
+from torchherd.engine.config.schema import RestartConfig
+from torchherd.engine.protocol.messages import (Event, EpochEnd, Heartbeat, Message, Notice, StepMetrics, from_record,
                              message_types, to_record)
-from torchherd.engine.policy import RestartPolicy
-from torchherd.engine.rundir import snapshot_root
-from torchherd.engine.states import FINAL_STATES, TRANSITIONS, IllegalTransition, WorkerState, check_transition
+from torchherd.engine.supervise.policy import RestartPolicy
+from torchherd.engine.rundir.directory import snapshot_root
+from torchherd.engine.protocol.states import FINAL_STATES, TRANSITIONS, IllegalTransition, WorkerState, check_transition
 
 S = WorkerState
 

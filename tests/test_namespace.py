@@ -59,7 +59,7 @@ def test_installed_package_exposes_only_torchherd(tmp_path: Path):
     # The fresh venv has torchherd alone; its dependencies come from this interpreter's site-packages.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
-    code = ("import importlib.util as u, torchherd, torchherd.tui.app, torchherd.engine.supervisor; "
+    code = ("import importlib.util as u, torchherd, torchherd.tui.app, torchherd.engine.supervise.supervisor; "
             "print(u.find_spec('engine'), u.find_spec('tui'), torchherd.__file__)")
     out = subprocess.run([str(python), "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)

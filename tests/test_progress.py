@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from torchherd.engine import messages as m
-from torchherd.engine.progress import PipelineProgress, apply, better, metric_value
-from torchherd.engine.states import WorkerState
+from torchherd.engine.protocol import messages as m
+from torchherd.engine.protocol.progress import PipelineProgress, apply, better, metric_value
+from torchherd.engine.protocol.states import WorkerState
 
 
 def fold(progress: PipelineProgress, *events: m.Event) -> PipelineProgress:

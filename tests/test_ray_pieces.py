@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchherd.engine.channel import StatusSender, decode_batch, dial_back
-from torchherd.engine.config import ConfigError, DevicesConfig, parse_config
-from torchherd.engine.messages import GpuSample, Notice, ProcessSample, TelemetrySnapshot, from_record, to_record
-from torchherd.engine.ray_placement import NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, read_nodes
-from torchherd.engine.ray_telemetry import RemoteTelemetry, merge
-from torchherd.engine.ray_transport import DialBackListener
-from torchherd.engine.messages import WorkerStarted
+from torchherd.engine.protocol.channel import StatusSender, decode_batch, dial_back
+from torchherd.engine.config.schema import ConfigError, DevicesConfig, parse_config
+from torchherd.engine.protocol.messages import GpuSample, Notice, ProcessSample, TelemetrySnapshot, from_record, to_record
+from torchherd.engine.launch.ray.placement import NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, read_nodes
+from torchherd.engine.launch.ray.telemetry import RemoteTelemetry, merge
+from torchherd.engine.launch.ray.transport import DialBackListener
+from torchherd.engine.protocol.messages import WorkerStarted
 from tests.conftest import make_config, wait_for
 from tests.scripted import FakeHandle, ScriptedLauncher, until
 
@@ -71,7 +71,7 @@ def test_what_no_node_could_host_is_refused_up_front(devices, key, words):
 
 
 def test_a_gang_larger_than_every_node_is_refused_and_one_that_fits_a_node_is_not():
-    from torchherd.engine.placement import gang_problems
+    from torchherd.engine.hardware.placement import gang_problems
 
     slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu"), cluster_inventory(read_nodes(NODES)), "c.toml")
     assert len(slots) == 6  # 4 on the head, 2 on gpu1
@@ -97,7 +97,7 @@ def test_node_book_moves_work_off_a_node_that_left():
 
 
 def test_slots_follow_the_cluster_and_an_allocation_on_a_node_that_left_moves():
-    from torchherd.engine.scheduler import Scheduler
+    from torchherd.engine.supervise.scheduler import Scheduler
 
     devices = DevicesConfig(placement="cpu", cpu_slots=3)
     slots, _ = plan_cluster_slots(devices, cluster_inventory(read_nodes(NODES)))
@@ -125,7 +125,7 @@ def test_slots_follow_the_cluster_and_an_allocation_on_a_node_that_left_moves():
 
 
 def test_refit_without_a_free_slot_leaves_the_allocation():
-    from torchherd.engine.scheduler import Scheduler
+    from torchherd.engine.supervise.scheduler import Scheduler
 
     inv = cluster_inventory(read_nodes(NODES))
     slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=2, threads_per_worker=2), inv)
@@ -173,7 +173,7 @@ async def test_only_the_attempts_token_opens_the_connection():
 
 
 def test_validation_runs_on_each_node_across_cluster_nodes():
-    from torchherd.engine.placement import plan_validation
+    from torchherd.engine.hardware.placement import plan_validation
 
     inv = cluster_inventory(read_nodes(NODES))
     slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=2), inv)
@@ -187,7 +187,7 @@ def test_validation_runs_on_each_node_across_cluster_nodes():
 
 
 def service(tmp_path, launcher, results):
-    from torchherd.engine.validation_service import ValidationService
+    from torchherd.engine.supervise.validation_service import ValidationService
 
     published = []
     svc = ValidationService(launcher, published.append, tmp_path / "run", tmp_path / "shm" / "torchherd-r-0123",
@@ -196,8 +196,8 @@ def service(tmp_path, launcher, results):
 
 
 def test_one_validator_per_node_each_watching_its_own_root(tmp_path):
-    from torchherd.engine.messages import ValResult
-    from torchherd.engine.placement import ValidationPlan
+    from torchherd.engine.protocol.messages import ValResult
+    from torchherd.engine.hardware.placement import ValidationPlan
 
     launcher, results = ScriptedLauncher(), []
     svc, _ = service(tmp_path, launcher, results)
@@ -216,8 +216,8 @@ def test_a_dead_node_validator_restarts_alone_and_one_whose_node_left_is_dropped
     import signal
     import time
 
-    from torchherd.engine.messages import SnapshotSkipped, SnapshotTaken
-    from torchherd.engine.placement import ValidationPlan
+    from torchherd.engine.protocol.messages import SnapshotSkipped, SnapshotTaken
+    from torchherd.engine.hardware.placement import ValidationPlan
 
     launcher = ScriptedLauncher()
     svc, published = service(tmp_path, launcher, [])
@@ -240,7 +240,7 @@ def test_a_dead_node_validator_restarts_alone_and_one_whose_node_left_is_dropped
 def test_a_node_label_with_a_slash_names_one_validator_folder(tmp_path):
     # Regression: a label is "host/id" when the cluster's hosts share a name; the validator's folder was
     # nested under validator-host/ and its spec and log were not where people (and tests) look.
-    from torchherd.engine.placement import ValidationPlan
+    from torchherd.engine.hardware.placement import ValidationPlan
 
     class Hosts:  # two hosts named "vm": ClusterInventory.label tells them apart by node id
         def label(self, node):
@@ -257,7 +257,7 @@ def test_a_node_label_with_a_slash_names_one_validator_folder(tmp_path):
 
 
 def test_a_local_plan_keeps_one_validator_whatever_the_node(tmp_path):
-    from torchherd.engine.placement import ValidationPlan
+    from torchherd.engine.hardware.placement import ValidationPlan
 
     launcher = ScriptedLauncher()
     svc, _ = service(tmp_path, launcher, [])
@@ -269,8 +269,8 @@ def test_a_local_plan_keeps_one_validator_whatever_the_node(tmp_path):
 def test_ensure_root_makes_a_node_root_once_and_refuses_a_stranger(tmp_path):
     import os
 
-    from torchherd.engine.ray_rundir import ensure_root
-    from torchherd.engine.rundir import PID_FILE, SNAPSHOT_MARKER
+    from torchherd.engine.launch.ray.rundir import ensure_root
+    from torchherd.engine.rundir.directory import PID_FILE, SNAPSHOT_MARKER
 
     root = tmp_path / "torchherd-r-0123-n1"
     ensure_root(str(root))
@@ -298,8 +298,8 @@ class RemoteHandle(FakeHandle):
 
 async def test_worker_started_waits_for_the_remote_pid_and_names_the_node(tmp_path):
     # Regression: on Ray every worker_started said pid 0 (the actor had not started the child yet).
-    from torchherd.engine.devices import Inventory
-    from torchherd.engine.supervisor import Supervisor
+    from torchherd.engine.hardware.devices import Inventory
+    from torchherd.engine.supervise.supervisor import Supervisor
 
     launcher = ScriptedLauncher()
     launcher.make = lambda n: RemoteHandle(0)  # as a RayHandle: pid 0 until the actor says
@@ -322,7 +322,7 @@ async def test_worker_started_waits_for_the_remote_pid_and_names_the_node(tmp_pa
 def test_the_headless_line_names_the_node():
     import io
 
-    from torchherd.engine.messages import WorkerStarted
+    from torchherd.engine.protocol.messages import WorkerStarted
     from torchherd.tui.headless import LinePrinter
 
     out = io.StringIO()
@@ -337,7 +337,7 @@ def test_the_headless_line_names_the_node():
 async def test_the_node_column_shows_only_when_a_pipeline_runs_elsewhere():
     from textual.app import App
 
-    from torchherd.engine.progress import PipelineProgress
+    from torchherd.engine.protocol.progress import PipelineProgress
     from torchherd.tui.widgets.pipeline_table import PipelineTable
 
     class One(App):
@@ -361,9 +361,9 @@ async def test_telemetry_samples_only_workers_on_this_machine(tmp_path):
     # Regression: a worker's pid on another node was sampled from this machine's /proc (someone else's process).
     import os
 
-    from torchherd.engine.devices import Inventory
-    from torchherd.engine.messages import TelemetrySnapshot
-    from torchherd.engine.supervisor import Supervisor
+    from torchherd.engine.hardware.devices import Inventory
+    from torchherd.engine.protocol.messages import TelemetrySnapshot
+    from torchherd.engine.supervise.supervisor import Supervisor
 
     launcher = ScriptedLauncher()
     here = os.getpid()  # a live local process, so the local one is sampled for sure
@@ -382,8 +382,8 @@ async def test_telemetry_samples_only_workers_on_this_machine(tmp_path):
 
 async def test_shutdown_closes_a_launcher_that_can_be_closed(tmp_path):
     # Regression: a Ray session ended with the dial-back listener's socket still open.
-    from torchherd.engine.devices import Inventory
-    from torchherd.engine.supervisor import Supervisor
+    from torchherd.engine.hardware.devices import Inventory
+    from torchherd.engine.supervise.supervisor import Supervisor
 
     class Closable(ScriptedLauncher):
         closed = 0
@@ -411,9 +411,9 @@ async def test_the_listener_closes_once():
 async def test_an_attempt_lost_with_its_node_restarts_without_spending_the_budget(tmp_path):
     import signal
 
-    from torchherd.engine.devices import Inventory
-    from torchherd.engine.messages import WorkerExited
-    from torchherd.engine.supervisor import Supervisor
+    from torchherd.engine.hardware.devices import Inventory
+    from torchherd.engine.protocol.messages import WorkerExited
+    from torchherd.engine.supervise.supervisor import Supervisor
 
     launcher = ScriptedLauncher()
     config = make_config(tmp_path, [{"name": "a"}], telemetry={"enabled": False}, validation={"mode": "inline"},

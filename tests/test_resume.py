@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from torchherd.engine.messages import PipelineFinished, Resumed, TrainingStarted
-from torchherd.engine.rundir import list_runs, read_events, read_records
+from torchherd.engine.protocol.messages import PipelineFinished, Resumed, TrainingStarted
+from torchherd.engine.rundir.directory import list_runs, read_events, read_records
 from tests.conftest import TASKS, children, still_alive
 
 pytestmark = pytest.mark.slow

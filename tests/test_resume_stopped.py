@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from torchherd.engine.messages import PipelineFinished, Resumed, RunFinished, StepMetrics, TrainingStarted
-from torchherd.engine.rundir import list_runs, read_events
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.protocol.messages import PipelineFinished, Resumed, RunFinished, StepMetrics, TrainingStarted
+from torchherd.engine.rundir.directory import list_runs, read_events
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config, wait_for
 
 pytestmark = pytest.mark.slow

@@ -13,13 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchherd.engine.check import check_config
-from torchherd.engine.devices import Inventory
-from torchherd.engine.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, StepMetrics, ValResult,
+from torchherd.engine.preflight.check import check_config
+from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, StepMetrics, ValResult,
                                        WorkerError, WorkerExited, WorkerStarted)
-from torchherd.engine.rundir import read_events
-from torchherd.engine.script_events import ScriptEvents
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.runners.script.events import ScriptEvents
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config, still_alive, wait_for
 
 SCRIPTS = Path(__file__).parent / "tasks" / "scripts"

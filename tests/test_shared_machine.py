@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_config, wait_for
-from torchherd.engine import rundir
-from torchherd.engine.config import ConfigError, parse_config
-from torchherd.engine.rundir import PID_FILE, SNAPSHOT_MARKER, claim_root, remove_root, snapshot_root
+from torchherd.engine.rundir import directory as rundir
+from torchherd.engine.config.schema import ConfigError, parse_config
+from torchherd.engine.rundir.directory import PID_FILE, SNAPSHOT_MARKER, claim_root, remove_root, snapshot_root
 
 OLD = 3600  # seconds: older than any folder a starting torchherd may still be filling
 
@@ -112,8 +112,8 @@ def test_a_plain_run_name_is_accepted(tmp_path: Path):
 
 @pytest.mark.slow
 async def test_a_real_run_snapshots_into_a_private_folder_and_removes_it(tmp_path: Path):
-    from torchherd.engine.messages import RunFinished, SnapshotTaken
-    from torchherd.engine.supervisor import Supervisor
+    from torchherd.engine.protocol.messages import RunFinished, SnapshotTaken
+    from torchherd.engine.supervise.supervisor import Supervisor
 
     config = make_config(tmp_path, [{"name": "a"}], validation={"mode": "background"},
                          devices={"cpu_slots": 1}, defaults={"max_epochs": 2})

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from torchherd.engine.devices import Inventory
-from torchherd.engine.messages import SnapshotTaken, TrainingStarted, ValResult, WorkerStarted
-from torchherd.engine.rundir import read_records
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.protocol.messages import SnapshotTaken, TrainingStarted, ValResult, WorkerStarted
+from torchherd.engine.rundir.directory import read_records
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import TASKS, make_config, wait_for
 from tests.scripted import FakeHandle, ScriptedLauncher, until
 

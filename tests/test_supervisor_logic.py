@@ -6,10 +6,10 @@ import signal
 
 import pytest
 
-from torchherd.engine.devices import Inventory
-from torchherd.engine.messages import Heartbeat, Pause, Resume, Stop, TrainingStarted, WorkerRestarting
-from torchherd.engine.states import WorkerState
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.protocol.messages import Heartbeat, Pause, Resume, Stop, TrainingStarted, WorkerRestarting
+from torchherd.engine.protocol.states import WorkerState
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config
 from tests.scripted import FakeHandle, ScriptedLauncher, until
 
@@ -160,8 +160,8 @@ async def test_a_silent_worker_is_declared_hung_dumped_killed_and_restarted(tmp_
 
 
 async def test_a_crash_on_a_full_gpu_says_so(tmp_path, launcher):
-    from torchherd.engine.devices import GpuInfo
-    from torchherd.engine.messages import GpuSample, TelemetrySnapshot
+    from torchherd.engine.hardware.devices import GpuInfo
+    from torchherd.engine.protocol.messages import GpuSample, TelemetrySnapshot
 
     gpu = GpuInfo(index=0, name="Fake GPU", uuid="GPU-0", memory_total=80 * 2**30)
     config = make_config(tmp_path, [{"name": "a"}], devices={"placement": [0]}, telemetry={"enabled": False},
@@ -182,7 +182,7 @@ async def test_a_crash_on_a_full_gpu_says_so(tmp_path, launcher):
 # Regression: a validator result that overtook the worker's snapshot_taken left the
 # snapshot pending forever, so run_finished never came.
 async def test_a_result_that_overtakes_its_hand_off_report_still_finishes_the_run(tmp_path, launcher):
-    from torchherd.engine.messages import SnapshotTaken, ValResult
+    from torchherd.engine.protocol.messages import SnapshotTaken, ValResult
 
     config = make_config(tmp_path, [{"name": "a"}], validation={"mode": "background", "device": "cpu"})
     sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=4), tick=0.005)
@@ -225,7 +225,7 @@ async def test_a_worker_asking_for_a_restart_is_not_a_failed_start(tmp_path, lau
 # Regression (found by scripts/soak.py): a restarted worker numbered its snapshots from its checkpoint,
 # reusing seqs an earlier attempt had handed off; the validator ignored them and the run never finished.
 async def test_a_restarted_worker_continues_the_snapshot_numbering(tmp_path, launcher):
-    from torchherd.engine.messages import SnapshotTaken
+    from torchherd.engine.protocol.messages import SnapshotTaken
 
     config = make_config(tmp_path, [{"name": "a"}], validation={"mode": "background", "device": "cpu"},
                          restart={"min_uptime": 0.0, "backoff": 0.01})

@@ -17,10 +17,10 @@ import psutil
 import pynvml
 import pytest
 
-from torchherd.engine.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample, RunStarted,
+from torchherd.engine.protocol.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample, RunStarted,
                              TelemetrySnapshot, ValResult, from_record, to_record)
-from torchherd.engine.devices import discover_devices
-from torchherd.engine.telemetry import TelemetrySampler
+from torchherd.engine.hardware.devices import discover_devices
+from torchherd.engine.telemetry.sampler import TelemetrySampler
 
 MiB = 1 << 20
 NO_SUCH_PID = 4_194_303  # the largest pid_max allows; not running here

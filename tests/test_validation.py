@@ -8,11 +8,11 @@ import signal
 import pytest
 import torch
 
-from torchherd.engine.evaluate import evaluate
-from torchherd.engine.messages import (EarlyStop, PipelineFinished, RunFinished, SnapshotSkipped, SnapshotTaken, ValidatorStarted,
+from torchherd.engine.worker.evaluate import evaluate
+from torchherd.engine.protocol.messages import (EarlyStop, PipelineFinished, RunFinished, SnapshotSkipped, SnapshotTaken, ValidatorStarted,
                              ValResult)
-from torchherd.engine.rundir import read_events
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import TASKS, make_config, wait_for
 
 pytestmark = pytest.mark.slow
@@ -126,7 +126,7 @@ async def test_validation_that_raises_is_reported_and_training_goes_on(tmp_path)
 # Regression (found by scripts/soak.py): a restarted worker re-created its snapshot slots and wiped the
 # snapshot its previous attempt had handed off, so it was never validated and the run never finished.
 async def test_a_restarted_worker_keeps_the_unread_snapshots_of_its_previous_attempt(tmp_path):
-    from torchherd.engine.snapshot import SnapshotReader, SnapshotWriter
+    from torchherd.engine.worker.snapshot import SnapshotReader, SnapshotWriter
     from tests.tasks.tiny import build
 
     model = build({}).model

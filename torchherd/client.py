@@ -197,7 +197,7 @@ class _Client:
         if snap is None:
             return None
         if self.writer is None or self.writer.model is not model:
-            from torchherd.engine.snapshot import SnapshotWriter
+            from torchherd.engine.worker.snapshot import SnapshotWriter
 
             seq = self.writer.seq if self.writer is not None else snap["seq"]
             self.writer = SnapshotWriter(Path(snap["dir"]), model, snap["slots"], snap["policy"], snap["checksum"],
@@ -333,7 +333,7 @@ def save(obj: Any, name: str = "last.pt") -> Path:
     Torchherd records it (`checkpoint_saved`) and `resume_from()` finds it. Saved on request
     while paused, it then waits for the resume like `wait_if_paused()`.
     """
-    from torchherd.engine.checkpoint import write_atomic
+    from torchherd.engine.worker.checkpoint import write_atomic
 
     path = checkpoint_dir() / name
     write_atomic(path, obj)

@@ -17,14 +17,14 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from torchherd.engine.config import ConfigError
-from torchherd.tui.bridge import Bridge, SupervisorFactory, replay_run, run_end
-from torchherd.tui.headless import EXIT_STOPPED
-from torchherd.tui.messages import CommandRequested, RunChanged
-from torchherd.tui.runstate import RunState
-from torchherd.tui.screens.dashboard import DashboardScreen
-from torchherd.tui.screens.dialogs import HelpScreen, QuitScreen
-from torchherd.tui.screens.picker import PickerResult, PickerScreen
+from ..engine.config.schema import ConfigError
+from .bridge import Bridge, SupervisorFactory, replay_run, run_end
+from .headless import EXIT_STOPPED
+from .messages import CommandRequested, RunChanged
+from .runstate import RunState
+from .screens.dashboard import DashboardScreen
+from .screens.dialogs import HelpScreen, QuitScreen
+from .screens.picker import PickerResult, PickerScreen
 
 
 class TorchherdApp(App[int]):

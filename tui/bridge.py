@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from torchherd.engine.config import RunConfig, load_config
-from torchherd.tui.commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop
-from torchherd.tui.runstate import RunState
+from ..engine.config.schema import RunConfig, load_config
+from .commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop
+from .runstate import RunState
 
 SupervisorFactory = Callable[[RunConfig, "Path | None"], Any]
 
 
 def real_supervisor(config: RunConfig, runs_dir: Path | None) -> Any:
-    from torchherd.engine.supervisor import Supervisor
+    from ..engine.supervise.supervisor import Supervisor
 
     return Supervisor(config, runs_dir=runs_dir)
 
@@ -45,7 +45,7 @@ def check_config_file(path: Path) -> ConfigCheck:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         return ConfigCheck(path, "", False, problems=[f"{path}: cannot read: {exc.strerror}"])
-    from torchherd.engine.check import check_config
+    from ..engine.preflight.check import check_config
 
     report = check_config(path)
     return ConfigCheck(path, text, report.ok, list(report.lines), [str(p) for p in report.problems])
@@ -74,7 +74,7 @@ class PastRun:
 
 def list_past_runs(runs_dir: Path) -> list[PastRun]:
     """Past runs under `runs_dir`, newest first (blocking: use a thread)."""
-    from torchherd.engine.rundir import list_runs
+    from ..engine.rundir.directory import list_runs
 
     try:
         return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines), r.resumable, r.to_resume)
@@ -85,7 +85,7 @@ def list_past_runs(runs_dir: Path) -> list[PastRun]:
 
 def replay_run(run_dir: Path) -> RunState:
     """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
-    from torchherd.engine.rundir import read_events
+    from ..engine.rundir.directory import read_events
 
     state = RunState(read_only=True, run_dir=run_dir, run_id=run_dir.name)
     try:
@@ -112,7 +112,7 @@ class RunEnd:
 
 def run_end(run_dir: Path) -> RunEnd:
     """How the run in `run_dir` ended, where it is, how to carry it on (blocking: reads events.jsonl)."""
-    from torchherd.engine.rundir import summarize
+    from ..engine.rundir.directory import summarize
 
     summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
     if summary is None:
@@ -168,7 +168,7 @@ class Bridge:
     async def resume(self, run_dir: Path, only: list[str] | None = None) -> None:
         """Carry on a run's pipelines that did not complete (or those in `only`) from their checkpoints,
         showing its history so far."""
-        from torchherd.engine.supervisor import Supervisor
+        from ..engine.supervise.supervisor import Supervisor
 
         if self.live or self._closed:
             raise RuntimeError("a session is already running")

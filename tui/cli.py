@@ -67,7 +67,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
 
 
 def _check(args: argparse.Namespace) -> int:
-    from torchherd.engine.check import check_config
+    from ..engine.preflight.check import check_config
 
     report = check_config(args.config, probe=args.probe)
     print(report.render())
@@ -76,8 +76,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()  # headless lines count from here, not from when the run starts
-    from torchherd.engine.check import check_config
-    from torchherd.tui.headless import EXIT_CONFIG, check_and_run
+    from ..engine.preflight.check import check_config
+    from .headless import EXIT_CONFIG, check_and_run
 
     # The fast check first (milliseconds); building every task comes next, with progress shown:
     # headless prints a line at once, the app opens on a checking screen.
@@ -94,8 +94,8 @@ def _run(args: argparse.Namespace) -> int:
 def check_then_launch_app(config: Path, runs_dir: Path | None = None, **kwargs: Any) -> Any:
     """The app for `torchherd run CONFIG`: its first picker opens at once on `config`, shows the tasks
     being built and launches the config as soon as they all build (else it shows why not)."""
-    from torchherd.tui.app import TorchherdApp
-    from torchherd.tui.screens.picker import PickerScreen
+    from .app import TorchherdApp
+    from .screens.picker import PickerScreen
 
     class CheckThenLaunch(TorchherdApp):
         first = True
@@ -112,11 +112,11 @@ def check_then_launch_app(config: Path, runs_dir: Path | None = None, **kwargs: 
 def _run_app_checked(config: Path, runs_dir: Path | None) -> int:
     """Run the check-then-launch app; 0 only if every pipeline completed, 2 (problems on stderr) if the
     check refused the config."""
-    from torchherd.engine.check import check_config
-    from torchherd.engine.probe import pending_jobs, probe_tasks
-    from torchherd.tui.headless import EXIT_CONFIG, EXIT_STOPPED
+    from ..engine.preflight.check import check_config
+    from ..engine.preflight.probe import pending_jobs, probe_tasks
+    from .headless import EXIT_CONFIG, EXIT_STOPPED
 
-    from torchherd.tui.app import report_runs
+    from .app import report_runs
 
     app = check_then_launch_app(config, runs_dir)
     app.run()
@@ -134,9 +134,9 @@ def _run_app_checked(config: Path, runs_dir: Path | None) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from torchherd.engine.rundir import summarize
-    from torchherd.engine.supervisor import Supervisor
-    from torchherd.tui.headless import run_headless
+    from ..engine.rundir.directory import summarize
+    from ..engine.supervise.supervisor import Supervisor
+    from .headless import run_headless
 
     run_dir = Path(args.run_dir)
     summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
@@ -157,7 +157,7 @@ def _resume(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if not args.headless:
-        from torchherd.tui.app import run_app
+        from .app import run_app
 
         return run_app(run_dir, None, launch=True, only=only or None)
     return asyncio.run(run_headless(None, supervisor=Supervisor.resume_run(run_dir, only=only or None)))
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         args = commands[argv[0]].parse_args(argv[1:])
         return {"run": _run, "check": _check, "resume": _resume}[argv[0]](args)
     args = app_parser.parse_args(argv)
-    from torchherd.tui.app import run_app
+    from .app import run_app
 
     target = Path(args.target) if args.target else None
     if target is not None and not target.exists():

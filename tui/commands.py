@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from torchherd.engine.states import WorkerState
+from ..engine.protocol.states import WorkerState
 
 S = WorkerState
 

@@ -13,11 +13,11 @@ import sys
 import time
 from typing import TextIO
 
-from torchherd.engine.config import RunConfig
-from torchherd.engine.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
+from ..engine.config.schema import RunConfig
+from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
                              RunFinished, RunStarted, SnapshotSkipped, ValidatorStarted, ValResult, WorkerError,
                              TrainingStarted, WorkerExited, WorkerRestarting, WorkerStarted)
-from torchherd.engine.supervisor import Supervisor
+from ..engine.supervise.supervisor import Supervisor
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # some pipeline failed or was killed
@@ -151,7 +151,7 @@ def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = 
     A task that does not build launches nothing: the problems go to `err` and the status is EXIT_CONFIG.
     Lines show seconds since `start` (time.monotonic(); default now), when the command began.
     """
-    from torchherd.engine.probe import plan_jobs, probe_tasks
+    from ..engine.preflight.probe import plan_jobs, probe_tasks
 
     printer = LinePrinter(out, config.validation.metric, start)
     tasks = len(plan_jobs(config))

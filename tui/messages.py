@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from torchherd.tui.commands import PipelineCommand
+from .commands import PipelineCommand
 
 
 @dataclass

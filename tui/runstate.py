@@ -13,10 +13,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchherd.engine import messages as m
-from torchherd.engine.progress import PipelineProgress, apply as fold
-from torchherd.tui.formats import epoch_label, finish_text, fmt_num, is_loss_metric
-from torchherd.tui.series import LossSeries
+from ..engine.protocol import messages as m
+from ..engine.protocol.progress import PipelineProgress, apply as fold
+from .formats import epoch_label, finish_text, fmt_num, is_loss_metric
+from .series import LossSeries
 
 LOG_KEEP = 1000  # event-log entries kept in memory
 LOGGED_STATES = frozenset({"paused", "stopping", "killing", "hung", "backoff"})  # worth a line of their own

@@ -14,11 +14,11 @@ from typing import Any, AsyncIterator, Callable, Iterable
 
 import psutil
 
-from torchherd.engine.config import RunConfig
-from torchherd.engine.launcher import LaunchSpec, ProcessHandle, ProcessLauncher
-from torchherd.engine.messages import Event
-from torchherd.engine.rundir import read_events
-from torchherd.engine.supervisor import EventStream, Supervisor
+from torchherd.engine.config.schema import RunConfig
+from torchherd.engine.launch.process import LaunchSpec, ProcessHandle, ProcessLauncher
+from torchherd.engine.protocol.messages import Event
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import EventStream, Supervisor
 from tests.conftest import TASKS, make_config
 
 FAULTY = f"{TASKS / 'faulty.py'}:build"

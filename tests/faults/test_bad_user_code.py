@@ -11,9 +11,9 @@ import io
 
 import pytest
 
-from torchherd.engine.messages import (EpochEnd, Notice, PipelineFinished, Resumed, WorkerError, WorkerExited,
+from torchherd.engine.protocol.messages import (EpochEnd, Notice, PipelineFinished, Resumed, WorkerError, WorkerExited,
                              WorkerRestarting, WorkerStarted)
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import TASKS
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
 from torchherd.tui.headless import LinePrinter

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchherd.engine import checkpoint as ckpt
-from torchherd.engine.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed, TrainingStarted,
+from torchherd.engine.worker import checkpoint as ckpt
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed, TrainingStarted,
                              WorkerExited, WorkerStarted)
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
 

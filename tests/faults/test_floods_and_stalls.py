@@ -19,8 +19,8 @@ import time
 import pytest
 import torch
 
-from torchherd.engine.messages import CheckpointSaved, EpochEnd, PipelineFinished, StepMetrics, WorkerExited, WorkerStarted
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.protocol.messages import CheckpointSaved, EpochEnd, PipelineFinished, StepMetrics, WorkerExited, WorkerStarted
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.faults.support import RecordingLauncher, faulty_config, finish, of, run_events, supervised
 

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from torchherd.engine.messages import PipelineFinished, StepMetrics, WorkerExited, WorkerStarted, WorkerStateChanged
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.protocol.messages import PipelineFinished, StepMetrics, WorkerExited, WorkerStarted, WorkerStateChanged
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.faults.support import faulty_config, is_alive, of, run_events, supervised, tree, wait_gone
 

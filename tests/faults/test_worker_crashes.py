@@ -13,9 +13,9 @@ import signal
 
 import pytest
 
-from torchherd.engine.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, WorkerError, WorkerExited,
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, WorkerError, WorkerExited,
                              WorkerRestarting, WorkerStarted)
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
 

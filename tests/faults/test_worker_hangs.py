@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from torchherd.engine.messages import (EpochEnd, Notice, PipelineFinished, Resumed, WorkerExited, WorkerRestarting,
+from torchherd.engine.protocol.messages import (EpochEnd, Notice, PipelineFinished, Resumed, WorkerExited, WorkerRestarting,
                              WorkerStarted, WorkerStateChanged)
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
 
 pytestmark = pytest.mark.slow

@@ -18,12 +18,12 @@ from typing import Any
 import psutil
 import pytest
 
-from torchherd.engine.config import RunConfig
+from torchherd.engine.config.schema import RunConfig
 from tests.conftest import TASKS, make_config
 
 ray = pytest.importorskip("ray", reason='Ray is not installed: pip install "torchherd[ray]"')
 
-OURS = ("torchherd.engine.child", "ChildHost")  # in the command line of what torchherd starts on a node
+OURS = ("torchherd.engine.launch.child", "ChildHost")  # in the command line of what torchherd starts on a node
 
 
 def ray_config(tmp_path: Path, pipelines: list[dict[str, Any]], address: str, **top: Any) -> RunConfig:

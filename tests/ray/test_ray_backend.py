@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchherd.engine.messages import (CheckpointSaved, Notice, PipelineFinished, Resumed, RunFinished, StepMetrics,
+from torchherd.engine.protocol.messages import (CheckpointSaved, Notice, PipelineFinished, Resumed, RunFinished, StepMetrics,
                                        TelemetrySnapshot,
                                        TrainingStarted, WorkerExited, WorkerStarted, WorkerStateChanged)
-from torchherd.engine.rundir import read_events
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import TASKS, wait_for
 from tests.ray.conftest import ray_config
 

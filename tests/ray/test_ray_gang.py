@@ -7,11 +7,11 @@ import signal
 
 import pytest
 
-from torchherd.engine import gang
-from torchherd.engine.messages import PipelineFinished, StepMetrics, WorkerExited, WorkerStarted
-from torchherd.engine.ray_gang import rendezvous
-from torchherd.engine.ray_placement import cluster_inventory, read_nodes
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.launch import gang
+from torchherd.engine.protocol.messages import PipelineFinished, StepMetrics, WorkerExited, WorkerStarted
+from torchherd.engine.launch.ray.gang import rendezvous
+from torchherd.engine.launch.ray.placement import cluster_inventory, read_nodes
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import still_alive, wait_for
 from tests.ray.conftest import ray, ray_config
 from tests.test_gangs import checksums

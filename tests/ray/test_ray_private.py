@@ -1,7 +1,7 @@
 """A private Ray (`address = "local"`) that the supervisor started ends with it, even after a SIGKILL.
 
 Ray's own fate-sharing takes its GCS and raylet down with the supervisor but not the agents
-the raylet starts; torchherd's reaper (engine/ray_reaper.py) ends those.
+the raylet starts; torchherd's reaper (engine/launch/ray/reaper.py) ends those.
 """
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchherd.engine.messages import Notice, ValidatorStarted, ValResult
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.protocol.messages import Notice, ValidatorStarted, ValResult
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.ray.conftest import ray_config
 

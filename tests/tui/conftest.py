@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchherd.engine import messages
+from torchherd.engine.protocol import messages
 from torchherd.tui.app import TorchherdApp
 from tests.tui.scripting import T0, FrozenTime, Session
 
@@ -33,8 +33,8 @@ def utc():
 def fixture_configs_checked():
     """The fixture configs' tasks built once per test session by the real probe, so each app test finds
     the picker's verdict in the probe's cache instead of building the same tasks again (seconds each)."""
-    from torchherd.engine.config import ConfigError, load_config
-    from torchherd.engine.probe import probe_tasks
+    from torchherd.engine.config.schema import ConfigError, load_config
+    from torchherd.engine.preflight.probe import probe_tasks
 
     for path in sorted(CONFIGS.glob("*.toml")):
         try:

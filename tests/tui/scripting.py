@@ -17,11 +17,11 @@ import math
 import time
 from pathlib import Path
 
-from torchherd.engine import messages as m
-from torchherd.engine.channel import EXIT_ERROR, EXIT_STOPPED
-from torchherd.engine.config import RunConfig
-from torchherd.engine.devices import Inventory
-from torchherd.engine.supervisor import Supervisor
+from torchherd.engine.protocol import messages as m
+from torchherd.engine.protocol.channel import EXIT_ERROR, EXIT_STOPPED
+from torchherd.engine.config.schema import RunConfig
+from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.supervise.supervisor import Supervisor
 from tests.scripted import ScriptedLauncher
 
 T0 = 1_700_000_000.0  # fixed wall-clock origin of scripted events (seconds since the epoch)

@@ -7,7 +7,7 @@ import time
 import pytest
 from textual.widgets import OptionList
 
-from torchherd.engine.states import WorkerState
+from torchherd.engine.protocol.states import WorkerState
 from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.dialogs import QuitScreen
 from torchherd.tui.screens.picker import PickerScreen

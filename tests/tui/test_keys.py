@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchherd.engine import messages as m
-from torchherd.engine.states import WorkerState
+from torchherd.engine.protocol import messages as m
+from torchherd.engine.protocol.states import WorkerState
 from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.dialogs import ConfirmScreen
 from torchherd.tui.screens.picker import PickerScreen

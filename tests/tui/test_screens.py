@@ -7,7 +7,7 @@ import math
 import pytest
 from rich.cells import cell_len
 
-from torchherd.engine import messages as m
+from torchherd.engine.protocol import messages as m
 from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.dialogs import HelpScreen
 from torchherd.tui.screens.log_view import LogScreen

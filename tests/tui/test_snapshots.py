@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import torchherd.engine.check
-from torchherd.engine import messages as m
-from torchherd.engine.devices import Inventory
+import torchherd.engine.preflight.check
+from torchherd.engine.protocol import messages as m
+from torchherd.engine.hardware.devices import Inventory
 from torchherd.tui.widgets.log_views import LogTail
 from tests.tui.conftest import CONFIGS
 from tests.tui.pilots import launch, settled, wait_for
@@ -26,7 +26,7 @@ GIB = 2 ** 30
 @pytest.fixture
 def fixed_machine(monkeypatch):
     """The check's device lines and the config paths must not depend on the machine or the checkout."""
-    monkeypatch.setattr(torchherd.engine.check, "discover_devices",
+    monkeypatch.setattr(torchherd.engine.preflight.check, "discover_devices",
                         lambda: Inventory(cpu_count=2, note="no NVIDIA GPU (test machine); using CPU slots"))
     monkeypatch.chdir(CONFIGS.parent)
 

@@ -16,16 +16,16 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from torchherd.engine.states import WorkerState
-from torchherd.tui.commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop, refusal
-from torchherd.tui.messages import CommandRequested
-from torchherd.tui.runstate import RunState
-from torchherd.tui.screens.dialogs import ConfirmScreen
-from torchherd.tui.screens.log_view import LogScreen
-from torchherd.tui.widgets.device_pane import DevicePane
-from torchherd.tui.widgets.log_views import EventLog, LogTail
-from torchherd.tui.widgets.loss_chart import LossChart
-from torchherd.tui.widgets.pipeline_table import PipelineTable
+from ...engine.protocol.states import WorkerState
+from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop, refusal
+from ..messages import CommandRequested
+from ..runstate import RunState
+from .dialogs import ConfirmScreen
+from .log_view import LogScreen
+from ..widgets.device_pane import DevicePane
+from ..widgets.log_views import EventLog, LogTail
+from ..widgets.loss_chart import LossChart
+from ..widgets.pipeline_table import PipelineTable
 
 
 class DashboardScreen(Screen[None]):

@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from torchherd.tui.widgets.log_views import LogTail
+from ..widgets.log_views import LogTail
 
 FULL_BYTES = 4 * 2 ** 20  # bytes of the file shown at most
 FRAME = 8  # cells of the border around the title ("╭─ " ... " ─╮" and some rule)

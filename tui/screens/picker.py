@@ -24,7 +24,7 @@ from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import Worker, get_current_worker
 
-from torchherd.tui.bridge import ConfigCheck, PastRun, check_config_file, list_configs, list_past_runs
+from ..bridge import ConfigCheck, PastRun, check_config_file, list_configs, list_past_runs
 
 PickerResult = tuple[str, Path] | None
 
@@ -39,8 +39,8 @@ def build_tasks(path: Path, check: ConfigCheck, worker: Worker,
 
     Blocking: call it from a thread worker. `progress(built, total)` is called as tasks finish.
     """
-    from torchherd.engine.config import ConfigError, load_config
-    from torchherd.engine.probe import ProbeCancelled, pending_jobs, probe_tasks
+    from ...engine.config.schema import ConfigError, load_config
+    from ...engine.preflight.probe import ProbeCancelled, pending_jobs, probe_tasks
 
     try:
         config = load_config(path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from torchherd.engine.messages import TelemetrySnapshot
+from ...engine.protocol.messages import TelemetrySnapshot
 
 GIB = 2 ** 30  # bytes
 

@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widgets import Log, RichLog
 from textual.worker import get_current_worker
 
-from torchherd.tui.runstate import LogEntry
+from ..runstate import LogEntry
 
 POLL = 0.5  # seconds between looks at the log file
 TAIL_BYTES = 64 * 1024  # bytes read back when starting to follow a file

@@ -19,8 +19,8 @@ from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 
-from torchherd.tui.formats import fmt_count, fmt_num, metric_label
-from torchherd.tui.series import LossSeries, reduce_columns
+from ..formats import fmt_count, fmt_num, metric_label
+from ..series import LossSeries, reduce_columns
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "bright_blue", "bright_red", "bright_white", "bright_magenta")
 GLYPHS = ("●", "▲", "■", "◆", "★", "✚", "▼", "○")  # one per pipeline when overlaid, in PALETTE's order

@@ -21,9 +21,9 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from torchherd.engine.progress import PipelineProgress
-from torchherd.engine.states import WorkerState
-from torchherd.tui.formats import fmt_count, fmt_device, fmt_duration, fmt_num, metric_label
+from ...engine.protocol.progress import PipelineProgress
+from ...engine.protocol.states import WorkerState
+from ..formats import fmt_count, fmt_device, fmt_duration, fmt_num, metric_label
 
 S = WorkerState
 WIDE = 118  # terminal columns from which every column is shown

@@ -1,0 +1,205 @@
+"""Placement: the device slots a run gets from its config and this machine, and a plan of who goes where.
+
+A slot is one GPU, or a share of CPU cores. Pipelines take slots by priority; the
+rest wait in a queue until one frees.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ..config.schema import DevicesConfig, Problem, RunConfig, display_path
+from .devices import GpuInfo, Inventory
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One place a worker can run."""
+
+    name: str  # "gpu0", "cpu1"
+    device: str  # "cuda" or "cpu"
+    gpu: GpuInfo | None
+    threads: int
+    node: str = ""  # a cluster node's id (engine/launch/ray/placement.py); "" for this machine
+
+    @property
+    def label(self) -> str:
+        if self.gpu is not None:
+            return f"gpu{self.gpu.index} ({self.gpu.name})"
+        return f"{self.name} ({self.threads} thread{'s' if self.threads != 1 else ''})"
+
+
+def plan_slots(devices: DevicesConfig, inventory: Inventory, file: str = "") -> tuple[list[Slot], list[Problem]]:
+    """The slots `devices` asks for on this machine, or the problems that prevent it."""
+    placement = devices.placement
+    if isinstance(placement, list):
+        problems = []
+        slots = []
+        for i, index in enumerate(placement):
+            gpu = inventory.gpu(index)
+            if gpu is None:
+                have = ", ".join(str(g.index) for g in inventory.gpus) or "none"
+                why = f" ({inventory.note})" if inventory.note else ""
+                problems.append(Problem(file, f"devices.placement[{i}]",
+                                        f"GPU {index} does not exist (visible GPUs: {have}){why}"))
+                continue
+            slots.append(Slot(f"gpu{index}", "cuda", gpu, devices.threads_per_worker))
+        return slots, problems
+    if placement == "auto" and inventory.gpus:
+        return [Slot(f"gpu{g.index}", "cuda", g, devices.threads_per_worker) for g in inventory.gpus], []
+    threads = devices.threads_per_worker
+    if devices.cpu_slots == "auto":
+        count = max(1, inventory.cpu_count // threads)
+    else:
+        count = devices.cpu_slots
+    return [Slot(f"cpu{i}", "cpu", None, threads) for i in range(count)], []
+
+
+def most_on_one_node(slots: list[Slot]) -> int:
+    """The largest gang `slots` can ever host: the most slots any one node has ("" on this machine)."""
+    return max(Counter(s.node for s in slots).values(), default=0)
+
+
+def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
+    """Gangs that could never start here (more ranks than slots, or than one node has), and runners that
+    cannot run as gangs yet."""
+    problems = []
+    for i, p in enumerate(config.pipelines):
+        if p.ranks > len(slots):
+            have = ", ".join(s.name for s in slots)
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
+                f"{p.ranks} ranks need {p.ranks} device slots at once; this machine gives {len(slots)} "
+                f"({have}): lower ranks, or add slots with [devices] cpu_slots / placement")))
+        elif p.ranks > 1 and p.ranks > most_on_one_node(slots):
+            # a gang's ranks share one node (engine/supervise/scheduler.py): a node with too few slots never fits it
+            per_node = Counter(s.node for s in slots)
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
+                f"{p.ranks} ranks run on one node, and no node of the cluster has {p.ranks} slots (slots per "
+                f"node: {', '.join(str(n) for n in per_node.values())}): lower ranks, or give a node more "
+                "slots (fewer threads_per_worker, more cpu_slots)")))
+        elif p.ranks > 1 and p.kind == "lightning":
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
+                "Lightning pipelines run on one device for now: set ranks = 1, or train the module with a "
+                "DDP script of your own as `script` with ranks")))
+    return problems
+
+
+def order_pipelines(config: RunConfig) -> list[str]:
+    """Pipeline names in start order: higher priority first, then as written."""
+    indexed = list(enumerate(config.pipelines))
+    indexed.sort(key=lambda ip: (-ip[1].priority, ip[0]))
+    return [p.name for _, p in indexed]
+
+
+def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) -> list[str]:
+    """Human lines saying what would launch where, for `torchherd check` and the picker."""
+    lines = []
+    if inventory.gpus:
+        for g in inventory.gpus:
+            lines.append(f"GPU {g.index}: {g.name}, {g.memory_total / 2**30:.1f} GiB ({g.uuid})")
+    else:
+        lines.append(inventory.note or "no NVIDIA GPU; using CPU slots")
+    lines.append(f"{len(slots)} slot{'s' if len(slots) != 1 else ''}: " + ", ".join(s.label for s in slots))
+    order = order_pipelines(config)
+    by_name = {p.name: p for p in config.pipelines}
+    free, waiting = list(slots), 0
+    for name in order:
+        p = by_name[name]
+        if p.ranks <= len(free) and not waiting:  # strict order, as the scheduler: nobody overtakes
+            taken, free = free[:p.ranks], free[p.ranks:]
+            where = " + ".join(s.label for s in taken)
+            if p.ranks > 1:
+                where = f"a gang of {p.ranks} ranks on {where}"
+        else:
+            waiting += 1
+            where = f"queued (#{waiting}) until {p.ranks} slot{'s' if p.ranks > 1 else ''} free"
+        limits = f"{p.max_epochs} epochs" + (f", max {p.max_steps} steps" if p.max_steps else "") + \
+            (f", max {p.max_time:g}s" if p.max_time else "")
+        if p.kind == "script":  # its own loop: torchherd's epochs and precision do not apply
+            lines.append(f"{name}: {describe_script(p)} -> {where}")
+            continue
+        runner = f", datamodule {p.datamodule}" if p.datamodule else ""
+        if p.kind == "lightning":
+            runner += " (Lightning Trainer.fit)"
+        lines.append(f"{name}: task {p.task}{runner}, {limits}, precision {p.precision} -> {where}")
+    v = config.validation
+    plan = plan_validation(config, slots, inventory)
+    lines.append("validation: " + ("off" if plan.mode == "off" else
+                                    f"{plan.label} ({plan.why}), every {v.every_n_epochs} epoch(s)"
+                                    + (f" and {v.every_n_steps} steps" if v.every_n_steps and plan.mode == "background" else "")
+                                    + f", best by {v.metric} ({v.metric_mode})"
+                                    + (f", policy {v.policy}" if plan.mode == "background" else "")
+                                    + (f", early stop after {v.patience}" if v.patience else "")))
+    r = config.restart
+    lines.append(f"restarts: up to {r.max_restarts}, backoff {r.backoff:g}s..{r.backoff_max:g}s, "
+                 f"min uptime {r.min_uptime:g}s")
+    return lines
+
+
+def describe_script(p) -> str:
+    """'script train.py --lr 0.01, metrics from its output, validate val.py:build' for a script pipeline."""
+    import shlex
+
+    text = "script " + shlex.join([p.script, *p.args])
+    if p.metrics:
+        text += ", metrics from its output"
+    if p.validate_factory:
+        text += f", validate {p.validate_factory}"
+    return text + (f", max {p.max_time:g}s" if p.max_time else "")
+
+
+@dataclass(frozen=True)
+class ValidationPlan:
+    """Where validation runs for a config: its resolved mode and, in the background, on which device."""
+
+    mode: str  # "background", "inline" or "off"
+    device: str  # "cpu" or "cuda" (background only)
+    gpu: GpuInfo | None
+    threads: int
+    why: str
+    per_node: bool = False  # one validator on each cluster node that hosts validated workers
+
+    @property
+    def label(self) -> str:
+        if self.mode != "background":
+            return self.mode
+        where = f"gpu{self.gpu.index}" if self.gpu is not None else f"cpu ({self.threads} thread)"
+        return f"background on {where}"
+
+
+def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) -> ValidationPlan:
+    """Resolve `validation.mode` and `validation.device` against the slots this run uses."""
+    v = config.validation
+    if v.mode in ("off", "inline"):
+        return ValidationPlan(v.mode, "", None, v.threads, "as configured")
+    nodes = len(getattr(inventory, "nodes", ()))  # a Ray cluster's inventory (engine/launch/ray/placement.py)
+    if nodes > 1:
+        # Snapshots live in the shared memory of the worker's node, out of reach of a validator on
+        # another (and the object store drops a snapshot with the worker that put it): one validator
+        # per node, on its CPU, sharing the node as the local validator shares this machine.
+        busy = sum(s.threads for s in slots if s.gpu is None)
+        if v.mode == "background" or inventory.cpu_count > busy or any(s.gpu is not None for s in slots):
+            return ValidationPlan("background", "cpu", None, v.threads, f"a validator on each of {nodes} "
+                                  "cluster nodes that hosts validated workers", per_node=True)
+        return ValidationPlan("inline", "", None, v.threads,
+                              f"no spare core on the cluster ({busy} of {inventory.cpu_count} train)")
+    used = {s.gpu.index for s in slots if s.gpu is not None}
+    spare = [g for g in inventory.gpus if g.index not in used]
+    if isinstance(v.device, int):
+        gpu = inventory.gpu(v.device)
+        if gpu is not None:
+            return ValidationPlan("background", "cuda", gpu, v.threads, "as configured")
+    if v.device == "cpu":
+        return ValidationPlan("background", "cpu", None, v.threads, "as configured")
+    if spare:
+        return ValidationPlan("background", "cuda", spare[0], v.threads, "a GPU no worker uses")
+    if inventory.gpus:
+        gpu = inventory.gpus[-1]
+        return ValidationPlan("background", "cuda", gpu, v.threads, "sharing the last GPU")
+    busy = sum(s.threads for s in slots if s.gpu is None)
+    if v.mode == "background" or inventory.cpu_count > busy:
+        why = "as configured" if v.mode == "background" else f"{inventory.cpu_count - busy} spare core(s)"
+        return ValidationPlan("background", "cpu", None, v.threads, why)
+    # Every core already trains: a validator would only slow the workers down (see
+    # benchmarks/validation_overlap.py), so validate inline.
+    return ValidationPlan("inline", "", None, v.threads, f"no spare core ({busy} of {inventory.cpu_count} train)")

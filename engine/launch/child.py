@@ -1,0 +1,78 @@
+"""The entry of every supervised child: `python -P -m torchherd.engine.launch.child SPEC.json`.
+
+It reads the spec, dies with the supervisor, dumps stacks on a crash or on SIGUSR1,
+ignores the terminal's Ctrl-C (the supervisor decides when to stop), runs the
+worker or the validator by the spec's role, ships every queued event and exits
+with the body's code.
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from ..protocol.channel import EXIT_ERROR, EXIT_ORPHANED, ControlReceiver, StatusSender, SupervisorGone, \
+    dial_back
+from ..protocol.spec import ValidatorSpec, read_spec
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL us when the supervisor dies; the control pipe's EOF is the fallback."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        return
+    if parent_pid and os.getppid() != parent_pid:  # it died before prctl took effect
+        os._exit(EXIT_ORPHANED)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    spec, transport = read_spec(Path(argv[0]))
+    die_with_parent(transport.supervisor_pid)
+    faulthandler.enable(all_threads=True)  # a segfault leaves its stack in the log
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor's "where are you stuck?"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(f"torchherd {spec.role} pid {os.getpid()} {spec.name} attempt {spec.attempt} device {spec.device}",
+          flush=True)
+    if transport.address:  # on a cluster node: one connection back to the supervisor
+        try:
+            status, commands = dial_back(transport.address, transport.token)
+        except OSError as exc:
+            print(f"torchherd: cannot reach the supervisor at {transport.address}: {exc}", file=sys.stderr,
+                  flush=True)
+            os._exit(EXIT_ORPHANED)
+    else:
+        status = Connection(transport.status_fd, readable=False)
+        commands = Connection(transport.control_fd, writable=False)
+    sender = StatusSender(status)
+    control = ControlReceiver(commands)
+    if isinstance(spec, ValidatorSpec):
+        from ..validation.validator import serve as body
+    else:
+        from ..runners.run import run as body
+    try:
+        code = body(spec, sender, control)
+    except SupervisorGone:
+        print("torchherd: the supervisor went away; exiting", file=sys.stderr, flush=True)
+        os._exit(EXIT_ORPHANED)
+    except BaseException:
+        traceback.print_exc()
+        code = EXIT_ERROR
+    sender.close(timeout=10.0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: DataLoader and compile threads can hang it.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

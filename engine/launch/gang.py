@@ -1,0 +1,220 @@
+"""A gang: the N rank processes of one DDP pipeline, supervised as one `Handle`.
+
+`GangHandle` wraps one handle per rank: the first rank to fail brings the others
+down at once (none is left blocked in a collective) and its exit is the gang's, and
+rank 0 speaks for the pipeline (other ranks' errors and notices pass, tagged with
+their rank). `rank_env` gives each rank torchrun's environment, on a port of its own
+(on a cluster, on the address and a free port of the one node all its ranks share).
+"""
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from dataclasses import replace
+from typing import Callable
+
+from ..protocol.channel import EXIT_COMPLETED, EXIT_STOPPED
+from .process import Handle, LaunchSpec, Launcher
+from ..protocol.messages import Event, Notice, WorkerError
+
+CLEAN = (EXIT_COMPLETED, EXIT_STOPPED)  # a rank that ends so has not failed: its peers may still be finishing
+
+# Ports handed to gangs of this process: a gang's rank 0 binds its port only once it
+# has imported torch (seconds later), and until then the kernel may offer it again.
+_held: set[int] = set()
+
+
+def take_port() -> int:
+    """A free TCP port for a gang's MASTER_PORT that no other live gang of this process holds."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind(("", 0))  # rank 0's store listens on every interface: the port must be free on all
+            port = s.getsockname()[1]
+        if port not in _held:
+            _held.add(port)
+            return port
+    raise OSError("no free TCP port for the gang's rendezvous")
+
+
+def hold_port(port: int) -> bool:
+    """Hold a port found free elsewhere (on a cluster node) for a gang; False if a live gang holds it."""
+    if port in _held:
+        return False
+    _held.add(port)
+    return True
+
+
+def release_port(port: int) -> None:
+    _held.discard(port)
+
+
+def rendezvous(launcher: Launcher, node: str) -> tuple[str, int]:
+    """MASTER_ADDR and a held MASTER_PORT for a gang on `node`: the launcher's `rendezvous(node)` hook
+    where it has one (a cluster's: the node's address and a port free there), else this machine's."""
+    hook = getattr(launcher, "rendezvous", None)
+    return hook(node) if hook is not None else ("127.0.0.1", take_port())
+
+
+def rank_env(rank: int, world: int, port: int, restarts: int, max_restarts: int, run_id: str,
+             addr: str = "127.0.0.1") -> dict[str, str]:
+    """What torchrun --standalone sets for one rank, so a script written for it runs unchanged."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+            "ROLE_NAME": "default", "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+            "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "TORCHELASTIC_RUN_ID": run_id, "TORCHHERD_RESTART_COUNT": str(restarts)}
+
+
+class GangHandle:
+    """Every rank of one attempt of a gang, as one handle."""
+
+    def __init__(self, ranks: list[Handle], linger: float, grace: float, on_close: Callable[[], None] = lambda: None):
+        self.ranks = ranks
+        self.node = ranks[0].node  # every rank shares its node (engine/supervise/scheduler.py)
+        if hasattr(ranks[0], "node_id"):  # a cluster's: telemetry asks that node's sampler for the ranks
+            self.node_id = ranks[0].node_id
+        self.failed_rank: int | None = None  # the first rank seen to fail: the root cause
+        self.errors: dict[int, WorkerError] = {}  # the last error each rank reported
+        self._error_order: list[int] = []  # ranks in the order their first error arrived
+        self._rank0_said: set[str] = set()  # rank 0's notice and error texts: the same from a peer is an echo
+        self._codes: dict[int, int] = {}  # rank -> exit status
+        self._linger, self._grace = linger, grace  # seconds
+        self._terminate_at: float | None = None  # monotonic: bring the survivors down then
+        self._kill_at: float | None = None
+        self._on_close = on_close
+
+    @property
+    def pid(self) -> int:
+        """Rank 0's (read late: a cluster's launcher learns it after the launch)."""
+        return self.ranks[0].pid
+
+    @property
+    def cause(self) -> str | None:
+        """What the failing rank's launcher knows of why it ended (its node left, say), if anything."""
+        return getattr(self.ranks[self.exit_rank], "cause", None)
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(pid for h in self.ranks for pid in h.pids)
+
+    @property
+    def exit_rank(self) -> int:
+        """The rank whose exit is the gang's (the first to fail, else rank 0)."""
+        return self.failed_rank if self.failed_rank is not None else 0
+
+    def poll(self) -> int | None:
+        now = time.monotonic()
+        fresh = {}
+        for rank, handle in enumerate(self.ranks):
+            if rank not in self._codes:
+                code = handle.poll()
+                if code is not None:
+                    fresh[rank] = code
+        self._codes.update(fresh)
+        failed = sorted((r for r, c in fresh.items() if c not in CLEAN), key=lambda r: self._blame(r, fresh[r]))
+        if failed and self.failed_rank is None:
+            self.failed_rank = failed[0]
+            self._terminate_at = now
+        elif fresh and self._terminate_at is None:
+            self._terminate_at = now + self._linger  # a rank finished: the others must follow soon
+        if len(self._codes) == len(self.ranks):
+            return self._codes[self.exit_rank]
+        if self._terminate_at is not None and now >= self._terminate_at and self._kill_at is None:
+            self._kill_at = now + self._grace
+            self.terminate()
+        elif self._kill_at is not None and now >= self._kill_at:
+            self._kill_at = float("inf")
+            self.kill()
+        return None
+
+    def _blame(self, rank: int, code: int) -> tuple[int, int, int]:
+        """Sort key among ranks seen to fail in one pass: the root cause first.
+
+        A rank killed by a signal (SIGKILL, SIGSEGV, ...) comes first: its peers' errors are what its
+        death did to their collectives. Then the rank whose error arrived first (its peers' "Connection
+        closed by peer" come after it); last, a SIGABRT, as NCCL's watchdog ends a rank left waiting.
+        """
+        if code < 0 and -code != signal.SIGABRT:
+            return (0, 0, rank)
+        if rank in self._error_order:
+            return (1, self._error_order.index(rank), rank)
+        return (2, 0, rank)
+
+    def terminate(self) -> None:
+        for h in self._alive():
+            h.terminate()
+
+    def kill(self) -> None:
+        for h in self._alive():
+            h.kill()
+
+    def dump_stacks(self) -> None:
+        for h in self._alive():
+            h.dump_stacks()
+
+    def _alive(self) -> list[Handle]:
+        return [h for rank, h in enumerate(self.ranks) if rank not in self._codes]
+
+    def send(self, command) -> bool:
+        """To every rank: a Task gang's rank 0 decides for all, a script's ranks each obey their own."""
+        heard = [h.send(command) for h in self.ranks]
+        return heard[0]
+
+    def attach(self, on_events: Callable[[list[Event]], None]) -> None:
+        for rank, h in enumerate(self.ranks):
+            h.attach(lambda events, rank=rank: self._deliver(rank, events, on_events))
+
+    def _deliver(self, rank: int, events: list[Event], on_events: Callable[[list[Event]], None]) -> None:
+        events = self._from_rank(rank, events)
+        if events:
+            on_events(events)
+
+    def _from_rank(self, rank: int, events: list[Event]) -> list[Event]:
+        """Rank 0's events as they are; of the others only errors and notices that say something rank 0 did
+        not (a NaN loss or a checkpoint note comes from every rank), saying which rank."""
+        out = []
+        for event in events:
+            if isinstance(event, WorkerError):
+                self.errors[rank] = event = replace(event, rank=rank)
+                if rank not in self._error_order:
+                    self._error_order.append(rank)
+                text = event.error
+            elif isinstance(event, Notice):
+                text = event.text
+            elif rank == 0:
+                out.append(event)
+                continue
+            else:
+                continue
+            if rank == 0:
+                self._rank0_said.add(text)
+            elif text in self._rank0_said:
+                continue
+            elif isinstance(event, Notice):
+                event = replace(event, text=f"rank {rank}: {event.text}")
+            out.append(event)
+        return out
+
+    def drain(self) -> list[Event]:
+        return [e for rank, h in enumerate(self.ranks) for e in self._from_rank(rank, h.drain())]
+
+    def close(self) -> None:
+        for h in self.ranks:
+            h.close()
+        self._on_close()
+
+
+def launch_gang(launcher: Launcher, specs: list[LaunchSpec], linger: float, grace: float,
+                on_close: Callable[[], None] = lambda: None) -> GangHandle:
+    """Start every rank; if one cannot start, those already started are ended and the error raised."""
+    started: list[Handle] = []
+    try:
+        for spec in specs:
+            started.append(launcher.launch(spec))
+    except BaseException:  # whatever went wrong, no rank may be left running and no port held
+        for h in started:
+            h.close()
+        on_close()
+        raise
+    return GangHandle(started, linger, grace, on_close)

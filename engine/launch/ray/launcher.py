@@ -1,0 +1,388 @@
+"""The Ray launcher: each attempt of a worker (and the validator) is one Ray actor on a cluster node.
+
+`RayLauncher.launch(spec)` starts a `ChildHost` actor (engine/launch/ray/actor.py) on the
+node of the spec's slot, which runs the same child a local run does, and returns a
+`RayHandle`. Slots are planned on the cluster's nodes (engine/launch/ray/placement.py), so
+the scheduler chooses the node; `follow` tells the supervisor when nodes join or leave. The child dials back to this process
+(engine/launch/ray/transport.py) with its attempt's token; status and commands then flow
+over that connection with the framing of the local pipes, read on the event loop by
+the code `ProcessHandle` reads pipes with. Actors get no Ray-level restarts (the
+restart policy is torchherd's) and, owned by this process, die with it.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from ...config.schema import ClusterConfig, ConfigError, DevicesConfig, Problem
+from ..process import FrameReader, LaunchSpec, ProcessHandle
+from ...protocol.messages import Command, Event, Notice
+from ...hardware.placement import Slot
+from .placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, \
+    plan_cluster_slots, read_nodes
+from .rundir import check_shared, remove_roots
+from .transport import DialBackListener
+from ...protocol.spec import Transport, ValidatorSpec, write_spec
+
+NAMESPACE = "torchherd"  # every actor torchherd starts is named in this Ray namespace
+SHUTDOWN_WAIT = 2.0  # seconds an actor gets to end its child's process group before ray.kill
+LAUNCH_FRESH = 0.5  # seconds: a launch trusts a look at the cluster's nodes this recent
+
+
+def connect(cluster: ClusterConfig) -> None:
+    """Join the cluster `cluster.address` names (or start a private one for "local"), once per process.
+
+    Actor output never comes here: it would land on the app's screen. Each child writes its own log.
+    """
+    import logging
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = None if cluster.address == "local" else cluster.address
+    ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, include_dashboard=False,
+             logging_level=logging.ERROR, configure_logging=True)
+    if address is None:  # Ray's agents would outlive a SIGKILLed supervisor: a reaper ends them
+        from .reaper import start_reaper
+
+        start_reaper()
+
+
+class RayHandle(ProcessHandle):
+    """One attempt running as a Ray actor's child, as the supervisor sees it.
+
+    Until the child dials back, commands wait here (as they would in a pipe) and there is nothing
+    to read; from then on the connection is read exactly as a local worker's pipe is.
+    """
+
+    def __init__(self, launcher: RayLauncher, key: str, name: str, actor, node_id: str, label: str):
+        # ProcessHandle's channel state, with no channel yet: see `connected`.
+        self._status: Connection | None = None  # type: ignore[assignment]
+        self._control: Connection | None = None  # type: ignore[assignment]
+        self._frames = FrameReader()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_events = None
+        self._reading = False
+        self._launcher, self.key, self.name, self.actor = launcher, key, name, actor
+        self.node_id = node_id
+        self.label = launcher.inventory.label(node_id)
+        self.node = label  # "" when it runs on this machine's node
+        self.pid = 0  # known once the actor has started the child
+        self.actor_pid = 0
+        self.token = ""
+        self._queued: list[Command] = []
+        self._start_ref = self._exit_ref = None
+        self._code: int | None = None
+        self.cause: str | None = None  # "node left": classified by the lifecycle (BY_INTENT), not a crash
+        self._lost = ""  # why the actor died under us, for people
+        self._closed = False
+
+    def started(self, start_ref, exit_ref) -> None:
+        self._start_ref, self._exit_ref = start_ref, exit_ref
+
+    # ------------------------------------------------------------ channel
+
+    def connected(self, sock: socket.socket) -> None:
+        """The child dialled back with our token: the connection becomes its status and control channel."""
+        if self._closed:
+            sock.close()
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        fd = sock.detach()
+        # Both ends share one non-blocking file description: a stuck child never blocks the loop.
+        self._status = Connection(fd, writable=False)
+        self._control = Connection(os.dup(fd), readable=False)
+        os.set_blocking(fd, False)
+        if self._on_events is not None:
+            assert self._loop is not None
+            self._loop.add_reader(fd, self._readable)
+            self._reading = True
+        queued, self._queued = self._queued, []
+        for command in queued:
+            super().send(command)
+        if self._on_events is not None:  # where it runs, for people (the launch said only which slot)
+            self._on_events([Notice(pipeline="" if self.name == "validator" else self.name, level="info",
+                                    text=f"{self.name} runs on node {self.label} (Ray)")])
+        self._readable()  # it may have written before we looked
+
+    def attach(self, on_events) -> None:
+        if self._status is not None:
+            super().attach(on_events)
+        else:
+            self._loop = asyncio.get_running_loop()
+            self._on_events = on_events
+
+    def send(self, command: Command) -> bool:
+        if self._closed:
+            return False
+        if self._control is None:
+            self._queued.append(command)
+            return True
+        return super().send(command)
+
+    def drain(self) -> list[Event]:
+        events = super().drain() if self._status is not None else []
+        if self._lost:
+            events.append(Notice(pipeline=self.name if self.name != "validator" else "", level="error",
+                                 text=self._lost))
+            self._lost = ""
+        return events
+
+    # ------------------------------------------------------------ the actor
+
+    def _resolve_start(self) -> None:
+        import ray
+
+        if self.pid or self._start_ref is None or not ray.wait([self._start_ref], timeout=0)[0]:
+            return
+        try:
+            info = ray.get(self._start_ref)
+        except Exception:  # the actor died or start failed: poll() reports it from the exit ref
+            self._start_ref = None
+            return
+        self.pid, self.actor_pid = info["pid"], info["actor_pid"]
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        self._resolve_start()
+        return (self.pid,) if self.pid else ()
+
+    def poll(self) -> int | None:
+        import ray
+
+        if self._code is not None:
+            return self._code
+        self._resolve_start()
+        if not ray.wait([self._exit_ref], timeout=0)[0]:
+            return None
+        try:
+            self._code = int(ray.get(self._exit_ref))
+        except ray.exceptions.RayActorError as exc:
+            self._code = -signal.SIGKILL  # its process (or its node) is gone: the child went with it
+            self._lost = self._launcher.why_lost(self, exc)
+        except ray.exceptions.RayTaskError as exc:
+            self._code = 1
+            self._lost = f"could not start on {self.node or 'this node'}: {exc.cause!r}"
+        return self._code
+
+    def _signal(self, sig: int, group: bool = True) -> None:
+        if not self._closed and self._code is None:
+            self.actor.signal.remote(int(sig), group)  # fire and forget: a round trip costs milliseconds
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def dump_stacks(self) -> None:
+        self._signal(signal.SIGUSR1, group=False)  # faulthandler in the child writes every stack to its log
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_reading()
+        for conn in (self._status, self._control):
+            if conn is not None:
+                try:
+                    conn.close()
+                except OSError:
+                    pass
+        self._launcher.ended(self)
+
+
+class RayLauncher:
+    """Starts each attempt as a Ray actor on a live node with room; see the module docstring."""
+
+    def __init__(self, cluster: ClusterConfig, runs_dir: Path | None = None, file: str = ""):
+        """Join the cluster and, with `runs_dir`, prove every node shares it; ConfigError otherwise."""
+        import ray
+
+        try:
+            connect(cluster)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConfigError([Problem(file, "cluster.address", f"cannot join the Ray cluster at "
+                                       f"{cluster.address!r}: {exc}")]) from None
+        self._ray = ray
+        self.driver_node = ray.get_runtime_context().get_node_id()
+        nodes = read_nodes(ray.nodes())
+        if runs_dir is not None:
+            problems = check_shared(Path(runs_dir), nodes, file)
+            if problems:
+                raise ConfigError(problems)
+        self.book = NodeBook(cluster_inventory(nodes))
+        self._looked = time.monotonic()  # when ray.nodes() was last read
+        self.listener = DialBackListener(ray.util.get_node_ip_address())
+        self._actor_class = None
+        self._ending: list[tuple[object, object, float]] = []  # (actor, shutdown ref, deadline)
+        self._telemetry = None  # the other nodes' samplers, once the supervisor asks for them
+
+    @property
+    def inventory(self) -> ClusterInventory:
+        return self.book.inventory
+
+    def plan_slots(self, devices: DevicesConfig, inventory: ClusterInventory, file: str = "",
+                   fit: bool = False) -> tuple[list[Slot], list[Problem]]:
+        return plan_cluster_slots(devices, inventory, file, fit)
+
+    def label(self, node_id: str) -> str:
+        """How a node is shown: "" for the one this process runs on."""
+        return "" if node_id == self.driver_node else self.inventory.label(node_id)
+
+    def refresh(self) -> list[str]:
+        """Re-read the cluster's live nodes; returns the labels of those that left since last time."""
+        self._looked = time.monotonic()
+        return self.book.refresh(read_nodes(self._ray.nodes()))
+
+    def follow(self, max_age: float) -> int:
+        """The cluster's node generation, re-read first if the last look is older than `max_age` seconds.
+
+        One GCS round trip (milliseconds) when it looks: the supervisor asks every few seconds, not
+        every tick, and compares the generation to know when to plan its slots again.
+        """
+        if time.monotonic() - self._looked >= max_age:
+            self.refresh()
+        return self.book.generation
+
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        """MASTER_ADDR and a held MASTER_PORT for a gang whose ranks all run on `node` (engine/launch/ray/gang.py)."""
+        from .gang import rendezvous
+
+        self.follow(LAUNCH_FRESH)  # a node may have left since the last look
+        return rendezvous(self._ray, self.inventory, self.driver_node, node)
+
+    def launch(self, spec: LaunchSpec) -> RayHandle:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._reap_ending()
+        child = spec.child
+        self.follow(LAUNCH_FRESH)  # a node may have left since the last look
+        env = dict(spec.env)
+        env["PYTHONUNBUFFERED"] = "1"  # the log file shows prints as they happen
+        home = self.inventory.home(spec.gpu_index) if spec.gpu_index is not None else None
+        if isinstance(child, ValidatorSpec):
+            # Not a slot: it shares a node (and its GPU) as it shares this machine locally. One per node
+            # (spec.node) when snapshots stay on their workers' nodes.
+            kind, amount = "cpu", 0
+            node = spec.node or (home[0] if home and self.book.alive(home[0]) else self.driver_node)
+            if spec.node and not self.book.alive(node):
+                raise NoRoom(f"node {self.inventory.label(node)} has left the cluster")
+            if home:
+                env["CUDA_VISIBLE_DEVICES"] = str(home[1])
+            # its own node's snapshot root; the one on this node is the supervisor's, made already
+            root = child.snapshot_root if spec.node else ""
+        else:
+            # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it
+            kind, amount = ("cuda", 1) if spec.gpu_index is not None else ("cpu", child.threads)
+            node = spec.node or self.book.choose(kind, amount, prefer=home[0] if home else "")
+            if not self.book.alive(node):  # the scheduler's slot is on a node that just left
+                raise NoRoom(f"node {self.inventory.label(node)} of its slot has left the cluster")
+            # a worker may start on a node before that node's validator has made the root
+            root = str(Path(child.snapshot_dir).parent) if child.snapshot_dir and spec.node else ""
+        if kind == "cpu" and not (isinstance(child, ValidatorSpec) and home):
+            env["CUDA_VISIBLE_DEVICES"] = ""  # Ray leaves a CPU actor every GPU of its node
+            env.setdefault("OMP_NUM_THREADS", str(child.threads))
+        run_id = Path(spec.log_path).parent.parent.name
+        key = f"{run_id}/{child.name}/{child.attempt}"
+        if getattr(child, "rank", 0):  # a gang's other ranks: an actor of each rank's own
+            key += f"/rank{child.rank}"
+        if isinstance(child, ValidatorSpec) and spec.node:
+            key = f"{run_id}/{child.name}@{node[:12]}/{child.attempt}"  # one validator per node
+        handle = RayHandle(self, key, child.name, None, node, self.label(node))
+        handle.token = self.listener.expect(handle.connected)
+        transport = Transport(address=self.listener.address, token=handle.token)
+        spec_path = write_spec(spec.log_path.parent / f"{child.stem}.json", child, transport)
+        try:
+            actor = self._actor().options(
+                name=key, namespace=NAMESPACE, max_restarts=0, max_task_retries=0,
+                num_cpus=amount if kind == "cpu" else 0, num_gpus=amount if kind == "cuda" else 0,
+                # Hard affinity: a dead node fails it at once. It waits while the node is busy: the actor of
+                # the attempt before may still be giving its CPUs back.
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote()
+        except ValueError as exc:  # a live actor of that name: another supervisor runs this run
+            self.listener.forget(handle.token)
+            raise OSError(f"cannot start {key} on the cluster: {exc}") from None
+        handle.actor = actor
+        header = f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} on " \
+                 f"{self.inventory.label(node)} (Ray) ====\n"
+        handle.started(actor.start.remote(spec.module, str(spec_path), str(spec.log_path), env, os.getcwd(),
+                                          header, root, isinstance(child, ValidatorSpec)),
+                       actor.wait.remote())
+        self.book.hold(key, node, kind, amount)
+        return handle
+
+    def _actor(self):
+        if self._actor_class is None:
+            from .actor import ChildHost
+
+            self._actor_class = self._ray.remote(ChildHost)
+        return self._actor_class
+
+    def why_lost(self, handle: RayHandle, exc: BaseException) -> str:
+        """People's words for an actor that died without its child reporting an exit."""
+        gone = self.refresh()
+        where = self.inventory.label(handle.node_id) if self.book.alive(handle.node_id) else None
+        if where is None:
+            handle.cause = "node left"
+            return f"node {handle.node or 'of the supervisor'} left the cluster; the attempt on it is lost " \
+                   "and starts again on a live node (no restart spent)"
+        return f"the Ray actor of this attempt died ({type(exc).__name__})" + \
+            (f"; nodes that left: {', '.join(gone)}" if gone else "")
+
+    def ended(self, handle: RayHandle) -> None:
+        """The attempt is over: its token dies, its room frees and its actor ends (after its process group)."""
+        self.listener.forget(handle.token)
+        self.book.release(handle.key)
+        if handle.actor is not None:
+            try:
+                ref = handle.actor.shutdown.remote()
+            except Exception:  # the actor is already gone
+                ref = None
+            self._ending.append((handle.actor, ref, time.monotonic() + SHUTDOWN_WAIT))
+            try:  # the actor normally ends itself; this is for one that does not
+                asyncio.get_running_loop().call_later(SHUTDOWN_WAIT, self._reap_ending)
+            except RuntimeError:  # no loop: the next launch or close() reaps it
+                pass
+
+    def _reap_ending(self, wait: bool = False) -> None:
+        """ray.kill the actors whose shutdown finished (or ran out of time), without blocking the loop."""
+        now, left = time.monotonic(), []
+        for actor, ref, deadline in self._ending:
+            done = ref is None or bool(self._ray.wait([ref], timeout=0)[0])
+            if done or now >= deadline or wait:
+                if wait and not done:
+                    self._ray.wait([ref], timeout=max(0.0, deadline - now))
+                try:
+                    self._ray.kill(actor, no_restart=True)  # ended already, normally: then a no-op
+                except Exception:
+                    pass
+            else:
+                left.append((actor, ref, deadline))
+        self._ending = left
+
+    def remove_roots(self, roots: dict[str, str]) -> None:
+        """Free the snapshot roots {node id: path} on their nodes (blocking: call it off the loop)."""
+        remove_roots({node: path for node, path in roots.items() if self.book.alive(node)})
+
+    def remote_telemetry(self, pids):
+        """The other nodes' telemetry for the supervisor's sampler: `pids()` gives {node id: {label: pid}};
+        the result's `extend` is the sampler's hook (engine/launch/ray/telemetry.py)."""
+        from .telemetry import RemoteTelemetry
+
+        self._telemetry = RemoteTelemetry(pids, self.inventory.label)
+        return self._telemetry
+
+    def close(self) -> None:
+        """End every actor still ending and stop listening (the session is over)."""
+        if self._telemetry is not None:
+            self._telemetry.close()
+        self._reap_ending(wait=True)
+        self.listener.close()

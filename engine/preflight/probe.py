@@ -1,0 +1,246 @@
+"""Task preflight: build every pipeline's task in a fresh interpreter and report what fails.
+
+`probe_tasks(config)` runs `python -m torchherd.engine.preflight.probe` so user code never runs (or
+prints) in the supervisor's process, and returns the problems found. Each distinct
+(task, params) is built once; its verdict is cached until the task file changes, so the
+picker can ask again on every highlight. The caller may watch progress and cancel.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config.schema import BUILTIN_TASKS, LIGHTNING_PREFIX, Problem, RunConfig, display_path
+from ..launch.process import python_module_command
+
+PREFIX = "TORCHHERD-PROBE "
+POLL = 0.1  # seconds between looks at the cancel flag while the probe runs
+
+
+class ProbeCancelled(Exception):
+    """The caller cancelled the probe; its process was killed."""
+
+
+@dataclass(frozen=True)
+class ProbeJob:
+    """One distinct (task, params) to build, and the pipelines that use it."""
+
+    ref: str
+    params: str  # JSON, keys sorted
+    pipelines: tuple[int, ...]
+    stamp: tuple[str, int, int] | None  # (file, mtime ns, size bytes) of the task's source, if known
+    lightning: str = ""  # JSON of whether validation is in the background (then a Lightning callback
+    # may not monitor a val_* metric), and for `lightning:` pipelines their datamodule and its params
+
+    @property
+    def key(self) -> tuple:
+        return (self.ref, self.params, self.stamp, self.lightning)
+
+
+_CACHE: dict[tuple, str] = {}  # job key -> error ("" when it built)
+_LIGHTNING: set[tuple] = set()  # keys of the jobs that built a LightningTask (a factory's, or `lightning:`)
+_CACHE_LOCK = threading.Lock()
+
+
+def _stamp(ref: str) -> tuple[str, int, int] | None:
+    target = ref.rpartition(":")[0]
+    path: str | None = target if target.endswith(".py") else None
+    if path is None and ref not in BUILTIN_TASKS:
+        import importlib.util
+        try:
+            spec = importlib.util.find_spec(target)
+            path = spec.origin if spec is not None else None
+        except (ImportError, ValueError):
+            path = None
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (path, st.st_mtime_ns, st.st_size)
+
+
+def plan_jobs(config: RunConfig, background: bool | None = None) -> list[ProbeJob]:
+    """The distinct (task, params) of `config`, in pipeline order.
+
+    `background`: whether validation runs in the background (then a Lightning callback that monitors
+    a validation metric inside the worker is a problem); None takes it from the configured mode.
+    """
+    if background is None:
+        background = config.validation.mode in ("background", "auto")
+    grouped: dict[tuple[str, str, str], list[int]] = {}
+    for i, p in enumerate(config.pipelines):
+        if p.kind == "script":
+            continue  # the user's own script: there is no factory to build
+        # A plain task's factory may return a LightningTask too: every job is told the validation mode.
+        extra = {"datamodule": p.datamodule, "datamodule_params": p.datamodule_params} if p.kind == "lightning" else {}
+        lightning = json.dumps({**extra, "background": background}, sort_keys=True)
+        grouped.setdefault((p.task_ref or p.task, json.dumps(p.params, sort_keys=True), lightning), []).append(i)
+    return [ProbeJob(ref, params, tuple(idx), _stamp(ref.removeprefix(LIGHTNING_PREFIX)), lightning)
+            for (ref, params, lightning), idx in grouped.items()]
+
+
+def pending_jobs(config: RunConfig, background: bool | None = None) -> list[ProbeJob]:
+    """The jobs whose verdict is not cached: what a probe of `config` would build now."""
+    with _CACHE_LOCK:
+        return [job for job in plan_jobs(config, background) if job.key not in _CACHE]
+
+
+def probe_tasks(config: RunConfig, timeout: float = 180.0,
+                on_progress: Callable[[int, int], None] | None = None,
+                cancelled: Callable[[], bool] | None = None, background: bool | None = None) -> list[Problem]:
+    """Problems found building each distinct (task, params) of `config`; empty if all build.
+
+    `on_progress(built, total)` is called as tasks finish; `cancelled()` is polled and, once
+    true, the probe process is killed and ProbeCancelled raised.
+    """
+    from .check import task_problems
+
+    jobs = plan_jobs(config, background)
+    with _CACHE_LOCK:
+        todo = [job for job in jobs if job.key not in _CACHE]
+    file = display_path(config.source) if config.source else ""
+    if todo:
+        results, failure = _run(todo, timeout, on_progress, cancelled)
+        if failure:
+            return [Problem(file, "pipelines", failure)]
+        with _CACHE_LOCK:
+            for job, (error, lightning) in zip(todo, results):
+                _CACHE[job.key] = error
+                if lightning:
+                    _LIGHTNING.add(job.key)
+    errors = {}
+    with _CACHE_LOCK:
+        for job in jobs:
+            error = _CACHE.get(job.key, "")
+            if error:
+                for i in job.pipelines:
+                    errors[i] = _shorten(error, job.ref)
+    return task_problems(config, errors)
+
+
+def lightning_factories(config: RunConfig, background: bool | None = None) -> set[str]:
+    """The pipelines whose `task = "file.py:build"` factory returned a LightningTask, as far as probes
+    have found (`background` as for plan_jobs): the config cannot tell them from torchherd Tasks."""
+    with _CACHE_LOCK:
+        return {config.pipelines[i].name for job in plan_jobs(config, background) if job.key in _LIGHTNING
+                for i in job.pipelines if config.pipelines[i].kind == "task"}
+
+
+def _shorten(error: str, ref: str) -> str:
+    """The task file as problems show paths (relative to the working directory when under it)."""
+    target = ref.rpartition(":")[0]
+    return error.replace(target, display_path(target)) if target.endswith(".py") else error
+
+
+def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int], None] | None,
+         cancelled: Callable[[], bool] | None) -> tuple[list[tuple[str, bool]], str]:
+    """((an error or "", whether it built a LightningTask) per job, a failure of the probe itself or "")."""
+    payload = json.dumps([{"id": k, "ref": job.ref, "params": json.loads(job.params),
+                           **(json.loads(job.lightning) if job.lightning else {})} for k, job in enumerate(jobs)])
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    lines: queue.Queue[str | None] = queue.Queue()
+    results: dict[int, tuple[str, bool]] = {}
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
+        proc = subprocess.Popen(python_module_command("torchherd.engine.preflight.probe"), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, start_new_session=True)
+        try:
+            reader = threading.Thread(target=_read_lines, args=(proc, payload, lines), daemon=True)
+            reader.start()
+            deadline = time.monotonic() + timeout
+            while True:
+                if cancelled is not None and cancelled():
+                    raise ProbeCancelled()
+                if time.monotonic() > deadline:
+                    return [], f"building the tasks took longer than {timeout:g}s"
+                try:
+                    line = lines.get(timeout=POLL)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    break
+                if line.startswith(PREFIX):
+                    result = json.loads(line[len(PREFIX):])
+                    results[result["id"]] = (result["error"], result.get("lightning", False))
+                    if on_progress is not None:
+                        on_progress(len(results), len(jobs))
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # its own session: the user's code and anything it spawned
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        if len(results) < len(jobs):
+            stderr.seek(0)
+            tail = stderr.read().strip().splitlines()[-5:]
+            return [], "building the tasks crashed: " + (" | ".join(tail) or f"exit code {proc.returncode}")
+    return [results[k] for k in range(len(jobs))], ""
+
+
+def _read_lines(proc: subprocess.Popen, payload: str, lines: queue.Queue) -> None:
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(payload)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+    for line in proc.stdout:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+def _main() -> None:
+    # Results go out on a copy of stdout; whatever the user's code prints goes to stderr instead.
+    results = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    jobs = json.loads(sys.stdin.read())
+    import torch
+
+    from ..runners.lightning.support import LightningTask, build_factory, build_lightning
+    from ..runners.task.api import TaskError
+
+    torch.set_num_threads(1)
+    for job in jobs:
+        lightning = False
+        try:
+            if job["ref"].startswith(LIGHTNING_PREFIX):
+                task = build_lightning(job["ref"], job["params"], job["datamodule"], job["datamodule_params"])
+            else:  # a torchherd Task, or a LightningTask its factory returned
+                task = build_factory(job["ref"], job["params"])
+            lightning = isinstance(task, LightningTask)
+            if lightning:
+                _check_lightning(task, job["background"])
+            error = ""
+        except TaskError as exc:
+            error = str(exc)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        results.write(PREFIX + json.dumps({"id": job["id"], "error": error, "lightning": lightning}) + "\n")
+
+
+def _check_lightning(task, background: bool) -> None:
+    """What the built module and DataModule allow (no data, no Trainer: Lightning's import is the cost
+    already): in the background, no callback or scheduler may watch a validation metric."""
+    from ..runners.lightning.support import monitors_problem, val_monitors
+    from ..runners.task.api import TaskError
+
+    if background:
+        found = val_monitors(task)
+        if found:
+            raise TaskError(monitors_problem(found))
+
+
+if __name__ == "__main__":
+    _main()

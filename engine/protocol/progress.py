@@ -1,0 +1,185 @@
+"""Per-pipeline progress folded from the event stream: the one place that turns events into figures.
+
+`apply(progress, event)` is a pure fold: it returns a new `PipelineProgress` (or the same object when
+the event says nothing about this pipeline), so a live session and a run replayed from
+`events.jsonl` arrive at the same figures. `better` is the one rule for "is this value the new best".
+
+Epochs are counted as the events count them, from 0: `epoch` is the epoch in progress (after the
+last epoch ends it equals `epochs_total`). `epoch_number` is the same for people, from 1.
+Standard library only, like `states`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from . import messages as m
+from .states import WorkerState
+
+
+def better(value: float, best: float | None, mode: str) -> bool:
+    """Whether `value` beats `best` when `mode` is "min" (lower is better) or "max"; NaN never does."""
+    if value is None or not math.isfinite(value):
+        return False
+    if best is None or not math.isfinite(best):
+        return True
+    return value > best if mode == "max" else value < best
+
+
+def metric_value(metrics: dict[str, float], metric: str) -> float | None:
+    """The value of `metric` in a validation result, else its `val_loss`; None when it has neither."""
+    for key in (metric, "val_loss"):
+        value = metrics.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineProgress:
+    """Where one pipeline is: lifecycle, position in training, losses and the best validation score."""
+
+    name: str
+    metric: str = "val_loss"  # the validation metric that decides the best
+    metric_mode: str = "min"  # "min" or "max"
+    state: WorkerState = WorkerState.QUEUED
+    device: str = ""
+    node: str = ""  # the cluster node its worker runs on; "" for this machine
+    pid: int | None = None
+    attempt: int = 0  # 1 for the first start; every start (crash restart or a person's restart) adds one
+    restarts: int = 0  # restarts after crashes, spent from the restart budget
+    restart_budget: int | None = None  # max_restarts, once a restart has told us
+    epoch: int = 0  # 0-based epoch in progress
+    step: int = 0  # optimizer steps so far, all epochs
+    epochs_total: int = 0
+    steps_per_epoch: int = 0
+    train_loss: float | None = None
+    val_loss: float | None = None  # the newest result's val_loss
+    val_value: float | None = None  # the newest result's `metric`
+    best: float | None = None  # the best `metric` so far
+    samples_per_s: float | None = None
+    started_at: float | None = None  # seconds since the epoch, first start
+    finished_at: float | None = None  # seconds since the epoch; None while not final
+    last_error: str = ""  # "ExceptionType: message" of the newest failure
+    traceback: str = ""
+    finish_reason: str = ""  # why it reached its final state
+    rate_origin: tuple[float, int] | None = None  # (time, step) of this attempt's first step report
+    step_rate: float = 0.0  # steps per second over this attempt
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs_total * self.steps_per_epoch
+
+    @property
+    def fraction(self) -> float | None:
+        """Share of the training done, 0 to 1; None while the length is unknown."""
+        total = self.total_steps
+        return min(1.0, self.step / total) if total else None
+
+    @property
+    def epoch_number(self) -> int:
+        """The epoch in progress counted from 1, never past the last one."""
+        return min(self.epoch + 1, self.epochs_total) if self.epochs_total else self.epoch + 1
+
+    def elapsed(self, now: float) -> float | None:
+        """Seconds since its first start (to its end once final)."""
+        if self.started_at is None:
+            return None
+        return (self.finished_at or now) - self.started_at
+
+    def eta(self) -> float | None:
+        """Seconds to the last step at this attempt's step rate; None unless it is running at a known rate."""
+        if self.state != WorkerState.RUNNING or not self.total_steps or self.step_rate <= 0:
+            return None
+        return max(0.0, (self.total_steps - self.step) / self.step_rate)
+
+
+def apply(progress: PipelineProgress, event: m.Event) -> PipelineProgress:
+    """The progress after `event`; the same object when the event is not about this pipeline or changes nothing."""
+    if getattr(event, "pipeline", None) != progress.name:
+        return progress
+    fold = _FOLDS.get(type(event))
+    return progress if fold is None else fold(progress, event)
+
+
+def _queued(p: PipelineProgress, ev: m.PipelineQueued) -> PipelineProgress:
+    # Queued (again) holds no device: a restarted pipeline may start on another slot.
+    return replace(p, state=WorkerState.QUEUED, device="", node="", pid=None, finished_at=None, finish_reason="",
+                   rate_origin=None, step_rate=0.0)
+
+
+def _started(p: PipelineProgress, ev: m.WorkerStarted) -> PipelineProgress:
+    return replace(p, device=ev.device, node=ev.node, pid=ev.pid, attempt=ev.attempt, started_at=p.started_at or ev.time,
+                   finished_at=None, rate_origin=None, step_rate=0.0)
+
+
+def _state(p: PipelineProgress, ev: m.WorkerStateChanged) -> PipelineProgress:
+    return replace(p, state=WorkerState(ev.state))
+
+
+def _training_started(p: PipelineProgress, ev: m.TrainingStarted) -> PipelineProgress:
+    return replace(p, epoch=ev.epoch, step=ev.step, epochs_total=ev.epochs_total,
+                   steps_per_epoch=ev.steps_per_epoch, device=p.device or ev.device)
+
+
+def _step(p: PipelineProgress, ev: m.StepMetrics) -> PipelineProgress:
+    origin, rate = p.rate_origin, p.step_rate
+    if origin is None:
+        origin = (ev.time, ev.step)
+    elif ev.time > origin[0]:
+        rate = (ev.step - origin[1]) / (ev.time - origin[0])
+    return replace(p, epoch=ev.epoch, step=ev.step, train_loss=ev.loss, samples_per_s=ev.samples_per_s,
+                   rate_origin=origin, step_rate=rate)
+
+
+def _epoch_end(p: PipelineProgress, ev: m.EpochEnd) -> PipelineProgress:
+    # EpochEnd names the epoch that finished; the one in progress is the next.
+    return replace(p, epoch=ev.epoch + 1, step=ev.step, train_loss=ev.train_loss, samples_per_s=ev.samples_per_s,
+                   epochs_total=ev.epochs_total, steps_per_epoch=ev.steps_per_epoch)
+
+
+def _resumed(p: PipelineProgress, ev: m.Resumed | m.CheckpointSaved) -> PipelineProgress:
+    return replace(p, epoch=ev.epoch, step=ev.step)  # where the saved state stands
+
+
+def _val(p: PipelineProgress, ev: m.ValResult) -> PipelineProgress:
+    if ev.error:
+        return p  # validation raised: no figures, training goes on
+    value = metric_value(ev.metrics, p.metric)
+    loss = ev.metrics.get("val_loss", value)
+    best = value if value is not None and better(value, p.best, p.metric_mode) else p.best
+    return replace(p, val_loss=loss, val_value=value, best=best)
+
+
+def _error(p: PipelineProgress, ev: m.WorkerError) -> PipelineProgress:
+    return replace(p, last_error=ev.error, traceback=ev.traceback)
+
+
+def _exited(p: PipelineProgress, ev: m.WorkerExited) -> PipelineProgress:
+    return replace(p, pid=None, last_error=ev.error or p.last_error, traceback=ev.traceback or p.traceback)
+
+
+def _restarting(p: PipelineProgress, ev: m.WorkerRestarting) -> PipelineProgress:
+    restarts = p.restarts + 1
+    return replace(p, restarts=restarts, restart_budget=restarts + ev.restarts_left)
+
+
+def _finished(p: PipelineProgress, ev: m.PipelineFinished) -> PipelineProgress:
+    return replace(p, state=WorkerState(ev.status), finished_at=ev.time, pid=None, finish_reason=ev.reason)
+
+
+_FOLDS = {
+    m.PipelineQueued: _queued,
+    m.WorkerStarted: _started,
+    m.WorkerStateChanged: _state,
+    m.TrainingStarted: _training_started,
+    m.StepMetrics: _step,
+    m.EpochEnd: _epoch_end,
+    m.Resumed: _resumed,
+    m.CheckpointSaved: _resumed,
+    m.ValResult: _val,
+    m.WorkerError: _error,
+    m.WorkerExited: _exited,
+    m.WorkerRestarting: _restarting,
+    m.PipelineFinished: _finished,
+}

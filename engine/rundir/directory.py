@@ -1,0 +1,292 @@
+"""The run directory: where a run writes its config, events and metrics, and how to read one back.
+
+Layout: `<runs_dir>/<run-id>/` with `config.toml` (as written), `config.json`
+(as resolved), `events.jsonl` (every event) and, per pipeline, `metrics.jsonl`
+(step, epoch_end, val_result), `log.txt` and `checkpoints/`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import shutil
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ..config.schema import RunConfig
+from ..protocol.messages import (EpochEnd, Event, Message, RunFinished, RunStarted, StepMetrics, ValResult,
+                             from_record, to_record)
+
+METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
+PID_FILE = "supervisor.pid"  # the pid of the torchherd process writing a run (or snapshot folder)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "__fspath__"):
+        return str(value)
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+    return str(value)
+
+
+def dumps(record: dict[str, Any]) -> str:
+    """One JSON line; NaN and infinities become null so every reader can parse it."""
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+    return json.dumps(clean, default=_json_default, separators=(",", ":"))
+
+
+SNAPSHOT_MARKER = ".torchherd-snapshots"  # only torchherd writes it: stale cleanup touches nothing without it
+STALE_AFTER = 60.0  # seconds: a younger folder's owner may not have written its pid yet
+
+
+def snapshot_root(run_id: str, run_dir: Path) -> Path:
+    """Where a run's weight snapshots will live (claim_root creates it): RAM-backed /dev/shm when there
+    is one, else the run directory. The name ends in 64 random bits, so nobody can make it first."""
+    token = secrets.token_hex(8)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"torchherd-{run_id}-{token}"
+    return run_dir / f".snapshots-{token}"
+
+
+def _ours(directory: Path) -> bool:
+    """A real folder (not a link) this user owns, holding torchherd's marker file, also ours."""
+    try:
+        st, marker = os.lstat(directory), os.lstat(directory / SNAPSHOT_MARKER)
+    except OSError:
+        return False
+    uid = os.getuid()
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and stat.S_ISREG(marker.st_mode) and marker.st_uid == uid
+
+
+def remove_root(root: Path) -> None:
+    """Delete a snapshot folder claim_root made; anything else at that path is left alone."""
+    if _ours(root):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def remove_stale_roots(parent: Path, prefix: str) -> None:
+    """Free the snapshots of torchherd processes that died without (RAM a SIGKILLed supervisor never gave back).
+
+    Only folders named `prefix`* that this user owns and that carry the marker file are touched."""
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return
+    for other in entries:
+        if not other.name.startswith(prefix) or not _ours(other):
+            continue
+        try:
+            young = time.time() - other.lstat().st_mtime < STALE_AFTER
+        except OSError:
+            continue
+        if not young and not owner_alive(other):
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def claim_root(root: Path) -> None:
+    """Create `root` fresh and private (mode 0700), mark it as torchherd's and this process's, and free
+    stale ones. A path that already exists is never adopted: FileExistsError."""
+    remove_stale_roots(root.parent, "torchherd-" if root.name.startswith("torchherd-") else ".snapshots-")
+    if root.parent != Path("/dev/shm"):
+        root.parent.mkdir(parents=True, exist_ok=True)  # the run directory: ours
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        raise FileExistsError(f"{root} already exists: torchherd only uses a snapshot folder it has just "
+                              "created itself") from None
+    os.chmod(root, 0o700)  # whatever the umask
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    for name, text in ((SNAPSHOT_MARKER, "weight snapshots of a torchherd run\n"), (PID_FILE, f"{os.getpid()}\n")):
+        fd = os.open(root / name, flags, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+
+
+def new_run_id(runs_dir: Path, name: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"{stamp}-{name}"
+    run_id, n = base, 1
+    while (runs_dir / run_id).exists():
+        n += 1
+        run_id = f"{base}-{n}"
+    return run_id
+
+
+class RunDirectory:
+    """Writes one run's files. Not thread-safe: used from the supervisor's event loop."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        import os
+        (path / PID_FILE).write_text(f"{os.getpid()}\n")
+        self._events: IO[str] = open(path / "events.jsonl", "a", encoding="utf-8")
+        self._metrics: dict[str, IO[str]] = {}
+
+    def pipeline_dir(self, pipeline: str) -> Path:
+        return self.path / pipeline
+
+    def log_path(self, pipeline: str, rank: int = 0) -> Path:
+        """The pipeline's log; every other rank of a gang has one of its own beside it."""
+        return self.path / pipeline / ("log.txt" if rank == 0 else f"log-rank{rank}.txt")
+
+    def save_config(self, config: RunConfig) -> None:
+        if getattr(self, "resuming", False):
+            return  # config.json already holds it
+        source = Path(config.source) if config.source else None
+        target = self.path / "config.toml"
+        if source is not None and source.is_file():
+            if target.exists():  # a config added to a running session
+                target = self.path / f"config-{config.name}.toml"
+            shutil.copyfile(source, target)
+        resolved = self.path / "config.json"
+        existing = json.loads(resolved.read_text()) if resolved.exists() else []
+        existing.append(config.model_dump(mode="json"))
+        resolved.write_text(json.dumps(existing, indent=2))
+
+    def write(self, event: Message) -> None:
+        record = to_record(event)
+        line = dumps(record) + "\n"
+        self._events.write(line)
+        if isinstance(event, METRIC_TYPES):
+            pipeline = getattr(event, "pipeline")
+            fh = self._metrics.get(pipeline)
+            if fh is None:
+                (self.path / pipeline).mkdir(parents=True, exist_ok=True)
+                fh = self._metrics[pipeline] = open(self.path / pipeline / "metrics.jsonl", "a", encoding="utf-8")
+            fh.write(line)
+
+    def flush(self) -> None:
+        self._events.flush()
+        for fh in self._metrics.values():
+            fh.flush()
+
+    def close(self) -> None:
+        (self.path / PID_FILE).unlink(missing_ok=True)
+        self.flush()
+        self._events.close()
+        for fh in self._metrics.values():
+            fh.close()
+        self._metrics.clear()
+
+
+# ------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a past run was, read from its directory."""
+
+    run_id: str
+    path: Path
+    started: float  # seconds since the epoch
+    status: str  # "completed", "failed", "stopped", "unfinished", ...
+    pipelines: tuple[str, ...]
+    statuses: dict[str, str]
+    live: bool = False  # a torchherd process is still running it
+
+    @property
+    def to_resume(self) -> tuple[str, ...]:
+        """The pipelines that did not complete (stopped, killed, failed, never started or cut short)."""
+        return tuple(p for p in self.pipelines if self.statuses.get(p) != "completed")
+
+    @property
+    def resumable(self) -> bool:
+        """Some pipeline did not complete, and nobody runs it: `torchherd resume` carries it on."""
+        return bool(self.to_resume) and not self.live
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object of a .jsonl file; a torn last line (a crash mid-write) is skipped."""
+    out = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def read_events(run_dir: Path) -> list[Event]:
+    """The events of a run, in order; types this version does not know are skipped."""
+    events = []
+    for record in read_records(Path(run_dir) / "events.jsonl"):
+        for k, v in list(record.items()):
+            if v is None and k in ("loss", "train_loss"):
+                record[k] = float("nan")
+        try:
+            events.append(from_record(record))
+        except (ValueError, TypeError):
+            continue
+    return events
+
+
+def summarize(run_dir: Path) -> RunSummary | None:
+    records = read_records(run_dir / "events.jsonl")
+    started = next((r for r in records if r.get("type") == RunStarted.type), None)
+    if started is None:
+        return None
+    statuses: dict[str, str] = {}
+    for r in records:
+        if r.get("type") == "pipeline_finished":
+            statuses[r["pipeline"]] = r["status"]
+    finished = [r for r in records if r.get("type") == RunFinished.type]
+    pipelines = tuple(started.get("pipelines", ()))
+    for r in records:
+        if r.get("type") == "pipeline_queued" and r["pipeline"] not in pipelines:
+            pipelines += (r["pipeline"],)
+    if finished:
+        values = set(finished[-1].get("statuses", {}).values())
+        status = "completed" if values == {"completed"} else \
+            next((s for s in ("failed", "killed", "stopped") if s in values), "completed")
+    else:
+        status = "unfinished"
+    return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,
+                      pipelines=pipelines, statuses=statuses, live=owner_alive(run_dir))
+
+
+
+def owner_alive(run_dir: Path) -> bool:
+    """Whether the torchherd process that wrote `run_dir/supervisor.pid` still runs."""
+    try:
+        pid = int((run_dir / PID_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        import psutil
+
+        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
+
+
+def load_resolved_configs(run_dir: Path) -> list[RunConfig]:
+    """The configs a run was started with (and added later), as resolved then."""
+    data = json.loads((Path(run_dir) / "config.json").read_text())
+    return [RunConfig.model_validate(c, strict=False) for c in data]
+
+
+def list_runs(runs_dir: Path) -> list[RunSummary]:
+    """Past runs under `runs_dir`, newest first."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        return []
+    out = []
+    for child in runs_dir.iterdir():
+        if child.is_dir() and (child / "events.jsonl").exists():
+            summary = summarize(child)
+            if summary is not None:
+                out.append(summary)
+    out.sort(key=lambda s: s.started, reverse=True)
+    return out

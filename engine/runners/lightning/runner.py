@@ -1,0 +1,377 @@
+"""The Lightning runner: Lightning's own `Trainer.fit` with a torchherd callback.
+
+Every hook, logger, scheduler interval and optimiser setup stays Lightning's.
+torchherd sets the Trainer arguments that are its job (limits, precision,
+accumulation, the one device, the root dir, no progress bar) and `HerdCallback`
+reports steps and epochs, hands snapshots to the validator, beats the heartbeat,
+obeys pause/stop/checkpoint-now between batches and writes `.ckpt` files
+atomically. The training DataLoader gets `ResumableSampler` (engine/runners/lightning/data.py),
+so a resumed epoch trains exactly the samples the stopped one had not.
+
+Lightning is imported only when a run starts: it imports rich, which no engine
+module may load at import time (tests/test_boundary.py), and it costs seconds.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...worker import checkpoint as ckpt
+from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
+from .data import ResumableSampler, resumable
+from .support import (PREPARED, LightningTask, build_for, monitors_problem,
+                                                prepare_once, val_monitors)
+from ...protocol.messages import (CheckpointSaved, EpochEnd, Notice, Resumed, SnapshotTaken, StepMetrics,
+                                       TrainingStarted, ValResult, WorkerError)
+from ...protocol.progress import better
+
+LAST, PREV, BEST = "last.ckpt", "prev.ckpt", "best.ckpt"
+PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+
+
+def save_ckpt(directory: Path, state: dict[str, Any], name: str) -> Path:
+    """Write a Lightning checkpoint atomically; writing `last` keeps the one it replaces as `prev`."""
+    return ckpt.save_checkpoint(directory, state, name)
+
+
+def latest_ckpt(directory: Path) -> tuple[Path | None, dict[str, Any] | None, str]:
+    """The newest readable checkpoint: (path, its loop counters, note)."""
+    state, path, note = ckpt.load_latest(directory, suffix=".ckpt", required="state_dict")
+    if state is None:
+        return None, None, note
+    return path, {"epoch": state.get("epoch", 0), "step": state.get("global_step", 0)}, note
+
+
+def logged_on_step(trainer: Any, device: Any) -> tuple[list[str], list[Any]]:
+    """What the module `self.log`ged on this training step, by the names Lightning's loggers use
+    ('train_loss', or 'train_loss_step' when it is also logged per epoch), and values logged only
+    for the progress bar: (names, values as 0-d float tensors on `device`, not synced)."""
+    results = getattr(trainer, "_results", None)
+    if results is None:
+        return [], []
+    logged = results.metrics(True)  # on_step values of the newest batch (Lightning's own per-batch pass)
+    found = dict(logged["log"])
+    for name, value in logged["pbar"].items():
+        found.setdefault(name, value)
+    names, values = [], []
+    for name, value in found.items():
+        if torch.is_tensor(value) and value.numel() == 1:
+            value = value.detach().to(device, torch.float32).reshape(())
+        elif isinstance(value, (int, float)):
+            value = torch.tensor(float(value), device=device)
+        else:
+            continue
+        names.append(name)
+        values.append(value)
+    return names, values
+
+
+class HerdHooks:
+    """Reports, snapshots, checkpoints and obeys the supervisor from inside Lightning's loop.
+
+    The hooks of `HerdCallback`, which adds Lightning's Callback as a base once Lightning is imported.
+    """
+
+    def __init__(self, runner: "LightningRunner"):
+        self.r = runner
+        self.batches = 0  # batches of the current epoch trained
+        self.best: float | None = None
+        self.stopping = False
+        self.exit_code: int | None = None
+        self._step = -1  # global_step at the last report check
+        self._window = self._epoch_loss = None  # loss sums kept on the device: no sync per step
+        self._window_n = self._epoch_n = 0
+        self._window_start = self._epoch_start = 0.0
+        self._val_before: dict[str, Any] = {}
+        self._val_start = 0.0
+
+    # ----------------------------------------------------- checkpoint state
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.r.sampler
+        return {"batches": self.batches, "epoch_seed": s.seed if s else 0, "best": self.best,
+                "snapshot_seq": self.r.seq}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches = state.get("batches", 0)
+        self.best = state.get("best")
+        self.r.seq = max(state.get("snapshot_seq", 0), self.r.seq)
+        self.r.resume_order = (state.get("epoch_seed", 0), self.batches)
+
+    # ------------------------------------------------------------- hooks
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        r = self.r
+        (r.dir / PREPARED).touch()  # fit has run prepare_data: later processes of this run skip it
+        if r.sampler is not None and r.resume_order is not None:
+            seed, batches = r.resume_order
+            r.sampler.resume = (trainer.current_epoch, seed, batches * r.batch_size)
+        r.open_writer(module, self.best)
+        per_epoch = trainer.num_training_batches
+        per_epoch = int(per_epoch) if per_epoch != float("inf") else 0
+        r.send(TrainingStarted(pipeline=r.name, epoch=trainer.current_epoch, step=trainer.global_step,
+                               epochs_total=r.pipe.max_epochs,
+                               steps_per_epoch=per_epoch // r.pipe.accumulate_grad_batches,
+                               device=str(module.device),
+                               parameters=sum(p.numel() for p in module.parameters())))
+        self._step = trainer.global_step
+        self._window = torch.zeros((), device=module.device)
+        self._epoch_loss = torch.zeros((), device=module.device)
+        self._window_start = self._epoch_start = time.monotonic()
+        r.control.between_steps(trainer.global_step, lambda reason: r.save(trainer, reason))
+
+    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+        self.batches = 0
+        self._epoch_start = time.monotonic()
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        r = self.r
+        self.batches = batch_idx + 1
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if torch.is_tensor(loss):
+            loss = loss.detach()
+            self._window += loss
+            self._epoch_loss += loss
+            self._window_n += 1
+            self._epoch_n += 1
+        step = trainer.global_step
+        if step != self._step:  # an optimizer stepped
+            self._step = step
+            v = r.validation
+            if v.mode == "background" and v.every_n_steps and step % v.every_n_steps == 0:
+                r.hand_off(trainer.current_epoch, step)
+            if step % r.pipe.log_every_n_steps == 0 and self._window_n:
+                names, values = logged_on_step(trainer, self._window.device)
+                synced = torch.stack([self._window.float(), *values]).tolist()  # the report's one device sync
+                mean = synced[0] / self._window_n
+                code = r.control.non_finite(mean, f"epoch {trainer.current_epoch} step {step} (step report)")
+                if code is not None:
+                    self.exit_code, trainer.should_stop = code, True
+                    return
+                now = time.monotonic()
+                samples = self._window_n * r.batch_size
+                r.sender.step(StepMetrics(pipeline=r.name, epoch=trainer.current_epoch, step=step, loss=mean,
+                                          lr=r.lr(trainer), samples_per_s=samples / max(now - self._window_start,
+                                                                                         1e-9),
+                                          metrics=dict(zip(names, synced[1:]))))
+                self._window.zero_()
+                self._window_n, self._window_start = 0, now
+        r.control.between_steps(step, lambda reason: r.save(trainer, reason))
+        if r.control.take_checkpoint_request():
+            r.save(trainer, "request")
+        if r.control.should_stop and not self.stopping:
+            # Saved here, mid-epoch: once should_stop is set Lightning marks the epoch done,
+            # and a checkpoint written after fit() returns would skip the epoch's rest.
+            r.save(trainer, "stop")
+            self.stopping, trainer.should_stop = True, True
+
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
+        self._val_before = dict(trainer.callback_metrics)
+        self._val_start = time.monotonic()
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if trainer.sanity_checking:
+            return
+        r = self.r
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
+                   if v is not self._val_before.get(k) and (not torch.is_tensor(v) or v.numel() == 1)}
+        r.send(ValResult(pipeline=r.name, epoch=trainer.current_epoch, step=trainer.global_step, metrics=metrics,
+                         latency=time.monotonic() - self._val_start, mode="inline"))
+        value = metrics.get(r.validation.metric)
+        if value is not None and better(value, self.best, r.validation.metric_mode):
+            self.best = value
+            r.save(trainer, "best", BEST)
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self.stopping or self.exit_code is not None:
+            return  # stopped mid-epoch: this epoch is not over, whatever Lightning counts
+        r = self.r
+        epoch = trainer.current_epoch
+        duration = time.monotonic() - self._epoch_start
+        train_loss = float(self._epoch_loss) / max(self._epoch_n, 1)
+        if self._epoch_n:
+            code = r.control.non_finite(train_loss, f"epoch {epoch} (epoch mean)")
+            if code is not None:
+                self.exit_code, trainer.should_stop = code, True
+                return
+        self._epoch_loss.zero_()
+        self._epoch_n = 0
+        v = r.validation
+        if v.mode == "background" and (epoch + 1) % v.every_n_epochs == 0:
+            r.hand_off(epoch, trainer.global_step)
+        per_epoch = trainer.num_training_batches
+        per_epoch = int(per_epoch) if per_epoch != float("inf") else 0
+        r.send(EpochEnd(pipeline=r.name, epoch=epoch, step=trainer.global_step, train_loss=train_loss,
+                        duration=duration, samples_per_s=self.batches * r.batch_size / max(duration, 1e-9),
+                        epochs_total=r.pipe.max_epochs,
+                        steps_per_epoch=per_epoch // r.pipe.accumulate_grad_batches))
+        self.batches = 0  # the checkpoint below starts the next epoch from its first batch
+        if (epoch + 1) % r.pipe.checkpoint_every_n_epochs == 0 or epoch + 1 >= r.pipe.max_epochs:
+            r.save(trainer, "epoch")
+
+
+class LightningRunner:
+    """One attempt of a Lightning pipeline in this process; `run()` returns the exit code."""
+
+    def __init__(self, spec, pipe, validation, sender, control):
+        self.spec, self.pipe, self.validation = spec, pipe, validation
+        self.sender, self.control = sender, control
+        self.name = pipe.name
+        self.dir = Path(spec.pipeline_dir)
+        self.ckpt_dir = self.dir / "checkpoints"
+        self.snapshot_dir = Path(spec.snapshot_dir) if spec.snapshot_dir else None
+        self.seq = spec.snapshot_seq  # snapshot numbers keep rising across attempts
+        self.writer = None
+        self.sampler: ResumableSampler | None = None
+        self.resume_order: tuple[int, int] | None = None
+        self.batch_size = 1
+        self.saved_step = -1  # global_step of the newest `last` checkpoint
+
+    def send(self, event) -> None:
+        self.sender.send(event)
+
+    @staticmethod
+    def lr(trainer: Any) -> float:
+        return float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else 0.0
+
+    def save(self, trainer: Any, reason: str, name: str = LAST) -> None:
+        try:
+            state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            path = save_ckpt(self.ckpt_dir, state, name)
+        except ckpt.CheckpointError as exc:
+            self.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
+            return
+        if name == LAST:
+            self.saved_step = trainer.global_step
+        self.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=trainer.current_epoch,
+                                  step=trainer.global_step, reason=reason))
+
+    def open_writer(self, module: Any, best: float | None) -> None:
+        if self.validation.mode != "background" or self.snapshot_dir is None or self.writer is not None:
+            return
+        from ...worker.snapshot import SnapshotWriter
+
+        v = self.validation
+        # "runner" tells the validator to score with Lightning: a factory's LightningTask has no
+        # `lightning:` prefix in its config for it to go by.
+        meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
+                "pipeline_dir": str(self.dir), "best": best, "runner": "lightning"}
+        self.writer = SnapshotWriter(self.snapshot_dir, module, v.slots, v.policy, v.checksum, meta)
+        self.writer.seq = self.seq
+
+    def hand_off(self, epoch: int, step: int) -> None:
+        if self.writer is None:
+            return
+        info = self.writer.hand_off(epoch, step)
+        self.seq = info["seq"]
+        self.send(SnapshotTaken(pipeline=self.name, epoch=epoch, step=step, **info))
+        if info["dropped"]:
+            self.send(Notice(pipeline=self.name, level="warning", text=(
+                f"snapshot of epoch {epoch + 1} step {step} dropped: all {self.validation.slots} slots "
+                "hold snapshots the validator has not read (policy 'all')")))
+
+    def _wrap_train_loader(self, task: LightningTask) -> None:
+        """Give the training DataLoader a ResumableSampler, wherever it comes from."""
+        source = task.datamodule if task.datamodule is not None else task.module
+        original = source.train_dataloader
+
+        def train_dataloader():
+            loader, self.sampler = resumable(original())
+            self.batch_size = getattr(loader, "batch_size", None) or 1
+            if self.sampler is None:
+                self.send(Notice(pipeline=self.name, level="warning", text=(
+                    "the training data is not a DataLoader with a plain random or sequential sampler: "
+                    "a resumed epoch starts from its beginning")))
+            return loader
+
+        source.train_dataloader = train_dataloader
+
+    def trainer_args(self, task: LightningTask, callback: HerdHooks) -> dict[str, Any]:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        pipe, v = self.pipe, self.validation
+        args = dict(task.trainer_args)
+        args.setdefault("enable_checkpointing", any(isinstance(c, ModelCheckpoint) for c in task.callbacks))
+        args.update(max_epochs=pipe.max_epochs, max_steps=pipe.max_steps or -1,
+                    precision=PRECISION[pipe.precision], accumulate_grad_batches=pipe.accumulate_grad_batches,
+                    accelerator="gpu" if self.spec.device.startswith("cuda") else "cpu", devices=1,
+                    default_root_dir=str(self.dir), enable_progress_bar=False,
+                    log_every_n_steps=pipe.log_every_n_steps, callbacks=[*task.callbacks, callback])
+        if pipe.max_time is not None:
+            args["max_time"] = timedelta(seconds=pipe.max_time)
+        if v.mode == "inline":
+            args["check_val_every_n_epoch"] = v.every_n_epochs
+            args.setdefault("num_sanity_val_steps", 0)
+        else:  # background or off: the worker never runs validation_step
+            args["limit_val_batches"] = 0
+            args["num_sanity_val_steps"] = 0
+        return args
+
+    def run(self, task: LightningTask | None = None) -> int:
+        """Train; `task` is one a `task = "file.py:build"` factory already built (else it is built here)."""
+        import lightning.pytorch as pl
+
+        from ..task.api import TaskError
+
+        if task is not None:
+            # The worker seeded torch before the factory ran, as seed_everything does before a
+            # `lightning:` module is built; seed the rest the same way but leave torch's generator
+            # where building left it, so both ways train the same run.
+            with torch.random.fork_rng(devices=[]):
+                pl.seed_everything(self.pipe.seed, verbose=False)
+        else:
+            pl.seed_everything(self.pipe.seed, verbose=False)
+            try:
+                task = build_for(self.pipe)
+            except TaskError as exc:
+                print(f"torchherd: {exc}", file=sys.stderr)
+                self.send(WorkerError(pipeline=self.name, error=str(exc), where="build",
+                                      traceback=traceback.format_exc()))
+                return EXIT_FATAL
+        if self.validation.mode == "background":
+            found = val_monitors(task, with_optimizers=False)
+            if found:
+                text = monitors_problem(found)
+                self.send(WorkerError(pipeline=self.name, error=text, where="build"))
+                return EXIT_FATAL
+        prepare_once(task, self.dir)
+        self._wrap_train_loader(task)
+        path, counters, note = latest_ckpt(self.ckpt_dir)
+        if note:
+            self.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
+        if path is not None:
+            self.send(Resumed(pipeline=self.name, path=str(path), epoch=counters["epoch"], step=counters["step"],
+                              note=note))
+        callback = herd_callback(self)
+        trainer = pl.Trainer(**self.trainer_args(task, callback))
+        trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None)
+        if callback.exit_code is not None:
+            return callback.exit_code
+        if callback.stopping:
+            return EXIT_STOPPED
+        if trainer.interrupted:  # a KeyboardInterrupt Lightning caught: nothing finished
+            return EXIT_STOPPED
+        if self.saved_step != trainer.global_step:  # ended mid-epoch (max_steps, max_time)
+            self.save(trainer, "final")
+        return EXIT_COMPLETED
+
+
+def herd_callback(runner: LightningRunner) -> Any:
+    """A Lightning Callback with HerdHooks' hooks, for `runner`."""
+    import lightning.pytorch as pl
+
+    cls = type("HerdCallback", (HerdHooks, pl.Callback), {"__doc__": HerdHooks.__doc__})
+    return cls(runner)
+
+
+def run_lightning(spec, pipe, validation, sender, control, task: LightningTask | None = None) -> int:
+    """The runner for `task = "lightning:..."` pipelines (registered in engine/worker/main.py), and for a
+    `task = "file.py:build"` whose factory returned the LightningTask `task`."""
+    return LightningRunner(spec, pipe, validation, sender, control).run(task)

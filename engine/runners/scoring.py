@@ -1,0 +1,60 @@
+"""What every runner's scorer shares in the validator: opening a pipeline's snapshot folder, taking the
+next snapshot, and keeping the best result (with the early stop that `patience` asks for)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from ..protocol.channel import StatusSender
+from ..protocol.messages import EarlyStop, Notice
+from ..protocol.progress import better
+
+
+def open_pipeline(scorer: Any, name: str, directory: Path) -> None:
+    """What every scorer reads from a pipeline's snapshot folder: its reader, the pipeline and validation
+    settings the worker wrote there, its run folder, and the best score so far."""
+    from ..config.schema import Pipeline, ValidationConfig
+    from ..worker.snapshot import SnapshotReader
+
+    scorer.name = name
+    scorer.reader = SnapshotReader(directory)
+    meta = scorer.reader.meta
+    scorer.pipe = Pipeline.model_validate(meta["pipeline"])
+    scorer.validation = ValidationConfig.model_validate(meta["validation"])
+    scorer.pipeline_dir = Path(meta["pipeline_dir"])
+    scorer.last_seq = 0
+    scorer.best = meta.get("best")
+    scorer.since_best = 0
+
+
+def load_newest(scorer: Any, model: Any) -> Any:
+    """The snapshot a scorer takes next (the newest unseen, or the oldest under policy 'all') loaded into
+    `model`, or None; it becomes the scorer's `last_seq`. Shared by every kind of scorer."""
+    for _ in range(5):  # a torn read means a newer snapshot just landed: take that one
+        found = scorer.reader.newest(after=scorer.last_seq, oldest=scorer.validation.policy == "all")
+        if found is None:
+            return None
+        loaded = scorer.reader.load_into(model, found[0])
+        if loaded is not None:
+            scorer.last_seq = loaded.seq
+            return loaded
+    return None
+
+
+def keep_best(scorer: Any, sender: StatusSender, value: float, save: Callable[[], Any]) -> None:
+    """One result against the scorer's best: a better one is saved with `save()` (a checkpoint write),
+    `patience` results in a row that are not ask for an early stop."""
+    from ..worker import checkpoint as ckpt
+    v = scorer.validation
+    if better(value, scorer.best, v.metric_mode):
+        scorer.best, scorer.since_best = value, 0
+        try:
+            save()
+        except ckpt.CheckpointError as exc:
+            sender.send(Notice(pipeline=scorer.name, level="error", text=f"best checkpoint failed: {exc}"))
+        return
+    scorer.since_best += 1
+    if v.patience is not None and scorer.since_best >= v.patience:
+        sender.send(EarlyStop(pipeline=scorer.name, reason=(
+            f"early stopping: {v.metric} did not improve on {scorer.best:.6g} in {v.patience} validations")))
+        scorer.since_best = 0

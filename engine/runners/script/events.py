@@ -1,0 +1,120 @@
+"""What a training script reports, as the step and epoch events every runner sends.
+
+A script reports through lines its `metrics` regex matches (named groups `step`,
+`epoch`, `loss`, `lr`) or through torchherd.client frames; `ScriptEvents` keeps the
+step and epoch it has reached and turns each report into a `StepMetrics` or an
+`EpochEnd`. Epochs the script prints are numbered as it numbers them: from 1 unless
+it ever prints a 0 first. Standard library only; both of the runner's reader
+threads call it, so it locks.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+from ...protocol.messages import EpochEnd, Event, StepMetrics
+
+
+def parse_number(text: Any) -> float | None:
+    """A captured group as a number ("1e-3", "nan", "1,234" -> 1234.0), or None."""
+    if text is None:
+        return None
+    try:
+        return float(str(text).replace(",", "").replace("_", ""))
+    except ValueError:
+        return None
+
+
+class ScriptEvents:
+    """A script's progress (step, epoch in progress, this epoch's losses) and the events it reports."""
+
+    def __init__(self, name: str, epochs_total: int, epoch_base: int | None = None):
+        self.name = name
+        self.epochs_total = epochs_total
+        self.epoch_base = epoch_base  # how the script's printed epochs count: from 0 or 1; None until seen
+        self.epoch = 0  # the epoch in progress, 0-based
+        self.step = 0
+        self._lock = threading.Lock()
+        self._epoch_start: float | None = None  # monotonic time the epoch in progress began
+        self._epoch_first_step = 0
+        self._loss_sum, self._losses = 0.0, 0  # step losses reported in this epoch
+        self._samples = 0.0  # trained in this epoch, as the client reported them
+
+    def printed_epoch(self, number: float) -> int:
+        """The 0-based epoch a printed epoch number means."""
+        if self.epoch_base is None:
+            self.epoch_base = 0 if number == 0 else 1
+        return max(int(number) - self.epoch_base, 0)
+
+    def resume(self, epoch: int, step: int) -> None:
+        """The script carried on from a checkpoint taken at `epoch` (in progress), `step`."""
+        with self._lock:
+            self.epoch, self.step = epoch, step
+            self._epoch_first_step = step
+
+    def from_match(self, groups: dict[str, Any]) -> list[Event]:
+        """A `metrics` regex match: an epoch end if it has `epoch` but no `step`, else a step report."""
+        values = {k: v for k, v in ((k, parse_number(v)) for k, v in groups.items()) if v is not None}
+        if not values:
+            return []
+        if "epoch" in values and "step" not in values:
+            epoch = self.printed_epoch(values["epoch"])
+            events: list[Event] = []
+            if "loss" in values and self.step == self._epoch_first_step:
+                # Nothing was reported during the epoch: its loss is also the chart's point for it.
+                events.append(self.step_report(None, epoch, values["loss"]))
+            return events + [self.epoch_end(epoch, values.get("loss"), _others(values))]
+        epoch = self.printed_epoch(values["epoch"]) if "epoch" in values else None
+        step = int(values["step"]) if "step" in values else None
+        event = self.step_report(step, epoch, values.get("loss"), values.get("lr"), metrics=_others(values))
+        return [event] if event is not None else []
+
+    def step_report(self, step: int | None, epoch: int | None, loss: float | None, lr: float | None = None,
+                    samples: float = 0.0, seconds: float = 0.0, weight: int = 1,
+                    metrics: dict[str, float] | None = None) -> StepMetrics | None:
+        """A step (or the next one, if `step` is None); an event only when it carries a loss.
+
+        `samples` were trained in the last `seconds`, and `loss` is the mean of `weight` steps'
+        losses (the client coalesces the reports between two of its flushes).
+        """
+        with self._lock:
+            if self._epoch_start is None:
+                self._epoch_start = time.monotonic()  # the first epoch starts with its first report
+            if epoch is not None and int(epoch) != self.epoch:
+                self.epoch = int(epoch)
+                self._epoch_first_step = self.step
+            self.step = int(step) if step is not None else self.step + 1
+            self._samples += samples
+            if loss is None:
+                return None
+            if math.isfinite(loss):
+                self._loss_sum += loss * weight
+                self._losses += weight
+            return StepMetrics(pipeline=self.name, epoch=self.epoch, step=self.step, loss=float(loss),
+                               lr=float(lr) if lr is not None else 0.0,
+                               samples_per_s=samples / seconds if samples and seconds > 0 else 0.0,
+                               metrics=metrics or {})
+
+    def epoch_end(self, epoch: int, loss: float | None, metrics: dict[str, float] | None = None) -> EpochEnd:
+        """Epoch `epoch` (0-based) finished; its loss, or the mean of its step losses when the script gave none."""
+        with self._lock:
+            now = time.monotonic()
+            if loss is None:
+                loss = self._loss_sum / self._losses if self._losses else math.nan
+            duration = now - (self._epoch_start or now)
+            event = EpochEnd(pipeline=self.name, epoch=epoch, step=self.step, train_loss=float(loss),
+                             duration=duration, samples_per_s=self._samples / duration if duration > 0 else 0.0,
+                             epochs_total=max(self.epochs_total, epoch + 1),
+                             steps_per_epoch=max(self.step - self._epoch_first_step, 0), metrics=metrics or {})
+            self.epoch = epoch + 1
+            self._epoch_start, self._epoch_first_step = now, self.step
+            self._loss_sum = self._samples = 0.0
+            self._losses = 0
+            return event
+
+
+def _others(values: dict[str, float]) -> dict[str, float]:
+    """The values beyond step, epoch, loss and lr: a script's own metrics."""
+    return {k: v for k, v in values.items() if k not in ("step", "epoch", "loss", "lr")}

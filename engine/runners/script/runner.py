@@ -1,0 +1,377 @@
+"""The script runner: a training script of the user's own as a pipeline, unchanged or with torchherd.client.
+
+The worker runs `python train.py ARGS` (engine/runners/script/process.py) and copies its
+output into the pipeline's log as it comes, matching the `metrics` regex on the way
+(engine/runners/script/events.py); it turns the client's frames into the same events, and
+carries the supervisor's commands to the script: as frames when it uses the client,
+else as signals (SIGINT to stop, SIGSTOP/SIGCONT to pause). While the script shows
+signs of life it beats the heartbeat the supervisor's hang check reads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from ...protocol.channel import EXIT_COMPLETED, EXIT_ERROR, EXIT_STOPPED
+from ...protocol.messages import (CheckpointSaved, Event, Heartbeat, Notice, Resumed, SnapshotTaken, StepMetrics,
+                                       TrainingStarted, WorkerError)
+from .events import ScriptEvents, parse_number
+from .process import ScriptProcess, script_environment
+from .validation import InlineScorer
+
+TICK = 0.05  # seconds between looks at the control pipe and the script
+HEARTBEAT_INTERVAL = 1.0  # seconds between "still alive" reports
+CPU_ALIVE = 0.02  # seconds of CPU in a heartbeat interval that count as life for a silent script
+KILL_AFTER = 5.0  # seconds between SIGTERM and SIGKILL when a NaN policy ends the script
+OUTPUT_JOIN = 2.0  # seconds to wait for the output after exit (a grandchild may still hold the pipe)
+MAX_LINE = 1 << 16  # bytes of one line kept for matching; a longer one is matched on its end
+TAIL_LINES = 60  # lines of output kept to explain a crash
+ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b")
+
+
+def run_script(spec, pipe, validation, sender, control) -> int:
+    """The `script` runner (see runners/run.py): returns the worker's exit code."""
+    return ScriptRunner(spec, pipe, validation, sender, control).run()
+
+
+class ScriptRunner:
+    """One attempt of a script pipeline: the script process, its output, its client and its commands."""
+
+    def __init__(self, spec, pipe, validation, sender, control):
+        self.spec, self.pipe, self.validation, self.sender, self.control = spec, pipe, validation, sender, control
+        self.name = pipe.name
+        self.dir = Path(spec.pipeline_dir)
+        self.ckpt_dir = self.dir / "checkpoints"
+        self.state_path = self.dir / "script_state.json"  # what later attempts need: see _save_state
+        try:
+            self.state = json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            self.state = {}
+        self.events = ScriptEvents(self.name, pipe.max_epochs, self.state.get("epoch_base"))
+        self.regex = re.compile(pipe.metrics) if pipe.metrics else None
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.proc: ScriptProcess | None = None
+        self.sock: socket.socket | None = None
+        self._sock_lock = threading.Lock()
+        self.client = self.polls_stop = self.client_beats = False  # what the script's client said so far
+        self.output_seen = self.client_seen = self.scoring = False  # signs of life since the last beat
+        self.paused = False
+        self.stopped_by_signal = False  # paused with SIGSTOP (no client then): SIGCONT undoes it
+        self.stopping = False
+        self.limit = ""  # "max_time" / "max_steps" once reached: the stop it asks for is a completion
+        self.fail_code: int | None = None  # set by the NaN policy
+        self.kill_at: float | None = None
+        self.inline_dir: str | None = None
+        self.inline: InlineScorer | None = None
+        self.told_no_client = False
+
+    # ------------------------------------------------------------ start
+
+    def _environment(self, fd: int) -> dict[str, str]:
+        extra = {"TORCHHERD_PIPELINE": self.name, "TORCHHERD_CHECKPOINT_DIR": str(self.ckpt_dir),
+                 "TORCHHERD_CLIENT_FD": str(fd)}
+        v = self.validation
+        directory = self.spec.snapshot_dir if v.mode == "background" else ""
+        if self.pipe.validate_factory and v.mode == "inline":
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            directory = self.inline_dir = tempfile.mkdtemp(prefix=f"torchherd-{self.name}-", dir=shm)
+        if self.pipe.validate_factory and directory:
+            meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
+                    "pipeline_dir": str(self.dir), "best": None}
+            extra["TORCHHERD_SNAPSHOT"] = json.dumps({
+                "dir": directory, "mode": v.mode, "slots": v.slots, "policy": v.policy, "checksum": v.checksum,
+                "seq": self.spec.snapshot_seq, "meta": meta})
+        return script_environment(self.spec.attempt, self.spec.device, self.spec.threads, extra,
+                                  self.spec.world_size)
+
+    def run(self) -> int:
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        ours, theirs = socket.socketpair()
+        self.sock = ours
+        env = self._environment(theirs.fileno())
+        script = [self.pipe.script_ref, *self.pipe.args]
+        cwd = self.pipe.workdir or str(Path(self.pipe.script_ref).parent)
+        print(f"torchherd: running {shlex.join([Path(sys.executable).name, *script])} in {cwd}", flush=True)
+        threads = []
+        try:
+            self.proc = ScriptProcess(script, cwd, env, theirs.fileno())
+            theirs.close()
+            for target in (self._pump_output, self._read_client):
+                threads.append(threading.Thread(target=target, name=f"torchherd-{target.__name__}", daemon=True))
+                threads[-1].start()
+            self.sender.send(TrainingStarted(pipeline=self.name, epoch=0, step=0, epochs_total=self.pipe.max_epochs,
+                                             steps_per_epoch=0, device=self.spec.device, parameters=0))
+            code = self._supervise()
+            for thread in threads:  # the last lines and frames it sent, before the exit is reported
+                thread.join(OUTPUT_JOIN)
+            print(f"torchherd: the script exited with code {code}", flush=True)
+            return self._exit_code(code)
+        finally:
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.signal_tree(signal.SIGKILL)
+            theirs.close()
+            ours.close()
+            if self.inline_dir:
+                shutil.rmtree(self.inline_dir, ignore_errors=True)
+            self._save_state()
+
+    # ------------------------------------------------------------ supervise
+
+    def _supervise(self) -> int:
+        start = last_beat = time.monotonic()
+        trained_before = float(self.state.get("trained_time", 0.0))
+        paused_since, paused_total = None, 0.0
+        cpu = self.proc.cpu_seconds()
+        control = self.control
+        while True:
+            control.poll(TICK)
+            now = time.monotonic()
+            if control.paused != self.paused:
+                self._set_paused(control.paused)
+                if control.paused:
+                    paused_since = now
+                elif paused_since is not None:
+                    paused_total += now - paused_since
+            if control.take_checkpoint_request():
+                self._checkpoint_now()
+            trained = trained_before + now - start - paused_total - (now - paused_since if self.paused else 0.0)
+            self.state["trained_time"] = trained
+            if not self.stopping:
+                if self.pipe.max_time is not None and trained >= self.pipe.max_time:
+                    self.limit = "max_time"
+                elif self.pipe.max_steps is not None and self.events.step >= self.pipe.max_steps:
+                    self.limit = "max_steps"
+                if control.should_stop or self.limit or self.fail_code is not None:
+                    self._begin_stop(now)
+            code = self.proc.poll()
+            if code is not None:
+                return code
+            if self.kill_at is not None and now >= self.kill_at:
+                self.proc.signal_tree(signal.SIGKILL)
+                self.kill_at = None
+            if now - last_beat >= HEARTBEAT_INTERVAL:
+                last_beat = now
+                cpu = self._beat(cpu)
+
+    def _begin_stop(self, now: float) -> None:
+        self.stopping = True
+        if self.stopped_by_signal:
+            self.stopped_by_signal = False
+            self.proc.signal_tree(signal.SIGCONT)
+        self._frame({"t": "stop"})
+        if self.fail_code is not None:
+            self.proc.signal_tree(signal.SIGTERM)
+            self.kill_at = now + KILL_AFTER
+        elif not self.polls_stop:
+            # No client that looks for it: Ctrl-C, as a person at a terminal would (a script may catch
+            # KeyboardInterrupt to save). The supervisor's stop_timeout, then kill_grace, escalate.
+            self.proc.signal(signal.SIGINT)
+
+    def _set_paused(self, paused: bool) -> None:
+        self.paused = paused
+        if not paused and self.stopped_by_signal:
+            self.stopped_by_signal = False
+            self.proc.signal_tree(signal.SIGCONT)
+        if self.client:
+            self._frame({"t": "pause" if paused else "resume"})
+        elif paused:  # no client to hold the loop at a step boundary: freeze the processes
+            self.stopped_by_signal = True
+            self.proc.signal_tree(signal.SIGSTOP)
+
+    def _checkpoint_now(self) -> None:
+        if self.client:
+            self._frame({"t": "checkpoint"})
+        elif not self.told_no_client:
+            self.told_no_client = True
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=(
+                "checkpoint on request needs torchherd.client in the script: "
+                "`if herd.checkpoint_requested(): herd.save(state)` in its loop")))
+
+    def _beat(self, cpu: float) -> float:
+        """Send a heartbeat if the script showed life since the last one; returns its CPU seconds now."""
+        now_cpu = self.proc.cpu_seconds()
+        if self.client_beats:  # the client reports steps: only they (or heartbeat()) prove progress
+            alive = self.client_seen
+        else:
+            alive = self.output_seen or self.client_seen or now_cpu - cpu > CPU_ALIVE
+        alive = alive or self.scoring
+        self.output_seen = self.client_seen = False
+        if alive and not self.paused:
+            self.sender.step(Heartbeat(pipeline=self.name, step=self.events.step))
+        return now_cpu
+
+    def _exit_code(self, code: int) -> int:
+        if self.fail_code is not None:
+            return self.fail_code
+        if self.limit:
+            return EXIT_COMPLETED
+        if self.control.should_stop:
+            return EXIT_STOPPED
+        if code == 0:
+            return EXIT_COMPLETED
+        if code < 0 and -code in signal.Signals._value2member_map_:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        lines = list(self.tail)
+        error = next((line.strip() for line in reversed(lines) if ERROR_LINE.match(line.strip())), "")
+        error = f"{error} (the script {how})" if error else f"the script {how}"
+        self.sender.send(WorkerError(pipeline=self.name, error=error, traceback="\n".join(lines), where="train"))
+        return EXIT_ERROR
+
+    # ------------------------------------------------------------ the script's output
+
+    def _pump_output(self) -> None:
+        fd = self.proc.output_fd
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except OSError:
+                break
+            if not chunk:
+                break
+            view = memoryview(chunk)
+            while view:  # into the worker's stdout, which is the pipeline's log.txt
+                view = view[os.write(1, view):]
+            self.output_seen = True
+            *lines, pending = re.split(rb"[\r\n]", pending + chunk)  # \r too: progress bars redraw a line
+            pending = pending[-MAX_LINE:]
+            for raw in lines:
+                self._on_line(raw.decode("utf-8", "replace"))
+        if pending:
+            self._on_line(pending.decode("utf-8", "replace"))
+
+    def _on_line(self, line: str) -> None:
+        if not line.strip():
+            return
+        self.tail.append(line)
+        if self.regex is None:
+            return
+        match = self.regex.search(line)
+        if match is None:
+            return
+        groups = match.groupdict()
+        for event in self.events.from_match(groups):
+            self._emit(event, parse_number(groups.get("loss")))
+
+    def _emit(self, event: Event, loss: float | None) -> None:
+        """Send a step or epoch event; a `loss` the script reported that is NaN or infinite meets the NaN policy."""
+        if loss is not None:
+            code = self.control.non_finite(float(loss), f"epoch {event.epoch} step {event.step}")
+            if code is not None and self.fail_code is None:
+                self.fail_code = code  # the supervise loop ends the script
+        (self.sender.step if isinstance(event, StepMetrics) else self.sender.send)(event)
+
+    # ------------------------------------------------------------ the client
+
+    def _frame(self, frame: dict[str, Any]) -> None:
+        if not self.client or self.sock is None:
+            return
+        try:
+            with self._sock_lock:
+                self.sock.sendall((json.dumps(frame) + "\n").encode())
+        except OSError:
+            pass
+
+    def _read_client(self) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in lines:
+                try:
+                    frame = json.loads(line)
+                except ValueError:
+                    continue
+                self._on_frame(frame)
+
+    def _on_frame(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("t")
+        self.client_seen = True
+        if kind == "hello":
+            self.client = True
+            if self.paused and not self.stopped_by_signal:
+                self._frame({"t": "pause"})
+            if self.stopping:
+                self._frame({"t": "stop"})
+        elif kind == "polls_stop":
+            self.polls_stop = True
+        elif kind == "beat":
+            self.client_beats = True
+        elif kind == "step":
+            self.client_beats = True
+            values = frame.get("metrics") or {}
+            event = self.events.step_report(frame.get("step"), frame.get("epoch"), frame.get("loss"),
+                                            values.get("lr"), frame.get("samples") or 0.0,
+                                            frame.get("seconds") or 0.0, max(int(frame.get("n") or 1), 1),
+                                            metrics={k: v for k, v in values.items() if k != "lr"})
+            if event is not None:
+                self._emit(event, frame.get("loss"))
+        elif kind == "epoch_end":
+            self._emit(self.events.epoch_end(int(frame["epoch"]), frame.get("loss")), frame.get("loss"))
+        elif kind == "checkpoint":
+            path = frame["path"]
+            self.state.setdefault("checkpoints", {})[path] = [frame.get("epoch", 0), frame.get("step", 0)]
+            self._save_state()
+            self.sender.send(CheckpointSaved(pipeline=self.name, path=path, epoch=frame.get("epoch", 0),
+                                             step=frame.get("step", 0), reason=frame.get("reason", "script")))
+        elif kind == "resumed":
+            epoch, step = self.state.get("checkpoints", {}).get(frame["path"], [0, 0])
+            self.events.resume(epoch, step)
+            self.sender.send(Resumed(pipeline=self.name, path=frame["path"], epoch=epoch, step=step))
+        elif kind == "snapshot":
+            self._snapshot(frame)
+
+    def _snapshot(self, frame: dict[str, Any]) -> None:
+        info = {k: frame[k] for k in ("seq", "slot", "stall_ms", "nbytes", "checksum", "dropped")}
+        if not frame.get("wait"):
+            self.sender.send(SnapshotTaken(pipeline=self.name, epoch=frame["epoch"], step=frame["step"], **info))
+            if info["dropped"]:
+                self.sender.send(Notice(pipeline=self.name, level="warning", text=(
+                    f"snapshot at step {frame['step']} dropped: all {self.validation.slots} slots hold snapshots "
+                    "the validator has not read (policy 'all')")))
+            return
+        try:
+            if self.inline is None:
+                self.inline = InlineScorer(self.name, Path(self.inline_dir), self.spec.device, self.sender,
+                                           self._early_stop)
+            self.scoring = True  # the script waits for the ack meanwhile: that is no hang
+            self.inline.score()
+        finally:
+            self.scoring = False
+            self._frame({"t": "ack"})
+
+    def _early_stop(self, reason: str) -> None:
+        self.control.stop_reason = reason  # inline patience ran out: stop as the stop key would
+
+    # ------------------------------------------------------------ state
+
+    def _save_state(self) -> None:
+        """Remember across attempts: how the script counts epochs, which checkpoint holds which step, time trained."""
+        if self.spec.rank:
+            return  # rank 0 keeps the gang's
+        self.state["epoch_base"] = self.events.epoch_base
+        tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.state))
+            os.replace(tmp, self.state_path)
+        except OSError:
+            pass

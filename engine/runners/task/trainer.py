@@ -1,0 +1,380 @@
+"""The training loop a worker runs: epochs of optimizer steps, reports, checkpoints, commands.
+
+`Trainer` builds nothing itself: it takes a built `Task`, the pipeline's settings
+and the two pipe ends, and trains until its limits, a Stop, or an error.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...worker import checkpoint as ckpt
+from ...protocol.channel import EXIT_COMPLETED, EXIT_STOPPED, StatusSender
+from ...config.schema import Pipeline, ValidationConfig
+from ...worker.control import WorkerControl
+from ...worker.data import make_loader
+from ...worker.evaluate import evaluate
+from ...protocol.messages import (CheckpointSaved, EpochEnd, Notice, Resumed, SnapshotTaken, StepMetrics,
+                                       TrainingStarted, ValResult)
+from ...worker.precision import autocast, grad_scaler
+from ...protocol.progress import better
+from .api import Task
+
+
+class LossError(Exception):
+    """The task's loss_fn raised; the message names what it was given."""
+
+
+def _shape(value: Any) -> str:
+    if torch.is_tensor(value):
+        return f"{str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
+    return type(value).__name__
+
+
+def describe_loss_failure(exc: Exception, outputs: Any, targets: Any) -> str:
+    """'loss_fn(outputs, targets) raised ...; outputs float32 [32, 3], targets float32 [32, 1]'."""
+    return (f"loss_fn(outputs, targets) raised {type(exc).__name__}: {exc}; "
+            f"outputs {_shape(outputs)}, targets {_shape(targets)}")
+
+
+class Trainer:
+    """Trains one pipeline in this process; `run()` returns the worker's exit code."""
+
+    def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
+                 pipeline_dir: Path, sender: StatusSender, control: WorkerControl,
+                 snapshot_dir: Path | None = None, snapshot_seq: int = 0, gang=None):
+        self.task, self.pipe, self.validation = task, pipe, validation
+        self.gang = gang  # engine.distributed.Gang for a rank of a DDP gang, else None
+        self.lead = gang is None or gang.lead  # it alone checkpoints, validates and reports for the gang
+        self._time_up = False  # a gang's verdict on max_time, from rank 0 at the last agreement
+        self.device = torch.device(device)
+        self.dir = pipeline_dir
+        self.ckpt_dir = pipeline_dir / "checkpoints"
+        self.sender, self.control = sender, control
+        self.name = pipe.name
+        self.epoch = 0  # the epoch being trained (0-based)
+        self.step = 0  # optimizer steps so far, all epochs
+        self.batch_in_epoch = 0  # micro-batches of `epoch` already trained
+        self.trained_time = 0.0  # seconds of training in earlier attempts
+        self.best: float | None = None
+        self.epoch_loss = torch.zeros((), device=self.device)
+        self.epoch_batches = 0
+        self._start: float | None = None  # monotonic time training began in this attempt
+
+        self.autocast = autocast(self.device, pipe.precision)
+        self.scaler = grad_scaler(self.device, pipe.precision)
+        self.non_blocking = self.device.type == "cuda" and pipe.pin_memory
+        self.model = task.model.to(self.device)
+        self.ddp = gang.wrap(self.model) if gang is not None else None
+        forward = self.ddp if self.ddp is not None else self.model
+        self.train_model = torch.compile(forward) if pipe.compile else forward
+        self.optimizer = task.optimizer
+        self.train_loader, self.sampler = make_loader(task.train_data, pipe, self.device, shuffle=True,
+                                                      rank=gang.rank if gang else 0, world=gang.world if gang else 1)
+        if gang is not None and self.sampler is None and gang.lead:
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=(
+                "the task's train_data is not a Dataset, so torchherd cannot shard it: every rank trains on "
+                "all of it; return a Dataset to split it between ranks")))
+        self.val_loader = make_loader(task.val_data, pipe, self.device, shuffle=False)[0] \
+            if task.val_data is not None and self.lead else None
+        self.snapshot_dir = snapshot_dir
+        self._writer = None  # SnapshotWriter, made at the first hand-off (after resume)
+        # Snapshot seqs keep rising across restarts: a resumed worker may hand off after
+        # its checkpoint what an earlier attempt already handed off under the same numbers.
+        self._seq_floor = snapshot_seq
+        self._snapshot_seq = snapshot_seq
+
+    # ------------------------------------------------------------ data
+
+    def _batches_per_epoch(self) -> int:
+        try:
+            return len(self.train_loader)
+        except TypeError:
+            return 0
+
+    def _epoch_batches(self):
+        if self.sampler is not None:
+            self.sampler.set_epoch(self.epoch, self.batch_in_epoch * self.pipe.batch_size)
+            return iter(self.train_loader)
+        return islice(iter(self.train_loader), self.batch_in_epoch, None)
+
+    # ------------------------------------------------------ checkpoints
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.task.scheduler.state_dict() if self.task.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+            "epoch_loss": float(self.epoch_loss), "epoch_batches": self.epoch_batches,
+            "trained_time": self.trained_time + self._elapsed(), "best": self.best,
+            "snapshot_seq": self._snapshot_seq,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
+            "pipeline": self.name,
+        }
+
+    def resume(self) -> None:
+        state, path, note = ckpt.load_latest(self.ckpt_dir, map_location=self.device)
+        if note:
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
+        if state is None:
+            return
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scheduler") is not None and self.task.scheduler is not None:
+            self.task.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler") is not None and self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.step = state["epoch"], state["step"]
+        self.batch_in_epoch = state.get("batch_in_epoch", 0)
+        self.epoch_loss.fill_(state.get("epoch_loss", 0.0))
+        self.epoch_batches = state.get("epoch_batches", 0)
+        self.trained_time = state.get("trained_time", 0.0)
+        self.best = state.get("best")
+        self._snapshot_seq = max(state.get("snapshot_seq", 0), self._seq_floor)
+        rng = state.get("rng") or {}
+        if rng.get("torch") is not None:
+            torch.set_rng_state(rng["torch"])
+        if rng.get("python") is not None:
+            random.setstate(rng["python"])
+        if rng.get("cuda") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.sender.send(Resumed(pipeline=self.name, path=str(path), epoch=self.epoch, step=self.step, note=note))
+
+    def save(self, reason: str, name: str = ckpt.LAST) -> None:
+        if not self.lead:
+            return  # every rank holds the same weights: rank 0 writes them for the gang
+        try:
+            path = ckpt.save_checkpoint(self.ckpt_dir, self._state(), name)
+        except ckpt.CheckpointError as exc:
+            # Training goes on; the previous checkpoint is still there.
+            self.sender.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
+            return
+        self.sender.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=self.epoch,
+                                         step=self.step, reason=reason))
+
+    # ---------------------------------------------------------- control
+
+    def _between_steps(self) -> None:
+        """Obey commands (holding here while paused); cheap when nothing is waiting.
+
+        A gang's ranks obey together at report steps, where rank 0's reading is broadcast.
+        """
+        if self.gang is None:
+            self.control.between_steps(self.step, self.save)
+        else:
+            self.control.beat(self.step)
+            if self.step % self.pipe.log_every_n_steps == 0:
+                self._time_up = self.gang.agree(self.control, self.save, self._past_max_time)
+        if self.control.take_checkpoint_request():
+            self.save("request")
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._start - self.control.paused_time if self._start is not None else 0.0
+
+    # ------------------------------------------------------------- train
+
+    @property
+    def _world(self) -> int:
+        return self.gang.world if self.gang is not None else 1
+
+    def _report_mean(self, window_loss: torch.Tensor, window_batches: int) -> float:
+        """The mean loss since the last report (over every rank of a gang: one all-reduce per report).
+
+        A gang also makes its epoch sums the same on every rank here, so a checkpoint taken at a
+        report step (rank 0's) holds the whole gang's and a resumed epoch's mean is exact.
+        """
+        if self.gang is None:
+            return float(window_loss) / window_batches
+        both = self.gang.mean(torch.stack([window_loss, self.epoch_loss]))
+        self.epoch_loss.copy_(both[1])
+        return float(both[0]) / window_batches
+
+    def _across_ranks(self, value: torch.Tensor) -> torch.Tensor:
+        """`value`, averaged over a gang's ranks (a collective: at report steps only)."""
+        return self.gang.mean(value) if self.gang is not None else value
+
+    def _out_of_budget(self) -> bool:
+        if self.pipe.max_steps is not None and self.step >= self.pipe.max_steps:
+            return True
+        if self.gang is not None:
+            return self._time_up  # clocks differ between ranks: rank 0's verdict, agreed
+        return self._past_max_time()
+
+    def _past_max_time(self) -> bool:
+        return self.pipe.max_time is not None and self.trained_time + self._elapsed() >= self.pipe.max_time
+
+    def _check_finite(self, value: float, where: str) -> int | None:
+        return self.control.non_finite(value, f"epoch {self.epoch + 1} step {self.step} ({where})")
+
+    def run(self) -> int:
+        pipe = self.pipe
+        self.resume()
+        per_epoch = self._batches_per_epoch()
+        steps_per_epoch = per_epoch // pipe.accumulate_grad_batches if per_epoch else 0
+        params = sum(p.numel() for p in self.model.parameters())
+        if self.validation.mode == "background" and self.snapshot_dir is not None:
+            from ...worker.snapshot import SnapshotWriter
+
+            v = self.validation
+            meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
+                    "pipeline_dir": str(self.dir), "best": self.best}
+            # Set up before training starts: slots are allocated once, not at a hand-off.
+            self._writer = SnapshotWriter(self.snapshot_dir, self.model, v.slots, v.policy, v.checksum, meta)
+            self._writer.seq = self._snapshot_seq
+        self.sender.send(TrainingStarted(pipeline=self.name, epoch=self.epoch, step=self.step,
+                                         epochs_total=pipe.max_epochs, steps_per_epoch=steps_per_epoch,
+                                         device=str(self.device), parameters=params))
+        self._start = time.monotonic()
+        self.model.train()
+        accum = pipe.accumulate_grad_batches
+        log_every = pipe.log_every_n_steps
+        v = self.validation
+        self._step_handoff = v.every_n_steps if v.mode == "background" and v.every_n_steps else 0
+        window_loss = torch.zeros((), device=self.device)
+        window_batches = 0
+        window_samples = 0
+        window_start = time.monotonic()
+        self._between_steps()
+        while self.epoch < pipe.max_epochs and not self.control.should_stop and not self._out_of_budget():
+            epoch_start = time.monotonic()
+            epoch_samples = 0
+            for batch in self._epoch_batches():
+                inputs, targets = batch
+                inputs = inputs.to(self.device, non_blocking=self.non_blocking)
+                targets = targets.to(self.device, non_blocking=self.non_blocking)
+                # Micro-batches before the optimizer step keep their gradients local: one all-reduce a step.
+                sync = self.ddp.no_sync() if self.ddp is not None and (self.batch_in_epoch + 1) % accum \
+                    else contextlib.nullcontext()
+                with sync:
+                    with self.autocast():
+                        outputs = self.train_model(inputs)
+                        try:
+                            loss = self.task.loss_fn(outputs, targets)
+                        except Exception as exc:
+                            raise LossError(describe_loss_failure(exc, outputs, targets)) from exc
+                    scaled = loss / accum if accum > 1 else loss
+                    if self.scaler is not None:
+                        self.scaler.scale(scaled).backward()
+                    else:
+                        scaled.backward()
+                detached = loss.detach()
+                # Loss sums stay on the device: no sync per step, one .item() per report.
+                window_loss += detached
+                self.epoch_loss += detached
+                window_batches += 1
+                self.epoch_batches += 1
+                self.batch_in_epoch += 1
+                n = len(targets)
+                window_samples += n
+                epoch_samples += n
+                if self.batch_in_epoch % accum:
+                    continue
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                if self._step_handoff and self.step % self._step_handoff == 0:
+                    self._hand_off(self.epoch)
+                if self.step % log_every == 0:
+                    mean = self._report_mean(window_loss, window_batches)
+                    code = self._check_finite(mean, "step report")
+                    if code is not None:
+                        return code
+                    now = time.monotonic()
+                    self.sender.step(StepMetrics(
+                        pipeline=self.name, epoch=self.epoch, step=self.step, loss=mean,
+                        lr=float(self.optimizer.param_groups[0]["lr"]),
+                        samples_per_s=window_samples * self._world / max(now - window_start, 1e-9)))
+                    window_loss.zero_()
+                    window_batches = window_samples = 0
+                    window_start = now
+                self._between_steps()
+                if self.control.should_stop or self._out_of_budget():
+                    break
+            else:
+                code = self._end_epoch(epoch_start, epoch_samples, steps_per_epoch)
+                if code is not None:
+                    return code
+                continue
+            break  # stopped or out of budget mid-epoch
+        self.trained_time += self._elapsed()
+        self._start = None
+        if self.gang is not None:  # the test of a gang: every rank ends with the same weights
+            print(f"torchherd: rank {self.gang.rank} step {self.step} weights checksum "
+                  f"{self.gang.checksum(self.model):.10g}", file=sys.stderr, flush=True)
+        stopped = self.control.should_stop
+        self.save("stop" if stopped else "final")
+        if self.gang is not None:
+            # No rank ends while rank 0 still validates or saves: an early exit would start the gang's
+            # linger clock, and rank 0 could be ended before its last checkpoint.
+            self.gang.barrier()
+        return EXIT_STOPPED if stopped else EXIT_COMPLETED
+
+    def _end_epoch(self, epoch_start: float, samples: int, steps_per_epoch: int) -> int | None:
+        duration = time.monotonic() - epoch_start
+        train_loss = float(self._across_ranks(self.epoch_loss)) / max(self.epoch_batches, 1)
+        code = self._check_finite(train_loss, "epoch mean")
+        if code is not None:
+            return code
+        if self.task.scheduler is not None:
+            self.task.scheduler.step()
+        finished = self.epoch
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self.epoch_loss.zero_()
+        self.epoch_batches = 0
+        self._validate(finished)  # inline: its result goes out before the epoch's end
+        self.sender.send(EpochEnd(pipeline=self.name, epoch=finished, step=self.step, train_loss=train_loss,
+                                  duration=duration, samples_per_s=samples * self._world / max(duration, 1e-9),
+                                  epochs_total=self.pipe.max_epochs, steps_per_epoch=steps_per_epoch))
+        if self.epoch % self.pipe.checkpoint_every_n_epochs == 0 or self.epoch >= self.pipe.max_epochs:
+            self.save("epoch")
+        return None
+
+    # --------------------------------------------------------- validate
+
+    def _validate(self, epoch: int) -> None:
+        """Validate at an epoch's end: inline here, or by handing a snapshot to the validator."""
+        v = self.validation
+        if v.mode == "off" or (epoch + 1) % v.every_n_epochs or not self.lead:
+            return
+        if v.mode == "background":
+            self._hand_off(epoch)
+            return
+        if self.val_loader is None:
+            return
+        start = time.monotonic()
+        metrics = evaluate(self.model, self.val_loader, self.task.loss_fn, self.task.metrics_fn,
+                           self.device, self.autocast, self.non_blocking)
+        self.sender.send(ValResult(pipeline=self.name, epoch=epoch, step=self.step, metrics=metrics,
+                                   latency=time.monotonic() - start, mode="inline"))
+        value = metrics.get(v.metric)
+        if value is None:
+            return
+        if better(value, self.best, v.metric_mode):
+            self.best = value
+            self.save("best", ckpt.BEST)
+
+    def _hand_off(self, epoch: int) -> None:
+        """Copy the weights into a snapshot slot for the validator and carry on training."""
+        if self._writer is None:
+            return
+        info = self._writer.hand_off(epoch, self.step)
+        self._snapshot_seq = info["seq"]
+        self.sender.send(SnapshotTaken(pipeline=self.name, epoch=epoch, step=self.step, **info))
+        if info["dropped"]:
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=(
+                f"snapshot of epoch {epoch + 1} step {self.step} dropped: all {self.validation.slots} slots "
+                "hold snapshots the validator has not read (policy 'all')")))

@@ -1,0 +1,60 @@
+"""How one attempt of a pipeline is launched: a launch spec per rank, and one handle for them all.
+
+`AttemptLauncher.start(run)` writes each rank's worker spec (its slot, log and, for
+rank 0, where snapshots go) and launches one process, or a gang of one per slot with
+torchrun's environment on a port of its own (on a cluster, the launcher's
+`rendezvous` names its node's address and a port free there).
+"""
+from __future__ import annotations
+
+from ..launch import gang
+from ..launch.process import Handle, LaunchSpec, Launcher
+from .pipeline import PipelineRun
+from ..rundir.directory import RunDirectory
+from ..protocol.spec import WorkerSpec
+from .validation_service import ValidationService
+
+# Seconds a gang's rank waits in a collective, at least: well below torch's 30 minutes (the hang
+# check, when set, catches a stuck peer sooner still), but the other ranks wait in one while
+# rank 0 validates inline.
+COLLECTIVE_TIMEOUT = 300.0
+
+
+class AttemptLauncher:
+    """Starts attempts of a run's pipelines through the session's launcher."""
+
+    def __init__(self, launcher: Launcher, rundir: RunDirectory, validation: ValidationService, run_id: str):
+        self._launcher, self._rundir, self._validation, self._run_id = launcher, rundir, validation, run_id
+
+    def start(self, run: PipelineRun) -> Handle:
+        """Launch the pipeline's next attempt on its slots (raises OSError)."""
+        if len(run.slots) == 1:
+            return self._launcher.launch(self.spec_for(run, 0))
+        restart = run.plan.run_config.restart
+        # the scheduler gives a gang's ranks one node: rank 0's store listens there
+        addr, port = gang.rendezvous(self._launcher, run.slots[0].node)
+        envs = [gang.rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self._run_id,
+                              addr)
+                for rank in range(len(run.slots))]
+        return gang.launch_gang(self._launcher, [self.spec_for(run, rank, env) for rank, env in enumerate(envs)],
+                                linger=restart.stop_timeout, grace=restart.kill_grace,
+                                on_close=lambda: gang.release_port(port))
+
+    def spec_for(self, run: PipelineRun, rank: int, env: dict[str, str] | None = None) -> LaunchSpec:
+        slot = run.slots[rank]
+        plan = run.plan
+        hang = plan.run_config.restart.hang_timeout
+        return LaunchSpec(
+            child=WorkerSpec(pipeline=plan.config.model_dump(mode="json"),
+                             validation={**plan.run_config.validation.model_dump(mode="json"),
+                                         "mode": plan.validation.mode},
+                             device=slot.device, threads=slot.threads,
+                             pipeline_dir=str(self._rundir.pipeline_dir(run.name)), attempt=run.attempts,
+                             # rank 0 alone hands snapshots to the validator (its node's, on a cluster)
+                             snapshot_dir=str(self._validation.hand_off_dir(run.name, slot.node))
+                             if plan.background and rank == 0 else "",
+                             snapshot_seq=self._validation.ledger(run.name).seq_max,
+                             rank=rank, world_size=len(run.slots),
+                             collective_timeout=max(COLLECTIVE_TIMEOUT, 4 * hang) if hang else COLLECTIVE_TIMEOUT),
+            log_path=self._rundir.log_path(run.name, rank),
+            gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node)

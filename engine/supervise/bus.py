@@ -1,0 +1,87 @@
+"""The event bus of a session: every event goes to its sinks (the run directory) and its subscribers.
+
+Subscribers (the app, the headless CLI) get an `EventStream`, optionally replaying
+the history kept for late comers; transient events (telemetry) reach subscribers
+only. Closing the bus ends every stream.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Callable
+
+from ..protocol.messages import Event
+
+HISTORY = 100_000  # events kept in memory for late subscribers
+
+
+class EventStream:
+    """An async iterator of a bus's events; ends when the bus closes."""
+
+    def __init__(self, queue: asyncio.Queue):
+        self._queue = queue
+
+    def __aiter__(self) -> "EventStream":
+        return self
+
+    async def __anext__(self) -> Event:
+        item = await self._queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+    def get_nowait(self) -> Event | None:
+        """The next event if one is waiting, else None (also None once closed)."""
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+
+class EventBus:
+    """Fans events out to sinks and subscribers, in the order they were published."""
+
+    def __init__(self, history: int = HISTORY):
+        self._history: deque[Event] = deque(maxlen=history)
+        self._subscribers: list[asyncio.Queue] = []
+        self._sinks: list[Callable[[Event], None]] = []
+        self.closed = False
+
+    def add_sink(self, sink: Callable[[Event], None]) -> None:
+        """Call `sink(event)` for every event published from now on, until the bus closes."""
+        self._sinks.append(sink)
+
+    def publish(self, event: Event) -> None:
+        self._history.append(event)
+        if self.closed:
+            return
+        for sink in self._sinks:
+            sink(event)
+        for queue in self._subscribers:
+            queue.put_nowait(event)
+
+    def publish_transient(self, event: Event) -> None:
+        """To subscribers only: not kept, not written (telemetry has its own file)."""
+        if not self.closed:
+            for queue in self._subscribers:
+                queue.put_nowait(event)
+
+    def subscribe(self, replay: bool = True) -> EventStream:
+        """A stream of every event from now on (and, with `replay`, those already published)."""
+        queue: asyncio.Queue = asyncio.Queue()
+        if replay:
+            for event in self._history:
+                queue.put_nowait(event)
+        if self.closed:
+            queue.put_nowait(None)
+        self._subscribers.append(queue)
+        return EventStream(queue)
+
+    def close(self) -> None:
+        """End every stream; later events are kept in the history only."""
+        if self.closed:
+            return
+        self.closed = True
+        self._sinks.clear()
+        for queue in self._subscribers:
+            queue.put_nowait(None)

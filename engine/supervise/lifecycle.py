@@ -1,0 +1,271 @@
+"""The lifecycle of a pipeline's attempts: launch, terminate, escalate, catch hangs, classify exits, restart.
+
+Every state change of a pipeline is made here, through `set_state` and its guard.
+Why a worker ended is read from a table (what we asked of it, then its exit
+code), and what follows from that reason is a second table.
+"""
+from __future__ import annotations
+
+import signal
+import time
+from typing import Callable
+
+from ..protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED
+from ..launch.process import Handle
+from ..protocol.messages import (Event, Notice, PipelineFinished, Stop, WorkerExited, WorkerRestarting,
+                                       WorkerStarted, WorkerStateChanged)
+from .pipeline import Attempt, PipelineRun
+from .scheduler import Scheduler
+from ..protocol.states import WorkerState, check_transition
+
+S = WorkerState
+HANG_DUMP_WAIT = 1.0  # seconds between asking a hung worker for its stack and killing it
+
+# Why an attempt ended: what we asked of it wins over its exit code, and so does what its launcher knows
+# better than the code (`handle.cause`): "node left", an attempt lost with its cluster node, is moved
+# to a live one as a restart is, spending no budget.
+BY_INTENT = {"restart": "restarted", "kill": "killed", "hung": "hung", "node left": "restarted"}
+BY_CODE = {EXIT_STOPPED: "stopped", EXIT_COMPLETED: "completed", EXIT_RESTART: "restart requested",
+           EXIT_FATAL: "failed"}
+WITH_ERROR = ("failed", "crashed", "hung", "restart requested")  # reasons that carry the worker's error
+
+
+def classify(intent: str | None, code: int) -> str:
+    """The reason an attempt ended, from why we asked it to end (if we did) and its exit status."""
+    if intent in BY_INTENT:
+        return BY_INTENT[intent]
+    if intent == "stop" and code != EXIT_COMPLETED:
+        return "stopped"  # asked to stop; however it went, it is not a crash
+    return BY_CODE.get(code, "crashed")
+
+
+def describe_exit(code: int) -> str:
+    if code < 0 and -code in signal.Signals._value2member_map_:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+class Lifecycle:
+    """Starts and ends attempts and moves pipelines through their states."""
+
+    def __init__(self, start: Callable[[PipelineRun], Handle], scheduler: Scheduler, publish: Callable[[Event], None],
+                 on_events: Callable[[PipelineRun, Handle, list[Event]], None],
+                 gpu_note: Callable[[PipelineRun], str]):
+        self._start, self._scheduler, self._publish = start, scheduler, publish  # start: raises OSError
+        self._on_events, self._gpu_note = on_events, gpu_note
+
+    # ------------------------------------------------------------ states
+
+    def set_state(self, run: PipelineRun, state: WorkerState) -> None:
+        check_transition(run.state, state)
+        previous, run.state = run.state, state
+        if state == S.QUEUED:
+            self._scheduler.enqueue(run.name, run.plan.config.priority, run.plan.order, run.plan.slots_needed)
+        elif previous == S.QUEUED:
+            self._scheduler.dequeue(run.name)
+        if previous != state:
+            self._publish(WorkerStateChanged(pipeline=run.name, state=state.value, previous=previous.value))
+
+    def finish(self, run: PipelineRun, state: WorkerState, reason: str) -> None:
+        """Into a final state: its slots go back to the pool and the run directory says how it ended."""
+        run.finish_reason = reason
+        self.set_state(run, state)
+        if run.slots:
+            self._scheduler.release(run.slots)
+            run.slots = []
+        figures = run.figures()
+        self._publish(PipelineFinished(pipeline=run.name, status=state.value, reason=reason,
+                                       epoch=figures.epoch, step=figures.step))
+
+    # ------------------------------------------------------------ starting
+
+    def launch(self, run: PipelineRun) -> None:
+        """Start the next attempt on the pipeline's slots (QUEUED/BACKOFF/KILLING -> STARTING)."""
+        run.attempts += 1
+        run.restart_at = None
+        attempt = Attempt(number=run.attempts)
+        run.current = attempt
+        try:
+            handle = self._start(run)
+        except OSError as exc:
+            run.last_error = f"could not start the worker: {exc}"
+            self.set_state(run, S.STARTING)  # -> STARTING (it failed at once)
+            self.after_crash(run, uptime=0.0, exit_desc=run.last_error, stepped=False)
+            return
+        attempt.handle = handle
+        attempt.started_mono = attempt.last_progress = time.monotonic()
+        attempt.started_at = time.time()
+        handle.attach(lambda events, run=run, handle=handle: self._on_events(run, handle, events))
+        self.set_state(run, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
+        self._announce(run, attempt)
+
+    def _announce(self, run: PipelineRun, attempt: Attempt, force: bool = False) -> None:
+        """WorkerStarted, once the launcher knows every process's pid: at once locally; on Ray when
+        the actor has started its child (a tick or so later). `force`: now, with what is known."""
+        handle = attempt.handle
+        pids = handle.pids
+        if attempt.announced or (len(pids) < max(1, len(run.slots)) and not force):
+            return
+        attempt.announced = True
+        gpu = run.slots[0].gpu if run.slots else None
+        self._publish(WorkerStarted(pipeline=run.name, pid=pids[0] if pids else handle.pid,
+                                    device=",".join(s.name for s in run.slots), attempt=attempt.number,
+                                    gpu_uuid=gpu.uuid if gpu is not None else "",
+                                    pids=pids if len(run.slots) > 1 else (), node=handle.node))
+
+    # ------------------------------------------------------------ ending
+
+    def request_stop(self, run: PipelineRun, reason: str) -> None:
+        """Ask a live worker to finish its step, checkpoint and exit (-> STOPPING)."""
+        assert run.current is not None and run.handle is not None
+        run.current.intent, run.stop_reason = "stop", reason
+        run.current.deadline = time.monotonic() + run.plan.run_config.restart.stop_timeout
+        run.handle.send(Stop(reason=reason))
+        self.set_state(run, S.STOPPING)  # STARTING/RUNNING/PAUSED -> STOPPING
+
+    def terminate(self, run: PipelineRun) -> None:
+        """The polite signal now, the hard one after the grace period (-> KILLING)."""
+        assert run.current is not None and run.handle is not None
+        run.handle.terminate()
+        run.current.deadline = time.monotonic() + run.plan.run_config.restart.kill_grace
+        self.set_state(run, S.KILLING)  # alive -> KILLING
+
+    def tick(self, run: PipelineRun, now: float) -> None:
+        """Reap an exited worker, escalate an overdue one, catch a hung one, leave BACKOFF when due."""
+        attempt, handle = run.current, run.handle
+        if handle is None or attempt is None:
+            if run.state == S.BACKOFF and run.restart_at is not None and now >= run.restart_at:
+                self.launch(run)
+            return
+        code = handle.poll()
+        if not attempt.announced:
+            self._announce(run, attempt, force=code is not None)
+        if code is not None:
+            self.exited(run, code)
+        elif attempt.deadline is not None and now >= attempt.deadline:
+            if run.state == S.HUNG:
+                self.terminate(run)  # its stack had time to reach the log
+            elif run.state == S.KILLING and not attempt.escalated:
+                attempt.escalated = True
+                handle.kill()  # it ignored the polite signal for kill_grace
+            elif run.state == S.STOPPING:
+                run.stop_reason = f"did not stop within {run.plan.run_config.restart.stop_timeout:g}s; killed"
+                self.terminate(run)
+        elif self._is_hung(run, now):
+            attempt.intent = "hung"
+            handle.dump_stacks()
+            attempt.deadline = now + HANG_DUMP_WAIT
+            timeout = run.plan.run_config.restart.hang_timeout
+            run.last_error = f"hung: no training step for {timeout:g}s (stack dumped to its log)" + \
+                self._gpu_note(run)
+            self.set_state(run, S.HUNG)  # STARTING/RUNNING -> HUNG
+            self._publish(Notice(pipeline=run.name, level="error", text=run.last_error))
+
+    def _is_hung(self, run: PipelineRun, now: float) -> bool:
+        timeout = run.plan.run_config.restart.hang_timeout
+        attempt = run.current
+        if timeout is None or attempt is None:
+            return False
+        if run.state == S.STARTING:  # building the task: data loading gets three times as long
+            return now - attempt.last_progress > 3 * timeout
+        return run.state == S.RUNNING and now - attempt.last_progress > timeout
+
+    def exited(self, run: PipelineRun, code: int) -> None:
+        """The worker is gone: say why, then finish, relaunch or back off."""
+        attempt = run.current
+        assert attempt is not None and attempt.handle is not None
+        handle = attempt.handle
+        self._on_events(run, handle, handle.drain())  # what it sent last, before it is forgotten
+        handle.close()
+        attempt.handle = None
+        uptime = time.monotonic() - attempt.started_mono
+        exit_desc = describe_exit(code)
+        reason = classify(attempt.intent or getattr(handle, "cause", None), code)
+        sig = exit_desc[len("killed by "):] if code < 0 and exit_desc.startswith("killed by ") else ""
+        rank, pid = 0, handle.pid
+        if attempt.intent is None and getattr(handle, "failed_rank", None) is not None:
+            rank, pid, exit_desc = self._gang_root_cause(run, handle, exit_desc)
+        error = run.last_error if reason in WITH_ERROR else ""
+        self._publish(WorkerExited(
+            pipeline=run.name, pid=pid, attempt=run.attempts, exit_code=code if code >= 0 else None,
+            signal=sig, reason=reason,
+            error=error or ("" if reason not in ("failed", "crashed", "hung") else exit_desc),
+            traceback=run.last_traceback if error else "", uptime=uptime, rank=rank))
+        OUTCOMES[reason](self, run, uptime, exit_desc)
+
+    @staticmethod
+    def _gang_root_cause(run: PipelineRun, gang, exit_desc: str) -> tuple[int, int, str]:
+        """The rank that failed first is why the gang ended; what its peers reported after is its echo."""
+        rank = gang.failed_rank
+        error = gang.errors.get(rank)
+        exit_desc = f"rank {rank} {exit_desc}"
+        if error is not None:
+            run.last_error, run.last_traceback = f"rank {rank}: {error.error}", error.traceback
+            run.current.failure = (error.error, error.step) if error.where == "train" else None
+        else:
+            run.last_error, run.last_traceback = exit_desc, ""
+            run.current.failure = None
+        return rank, gang.ranks[rank].pid, exit_desc
+
+    def _relaunch(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
+        run.last_error = run.last_traceback = ""
+        if run.state == S.KILLING:
+            self.launch(run)  # KILLING -> STARTING, same slots, no budget spent
+        else:  # it ended for a cause that costs nothing (its node left): start again on the next tick
+            run.restart_at = time.monotonic()
+            self.set_state(run, S.BACKOFF)  # STARTING/RUNNING/PAUSED/STOPPING/HUNG -> BACKOFF
+
+    def _killed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
+        self.finish(run, S.KILLED, "killed on request")
+
+    def _stopped(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
+        self.finish(run, S.STOPPED, run.stop_reason or "stopped")
+
+    def _completed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
+        self.finish(run, S.COMPLETED, "trained to its limits")
+
+    def _failed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
+        self.finish(run, S.FAILED, run.last_error or exit_desc)
+
+    def _restart_requested(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
+        # nan_policy = "restart": back to the last checkpoint. It spends the budget, so a loss
+        # that always diverges still ends, but it is no failed start however quick.
+        self.after_crash(run, uptime=float("inf"), exit_desc="the worker asked to be restarted")
+
+    def _crashed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
+        failure, previous = run.current.failure, run.last_failure
+        run.last_failure = failure
+        if failure is not None and failure == previous:
+            error, step = failure
+            self.finish(run, S.FAILED, f"the same error at step {step} twice in a row, so a restart "
+                                       f"cannot fix it: {error}")
+            return
+        self.after_crash(run, uptime, exit_desc, stepped=run.current.stepped)
+
+    def after_crash(self, run: PipelineRun, uptime: float, exit_desc: str, stepped: bool = True) -> None:
+        """Restart under the policy (-> BACKOFF), or end the pipeline as failed."""
+        decision = run.plan.policy.decide(run.restarts, run.failed_starts, uptime, stepped)
+        run.failed_starts = decision.failed_starts
+        what = (run.last_error or exit_desc) + self._gpu_note(run)
+        if not decision.restart:
+            self.finish(run, S.FAILED, f"{decision.reason}: {what}")
+            return
+        run.restarts += 1
+        run.restart_at = time.monotonic() + decision.delay
+        run.last_error = what
+        self.set_state(run, S.BACKOFF)  # STARTING/RUNNING/... -> BACKOFF
+        self._publish(WorkerRestarting(pipeline=run.name, attempt=run.attempts + 1, delay=decision.delay,
+                                       restarts_left=run.plan.run_config.restart.max_restarts - run.restarts,
+                                       reason=f"{decision.reason}: {what}"))
+
+
+OUTCOMES: dict[str, Callable[[Lifecycle, PipelineRun, float, str], None]] = {
+    "restarted": Lifecycle._relaunch,
+    "killed": Lifecycle._killed,
+    "stopped": Lifecycle._stopped,
+    "completed": Lifecycle._completed,
+    "failed": Lifecycle._failed,
+    "restart requested": Lifecycle._restart_requested,
+    "crashed": Lifecycle._crashed,
+    "hung": Lifecycle._crashed,
+}

@@ -1,0 +1,164 @@
+"""A pipeline as the supervisor keeps it: its plan (fixed), its current attempt (changing) and its progress.
+
+The plan is what to run and under which rules, as torch elastic's WorkerSpec; an
+attempt is one start of its worker, with the handle and why we asked it to end,
+as elastic's Worker. `PipelineView` is the plain-data copy screens are given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config.schema import Pipeline, RunConfig
+from ..launch.process import Handle
+from ..protocol.messages import EpochEnd, Event, Heartbeat, StepMetrics, TrainingStarted, WorkerError
+from ..hardware.placement import Slot, ValidationPlan
+from .policy import RestartPolicy
+from ..protocol.progress import PipelineProgress, apply
+from ..protocol.states import WorkerState
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run for one pipeline and under which rules; fixed once the pipeline is added."""
+
+    config: Pipeline
+    run_config: RunConfig
+    policy: RestartPolicy
+    order: int  # arrival: ties in priority start in this order
+    validation: ValidationPlan
+
+    @property
+    def slots_needed(self) -> int:
+        """Slots it takes at once: one per rank of a gang."""
+        return self.config.ranks
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def background(self) -> bool:
+        return self.validation.mode == "background"
+
+
+@dataclass
+class Attempt:
+    """One start of a pipeline's worker."""
+
+    number: int
+    handle: Handle | None = None
+    started_mono: float = 0.0  # monotonic seconds
+    started_at: float | None = None  # wall clock, for people
+    deadline: float | None = None  # monotonic time to escalate (KILLING / STOPPING / HUNG)
+    intent: str | None = None  # "stop", "kill", "restart" or "hung": why we asked it to end
+    escalated: bool = False
+    last_progress: float = 0.0  # monotonic time of its last sign of training
+    start_step: int | None = None  # the step it resumed at (from TrainingStarted)
+    stepped: bool = False  # it completed an optimizer step: dying now is no failed start
+    failure: tuple[str, int] | None = None  # (error, step) of the exception it reported
+    announced: bool = False  # its WorkerStarted is out (on Ray, once the actor knows the child's pid)
+
+    def saw(self, event: Event) -> None:
+        """Note what an event says about this attempt's progress and failure."""
+        if isinstance(event, TrainingStarted):
+            self.start_step = event.step
+        elif isinstance(event, (Heartbeat, StepMetrics, EpochEnd)):
+            if self.start_step is not None and event.step > self.start_step:
+                self.stepped = True
+        elif isinstance(event, WorkerError) and event.where == "train":
+            self.failure = (event.error, event.step)
+
+
+@dataclass
+class PipelineRun:
+    """One pipeline of a session: its plan, state, current attempt, restart accounting and progress."""
+
+    plan: Plan
+    state: WorkerState = WorkerState.QUEUED
+    slots: list[Slot] = field(default_factory=list)
+    current: Attempt | None = None
+    attempts: int = 0  # attempts started so far
+    restarts: int = 0  # restarts spent from the budget
+    failed_starts: int = 0  # consecutive
+    restart_at: float | None = None  # monotonic time to leave BACKOFF
+    stop_reason: str = ""
+    last_error: str = ""
+    last_traceback: str = ""
+    finish_reason: str = ""
+    last_failure: tuple[str, int] | None = None  # (error, step) the previous crashed attempt reported
+    progress: PipelineProgress | None = None  # folded from every event of this pipeline the session emits
+    pending_step: StepMetrics | None = None  # the newest step report, not folded yet
+
+    def __post_init__(self) -> None:
+        if self.progress is None:
+            v = self.plan.run_config.validation
+            self.progress = PipelineProgress(name=self.name, metric=v.metric, metric_mode=v.metric_mode,
+                                             epochs_total=self.plan.config.max_epochs)
+
+    def fold(self, event: Event) -> None:
+        """Fold an event the session emitted into this pipeline's progress (engine.progress.apply).
+
+        Step reports supersede one another: only the newest of a burst is folded, when it is read.
+        """
+        if isinstance(event, StepMetrics):
+            self.pending_step = event
+        else:
+            self.progress = apply(self.figures(), event)
+
+    def figures(self) -> PipelineProgress:
+        """Its progress, with the newest step report in it."""
+        if self.pending_step is not None:
+            self.progress, self.pending_step = apply(self.progress, self.pending_step), None
+        return self.progress
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def handle(self) -> Handle | None:
+        return self.current.handle if self.current is not None else None
+
+    @property
+    def intent(self) -> str | None:
+        return self.current.intent if self.current is not None else None
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """A pipeline as a screen shows it: plain data, safe to hand to widgets."""
+
+    name: str
+    state: WorkerState
+    device: str
+    pid: int | None
+    attempt: int
+    restarts: int
+    epoch: int
+    step: int
+    epochs_total: int
+    steps_per_epoch: int
+    train_loss: float | None
+    val_loss: float | None
+    best_val: float | None
+    samples_per_s: float | None
+    started_at: float | None
+    log_path: Path
+    last_error: str
+    priority: int = 0
+    node: str = ""  # the cluster node its worker runs on; "" for this machine (or none running)
+
+
+def view_of(run: PipelineRun, run_dir: Path) -> PipelineView:
+    p = run.figures()
+    handle = run.handle
+    return PipelineView(
+        name=run.name, state=run.state, device=",".join(s.name for s in run.slots),
+        pid=handle.pid if handle is not None else None, attempt=run.attempts, restarts=run.restarts,
+        epoch=p.epoch, step=p.step, epochs_total=p.epochs_total, steps_per_epoch=p.steps_per_epoch,
+        train_loss=p.train_loss, val_loss=p.val_loss, best_val=p.best, samples_per_s=p.samples_per_s,
+        started_at=run.current.started_at if run.current is not None else None,
+        log_path=run_dir / run.name / "log.txt",
+        last_error=run.finish_reason if run.state == WorkerState.FAILED else run.last_error,
+        priority=run.plan.config.priority, node=handle.node if handle is not None else "")

@@ -1,0 +1,496 @@
+"""The supervisor: the asyncio facade of a session, which owns every worker of a run and reports on them.
+
+It composes an event bus (the run directory is one sink), a scheduler of device
+slots, the lifecycle of attempts and the validation service, and runs one
+supervision pass every tick; none of its methods blocks the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from ..worker import checkpoint as ckpt
+from .attempts import AttemptLauncher
+from .bus import EventBus, EventStream
+from ..config.schema import ConfigError, RunConfig
+from ..hardware.devices import Inventory, discover_devices
+from ..launch.process import Handle, Launcher, ProcessLauncher
+from .lifecycle import Lifecycle
+from ..protocol.messages import (CheckpointNow, EarlyStop, Event, Heartbeat, Notice, Pause, PipelineFinished,
+                                       PipelineQueued, Resume, RunFinished, RunStarted, SnapshotTaken,
+                                       TelemetrySnapshot, TrainingStarted, ValResult, WorkerError)
+from .pipeline import PipelineRun, PipelineView, Plan, view_of
+from ..hardware.placement import gang_problems, plan_slots, plan_validation
+from .policy import RestartPolicy
+from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, read_events, remove_root, \
+    snapshot_root
+from .scheduler import Scheduler
+from ..protocol.states import WorkerState
+from ..telemetry.sampler import TelemetrySampler
+from .validation_service import SESSION_ENDED, ValidationService
+
+__all__ = ["EventStream", "PipelineView", "Supervisor"]
+
+S = WorkerState
+TICK = 0.1  # seconds between supervision passes
+LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
+NODE_REFRESH = 2.0  # seconds between looks at a cluster's nodes (Ray itself sees a node leave in ~2 s)
+
+
+class Supervisor:
+    """Runs the pipelines of one or more configs as supervised worker processes."""
+
+    def __init__(self, config: RunConfig, *, runs_dir: str | Path | None = None,
+                 launcher: Launcher | None = None, inventory: Inventory | None = None,
+                 run_id: str | None = None, tick: float = TICK):
+        self.config = config
+        base = Path(runs_dir if runs_dir is not None else config.runs_dir)
+        if launcher is None and config.cluster.backend == "ray":
+            from ..launch.ray.launcher import RayLauncher  # imports Ray: only for a Ray config
+
+            launcher = RayLauncher(config.cluster, base, config.source)
+        # A cluster's launcher brings its nodes' devices and plans slots on them.
+        planner = getattr(launcher, "plan_slots", plan_slots)
+        inventory = inventory if inventory is not None else getattr(launcher, "inventory", None)
+        self.inventory = inventory if inventory is not None else discover_devices()
+        slots, problems = planner(config.devices, self.inventory, config.source)
+        problems += gang_problems(config, slots) if slots else []
+        if problems:
+            raise ConfigError(problems)
+        self.run_id = run_id or new_run_id(base, config.name)
+        self.run_dir = base / self.run_id
+        self.snapshot_root = snapshot_root(self.run_id, self.run_dir)
+        self.telemetry: TelemetrySnapshot | None = None  # the newest sample
+        self._tick_interval = tick
+        self._launcher = launcher if launcher is not None else ProcessLauncher()
+        self._bus = EventBus()
+        self._scheduler = Scheduler(slots)
+        self._generation = 0  # of the cluster's nodes the slots were planned for (launcher.follow)
+        self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
+                                    self._on_worker_events, self._gpu_note)
+        self._validation = ValidationService(self._launcher, self._emit_validation, self.run_dir,
+                                             self.snapshot_root, self._on_val_result, self._on_early_stop)
+        self._runs: dict[str, PipelineRun] = {}
+        self._order = 0
+        self._rundir: RunDirectory | None = None
+        self._attempts: AttemptLauncher | None = None  # made with the run directory
+        self._tick_task: asyncio.Task | None = None
+        self._finished = asyncio.Event()
+        self._finished_sent = False
+        self._closing = False  # shutdown has begun: no more restarts of the validator
+        self._closed = False
+        self._pids: dict[str, int] = {}  # replaced whole on change: the sampler thread reads it
+        self._remote_pids: dict[str, dict[str, int]] = {}  # node id -> {label: pid}; replaced whole too
+        self._sampler: TelemetrySampler | None = None
+        self._resume_configs: list[RunConfig] | None = None
+        self._resume_only: set[str] | None = None
+
+    # ------------------------------------------------------------ session
+
+    @classmethod
+    def resume_run(cls, run_dir: str | Path, only: list[str] | None = None, **kwargs) -> "Supervisor":
+        """A supervisor that carries on a run that did not complete, in the same directory: every pipeline
+        that did not complete (or those in `only`) from its checkpoint, with a fresh restart budget."""
+        run_dir = Path(run_dir)
+        configs = load_resolved_configs(run_dir)
+        sup = cls(configs[0], runs_dir=run_dir.parent, run_id=run_dir.name, **kwargs)
+        sup._resume_configs = configs
+        sup._resume_only = set(only) if only else None
+        return sup
+
+    async def start(self) -> None:
+        """Create the run directory and start the pipelines that fit on the slots."""
+        if self._rundir is not None:
+            raise RuntimeError("supervisor already started")
+        resuming = self._resume_configs is not None
+        done: dict[str, str] = {}
+        if resuming:
+            done = {e.pipeline: e.status for e in read_events(self.run_dir) if isinstance(e, PipelineFinished)}
+        self._rundir = RunDirectory(self.run_dir)
+        self._attempts = AttemptLauncher(self._launcher, self._rundir, self._validation, self.run_id)
+        self._rundir.resuming = resuming
+        self._rundir.save_config(self.config)
+        self._bus.add_sink(self._rundir.write)
+        names = self._add(self.config)
+        for config in (self._resume_configs or [])[1:]:
+            names += self._add(config)
+        kept = {n: done.get(n, "stopped") for n in names if done.get(n) == "completed" or
+                (self._resume_only is not None and n not in self._resume_only)}
+        if resuming:
+            self._emit(Notice(level="info", text=f"resuming run {self.run_id}: " + ", ".join(
+                self._resume_plan(n, kept) for n in names)))
+        self._emit(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir), config_path=self.config.source,
+                              pipelines=tuple(names)))
+        for name, status in kept.items():  # nothing to train: they keep how they had ended
+            run = self._runs[name]
+            run.finish_reason = f"{status} before the run was resumed"
+            self._lifecycle.set_state(run, WorkerState(status))  # QUEUED -> its earlier final state
+        self._announce_queued(names)
+        self._schedule()
+        loop = asyncio.get_running_loop()
+        self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
+        t = self.config.telemetry
+        if t.enabled:
+            remote = getattr(self._launcher, "remote_telemetry", None)  # a cluster's other nodes
+            self._sampler = TelemetrySampler(
+                interval=t.interval, pids=lambda: self._pids,
+                on_snapshot=lambda snap: loop.call_soon_threadsafe(self._on_telemetry, snap),
+                persist_path=self.run_dir / "telemetry.jsonl", persist_every=t.persist_every,
+                extend=remote(lambda: self._remote_pids).extend if remote is not None else None)
+            self._sampler.start()
+
+    def _resume_plan(self, name: str, kept: dict[str, str]) -> str:
+        """What resuming does with one pipeline, for people."""
+        if name in kept:
+            return f"{name} {'done' if kept[name] == 'completed' else f'left {kept[name]}'}"
+        checkpoints = self.run_dir / name / "checkpoints"
+        # torchherd's own .pt, or the .ckpt of a Lightning pipeline
+        if any((checkpoints / f).exists() for f in (ckpt.LAST, ckpt.PREV, "last.ckpt", "prev.ckpt")):
+            return f"{name} from its last checkpoint"
+        return f"{name} from scratch (no checkpoint yet)"
+
+    def add_config(self, config: RunConfig) -> list[str]:
+        """Add another config's pipelines to this session; they queue for free slots. Returns their names."""
+        if self._rundir is None or self._closed:
+            raise RuntimeError("supervisor is not running")
+        self._rundir.save_config(config)
+        names = self._add(config)
+        self._announce_queued(names)
+        self._reopen()
+        self._schedule()
+        return names
+
+    def subscribe(self, replay: bool = True) -> EventStream:
+        """A stream of every event from now on (and, with `replay`, those already emitted)."""
+        return self._bus.subscribe(replay)
+
+    def views(self) -> list[PipelineView]:
+        """Every pipeline, in the order they were added."""
+        return [view_of(r, self.run_dir) for r in self._runs.values()]
+
+    def view(self, name: str) -> PipelineView:
+        return view_of(self._get(name), self.run_dir)
+
+    @property
+    def alive(self) -> bool:
+        """Some worker process exists."""
+        return any(r.handle is not None for r in self._runs.values())
+
+    @property
+    def validator_pid(self) -> int | None:
+        """The background validator's pid while it runs."""
+        return self._validation.pid
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    async def wait(self) -> dict[str, str]:
+        """Wait until every pipeline has a final status; returns them by name."""
+        await self._finished.wait()
+        return {n: r.state.value for n, r in self._runs.items()}
+
+    # ------------------------------------------------------------ commands
+
+    def stop(self, name: str | None = None, reason: str = "requested") -> None:
+        """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit."""
+        for run in self._select(name):
+            if run.state in (S.QUEUED, S.BACKOFF):
+                why = "stopped before it started" if run.state == S.QUEUED else "stopped"
+                self._lifecycle.finish(run, S.STOPPED, why)  # QUEUED/BACKOFF -> STOPPED
+            elif run.state in LIVE and run.current.start_step is None:
+                # Still building its task: it hears no Stop until it trains, and it has trained
+                # nothing since its last checkpoint, so it is ended now instead of waited for.
+                run.current.intent, run.stop_reason = "stop", reason
+                self._lifecycle.terminate(run)  # STARTING/PAUSED -> KILLING
+            elif run.state in LIVE:
+                self._lifecycle.request_stop(run, reason)  # STARTING/RUNNING/PAUSED -> STOPPING
+            elif run.state in (S.KILLING, S.HUNG) and run.intent in ("restart", "hung"):
+                # Already on its way out to be started again: let it end there instead.
+                run.current.intent, run.stop_reason = "stop", reason
+        self._check_finished()
+
+    def pause(self, name: str) -> None:
+        run = self._get(name)
+        if run.state in (S.STARTING, S.RUNNING):
+            run.handle.send(Pause())
+            self._lifecycle.set_state(run, S.PAUSED)  # STARTING/RUNNING -> PAUSED
+
+    def resume(self, name: str) -> None:
+        run = self._get(name)
+        if run.state == S.PAUSED:
+            run.current.last_progress = time.monotonic()
+            run.handle.send(Resume())
+            self._lifecycle.set_state(run, S.RUNNING)  # PAUSED -> RUNNING
+
+    def checkpoint(self, name: str) -> None:
+        run = self._get(name)
+        if run.state in LIVE:
+            run.handle.send(CheckpointNow())
+
+    def kill(self, name: str) -> None:
+        """End the worker now: the polite signal to its process group, the hard one after the grace period."""
+        run = self._get(name)
+        if run.state in (S.QUEUED, S.BACKOFF):
+            self._lifecycle.finish(run, S.KILLED, "killed before it started")  # QUEUED/BACKOFF -> KILLED
+        elif run.handle is not None and run.state != S.KILLING:
+            run.current.intent = "kill"
+            self._lifecycle.terminate(run)
+        elif run.state == S.KILLING:
+            run.current.intent = "kill"  # a restart in progress becomes a kill
+        self._check_finished()
+
+    def restart(self, name: str) -> None:
+        """Kill the worker and start it again from its last checkpoint (no restart budget spent)."""
+        run = self._get(name)
+        if run.handle is not None:
+            run.current.intent = "restart"
+            if run.state != S.KILLING:
+                self._lifecycle.terminate(run)
+        elif run.state == S.BACKOFF:
+            self._lifecycle.launch(run)
+        elif run.state.final:
+            run.failed_starts = 0
+            run.finish_reason = ""
+            self._lifecycle.set_state(run, S.QUEUED)  # final -> QUEUED: a person asked for another go
+            self._reopen()
+            self._announce_queued([run.name])
+            self._schedule()
+
+    async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
+        """End the session: stop (or kill) every worker, flush the run directory, end the streams."""
+        if self._closed:
+            return
+        if self._rundir is None:
+            self._closed = True
+            return
+        if graceful:
+            self.stop(reason="shutdown")
+            deadline = time.monotonic() + timeout
+            while self.alive and time.monotonic() < deadline:
+                await asyncio.sleep(self._tick_interval)
+            # Let the validator score what the stopped workers handed off last.
+            while self._validation.pending(training_done=True) and time.monotonic() < deadline and \
+                    self._validation.handle is not None:
+                await asyncio.sleep(self._tick_interval)
+        await self._validation.stop()  # its last results come before run_finished
+        self._closing = True
+        for run in self._runs.values():
+            if run.handle is not None:
+                if run.intent != "stop":
+                    run.current.intent = "kill"
+                if run.state != S.KILLING:
+                    self._lifecycle.set_state(run, S.KILLING)  # alive -> KILLING
+                run.handle.kill()
+        deadline = time.monotonic() + 5.0
+        while self.alive and time.monotonic() < deadline:
+            self._tick()
+            await asyncio.sleep(0.02)
+        for run in self._runs.values():
+            if not run.state.final and run.handle is None:
+                self._lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else S.STOPPED,
+                                       run.finish_reason or "session ended")
+        self._check_finished()
+        if self._sampler is not None:
+            await asyncio.to_thread(self._sampler.stop)
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            try:
+                await self._tick_task
+            except asyncio.CancelledError:
+                pass
+        self._closed = True
+        close = getattr(self._launcher, "close", None)
+        if close is not None:  # a cluster's launcher: its listening socket and the actors still ending
+            close()
+        remove_root(self.snapshot_root)
+        self._rundir.close()
+        self._bus.close()
+
+    # ------------------------------------------------------------ internals
+
+    def _get(self, name: str) -> PipelineRun:
+        try:
+            return self._runs[name]
+        except KeyError:
+            raise KeyError(f"no pipeline named {name!r}") from None
+
+    def _select(self, name: str | None) -> list[PipelineRun]:
+        return list(self._runs.values()) if name is None else [self._get(name)]
+
+    def _add(self, config: RunConfig) -> list[str]:
+        problems = gang_problems(config, self._scheduler.slots)
+        if problems:
+            raise ConfigError(problems)
+        policy = RestartPolicy(config.restart)
+        validation = plan_validation(config, self._scheduler.slots, self.inventory)
+        self._validation.start_for(validation)
+        names = []
+        for pipe in config.pipelines:
+            name, n = pipe.name, 2
+            while name in self._runs:
+                name, n = f"{pipe.name}-{n}", n + 1
+            if name != pipe.name:
+                pipe = pipe.model_copy(update={"name": name})
+            plan = Plan(config=pipe, run_config=config, policy=policy, order=self._order, validation=validation)
+            run = PipelineRun(plan=plan)
+            self._runs[name] = run
+            self._validation.ledger(name)
+            self._order += 1
+            names.append(name)
+            self._scheduler.enqueue(name, pipe.priority, plan.order, plan.slots_needed)  # born QUEUED
+        return names
+
+    def _announce_queued(self, names: list[str]) -> None:
+        for name in names:
+            run = self._runs[name]
+            if run.state == S.QUEUED:
+                self._emit(PipelineQueued(pipeline=name, priority=run.plan.config.priority,
+                                          position=self._scheduler.position(name)))
+
+    def _reopen(self) -> None:
+        """More work arrived after every pipeline had ended: the run is not finished any more."""
+        self._finished.clear()
+        self._finished_sent = False
+
+    def _schedule(self) -> None:
+        if self._closed:
+            return
+        for name, slots in self._scheduler.allocate():
+            run = self._runs[name]
+            run.slots = slots
+            self._lifecycle.launch(run)
+
+    def _follow_cluster(self, max_age: float) -> None:
+        """On a cluster, plan the slots again when nodes have joined or left (seen at most `max_age` ago)."""
+        follow = getattr(self._launcher, "follow", None)
+        if follow is None:
+            return
+        generation = follow(max_age)
+        if generation != self._generation:
+            self._generation = generation
+            self.inventory = self._launcher.inventory
+            slots, _ = self._launcher.plan_slots(self.config.devices, self.inventory, self.config.source, fit=True)
+            self._scheduler.resize(slots)
+
+    def _start_attempt(self, run: PipelineRun) -> Handle:
+        """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""
+        assert self._attempts is not None
+        self._follow_cluster(NODE_REFRESH / 4)
+        slots = self._scheduler.refit(run.slots)  # a slot on a node that left: another, if one is free
+        if slots is None:
+            raise OSError("its slot's node left the cluster and no live node has a free slot now")
+        run.slots = slots
+        return self._attempts.start(run)
+
+    def _on_worker_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
+        if run.handle is not handle:
+            return  # a late batch from an attempt already reaped
+        run.current.last_progress = time.monotonic()
+        for event in events:
+            run.current.saw(event)
+            if isinstance(event, Heartbeat):
+                continue  # only proves progress; not worth a line anywhere
+            if isinstance(event, SnapshotTaken):
+                for out in self._validation.on_snapshot(run.name, event):
+                    self._emit(out)
+                continue
+            if isinstance(event, TrainingStarted) and run.state == S.STARTING:
+                self._lifecycle.set_state(run, S.RUNNING)  # STARTING -> RUNNING
+            elif isinstance(event, WorkerError):
+                run.last_error, run.last_traceback = event.error, event.traceback
+            self._emit(event)
+
+    def _on_val_result(self, name: str, event: ValResult) -> None:
+        self._emit_validation(event)
+
+    def _on_early_stop(self, name: str, event: EarlyStop) -> None:
+        self._emit_validation(event)
+        if self._runs[name].state in LIVE:
+            self.stop(name, reason=event.reason)
+
+    def _on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
+        if self._closed:
+            return
+        self.telemetry = snapshot
+        self._bus.publish_transient(snapshot)  # not in events.jsonl: telemetry.jsonl keeps it
+
+    def _gpu_note(self, run: PipelineRun) -> str:
+        """The worker's GPU memory from the newest telemetry, when that GPU is nearly full."""
+        gpu = run.slots[0].gpu if run.slots else None
+        snap = self.telemetry
+        if gpu is None or snap is None:
+            return ""
+        for sample in snap.gpus:
+            if sample.index == gpu.index and sample.mem_used is not None and sample.mem_total:
+                if sample.mem_used / sample.mem_total >= 0.95:
+                    return (f"; GPU {gpu.index} memory was full: {sample.mem_used / 2**30:.1f} of "
+                            f"{sample.mem_total / 2**30:.1f} GiB used")
+        return ""
+
+    def _update_pids(self) -> None:
+        pids: dict[str, int] = {}
+        remote: dict[str, dict[str, int]] = {}
+        for name, run in self._runs.items():
+            # Telemetry reads this machine's /proc: a pid on another node goes to that node's sampler
+            # (engine/launch/ray/telemetry.py), keyed by the node's id.
+            if run.handle is not None:  # a gang's rank k shows as "name#k"
+                ranks = run.handle.pids if len(run.slots) > 1 else (run.handle.pid,)
+                node = getattr(run.handle, "node_id", run.handle.node)  # a RayHandle's Ray node id
+                into = remote.setdefault(node, {}) if run.handle.node else pids
+                into.update({name if k == 0 else f"{name}#{k}": pid for k, pid in enumerate(ranks)})
+        validator = self._validation.handle
+        if self._validation.pid is not None:
+            into = remote.setdefault(getattr(validator, "node_id", ""), {}) if getattr(validator, "node", "") else pids
+            into["(validator)"] = self._validation.pid
+        if pids != self._pids:
+            self._pids = pids
+        if remote != self._remote_pids:
+            self._remote_pids = remote
+
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                self._tick()
+            except Exception as exc:  # keep supervising; say what went wrong
+                self._emit(Notice(level="error", text=f"supervisor error: {type(exc).__name__}: {exc}"))
+            await asyncio.sleep(self._tick_interval)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for run in list(self._runs.values()):
+            self._lifecycle.tick(run, now)
+        if not self._closing:
+            self._validation.tick(now)
+        self._follow_cluster(NODE_REFRESH)
+        self._schedule()
+        self._update_pids()
+        if self._rundir is not None:
+            self._rundir.flush()
+        self._check_finished()
+
+    def _check_finished(self) -> None:
+        if self._finished_sent or not self._runs or self._rundir is None or self._validation.stopping:
+            return
+        training_done = all(r.state.final for r in self._runs.values())
+        if training_done and (self._closing or not self._validation.pending(training_done=True)):
+            if self._closing:
+                self._validation.abandon(SESSION_ENDED)  # never scored: say so before the end
+            statuses = {n: r.state.value for n, r in self._runs.items()}
+            self._finished_sent = True
+            self._emit(RunFinished(ok=all(s == "completed" for s in statuses.values()), statuses=statuses))
+            self._rundir.flush()
+            self._finished.set()
+
+    def _emit(self, event: Event) -> None:
+        self._bus.publish(event)
+        run = self._runs.get(getattr(event, "pipeline", ""))
+        if run is not None:
+            run.fold(event)  # the one fold of progress, as the app folds the same events
+
+    def _emit_validation(self, event: Event) -> None:
+        """The validator's news; once the run has finished nothing more is written (readers take
+        run_finished to be the last event), so what arrives later is not kept."""
+        if not self._finished_sent:
+            self._emit(event)

@@ -1,0 +1,323 @@
+"""The validation service: the session's background validators and the ledger of snapshots.
+
+It starts the validator (and restarts it with backoff when it dies), routes its
+results to the supervisor, and keeps, per pipeline, which snapshots were handed
+off and which were scored, so that every snapshot ends either scored or recorded
+as skipped, and a run waits (bounded) for the results still to come.
+
+Locally there is one validator (node ""). On a cluster of several nodes the plan is
+per node: snapshots stay in the shared memory of the worker's node, so each node that
+hosts a validated worker gets its own validator, started when the first such worker
+is placed there, watching a snapshot root of that node's own (named after the node, so
+nodes that share one machine's /dev/shm, as a test cluster does, never mix).
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..launch.process import Handle, LaunchSpec, Launcher
+from ..protocol.messages import (EarlyStop, Event, Notice, SnapshotSkipped, SnapshotTaken, Stop,
+                                       ValidatorStarted, ValResult)
+from ..hardware.placement import ValidationPlan
+from ..rundir.directory import claim_root
+from ..protocol.spec import ValidatorSpec
+
+BACKOFF = (1.0, 30.0)  # seconds: first and longest delay before restarting the validator
+DRAIN = 120.0  # seconds the run waits, all training done, for results that make no progress
+HEALTHY = 60.0  # seconds of uptime after which a validator death resets the backoff
+GIVE_UP = 3  # validator deaths in a row after which the run no longer waits for results
+SKIPPED_NEWER = "a newer snapshot was validated first"
+SESSION_ENDED = "the session ended before the validator scored it"
+
+
+@dataclass
+class SnapshotLedger:
+    """One pipeline's snapshots: handed off but not scored yet, and scored."""
+
+    handed: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (epoch, step)
+    scored: set[int] = field(default_factory=set)
+    scored_max: int = 0
+    seq_max: int = 0  # highest seq any attempt handed off: the next attempt numbers on from here
+    broken: bool = False  # the validator cannot score this pipeline at all
+
+    def taken(self, event: SnapshotTaken) -> bool:
+        """Note a hand-off; False if a newer snapshot was already scored (so this one is skipped)."""
+        self.seq_max = max(self.seq_max, event.seq)
+        # The validator's result can overtake the worker's report of the hand-off.
+        if event.dropped or event.seq in self.scored:
+            return True
+        if event.seq < self.scored_max:
+            return False
+        self.handed[event.seq] = (event.epoch, event.step)
+        return True
+
+    def resolve(self, seq: int) -> list[tuple[int, int, int]]:
+        """`seq` was scored: returns the older unscored hand-offs, now skipped, as (seq, epoch, step)."""
+        skipped = [(old, *self.handed.pop(old)) for old in sorted(k for k in self.handed if k < seq)]
+        self.handed.pop(seq, None)
+        if seq:
+            self.scored.add(seq)
+            self.scored_max = max(self.scored_max, seq)
+        return skipped
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.handed) and not self.broken
+
+
+class Validator:
+    """One node's validator process: its handle, attempts and restart backoff."""
+
+    def __init__(self, node: str, root: Path):
+        self.node, self.root = node, root
+        self.handle: Handle | None = None
+        self.attempt = 0
+        self.restart_at: float | None = None
+        self.failures = 0  # consecutive deaths; sets the backoff
+        self.started_mono = 0.0
+        self.announced = False  # validator_started went out for this attempt
+
+
+class ValidationService:
+    """Runs the validators of a session and keeps the snapshot ledgers of its pipelines."""
+
+    def __init__(self, launcher: Launcher, publish: Callable[[Event], None], run_dir: Path, snapshot_root: Path,
+                 on_result: Callable[[str, ValResult], None], on_early_stop: Callable[[str, EarlyStop], None]):
+        self._launcher, self._publish = launcher, publish
+        self.run_dir, self.snapshot_root = run_dir, snapshot_root
+        self._on_result, self._on_early_stop = on_result, on_early_stop
+        self.ledgers: dict[str, SnapshotLedger] = {}
+        self.plan: ValidationPlan | None = None
+        self.validators: dict[str, Validator] = {}  # by node id; "" is this machine
+        self.node_of: dict[str, str] = {}  # pipeline -> the node whose validator scores its snapshots
+        self.last_result = time.monotonic()  # when a validator last reported
+        self.drain_start: float | None = None  # when training ended with results still to come
+        self.stopping = False  # stop() is delivering the validators' last results
+        self.closed = False  # stopped for good: never restarted
+
+    # ------------------------------------------------------------ pipelines
+
+    def ledger(self, name: str) -> SnapshotLedger:
+        return self.ledgers.setdefault(name, SnapshotLedger())
+
+    def root_for(self, node: str) -> Path:
+        """The snapshot root of `node`'s validator: the session's own root here, one named after the node there."""
+        if not node:
+            return self.snapshot_root
+        return self.snapshot_root.with_name(f"{self.snapshot_root.name}-{node[:12]}")
+
+    def snapshot_dir(self, name: str, node: str = "") -> Path:
+        return self.root_for(self._key(node)) / name
+
+    def hand_off_dir(self, name: str, node: str = "") -> Path:
+        """Where pipeline `name`'s worker on `node` hands its snapshots off; starts that node's validator
+        if it is the first validated worker placed there."""
+        key = self._key(node)
+        self.node_of[name] = key
+        self.ledger(name)
+        if self.plan is not None and not self.closed and key not in self.validators:
+            self.validators[key] = Validator(key, self.root_for(key))
+            self._launch(self.validators[key])
+        return self.root_for(key) / name
+
+    def _key(self, node: str) -> str:
+        return node if self.plan is not None and self.plan.per_node else ""
+
+    def start_for(self, plan: ValidationPlan) -> None:
+        """Make sure a validator runs when a config validates in the background (one per session, or,
+        per node, once a validated worker is placed there)."""
+        if plan.mode == "background" and self.plan is None:
+            self.plan = plan
+            if not plan.per_node:
+                self.validators[""] = Validator("", self.snapshot_root)
+                self._launch(self.validators[""])
+
+    def on_snapshot(self, name: str, event: SnapshotTaken) -> list[Event]:
+        """The events a worker's hand-off report becomes."""
+        if self.ledger(name).taken(event):
+            return [event]
+        return [event, SnapshotSkipped(pipeline=name, seq=event.seq, epoch=event.epoch, step=event.step,
+                                       reason=SKIPPED_NEWER)]
+
+    @property
+    def handle(self) -> Handle | None:
+        """A running validator's handle (this machine's first), or None when none runs."""
+        live = [v.handle for v in self.validators.values() if v.handle is not None]
+        live.sort(key=lambda h: bool(getattr(h, "node", "")))
+        return live[0] if live else None
+
+    @property
+    def pid(self) -> int | None:
+        handle = self.handle
+        return handle.pid if handle is not None else None
+
+    # ------------------------------------------------------------ waiting for results
+
+    def pending(self, training_done: bool) -> bool:
+        """Whether results are still to come that the run should wait for."""
+        if self.plan is None or self.closed:
+            return False
+        # A validator that keeps dying: the run must still end without its results.
+        given_up = {k for k, v in self.validators.items() if v.failures >= GIVE_UP}
+        waiting = {n: l for n, l in self.ledgers.items() if l.waiting and self.node_of.get(n, "") not in given_up}
+        if not waiting:
+            return False
+        now = time.monotonic()
+        if not training_done:
+            self.drain_start = None
+            return True
+        if self.drain_start is None:
+            self.drain_start = now
+        if now - max(self.last_result, self.drain_start) > DRAIN:
+            self.abandon(f"no validation result within {DRAIN:g}s")
+            return False
+        return True
+
+    def abandon(self, reason: str) -> None:
+        """Record every snapshot still unscored as skipped (say, /dev/shm was cleared under us)."""
+        for name, ledger in self.ledgers.items():
+            for seq, (epoch, step) in sorted(ledger.handed.items()):
+                self._publish(SnapshotSkipped(pipeline=name, seq=seq, epoch=epoch, step=step, reason=reason))
+            ledger.handed.clear()
+
+    def abandon_node(self, node: str, reason: str) -> None:
+        """Record as skipped the snapshots handed off on `node` and not scored yet."""
+        for name, ledger in self.ledgers.items():
+            if self.node_of.get(name, "") != node:
+                continue
+            for seq, (epoch, step) in sorted(ledger.handed.items()):
+                self._publish(SnapshotSkipped(pipeline=name, seq=seq, epoch=epoch, step=step, reason=reason))
+            ledger.handed.clear()
+
+    # ------------------------------------------------------------ the processes
+
+    def tick(self, now: float) -> None:
+        """Notice a dead validator, and restart it once its backoff is over."""
+        if self.plan is None or self.closed:
+            return
+        for v in list(self.validators.values()):  # one whose node left is dropped
+            if v.handle is not None:
+                code = v.handle.poll()
+                self._announce(v, force=code is not None)
+                if code is not None:
+                    self._died(v, code)
+            elif v.restart_at is not None and now >= v.restart_at:
+                self._launch(v)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Ask every validator to finish and wait up to `timeout` seconds; their last results are delivered.
+
+        None is restarted afterwards; the snapshot roots on other nodes are removed.
+        """
+        self.closed = True
+        running = [v for v in self.validators.values() if v.handle is not None]
+        self.stopping = True
+        try:
+            for v in running:
+                v.handle.send(Stop(reason="shutdown"))
+            end = time.monotonic() + timeout
+            while any(v.handle.poll() is None for v in running) and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+            for v in running:
+                handle = v.handle
+                self._events(v, handle, handle.drain())
+                handle.close()
+                v.handle = None
+        finally:
+            self.stopping = False
+        remote = {v.node: str(v.root) for v in self.validators.values() if v.node}
+        remove = getattr(self._launcher, "remove_roots", None)  # a cluster's: a task on each node
+        if remote and remove is not None:
+            await asyncio.to_thread(remove, remote)
+
+    def _launch(self, v: Validator) -> None:
+        assert self.plan is not None
+        if v.attempt == 0 and not v.node:
+            claim_root(v.root)  # on another node, the actor that first needs it there makes it
+        v.attempt += 1
+        v.restart_at = None
+        # a label may be "host/id" when hosts share a name: one folder per node, never nested
+        directory = self.run_dir / ("validator" if not v.node else
+                                    "validator-" + re.sub(r"[^\w.-]", "-", self._label(v.node)))
+        plan = self.plan
+        spec = LaunchSpec(
+            child=ValidatorSpec(snapshot_root=str(v.root), device=plan.device, threads=plan.threads,
+                                directory=str(directory), attempt=v.attempt),
+            log_path=directory / "log.txt", gpu_index=plan.gpu.index if plan.gpu is not None else None,
+            node=v.node)
+        try:
+            handle = self._launcher.launch(spec)
+        except OSError as exc:
+            self._publish(Notice(level="error", text=f"could not start the validator{self._where(v)}: {exc}"))
+            self._died(v)
+            return
+        v.handle, v.announced = handle, False
+        v.started_mono = time.monotonic()
+        self._announce(v)
+        handle.attach(lambda events, v=v, handle=handle: self._events(v, handle, events))
+
+    def _announce(self, v: Validator, force: bool = False) -> None:
+        """validator_started, once its pid is known: at once locally; on a cluster when the actor has
+        started the process (a tick or so later). `force`: now, with what is known."""
+        if v.announced or v.handle is None or (not v.handle.pids and not force):
+            return
+        v.announced = True
+        self._publish(ValidatorStarted(pid=v.handle.pid, device=self.plan.label + self._where(v), attempt=v.attempt))
+
+    def _where(self, v: Validator) -> str:
+        return f" on node {self._label(v.node)}" if v.node else ""
+
+    def _label(self, node: str) -> str:
+        inventory = getattr(self._launcher, "inventory", None)  # a cluster's names its nodes
+        label = inventory.label(node) if inventory is not None and hasattr(inventory, "label") else ""
+        return label or node[:12]
+
+    def _died(self, v: Validator, code: int | None = None) -> None:
+        where = self._where(v)
+        left = getattr(v.handle, "cause", None) == "node left"
+        if v.handle is not None:
+            self._events(v, v.handle, v.handle.drain())
+            v.handle.close()
+            v.handle = None
+        if left:  # its snapshots went with the node; a worker placed elsewhere gets that node's validator
+            del self.validators[v.node]
+            self.abandon_node(v.node, "the node left the cluster")
+            return
+        healthy = time.monotonic() - v.started_mono > HEALTHY
+        v.failures = 1 if healthy else v.failures + 1
+        first, longest = BACKOFF
+        delay = min(first * 2 ** (v.failures - 1), longest)
+        v.restart_at = time.monotonic() + delay
+        how = "" if code is None else (f" (killed by {signal.Signals(-code).name})" if code < 0 and
+                                       -code in signal.Signals._value2member_map_ else f" (exit code {code})")
+        self._publish(Notice(level="error", text=(
+            f"validator{where} exited{how}; restarting in {delay:g}s; "
+            "training goes on and the snapshots it misses are recorded as skipped")))
+
+    def _events(self, v: Validator, handle: Handle, events: list[Event]) -> None:
+        if v.handle is not handle:
+            return  # a late batch from a validator already reaped
+        for event in events:
+            name = getattr(event, "pipeline", "")
+            known = name in self.ledgers
+            if isinstance(event, ValResult):
+                self.last_result = time.monotonic()
+                if known:
+                    ledger = self.ledger(name)
+                    if event.seq == 0 and event.error:
+                        ledger.broken = True
+                    for seq, epoch, step in ledger.resolve(event.seq):
+                        self._publish(SnapshotSkipped(pipeline=name, seq=seq, epoch=epoch, step=step,
+                                                      reason=SKIPPED_NEWER))
+                    self._on_result(name, event)
+                    continue
+            if isinstance(event, EarlyStop) and known:
+                self._on_early_stop(name, event)
+                continue
+            self._publish(event)

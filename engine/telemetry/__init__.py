@@ -1,0 +1,1 @@
+"""GPU, worker-process and host telemetry, sampled on a background thread."""

@@ -1,0 +1,1 @@
+"""The background validation process: scores weight snapshots while workers train."""
