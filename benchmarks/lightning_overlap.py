@@ -128,7 +128,7 @@ def runner_here(root: Path) -> float:
     from types import SimpleNamespace
 
     from torchherd.engine.worker.control import WorkerControl
-    from torchherd.engine.runners.lightning.runner import LightningRunner
+    from torchherd.engine.runners.lightning.runner import LightningAttempt
 
     data = {"runs_dir": str(root), "defaults": {
                 "task": f"lightning:{HERE / '_lightning_workload.py'}:LitOverlap", "max_epochs": EPOCHS,
@@ -143,7 +143,7 @@ def runner_here(root: Path) -> float:
     sender = _Sender()
     torch.set_num_threads(1)
     with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the worker's model summary
-        LightningRunner(spec, config.pipelines[0], config.validation, sender,
+        LightningAttempt(spec, config.pipelines[0], config.validation, sender,
                         WorkerControl("p", sender, _NoCommands())).run()
     start = [t for t, e in sender.events if isinstance(e, TrainingStarted)][0]
     return [t for t, e in sender.events if isinstance(e, EpochEnd)][-1] - start

@@ -137,17 +137,17 @@ class FrameReader:
 
 
 def test_client_coalesces_reports_and_pause_holds_report_until_resume():
-    from torchherd.client import _Client
+    from torchherd.client import Client
 
     ours, theirs = socket.socketpair()
     ours.settimeout(10.0)  # seconds: a frame that never comes fails the test instead of hanging it
-    client = _Client(os.dup(theirs.fileno()), None)
+    client = Client(os.dup(theirs.fileno()), None)
     theirs.close()
     frames = FrameReader(ours)
     assert frames.next("hello")["pid"] == os.getpid()
     for step in range(1, 5):
-        client._pending.append((step, None, float(step), 32, {"lr": 0.1}))
-    client._flush()
+        client.queue_report(step, None, float(step), 32, {"lr": 0.1})
+    client.flush()
     frame = frames.next("step")
     assert (frame["step"], frame["loss"], frame["n"], frame["metrics"]) == (4, 2.5, 4, {"lr": 0.1})
 

@@ -2,19 +2,23 @@
 
 What a task file needs is importable from here (`from torchherd import Task`,
 `from torchherd import LightningTask`); importing it loads neither torch,
-Lightning nor Textual. The engine is `torchherd.engine`,
+Lightning, pydantic nor Textual. The engine is `torchherd.engine`,
 the app and command line `torchherd.tui`.
 """
-from torchherd.engine.runners.task.api import Task
 
 __all__ = ["Task", "LightningTask"]
+__version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # Loaded on first use, so `import torchherd` stays cheap for people without Lightning.
+    # Loaded on first use: `import torchherd.client` runs this file inside users' training scripts,
+    # and the engine behind Task (pydantic, the supervisor) is no cost of theirs.
+    if name == "Task":
+        from torchherd.engine.runners.task.api import Task
+
+        return Task
     if name == "LightningTask":
         from torchherd.engine.runners.lightning.support import LightningTask
 
         return LightningTask
     raise AttributeError(f"module 'torchherd' has no attribute {name!r}")
-__version__ = "0.1.0"

@@ -11,13 +11,12 @@ herd.hand_off(model)                            # weights for the background val
 Outside torchherd every call is a no-op (`should_stop()` is False, `report` returns at
 once), so the script still runs on its own. Under torchherd the script runner passes
 a socket (`TORCHHERD_CLIENT_FD`); reports queue in memory and a background thread
-sends them a few times a second as newline-delimited JSON, reading tensors with
-`.item()` there, never in the training loop. Commands come back the same way.
-Importing this module loads neither torch nor Textual.
+sends them a few times a second as the frames of torchherd/client_frames.py, reading
+tensors with `.item()` there, never in the training loop. Commands come back the same
+way. Importing this module loads neither torch, pydantic nor Textual.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -26,6 +25,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from torchherd import client_frames as wire
 
 __all__ = ["Validation", "checkpoint_dir", "checkpoint_requested", "epoch_end", "hand_off", "heartbeat",
            "report", "resume_from", "save", "should_stop", "wait_if_paused"]
@@ -55,10 +56,10 @@ def _number(value: Any) -> float:
     return float(value.item()) if hasattr(value, "item") else float(value)
 
 
-class _Client:
+class Client:
     """The connection to the script runner and what the loop has told it so far."""
 
-    def __init__(self, fd: int, snapshot: dict[str, Any] | None):
+    def __init__(self, fd: int, snapshot: wire.SnapshotTarget | None):
         self._sock = socket.socket(fileno=fd)  # raises OSError if fd is not a socket
         self._write_lock = threading.Lock()
         self.order = threading.RLock()  # a flush and the frame that must follow it go out in that order
@@ -82,12 +83,13 @@ class _Client:
         self.writer = None
         self.closed = False
         self._flushed = time.monotonic()
-        self._send({"t": "hello", "pid": os.getpid()})
+        self.send(wire.Hello(pid=os.getpid()))
         threading.Thread(target=self._read, name="torchherd-client-read", daemon=True).start()
         threading.Thread(target=self._flush_loop, name="torchherd-client-flush", daemon=True).start()
 
-    def _send(self, frame: dict[str, Any]) -> None:
-        data = (json.dumps(frame, allow_nan=True) + "\n").encode()
+    def send(self, frame: wire.Frame) -> None:
+        """One frame to the runner; a runner that went away reads as a stop."""
+        data = wire.encode(frame)
         try:
             with self._write_lock:
                 self._sock.sendall(data)
@@ -110,24 +112,25 @@ class _Client:
             if not chunk:
                 self._gone()
                 return
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
+            lines, buf = wire.split_lines(buf, chunk)
             for line in lines:
-                kind = json.loads(line).get("t")
-                if kind == "stop":
-                    self.stop = True
-                    self._resumed.set()
-                elif kind == "pause":
-                    self.paused = True
-                    self._resumed.clear()
-                elif kind == "resume":
-                    self.paused = False
-                    self._resumed.set()
-                elif kind == "checkpoint":
-                    self.checkpoint = True
-                    self._resumed.set()  # let a paused loop out to save; it waits again after
-                elif kind == "ack":
-                    self._acked.set()
+                self._obey(wire.decode(line, wire.TO_SCRIPT))
+
+    def _obey(self, frame: wire.Frame | None) -> None:
+        if isinstance(frame, wire.StopRequest):
+            self.stop = True
+            self._resumed.set()
+        elif isinstance(frame, wire.PauseRequest):
+            self.paused = True
+            self._resumed.clear()
+        elif isinstance(frame, wire.ResumeRequest):
+            self.paused = False
+            self._resumed.set()
+        elif isinstance(frame, wire.CheckpointRequest):
+            self.checkpoint = True
+            self._resumed.set()  # let a paused loop out to save; it waits again after
+        elif isinstance(frame, wire.Ack):
+            self._acked.set()
 
     def hold(self, for_checkpoint: bool | None = None) -> None:
         """Wait while paused; a stop, or a checkpoint request (if the caller serves them), lets it out."""
@@ -139,21 +142,29 @@ class _Client:
 
     def saved(self, path: Path, reason: str) -> None:
         with self.order:
-            self._flush()
-            self._send({"t": "checkpoint", "path": str(path.resolve()), "epoch": self.epoch, "step": self.step,
-                        "reason": reason})
+            self.flush()
+            self.send(wire.Saved(path=str(path.resolve()), epoch=self.epoch, step=self.step, reason=reason))
 
     # ------------------------------------------------------------ reports
+
+    def queue_report(self, step: int | None, epoch: int | None, loss: Any, samples: Any,
+                     metrics: dict[str, Any] | None) -> None:
+        """One report, kept until the next flush (values may be tensors: they are read there)."""
+        self._pending.append((step, epoch, loss, samples, metrics))
+
+    def queue_beat(self) -> None:
+        """A sign of life without a step, sent with the next flush."""
+        self._pending.append(None)
 
     def _flush_loop(self) -> None:
         while not self.closed:
             self._wake.wait(FLUSH_INTERVAL)
             self._wake.clear()
             with self.order:
-                self._flush()
+                self.flush()
 
-    def _flush(self) -> None:
-        """Coalesce the queued reports into one frame: mean loss, samples/s, newest of the rest."""
+    def flush(self) -> None:
+        """Coalesce the queued reports into one frame (mean loss, samples/s, newest of the rest) and send it."""
         now = time.monotonic()
         window, self._flushed = now - self._flushed, now  # seconds the queued reports took
         pending = self._pending
@@ -181,14 +192,13 @@ class _Client:
             except (TypeError, ValueError, RuntimeError):
                 continue  # a value that is not a number: left out, the loop goes on
         if step is None:
-            self._send({"t": "beat", "step": self.step})
+            self.send(wire.Beat(step=self.step))
             return
         self.step = step
         if epoch is not None:
             self.epoch = epoch
-        self._send({"t": "step", "step": step, "epoch": self.epoch, "loss": loss_sum / losses if losses else None,
-                    "n": losses,
-                    "samples": samples, "seconds": window, "metrics": values})
+        self.send(wire.StepReport(step=step, epoch=self.epoch, loss=loss_sum / losses if losses else None, n=losses,
+                                  samples=samples, seconds=window, metrics=values))
 
     # ------------------------------------------------------------ hand-off
 
@@ -199,31 +209,30 @@ class _Client:
         if self.writer is None or self.writer.model is not model:
             from torchherd.engine.worker.snapshot import SnapshotWriter
 
-            seq = self.writer.seq if self.writer is not None else snap["seq"]
-            self.writer = SnapshotWriter(Path(snap["dir"]), model, snap["slots"], snap["policy"], snap["checksum"],
-                                         snap["meta"])
+            seq = self.writer.seq if self.writer is not None else snap.seq
+            self.writer = SnapshotWriter(Path(snap.dir), model, snap.slots, snap.policy, snap.checksum, snap.meta)
             self.writer.seq = seq
         with self.order:
-            self._flush()
+            self.flush()
             epoch = epoch if epoch is not None else (self.epoch_done if self.epoch_done is not None else self.epoch)
             step = step if step is not None else self.step
             info = self.writer.hand_off(epoch, step)
-            inline = snap["mode"] == "inline"
+            inline = snap.mode == "inline"
             self._acked.clear()
-            self._send({"t": "snapshot", "epoch": epoch, "step": step, "wait": inline, **info})
+            self.send(wire.Snapshot(epoch=epoch, step=step, wait=inline, **info))
         if inline:  # validation runs in the worker now; the loop waits for it, as inline means
             self._acked.wait()
         return info["seq"]
 
 
-def _connect() -> _Client | None:
-    fd = os.environ.pop("TORCHHERD_CLIENT_FD", None)  # popped: processes the script starts are not us
-    snapshot = os.environ.pop("TORCHHERD_SNAPSHOT", None)
+def _connect() -> Client | None:
+    fd = os.environ.pop(wire.ENV_FD, None)  # popped: processes the script starts are not us
+    snapshot = os.environ.pop(wire.ENV_SNAPSHOT, None)
     if fd is None:
         return None
     try:
-        return _Client(int(fd), json.loads(snapshot) if snapshot else None)
-    except (OSError, ValueError):
+        return Client(int(fd), wire.SnapshotTarget.from_env(snapshot) if snapshot else None)
+    except (OSError, ValueError, TypeError):
         return None
 
 
@@ -253,7 +262,7 @@ def report(step: int | None = None, loss: Any = None, *, epoch: int | None = Non
     c = _client
     if c is None:
         return
-    c._pending.append((step, epoch, loss, samples, metrics))
+    c.queue_report(step, epoch, loss, samples, metrics)
     if c.paused:
         c.hold()
 
@@ -265,16 +274,16 @@ def epoch_end(epoch: int, loss: Any = None) -> None:
         return
     value = None if loss is None else _number(loss)
     with c.order:
-        c._flush()
+        c.flush()
         c.epoch_done, c.epoch = epoch, epoch + 1
-        c._send({"t": "epoch_end", "epoch": epoch, "step": c.step, "loss": value})
+        c.send(wire.EpochDone(epoch=epoch, step=c.step, loss=value))
 
 
 def heartbeat() -> None:
     """Say the script is alive without a step (a long evaluation, data preparation)."""
     c = _client
     if c is not None:
-        c._pending.append(None)
+        c.queue_beat()
 
 
 def should_stop() -> bool:
@@ -284,7 +293,7 @@ def should_stop() -> bool:
         return False
     if not c.polls_stop:
         c.polls_stop = True  # from now on a stop is asked of us, not signalled
-        c._send({"t": "polls_stop"})
+        c.send(wire.PollsStop())
     c.stop_seen = c.stop
     return c.stop
 
@@ -310,7 +319,7 @@ def wait_if_paused() -> None:
 
 def checkpoint_dir() -> Path:
     """The folder to save checkpoints in: the pipeline's in the run directory, else ./checkpoints."""
-    path = Path(os.environ.get("TORCHHERD_CHECKPOINT_DIR", "checkpoints"))
+    path = Path(os.environ.get(wire.ENV_CHECKPOINT_DIR, "checkpoints"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -323,7 +332,7 @@ def resume_from() -> Path | None:
         return None
     newest = max(found, key=lambda p: p.stat().st_mtime)
     if _client is not None:
-        _client._send({"t": "resumed", "path": str(newest.resolve())})
+        _client.send(wire.ResumedFrom(path=str(newest.resolve())))
     return newest
 
 

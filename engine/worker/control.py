@@ -86,8 +86,13 @@ class WorkerControl:
         self._next_control = now + CONTROL_INTERVAL
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + HEARTBEAT_INTERVAL
-            self.sender.step(Heartbeat(pipeline=self.name, step=step))
+            self.heartbeat(step)
         return True
+
+    def heartbeat(self, step: int) -> None:
+        """Tell the supervisor's hang check the pipeline is alive at `step` (beat() calls it when due; a
+        runner whose training runs in another process calls it when that process showed life)."""
+        self.sender.step(Heartbeat(pipeline=self.name, step=step))
 
     def non_finite(self, value: float, where: str) -> int | None:
         """None if `value` is finite or the policy only warns; else the exit code the policy asks for."""

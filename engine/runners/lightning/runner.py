@@ -27,9 +27,11 @@ from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
 from .data import ResumableSampler, resumable
 from .support import (PREPARED, LightningTask, build_for, monitors_problem,
                                                 prepare_once, val_monitors)
-from ...protocol.messages import (CheckpointSaved, EpochEnd, Notice, Resumed, SnapshotTaken, StepMetrics,
-                                       TrainingStarted, ValResult, WorkerError)
+from ...protocol.messages import CheckpointSaved, EpochEnd, Notice, Resumed, TrainingStarted, ValResult, WorkerError
+from ...protocol.names import PipelineKind, ValidationMode
 from ...protocol.progress import better
+from ...worker.handoff import HandOff, snapshot_meta
+from ...worker.reporting import ReportWindow
 
 LAST, PREV, BEST = "last.ckpt", "prev.ckpt", "best.ckpt"
 PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
@@ -78,16 +80,17 @@ class HerdHooks:
     The hooks of `HerdCallback`, which adds Lightning's Callback as a base once Lightning is imported.
     """
 
-    def __init__(self, runner: "LightningRunner"):
+    def __init__(self, runner: "LightningAttempt"):
         self.r = runner
         self.batches = 0  # batches of the current epoch trained
         self.best: float | None = None
         self.stopping = False
         self.exit_code: int | None = None
         self._step = -1  # global_step at the last report check
-        self._window = self._epoch_loss = None  # loss sums kept on the device: no sync per step
-        self._window_n = self._epoch_n = 0
-        self._window_start = self._epoch_start = 0.0
+        self._window: ReportWindow | None = None  # the batches since the last step report
+        self._epoch_loss = None  # the epoch's loss sum, kept on the device: no sync per step
+        self._epoch_n = 0
+        self._epoch_start = 0.0
         self._val_before: dict[str, Any] = {}
         self._val_start = 0.0
 
@@ -96,12 +99,12 @@ class HerdHooks:
     def state_dict(self) -> dict[str, Any]:
         s = self.r.sampler
         return {"batches": self.batches, "epoch_seed": s.seed if s else 0, "best": self.best,
-                "snapshot_seq": self.r.seq}
+                "snapshot_seq": self.r.handoff.seq}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.batches = state.get("batches", 0)
         self.best = state.get("best")
-        self.r.seq = max(state.get("snapshot_seq", 0), self.r.seq)
+        self.r.handoff.resumed(state.get("snapshot_seq", 0))
         self.r.resume_order = (state.get("epoch_seed", 0), self.batches)
 
     # ------------------------------------------------------------- hooks
@@ -112,7 +115,9 @@ class HerdHooks:
         if r.sampler is not None and r.resume_order is not None:
             seed, batches = r.resume_order
             r.sampler.resume = (trainer.current_epoch, seed, batches * r.batch_size)
-        r.open_writer(module, self.best)
+        # "runner" in the meta tells the validator to score with Lightning: a factory's LightningTask has
+        # no `lightning:` prefix in its config for it to go by.
+        r.handoff.open(module, snapshot_meta(r.pipe, r.validation, r.dir, self.best, PipelineKind.LIGHTNING))
         per_epoch = trainer.num_training_batches
         per_epoch = int(per_epoch) if per_epoch != float("inf") else 0
         r.send(TrainingStarted(pipeline=r.name, epoch=trainer.current_epoch, step=trainer.global_step,
@@ -121,9 +126,9 @@ class HerdHooks:
                                device=str(module.device),
                                parameters=sum(p.numel() for p in module.parameters())))
         self._step = trainer.global_step
-        self._window = torch.zeros((), device=module.device)
+        self._window = ReportWindow(torch.zeros((), device=module.device))
         self._epoch_loss = torch.zeros((), device=module.device)
-        self._window_start = self._epoch_start = time.monotonic()
+        self._epoch_start = time.monotonic()
         r.control.between_steps(trainer.global_step, lambda reason: r.save(trainer, reason))
 
     def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
@@ -137,32 +142,17 @@ class HerdHooks:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if torch.is_tensor(loss):
             loss = loss.detach()
-            self._window += loss
+            self._window.add(loss, r.batch_size)
             self._epoch_loss += loss
-            self._window_n += 1
             self._epoch_n += 1
         step = trainer.global_step
         if step != self._step:  # an optimizer stepped
             self._step = step
             v = r.validation
-            if v.mode == "background" and v.every_n_steps and step % v.every_n_steps == 0:
-                r.hand_off(trainer.current_epoch, step)
-            if step % r.pipe.log_every_n_steps == 0 and self._window_n:
-                names, values = logged_on_step(trainer, self._window.device)
-                synced = torch.stack([self._window.float(), *values]).tolist()  # the report's one device sync
-                mean = synced[0] / self._window_n
-                code = r.control.non_finite(mean, f"epoch {trainer.current_epoch} step {step} (step report)")
-                if code is not None:
-                    self.exit_code, trainer.should_stop = code, True
-                    return
-                now = time.monotonic()
-                samples = self._window_n * r.batch_size
-                r.sender.step(StepMetrics(pipeline=r.name, epoch=trainer.current_epoch, step=step, loss=mean,
-                                          lr=r.lr(trainer), samples_per_s=samples / max(now - self._window_start,
-                                                                                         1e-9),
-                                          metrics=dict(zip(names, synced[1:]))))
-                self._window.zero_()
-                self._window_n, self._window_start = 0, now
+            if v.mode == ValidationMode.BACKGROUND and v.every_n_steps and step % v.every_n_steps == 0:
+                r.handoff.hand_off(trainer.current_epoch, step)
+            if step % r.pipe.log_every_n_steps == 0 and self._window.batches and self._report(trainer, step):
+                return
         r.control.between_steps(step, lambda reason: r.save(trainer, reason))
         if r.control.take_checkpoint_request():
             r.save(trainer, "request")
@@ -171,6 +161,18 @@ class HerdHooks:
             # and a checkpoint written after fit() returns would skip the epoch's rest.
             r.save(trainer, "stop")
             self.stopping, trainer.should_stop = True, True
+
+    def _report(self, trainer: Any, step: int) -> bool:
+        """The step report of the window; True when the NaN policy ends training instead."""
+        w, r = self._window, self.r
+        names, values = logged_on_step(trainer, w.loss.device)
+        synced = torch.stack([w.loss.float(), *values]).tolist()  # the report's one device sync
+        code = w.report(r.control, r.sender, synced[0] / w.batches,
+                        f"epoch {trainer.current_epoch} step {step} (step report)", epoch=trainer.current_epoch,
+                        step=step, lr=r.lr(trainer), metrics=dict(zip(names, synced[1:])))
+        if code is not None:
+            self.exit_code, trainer.should_stop = code, True
+        return code is not None
 
     def on_validation_start(self, trainer: Any, module: Any) -> None:
         self._val_before = dict(trainer.callback_metrics)
@@ -204,8 +206,8 @@ class HerdHooks:
         self._epoch_loss.zero_()
         self._epoch_n = 0
         v = r.validation
-        if v.mode == "background" and (epoch + 1) % v.every_n_epochs == 0:
-            r.hand_off(epoch, trainer.global_step)
+        if v.mode == ValidationMode.BACKGROUND and (epoch + 1) % v.every_n_epochs == 0:
+            r.handoff.hand_off(epoch, trainer.global_step)
         per_epoch = trainer.num_training_batches
         per_epoch = int(per_epoch) if per_epoch != float("inf") else 0
         r.send(EpochEnd(pipeline=r.name, epoch=epoch, step=trainer.global_step, train_loss=train_loss,
@@ -217,7 +219,7 @@ class HerdHooks:
             r.save(trainer, "epoch")
 
 
-class LightningRunner:
+class LightningAttempt:
     """One attempt of a Lightning pipeline in this process; `run()` returns the exit code."""
 
     def __init__(self, spec, pipe, validation, sender, control):
@@ -226,9 +228,8 @@ class LightningRunner:
         self.name = pipe.name
         self.dir = Path(spec.pipeline_dir)
         self.ckpt_dir = self.dir / "checkpoints"
-        self.snapshot_dir = Path(spec.snapshot_dir) if spec.snapshot_dir else None
-        self.seq = spec.snapshot_seq  # snapshot numbers keep rising across attempts
-        self.writer = None
+        self.handoff = HandOff(self.name, sender, validation, Path(spec.snapshot_dir) if spec.snapshot_dir else None,
+                               spec.snapshot_seq)  # snapshot numbers keep rising across attempts
         self.sampler: ResumableSampler | None = None
         self.resume_order: tuple[int, int] | None = None
         self.batch_size = 1
@@ -252,30 +253,6 @@ class LightningRunner:
             self.saved_step = trainer.global_step
         self.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=trainer.current_epoch,
                                   step=trainer.global_step, reason=reason))
-
-    def open_writer(self, module: Any, best: float | None) -> None:
-        if self.validation.mode != "background" or self.snapshot_dir is None or self.writer is not None:
-            return
-        from ...worker.snapshot import SnapshotWriter
-
-        v = self.validation
-        # "runner" tells the validator to score with Lightning: a factory's LightningTask has no
-        # `lightning:` prefix in its config for it to go by.
-        meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
-                "pipeline_dir": str(self.dir), "best": best, "runner": "lightning"}
-        self.writer = SnapshotWriter(self.snapshot_dir, module, v.slots, v.policy, v.checksum, meta)
-        self.writer.seq = self.seq
-
-    def hand_off(self, epoch: int, step: int) -> None:
-        if self.writer is None:
-            return
-        info = self.writer.hand_off(epoch, step)
-        self.seq = info["seq"]
-        self.send(SnapshotTaken(pipeline=self.name, epoch=epoch, step=step, **info))
-        if info["dropped"]:
-            self.send(Notice(pipeline=self.name, level="warning", text=(
-                f"snapshot of epoch {epoch + 1} step {step} dropped: all {self.validation.slots} slots "
-                "hold snapshots the validator has not read (policy 'all')")))
 
     def _wrap_train_loader(self, task: LightningTask) -> None:
         """Give the training DataLoader a ResumableSampler, wherever it comes from."""
@@ -363,7 +340,7 @@ class LightningRunner:
         return EXIT_COMPLETED
 
 
-def herd_callback(runner: LightningRunner) -> Any:
+def herd_callback(runner: LightningAttempt) -> Any:
     """A Lightning Callback with HerdHooks' hooks, for `runner`."""
     import lightning.pytorch as pl
 
@@ -372,6 +349,6 @@ def herd_callback(runner: LightningRunner) -> Any:
 
 
 def run_lightning(spec, pipe, validation, sender, control, task: LightningTask | None = None) -> int:
-    """The runner for `task = "lightning:..."` pipelines (registered in engine/worker/main.py), and for a
+    """The runner for `task = "lightning:..."` pipelines (engine/runners/lightning/__init__.py), and for a
     `task = "file.py:build"` whose factory returned the LightningTask `task`."""
-    return LightningRunner(spec, pipe, validation, sender, control).run(task)
+    return LightningAttempt(spec, pipe, validation, sender, control).run(task)

@@ -22,17 +22,18 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
 
+from .... import client_frames as wire
 from ...protocol.channel import EXIT_COMPLETED, EXIT_ERROR, EXIT_STOPPED
-from ...protocol.messages import (CheckpointSaved, Event, Heartbeat, Notice, Resumed, SnapshotTaken, StepMetrics,
-                                       TrainingStarted, WorkerError)
+from ...protocol.messages import CheckpointSaved, Event, Notice, Resumed, StepMetrics, TrainingStarted, WorkerError
+from ...protocol.names import PipelineKind, ValidationMode
+from ...worker.control import HEARTBEAT_INTERVAL
+from ...worker.handoff import announce_snapshot, snapshot_meta
 from .events import ScriptEvents, parse_number
 from .process import ScriptProcess, script_environment
 from .validation import InlineScorer
 
 TICK = 0.05  # seconds between looks at the control pipe and the script
-HEARTBEAT_INTERVAL = 1.0  # seconds between "still alive" reports
 CPU_ALIVE = 0.02  # seconds of CPU in a heartbeat interval that count as life for a silent script
 KILL_AFTER = 5.0  # seconds between SIGTERM and SIGKILL when a NaN policy ends the script
 OUTPUT_JOIN = 2.0  # seconds to wait for the output after exit (a grandchild may still hold the pipe)
@@ -43,10 +44,10 @@ ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failur
 
 def run_script(spec, pipe, validation, sender, control) -> int:
     """The `script` runner (see runners/run.py): returns the worker's exit code."""
-    return ScriptRunner(spec, pipe, validation, sender, control).run()
+    return ScriptAttempt(spec, pipe, validation, sender, control).run()
 
 
-class ScriptRunner:
+class ScriptAttempt:
     """One attempt of a script pipeline: the script process, its output, its client and its commands."""
 
     def __init__(self, spec, pipe, validation, sender, control):
@@ -80,19 +81,17 @@ class ScriptRunner:
     # ------------------------------------------------------------ start
 
     def _environment(self, fd: int) -> dict[str, str]:
-        extra = {"TORCHHERD_PIPELINE": self.name, "TORCHHERD_CHECKPOINT_DIR": str(self.ckpt_dir),
-                 "TORCHHERD_CLIENT_FD": str(fd)}
+        extra = {wire.ENV_PIPELINE: self.name, wire.ENV_CHECKPOINT_DIR: str(self.ckpt_dir), wire.ENV_FD: str(fd)}
         v = self.validation
-        directory = self.spec.snapshot_dir if v.mode == "background" else ""
-        if self.pipe.validate_factory and v.mode == "inline":
+        directory = self.spec.snapshot_dir if v.mode == ValidationMode.BACKGROUND else ""
+        if self.pipe.validate_factory and v.mode == ValidationMode.INLINE:
             shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
             directory = self.inline_dir = tempfile.mkdtemp(prefix=f"torchherd-{self.name}-", dir=shm)
         if self.pipe.validate_factory and directory:
-            meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
-                    "pipeline_dir": str(self.dir), "best": None}
-            extra["TORCHHERD_SNAPSHOT"] = json.dumps({
-                "dir": directory, "mode": v.mode, "slots": v.slots, "policy": v.policy, "checksum": v.checksum,
-                "seq": self.spec.snapshot_seq, "meta": meta})
+            meta = snapshot_meta(self.pipe, v, self.dir, None, PipelineKind.SCRIPT)
+            extra[wire.ENV_SNAPSHOT] = wire.SnapshotTarget(
+                dir=directory, mode=str(v.mode), slots=v.slots, policy=v.policy, checksum=v.checksum,
+                seq=self.spec.snapshot_seq, meta=meta).to_env()
         return script_environment(self.spec.attempt, self.spec.device, self.spec.threads, extra,
                                   self.spec.world_size)
 
@@ -170,7 +169,7 @@ class ScriptRunner:
         if self.stopped_by_signal:
             self.stopped_by_signal = False
             self.proc.signal_tree(signal.SIGCONT)
-        self._frame({"t": "stop"})
+        self._frame(wire.StopRequest())
         if self.fail_code is not None:
             self.proc.signal_tree(signal.SIGTERM)
             self.kill_at = now + KILL_AFTER
@@ -185,14 +184,14 @@ class ScriptRunner:
             self.stopped_by_signal = False
             self.proc.signal_tree(signal.SIGCONT)
         if self.client:
-            self._frame({"t": "pause" if paused else "resume"})
+            self._frame(wire.PauseRequest() if paused else wire.ResumeRequest())
         elif paused:  # no client to hold the loop at a step boundary: freeze the processes
             self.stopped_by_signal = True
             self.proc.signal_tree(signal.SIGSTOP)
 
     def _checkpoint_now(self) -> None:
         if self.client:
-            self._frame({"t": "checkpoint"})
+            self._frame(wire.CheckpointRequest())
         elif not self.told_no_client:
             self.told_no_client = True
             self.sender.send(Notice(pipeline=self.name, level="warning", text=(
@@ -209,7 +208,7 @@ class ScriptRunner:
         alive = alive or self.scoring
         self.output_seen = self.client_seen = False
         if alive and not self.paused:
-            self.sender.step(Heartbeat(pipeline=self.name, step=self.events.step))
+            self.control.heartbeat(self.events.step)
         return now_cpu
 
     def _exit_code(self, code: int) -> int:
@@ -277,12 +276,12 @@ class ScriptRunner:
 
     # ------------------------------------------------------------ the client
 
-    def _frame(self, frame: dict[str, Any]) -> None:
+    def _frame(self, frame: wire.Frame) -> None:
         if not self.client or self.sock is None:
             return
         try:
             with self._sock_lock:
-                self.sock.sendall((json.dumps(frame) + "\n").encode())
+                self.sock.sendall(wire.encode(frame))
         except OSError:
             pass
 
@@ -295,59 +294,50 @@ class ScriptRunner:
                 return
             if not chunk:
                 return
-            *lines, buf = (buf + chunk).split(b"\n")
+            lines, buf = wire.split_lines(buf, chunk)
             for line in lines:
-                try:
-                    frame = json.loads(line)
-                except ValueError:
-                    continue
-                self._on_frame(frame)
+                frame = wire.decode(line, wire.TO_RUNNER)
+                if frame is not None:
+                    self._on_frame(frame)
 
-    def _on_frame(self, frame: dict[str, Any]) -> None:
-        kind = frame.get("t")
+    def _on_frame(self, frame: wire.Frame) -> None:
         self.client_seen = True
-        if kind == "hello":
+        if isinstance(frame, wire.Hello):
             self.client = True
             if self.paused and not self.stopped_by_signal:
-                self._frame({"t": "pause"})
+                self._frame(wire.PauseRequest())
             if self.stopping:
-                self._frame({"t": "stop"})
-        elif kind == "polls_stop":
+                self._frame(wire.StopRequest())
+        elif isinstance(frame, wire.PollsStop):
             self.polls_stop = True
-        elif kind == "beat":
+        elif isinstance(frame, wire.Beat):
             self.client_beats = True
-        elif kind == "step":
+        elif isinstance(frame, wire.StepReport):
             self.client_beats = True
-            values = frame.get("metrics") or {}
-            event = self.events.step_report(frame.get("step"), frame.get("epoch"), frame.get("loss"),
-                                            values.get("lr"), frame.get("samples") or 0.0,
-                                            frame.get("seconds") or 0.0, max(int(frame.get("n") or 1), 1),
+            values = frame.metrics or {}
+            event = self.events.step_report(frame.step, frame.epoch, frame.loss, values.get("lr"),
+                                            frame.samples or 0.0, frame.seconds or 0.0, max(int(frame.n or 1), 1),
                                             metrics={k: v for k, v in values.items() if k != "lr"})
             if event is not None:
-                self._emit(event, frame.get("loss"))
-        elif kind == "epoch_end":
-            self._emit(self.events.epoch_end(int(frame["epoch"]), frame.get("loss")), frame.get("loss"))
-        elif kind == "checkpoint":
-            path = frame["path"]
-            self.state.setdefault("checkpoints", {})[path] = [frame.get("epoch", 0), frame.get("step", 0)]
+                self._emit(event, frame.loss)
+        elif isinstance(frame, wire.EpochDone):
+            self._emit(self.events.epoch_end(int(frame.epoch), frame.loss), frame.loss)
+        elif isinstance(frame, wire.Saved):
+            self.state.setdefault("checkpoints", {})[frame.path] = [frame.epoch, frame.step]
             self._save_state()
-            self.sender.send(CheckpointSaved(pipeline=self.name, path=path, epoch=frame.get("epoch", 0),
-                                             step=frame.get("step", 0), reason=frame.get("reason", "script")))
-        elif kind == "resumed":
-            epoch, step = self.state.get("checkpoints", {}).get(frame["path"], [0, 0])
+            self.sender.send(CheckpointSaved(pipeline=self.name, path=frame.path, epoch=frame.epoch,
+                                             step=frame.step, reason=frame.reason))
+        elif isinstance(frame, wire.ResumedFrom):
+            epoch, step = self.state.get("checkpoints", {}).get(frame.path, [0, 0])
             self.events.resume(epoch, step)
-            self.sender.send(Resumed(pipeline=self.name, path=frame["path"], epoch=epoch, step=step))
-        elif kind == "snapshot":
+            self.sender.send(Resumed(pipeline=self.name, path=frame.path, epoch=epoch, step=step))
+        elif isinstance(frame, wire.Snapshot):
             self._snapshot(frame)
 
-    def _snapshot(self, frame: dict[str, Any]) -> None:
-        info = {k: frame[k] for k in ("seq", "slot", "stall_ms", "nbytes", "checksum", "dropped")}
-        if not frame.get("wait"):
-            self.sender.send(SnapshotTaken(pipeline=self.name, epoch=frame["epoch"], step=frame["step"], **info))
-            if info["dropped"]:
-                self.sender.send(Notice(pipeline=self.name, level="warning", text=(
-                    f"snapshot at step {frame['step']} dropped: all {self.validation.slots} slots hold snapshots "
-                    "the validator has not read (policy 'all')")))
+    def _snapshot(self, frame: wire.Snapshot) -> None:
+        if not frame.wait:
+            announce_snapshot(self.sender, self.name, frame.epoch, frame.step, frame.info(), self.validation.slots,
+                              f"at step {frame.step}")
             return
         try:
             if self.inline is None:
@@ -357,7 +347,7 @@ class ScriptRunner:
             self.inline.score()
         finally:
             self.scoring = False
-            self._frame({"t": "ack"})
+            self._frame(wire.Ack())
 
     def _early_stop(self, reason: str) -> None:
         self.control.stop_reason = reason  # inline patience ran out: stop as the stop key would

@@ -18,13 +18,15 @@ import torch
 from ...worker import checkpoint as ckpt
 from ...protocol.channel import EXIT_COMPLETED, EXIT_STOPPED, StatusSender
 from ...config.schema import Pipeline, ValidationConfig
+from ...protocol.messages import CheckpointSaved, EpochEnd, Notice, Resumed, TrainingStarted, ValResult
+from ...protocol.names import PipelineKind, ValidationMode
+from ...protocol.progress import better
 from ...worker.control import WorkerControl
 from ...worker.data import make_loader
 from ...worker.evaluate import evaluate
-from ...protocol.messages import (CheckpointSaved, EpochEnd, Notice, Resumed, SnapshotTaken, StepMetrics,
-                                       TrainingStarted, ValResult)
+from ...worker.handoff import HandOff, snapshot_meta
 from ...worker.precision import autocast, grad_scaler
-from ...protocol.progress import better
+from ...worker.reporting import ReportWindow
 from .api import Task
 
 
@@ -84,12 +86,12 @@ class Trainer:
                 "all of it; return a Dataset to split it between ranks")))
         self.val_loader = make_loader(task.val_data, pipe, self.device, shuffle=False)[0] \
             if task.val_data is not None and self.lead else None
-        self.snapshot_dir = snapshot_dir
-        self._writer = None  # SnapshotWriter, made at the first hand-off (after resume)
         # Snapshot seqs keep rising across restarts: a resumed worker may hand off after
         # its checkpoint what an earlier attempt already handed off under the same numbers.
-        self._seq_floor = snapshot_seq
-        self._snapshot_seq = snapshot_seq
+        self.handoff = HandOff(self.name, sender, validation, snapshot_dir, snapshot_seq)
+        v = validation
+        self._step_handoff = v.every_n_steps if v.mode == ValidationMode.BACKGROUND and v.every_n_steps else 0
+        self.window: ReportWindow | None = None  # the steps since the last report, from _start_training
 
     # ------------------------------------------------------------ data
 
@@ -115,7 +117,7 @@ class Trainer:
             "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
             "epoch_loss": float(self.epoch_loss), "epoch_batches": self.epoch_batches,
             "trained_time": self.trained_time + self._elapsed(), "best": self.best,
-            "snapshot_seq": self._snapshot_seq,
+            "snapshot_seq": self.handoff.seq,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
             "pipeline": self.name,
@@ -139,7 +141,7 @@ class Trainer:
         self.epoch_batches = state.get("epoch_batches", 0)
         self.trained_time = state.get("trained_time", 0.0)
         self.best = state.get("best")
-        self._snapshot_seq = max(state.get("snapshot_seq", 0), self._seq_floor)
+        self.handoff.resumed(state.get("snapshot_seq", 0))
         rng = state.get("rng") or {}
         if rng.get("torch") is not None:
             torch.set_rng_state(rng["torch"])
@@ -212,103 +214,99 @@ class Trainer:
     def _past_max_time(self) -> bool:
         return self.pipe.max_time is not None and self.trained_time + self._elapsed() >= self.pipe.max_time
 
-    def _check_finite(self, value: float, where: str) -> int | None:
-        return self.control.non_finite(value, f"epoch {self.epoch + 1} step {self.step} ({where})")
+    def _where(self, what: str) -> str:
+        return f"epoch {self.epoch + 1} step {self.step} ({what})"
 
     def run(self) -> int:
-        pipe = self.pipe
         self.resume()
         per_epoch = self._batches_per_epoch()
-        steps_per_epoch = per_epoch // pipe.accumulate_grad_batches if per_epoch else 0
-        params = sum(p.numel() for p in self.model.parameters())
-        if self.validation.mode == "background" and self.snapshot_dir is not None:
-            from ...worker.snapshot import SnapshotWriter
+        steps_per_epoch = per_epoch // self.pipe.accumulate_grad_batches if per_epoch else 0
+        self._start_training(steps_per_epoch)
+        while self.epoch < self.pipe.max_epochs and not self.control.should_stop and not self._out_of_budget():
+            code, finished = self._train_epoch(steps_per_epoch)
+            if code is not None:
+                return code
+            if not finished:
+                break  # stopped or out of budget mid-epoch
+        return self._finish()
 
-            v = self.validation
-            meta = {"pipeline": self.pipe.model_dump(mode="json"), "validation": v.model_dump(mode="json"),
-                    "pipeline_dir": str(self.dir), "best": self.best}
-            # Set up before training starts: slots are allocated once, not at a hand-off.
-            self._writer = SnapshotWriter(self.snapshot_dir, self.model, v.slots, v.policy, v.checksum, meta)
-            self._writer.seq = self._snapshot_seq
+    def _start_training(self, steps_per_epoch: int) -> None:
+        # The slots are set up before training starts: allocated once, not at a hand-off.
+        self.handoff.open(self.model, snapshot_meta(self.pipe, self.validation, self.dir, self.best,
+                                                    PipelineKind.TASK))
         self.sender.send(TrainingStarted(pipeline=self.name, epoch=self.epoch, step=self.step,
-                                         epochs_total=pipe.max_epochs, steps_per_epoch=steps_per_epoch,
-                                         device=str(self.device), parameters=params))
+                                         epochs_total=self.pipe.max_epochs, steps_per_epoch=steps_per_epoch,
+                                         device=str(self.device),
+                                         parameters=sum(p.numel() for p in self.model.parameters())))
         self._start = time.monotonic()
         self.model.train()
-        accum = pipe.accumulate_grad_batches
-        log_every = pipe.log_every_n_steps
-        v = self.validation
-        self._step_handoff = v.every_n_steps if v.mode == "background" and v.every_n_steps else 0
-        window_loss = torch.zeros((), device=self.device)
-        window_batches = 0
-        window_samples = 0
-        window_start = time.monotonic()
+        self.window = ReportWindow(torch.zeros((), device=self.device))
         self._between_steps()
-        while self.epoch < pipe.max_epochs and not self.control.should_stop and not self._out_of_budget():
-            epoch_start = time.monotonic()
-            epoch_samples = 0
-            for batch in self._epoch_batches():
-                inputs, targets = batch
-                inputs = inputs.to(self.device, non_blocking=self.non_blocking)
-                targets = targets.to(self.device, non_blocking=self.non_blocking)
-                # Micro-batches before the optimizer step keep their gradients local: one all-reduce a step.
-                sync = self.ddp.no_sync() if self.ddp is not None and (self.batch_in_epoch + 1) % accum \
-                    else contextlib.nullcontext()
-                with sync:
-                    with self.autocast():
-                        outputs = self.train_model(inputs)
-                        try:
-                            loss = self.task.loss_fn(outputs, targets)
-                        except Exception as exc:
-                            raise LossError(describe_loss_failure(exc, outputs, targets)) from exc
-                    scaled = loss / accum if accum > 1 else loss
-                    if self.scaler is not None:
-                        self.scaler.scale(scaled).backward()
-                    else:
-                        scaled.backward()
-                detached = loss.detach()
-                # Loss sums stay on the device: no sync per step, one .item() per report.
-                window_loss += detached
-                self.epoch_loss += detached
-                window_batches += 1
-                self.epoch_batches += 1
-                self.batch_in_epoch += 1
-                n = len(targets)
-                window_samples += n
-                epoch_samples += n
-                if self.batch_in_epoch % accum:
-                    continue
-                if self.scaler is not None:
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                else:
-                    self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                if self._step_handoff and self.step % self._step_handoff == 0:
-                    self._hand_off(self.epoch)
-                if self.step % log_every == 0:
-                    mean = self._report_mean(window_loss, window_batches)
-                    code = self._check_finite(mean, "step report")
-                    if code is not None:
-                        return code
-                    now = time.monotonic()
-                    self.sender.step(StepMetrics(
-                        pipeline=self.name, epoch=self.epoch, step=self.step, loss=mean,
-                        lr=float(self.optimizer.param_groups[0]["lr"]),
-                        samples_per_s=window_samples * self._world / max(now - window_start, 1e-9)))
-                    window_loss.zero_()
-                    window_batches = window_samples = 0
-                    window_start = now
-                self._between_steps()
-                if self.control.should_stop or self._out_of_budget():
-                    break
-            else:
-                code = self._end_epoch(epoch_start, epoch_samples, steps_per_epoch)
-                if code is not None:
-                    return code
+
+    def _train_epoch(self, steps_per_epoch: int) -> tuple[int | None, bool]:
+        """Train the epoch (or the rest of it, resumed); (an exit code, whether the epoch ran to its end)."""
+        epoch_start = time.monotonic()
+        epoch_samples = 0
+        for batch in self._epoch_batches():
+            epoch_samples += self._train_batch(batch)
+            if self.batch_in_epoch % self.pipe.accumulate_grad_batches:
                 continue
-            break  # stopped or out of budget mid-epoch
+            code = self._optimizer_step()
+            if code is not None:
+                return code, False
+            self._between_steps()
+            if self.control.should_stop or self._out_of_budget():
+                return None, False
+        return self._end_epoch(epoch_start, epoch_samples, steps_per_epoch), True
+
+    def _train_batch(self, batch: Any) -> int:
+        """Forward and backward one micro-batch; returns its number of samples."""
+        inputs, targets = batch
+        inputs = inputs.to(self.device, non_blocking=self.non_blocking)
+        targets = targets.to(self.device, non_blocking=self.non_blocking)
+        accum = self.pipe.accumulate_grad_batches
+        # Micro-batches before the optimizer step keep their gradients local: one all-reduce a step.
+        sync = self.ddp.no_sync() if self.ddp is not None and (self.batch_in_epoch + 1) % accum \
+            else contextlib.nullcontext()
+        with sync:
+            with self.autocast():
+                outputs = self.train_model(inputs)
+                try:
+                    loss = self.task.loss_fn(outputs, targets)
+                except Exception as exc:
+                    raise LossError(describe_loss_failure(exc, outputs, targets)) from exc
+            scaled = loss / accum if accum > 1 else loss
+            if self.scaler is not None:
+                self.scaler.scale(scaled).backward()
+            else:
+                scaled.backward()
+        detached = loss.detach()
+        # Loss sums stay on the device: no sync per step, one .item() per report.
+        self.window.add(detached, len(targets))
+        self.epoch_loss += detached
+        self.epoch_batches += 1
+        self.batch_in_epoch += 1
+        return len(targets)
+
+    def _optimizer_step(self) -> int | None:
+        """Step the optimizer, hand off and report when due; the exit code the NaN policy asks for, or None."""
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if self._step_handoff and self.step % self._step_handoff == 0:
+            self.handoff.hand_off(self.epoch, self.step)
+        if self.step % self.pipe.log_every_n_steps:
+            return None
+        mean = self._report_mean(self.window.loss, self.window.batches)
+        return self.window.report(self.control, self.sender, mean, self._where("step report"), epoch=self.epoch,
+                                  step=self.step, lr=float(self.optimizer.param_groups[0]["lr"]), world=self._world)
+
+    def _finish(self) -> int:
+        """The attempt's last checkpoint ("stop" or "final"); returns the exit code."""
         self.trained_time += self._elapsed()
         self._start = None
         if self.gang is not None:  # the test of a gang: every rank ends with the same weights
@@ -325,7 +323,7 @@ class Trainer:
     def _end_epoch(self, epoch_start: float, samples: int, steps_per_epoch: int) -> int | None:
         duration = time.monotonic() - epoch_start
         train_loss = float(self._across_ranks(self.epoch_loss)) / max(self.epoch_batches, 1)
-        code = self._check_finite(train_loss, "epoch mean")
+        code = self.control.non_finite(train_loss, self._where("epoch mean"))
         if code is not None:
             return code
         if self.task.scheduler is not None:
@@ -348,10 +346,10 @@ class Trainer:
     def _validate(self, epoch: int) -> None:
         """Validate at an epoch's end: inline here, or by handing a snapshot to the validator."""
         v = self.validation
-        if v.mode == "off" or (epoch + 1) % v.every_n_epochs or not self.lead:
+        if v.mode == ValidationMode.OFF or (epoch + 1) % v.every_n_epochs or not self.lead:
             return
-        if v.mode == "background":
-            self._hand_off(epoch)
+        if v.mode == ValidationMode.BACKGROUND:
+            self.handoff.hand_off(epoch, self.step)
             return
         if self.val_loader is None:
             return
@@ -366,15 +364,3 @@ class Trainer:
         if better(value, self.best, v.metric_mode):
             self.best = value
             self.save("best", ckpt.BEST)
-
-    def _hand_off(self, epoch: int) -> None:
-        """Copy the weights into a snapshot slot for the validator and carry on training."""
-        if self._writer is None:
-            return
-        info = self._writer.hand_off(epoch, self.step)
-        self._snapshot_seq = info["seq"]
-        self.sender.send(SnapshotTaken(pipeline=self.name, epoch=epoch, step=self.step, **info))
-        if info["dropped"]:
-            self.sender.send(Notice(pipeline=self.name, level="warning", text=(
-                f"snapshot of epoch {epoch + 1} step {self.step} dropped: all {self.validation.slots} slots "
-                "hold snapshots the validator has not read (policy 'all')")))

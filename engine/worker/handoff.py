@@ -1,0 +1,67 @@
+"""The weight hand-off every runner shares: the snapshot meta the validator reads, the writer, the events.
+
+`HandOff` makes the `SnapshotWriter` once training starts, keeps the snapshot numbers
+rising across attempts, and reports each hand-off as `SnapshotTaken` (with a warning
+when policy 'all' dropped it). A script's hand-offs happen in its own process; its
+runner reports them with `announce_snapshot`. No torch is imported until a writer is made.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..protocol.channel import StatusSender
+from ..protocol.messages import Notice, SnapshotTaken
+from ..protocol.names import PipelineKind, ValidationMode
+
+
+def snapshot_meta(pipe: Any, validation: Any, pipeline_dir: Path, best: float | None,
+                  runner: PipelineKind) -> dict[str, Any]:
+    """What the validator reads from a pipeline's snapshot folder (`meta.json`): the pipeline and validation
+    settings, its run folder, the best score so far, and which runner's scorer scores it (a factory's
+    LightningTask is configured as a "task": only the worker knows)."""
+    return {"pipeline": pipe.model_dump(mode="json"), "validation": validation.model_dump(mode="json"),
+            "pipeline_dir": str(pipeline_dir), "best": best, "runner": str(runner)}
+
+
+def announce_snapshot(sender: StatusSender, name: str, epoch: int, step: int, info: dict[str, Any],
+                      slots: int, at: str) -> None:
+    """The SnapshotTaken event for one hand-off (`info` as SnapshotWriter.hand_off returns it), and a warning
+    when it was dropped; `at` says where it was taken ("of epoch 2 step 40", "at step 40")."""
+    sender.send(SnapshotTaken(pipeline=name, epoch=epoch, step=step, **info))
+    if info["dropped"]:
+        sender.send(Notice(pipeline=name, level="warning", text=(
+            f"snapshot {at} dropped: all {slots} slots hold snapshots the validator has not read (policy 'all')")))
+
+
+class HandOff:
+    """One worker's hand-offs to the background validator (a no-op unless validation runs there)."""
+
+    def __init__(self, name: str, sender: StatusSender, validation: Any, directory: Path | None, seq: int):
+        self.name, self.sender, self.validation = name, sender, validation
+        self.directory = directory if validation.mode == ValidationMode.BACKGROUND else None
+        self.seq = seq  # the newest snapshot number handed off, by this attempt or an earlier one
+        self.writer: Any = None  # worker.snapshot.SnapshotWriter, made by open()
+
+    def resumed(self, seq: int) -> None:
+        """A checkpoint says `seq` was handed off already: numbers go on from there (never back)."""
+        self.seq = max(seq, self.seq)
+
+    def open(self, model: Any, meta: dict[str, Any]) -> None:
+        """Allocate the slots for `model` (once, before training starts: never at a hand-off)."""
+        if self.directory is None or self.writer is not None:
+            return
+        from .snapshot import SnapshotWriter
+
+        v = self.validation
+        self.writer = SnapshotWriter(self.directory, model, v.slots, v.policy, v.checksum, meta)
+        self.writer.seq = self.seq
+
+    def hand_off(self, epoch: int, step: int) -> None:
+        """Copy the weights into a slot for the validator and carry on training."""
+        if self.writer is None:
+            return
+        info = self.writer.hand_off(epoch, step)
+        self.seq = info["seq"]
+        announce_snapshot(self.sender, self.name, epoch, step, info, self.validation.slots,
+                          f"of epoch {epoch + 1} step {step}")

@@ -1,0 +1,47 @@
+"""The report window every in-process runner shares: losses summed on the device between two step reports.
+
+A step report is the window's mean loss put to the NaN policy and sent as `StepMetrics`,
+with samples/s over the window's wall time; the window then starts afresh. Sums stay
+on the device so training never waits for a sync between reports.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..protocol.channel import StatusSender
+from ..protocol.messages import StepMetrics
+from .control import WorkerControl
+
+
+class ReportWindow:
+    """The batches since the last step report: their loss sum (a 0-d tensor), count and samples."""
+
+    def __init__(self, loss_sum: Any):
+        self.loss = loss_sum  # a zero 0-d tensor on the training device; added to in place
+        self.batches = 0
+        self.samples = 0
+        self.start = time.monotonic()
+
+    def add(self, loss: Any, samples: int) -> None:
+        """One micro-batch's detached loss (no device sync) and its sample count."""
+        self.loss += loss
+        self.batches += 1
+        self.samples += samples
+
+    def report(self, control: WorkerControl, sender: StatusSender, mean: float, where: str, *, epoch: int,
+               step: int, lr: float, world: int = 1, metrics: dict[str, float] | None = None) -> int | None:
+        """Send the step report for `mean` (the window's mean loss) and start a new window; the exit code
+        the NaN policy asks for instead when `mean` is not finite (`where` names the step in its message).
+        `world`: ranks that each trained as many samples (a gang's samples/s is the whole gang's)."""
+        code = control.non_finite(mean, where)
+        if code is not None:
+            return code
+        now = time.monotonic()
+        sender.step(StepMetrics(pipeline=control.name, epoch=epoch, step=step, loss=mean, lr=lr,
+                                samples_per_s=self.samples * world / max(now - self.start, 1e-9),
+                                metrics=metrics if metrics is not None else {}))
+        self.loss.zero_()
+        self.batches = self.samples = 0
+        self.start = now
+        return None
