@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..protocol.names import PipelineKind
+
 BUILTIN_TASKS = ("regression", "digits")
 # Run and pipeline names become folder names, so no '/', no leading '.', nothing that climbs out.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -161,12 +163,14 @@ class Pipeline(PipelineSettings):
         return _check_name(v)
 
     @property
-    def kind(self) -> str:
-        """Which runner trains it: "task" (torchherd's own loop over a `Task`), "lightning" (Lightning's
-        Trainer.fit over a LightningModule) or "script" (the user's own training script)."""
+    def kind(self) -> PipelineKind:
+        """Which runner trains it (engine/runners/registry.py): TASK (torchherd's own loop over a `Task`),
+        LIGHTNING (Lightning's Trainer.fit over a LightningModule) or SCRIPT (the user's own training script)."""
         if self.script is not None:
-            return "script"
-        return "lightning" if self.task is not None and self.task.startswith(LIGHTNING_PREFIX) else "task"
+            return PipelineKind.SCRIPT
+        if self.task is not None and self.task.startswith(LIGHTNING_PREFIX):
+            return PipelineKind.LIGHTNING
+        return PipelineKind.TASK
 
 
 class DevicesConfig(_Strict):
@@ -482,7 +486,7 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
         problems += [p for p in found if p not in problems]
         if model.datamodule:
             dm_ref, dm_err = resolve_task(model.datamodule, base_dir)
-            if dm_err or model.kind != "lightning":
+            if dm_err or model.kind != PipelineKind.LIGHTNING:
                 where = f"pipelines[{i}].datamodule" if "datamodule" in pipe else "defaults.datamodule"
                 problems.append(Problem(shown, where, dm_err or "only Lightning pipelines "
                                         "(task = \"lightning:...\") take a datamodule"))

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..config.schema import DevicesConfig, Problem, RunConfig, display_path
+from ..runners.registry import runner_for
 from .devices import GpuInfo, Inventory
 
 
@@ -77,10 +78,9 @@ def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
                 f"{p.ranks} ranks run on one node, and no node of the cluster has {p.ranks} slots (slots per "
                 f"node: {', '.join(str(n) for n in per_node.values())}): lower ranks, or give a node more "
                 "slots (fewer threads_per_worker, more cpu_slots)")))
-        elif p.ranks > 1 and p.kind == "lightning":
-            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
-                "Lightning pipelines run on one device for now: set ranks = 1, or train the module with a "
-                "DDP script of your own as `script` with ranks")))
+        elif p.ranks > 1 and runner_for(p.kind).gang_problem:
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks",
+                                    runner_for(p.kind).gang_problem))
     return problems
 
 
@@ -113,15 +113,7 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
         else:
             waiting += 1
             where = f"queued (#{waiting}) until {p.ranks} slot{'s' if p.ranks > 1 else ''} free"
-        limits = f"{p.max_epochs} epochs" + (f", max {p.max_steps} steps" if p.max_steps else "") + \
-            (f", max {p.max_time:g}s" if p.max_time else "")
-        if p.kind == "script":  # its own loop: torchherd's epochs and precision do not apply
-            lines.append(f"{name}: {describe_script(p)} -> {where}")
-            continue
-        runner = f", datamodule {p.datamodule}" if p.datamodule else ""
-        if p.kind == "lightning":
-            runner += " (Lightning Trainer.fit)"
-        lines.append(f"{name}: task {p.task}{runner}, {limits}, precision {p.precision} -> {where}")
+        lines.append(f"{name}: {runner_for(p.kind).describe(p)} -> {where}")
     v = config.validation
     plan = plan_validation(config, slots, inventory)
     lines.append("validation: " + ("off" if plan.mode == "off" else
@@ -134,18 +126,6 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
     lines.append(f"restarts: up to {r.max_restarts}, backoff {r.backoff:g}s..{r.backoff_max:g}s, "
                  f"min uptime {r.min_uptime:g}s")
     return lines
-
-
-def describe_script(p) -> str:
-    """'script train.py --lr 0.01, metrics from its output, validate val.py:build' for a script pipeline."""
-    import shlex
-
-    text = "script " + shlex.join([p.script, *p.args])
-    if p.metrics:
-        text += ", metrics from its output"
-    if p.validate_factory:
-        text += f", validate {p.validate_factory}"
-    return text + (f", max {p.max_time:g}s" if p.max_time else "")
 
 
 @dataclass(frozen=True)

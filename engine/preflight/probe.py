@@ -21,6 +21,8 @@ from typing import Callable
 
 from ..config.schema import BUILTIN_TASKS, LIGHTNING_PREFIX, Problem, RunConfig, display_path
 from ..launch.process import python_module_command
+from ..protocol.names import PipelineKind
+from ..runners.registry import runner_for
 
 PREFIX = "TORCHHERD-PROBE "
 POLL = 0.1  # seconds between looks at the cancel flag while the probe runs
@@ -38,16 +40,16 @@ class ProbeJob:
     params: str  # JSON, keys sorted
     pipelines: tuple[int, ...]
     stamp: tuple[str, int, int] | None  # (file, mtime ns, size bytes) of the task's source, if known
-    lightning: str = ""  # JSON of whether validation is in the background (then a Lightning callback
-    # may not monitor a val_* metric), and for `lightning:` pipelines their datamodule and its params
+    settings: str = ""  # JSON: the pipeline's kind, whether validation is in the background (then a
+    # Lightning callback may not monitor a val_* metric), and what its runner's probe_job adds
 
     @property
     def key(self) -> tuple:
-        return (self.ref, self.params, self.stamp, self.lightning)
+        return (self.ref, self.params, self.stamp, self.settings)
 
 
 _CACHE: dict[tuple, str] = {}  # job key -> error ("" when it built)
-_LIGHTNING: set[tuple] = set()  # keys of the jobs that built a LightningTask (a factory's, or `lightning:`)
+_TRAINS_AS: dict[tuple, str] = {}  # job key -> the kind whose runner trains what it built (a factory's LightningTask)
 _CACHE_LOCK = threading.Lock()
 
 
@@ -80,14 +82,14 @@ def plan_jobs(config: RunConfig, background: bool | None = None) -> list[ProbeJo
         background = config.validation.mode in ("background", "auto")
     grouped: dict[tuple[str, str, str], list[int]] = {}
     for i, p in enumerate(config.pipelines):
-        if p.kind == "script":
-            continue  # the user's own script: there is no factory to build
+        extra = runner_for(p.kind).probe_job(p)
+        if extra is None:
+            continue  # nothing to build (the user's own script)
         # A plain task's factory may return a LightningTask too: every job is told the validation mode.
-        extra = {"datamodule": p.datamodule, "datamodule_params": p.datamodule_params} if p.kind == "lightning" else {}
-        lightning = json.dumps({**extra, "background": background}, sort_keys=True)
-        grouped.setdefault((p.task_ref or p.task, json.dumps(p.params, sort_keys=True), lightning), []).append(i)
-    return [ProbeJob(ref, params, tuple(idx), _stamp(ref.removeprefix(LIGHTNING_PREFIX)), lightning)
-            for (ref, params, lightning), idx in grouped.items()]
+        settings = json.dumps({**extra, "background": background, "kind": str(p.kind)}, sort_keys=True)
+        grouped.setdefault((p.task_ref or p.task, json.dumps(p.params, sort_keys=True), settings), []).append(i)
+    return [ProbeJob(ref, params, tuple(idx), _stamp(ref.removeprefix(LIGHTNING_PREFIX)), settings)
+            for (ref, params, settings), idx in grouped.items()]
 
 
 def pending_jobs(config: RunConfig, background: bool | None = None) -> list[ProbeJob]:
@@ -115,10 +117,9 @@ def probe_tasks(config: RunConfig, timeout: float = 180.0,
         if failure:
             return [Problem(file, "pipelines", failure)]
         with _CACHE_LOCK:
-            for job, (error, lightning) in zip(todo, results):
+            for job, (error, trains_as) in zip(todo, results):
                 _CACHE[job.key] = error
-                if lightning:
-                    _LIGHTNING.add(job.key)
+                _TRAINS_AS[job.key] = trains_as
     errors = {}
     with _CACHE_LOCK:
         for job in jobs:
@@ -133,8 +134,9 @@ def lightning_factories(config: RunConfig, background: bool | None = None) -> se
     """The pipelines whose `task = "file.py:build"` factory returned a LightningTask, as far as probes
     have found (`background` as for plan_jobs): the config cannot tell them from torchherd Tasks."""
     with _CACHE_LOCK:
-        return {config.pipelines[i].name for job in plan_jobs(config, background) if job.key in _LIGHTNING
-                for i in job.pipelines if config.pipelines[i].kind == "task"}
+        return {config.pipelines[i].name for job in plan_jobs(config, background)
+                if _TRAINS_AS.get(job.key) == PipelineKind.LIGHTNING
+                for i in job.pipelines if config.pipelines[i].kind == PipelineKind.TASK}
 
 
 def _shorten(error: str, ref: str) -> str:
@@ -144,13 +146,13 @@ def _shorten(error: str, ref: str) -> str:
 
 
 def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int], None] | None,
-         cancelled: Callable[[], bool] | None) -> tuple[list[tuple[str, bool]], str]:
-    """((an error or "", whether it built a LightningTask) per job, a failure of the probe itself or "")."""
+         cancelled: Callable[[], bool] | None) -> tuple[list[tuple[str, str]], str]:
+    """((an error or "", the kind that trains what it built) per job, a failure of the probe itself or "")."""
     payload = json.dumps([{"id": k, "ref": job.ref, "params": json.loads(job.params),
-                           **(json.loads(job.lightning) if job.lightning else {})} for k, job in enumerate(jobs)])
+                           **(json.loads(job.settings) if job.settings else {})} for k, job in enumerate(jobs)])
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     lines: queue.Queue[str | None] = queue.Queue()
-    results: dict[int, tuple[str, bool]] = {}
+    results: dict[int, tuple[str, str]] = {}
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
         proc = subprocess.Popen(python_module_command("torchherd.engine.preflight.probe"), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, start_new_session=True)
@@ -171,7 +173,7 @@ def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int],
                     break
                 if line.startswith(PREFIX):
                     result = json.loads(line[len(PREFIX):])
-                    results[result["id"]] = (result["error"], result.get("lightning", False))
+                    results[result["id"]] = (result["error"], result.get("kind", ""))
                     if on_progress is not None:
                         on_progress(len(results), len(jobs))
             proc.wait()
@@ -208,38 +210,19 @@ def _main() -> None:
     jobs = json.loads(sys.stdin.read())
     import torch
 
-    from ..runners.lightning.support import LightningTask, build_factory, build_lightning
     from ..runners.task.api import TaskError
 
     torch.set_num_threads(1)
     for job in jobs:
-        lightning = False
-        try:
-            if job["ref"].startswith(LIGHTNING_PREFIX):
-                task = build_lightning(job["ref"], job["params"], job["datamodule"], job["datamodule_params"])
-            else:  # a torchherd Task, or a LightningTask its factory returned
-                task = build_factory(job["ref"], job["params"])
-            lightning = isinstance(task, LightningTask)
-            if lightning:
-                _check_lightning(task, job["background"])
+        kind = ""
+        try:  # a torchherd Task, a LightningTask a factory returned, or a `lightning:` module
+            kind = str(runner_for(job["kind"]).probe(job["ref"], job["params"], job))
             error = ""
         except TaskError as exc:
             error = str(exc)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        results.write(PREFIX + json.dumps({"id": job["id"], "error": error, "lightning": lightning}) + "\n")
-
-
-def _check_lightning(task, background: bool) -> None:
-    """What the built module and DataModule allow (no data, no Trainer: Lightning's import is the cost
-    already): in the background, no callback or scheduler may watch a validation metric."""
-    from ..runners.lightning.support import monitors_problem, val_monitors
-    from ..runners.task.api import TaskError
-
-    if background:
-        found = val_monitors(task)
-        if found:
-            raise TaskError(monitors_problem(found))
+        results.write(PREFIX + json.dumps({"id": job["id"], "error": error, "kind": kind}) + "\n")
 
 
 if __name__ == "__main__":

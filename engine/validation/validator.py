@@ -10,30 +10,29 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
 
 from ..protocol.channel import ControlReceiver, StatusSender
 from ..protocol.messages import Stop, ValResult
 from ..protocol.spec import ValidatorSpec
+from ..runners.base import Scorer
+from ..runners.registry import runner_for
 
 POLL = 0.02  # seconds between looks for new snapshots when idle
 
 
-def make_scorer(name: str, directory: Path, device: str):
-    """The scorer for the pipeline whose snapshots are in `directory`: a Task's (or a script's `validate`
-    factory's), or a Lightning module's."""
+def make_scorer(name: str, directory: Path, device: str) -> Scorer:
+    """The scorer for the pipeline whose snapshots are in `directory`, from the runner of its kind.
+
+    The worker writes its kind into meta.json as "runner": a factory's LightningTask is configured
+    as a "task", and only the worker that built it knows Lightning trains it.
+    """
     import json
 
+    from ..config.schema import Pipeline
+
     meta = json.loads((directory / "meta.json").read_text())
-    task = meta["pipeline"].get("task") or ""  # None for a script
-    # A factory's LightningTask has no "lightning:" prefix: its worker says which runner wrote the snapshots.
-    if task.startswith("lightning:") or meta.get("runner") == "lightning":
-        from ..runners.lightning.scorer import LightningScorer
-
-        return LightningScorer(name, directory, device)
-    from ..runners.task.scorer import PipelineScorer
-
-    return PipelineScorer(name, directory, device)
+    kind = meta.get("runner") or Pipeline.model_validate(meta["pipeline"]).kind
+    return runner_for(kind).scorer(name, directory, device)
 
 
 def serve(spec: ValidatorSpec, sender: StatusSender, control: ControlReceiver) -> int:
@@ -43,7 +42,7 @@ def serve(spec: ValidatorSpec, sender: StatusSender, control: ControlReceiver) -
     root = Path(spec.snapshot_root)
     if spec.device == "cpu":
         torch.set_num_threads(spec.threads)
-    scorers: dict[str, Any] = {}  # PipelineScorer or LightningScorer
+    scorers: dict[str, Scorer] = {}  # by pipeline name
     broken: set[str] = set()
     while True:
         for cmd in control.poll(0.0):

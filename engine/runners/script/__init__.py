@@ -1,1 +1,68 @@
-"""The script runner: a training script of the user's own, unchanged or with `torchherd.client`."""
+"""The `script` kind: a training script of the user's own, run as `python train.py ARGS`.
+
+`ScriptRunner` is its contract (engine/runners/base.py); the attempt is runner.py, the
+process process.py, its reports events.py, a `validate` factory validation.py. A script
+worker never imports torch: the script trains in its own process.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ...protocol.names import PipelineKind, ValidationMode
+from ..base import Runner, Scorer
+
+HAND_OFF = re.compile(r"\bhand_off\s*\(")
+SCAN_LIMIT = 200  # .py files beside a script searched for a hand-off, at most
+
+
+def calls_hand_off(script: Path) -> bool:
+    """Whether the script, or a module beside it (a training loop often lives there), calls hand_off(...)."""
+    files = [script] + sorted(p for p in script.parent.glob("*.py") if p != script)[:SCAN_LIMIT]
+    for file in files:
+        try:
+            if HAND_OFF.search(file.read_text(encoding="utf-8", errors="replace")):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class ScriptRunner(Runner):
+    """`script = "train.py"`: the script's own loop, steered by signals or by torchherd.client."""
+
+    kind = PipelineKind.SCRIPT
+
+    def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
+        """A `validate` factory whose script never hands its weights off: nothing would ever be scored."""
+        if not pipe.validate_factory or validation_mode == ValidationMode.OFF:
+            return []
+        script = Path(pipe.script_ref)
+        if not script.is_file() or calls_hand_off(script):
+            return []
+        return [("validate", (
+            f"{script.name} never calls herd.hand_off(model), so validation would have nothing to score: "
+            "add `import torchherd.client as herd` and `herd.hand_off(model)` after each epoch, "
+            "or remove `validate`"))]
+
+    def describe(self, pipe) -> str:
+        """'script train.py --lr 0.01, metrics from its output, validate val.py:build': its own loop, so
+        torchherd's epochs and precision do not apply."""
+        import shlex
+
+        text = "script " + shlex.join([pipe.script, *pipe.args])
+        if pipe.metrics:
+            text += ", metrics from its output"
+        if pipe.validate_factory:
+            text += f", validate {pipe.validate_factory}"
+        return text + (f", max {pipe.max_time:g}s" if pipe.max_time else "")
+
+    def run(self, spec, pipe, validation, sender, control) -> int:
+        from .runner import run_script
+
+        return run_script(spec, pipe, validation, sender, control)
+
+    def scorer(self, name: str, directory: Path, device: str) -> Scorer:
+        from ..task.scorer import PipelineScorer  # the `validate` factory's model and data, scored as a Task's
+
+        return PipelineScorer(name, directory, device)

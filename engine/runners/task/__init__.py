@@ -1,1 +1,88 @@
-"""The `Task` runner: a user's factory returning a `Task`, trained by torchherd's own loop."""
+"""The `task` kind: torchherd's own training loop over the `Task` a user's factory returns.
+
+`TaskRunner` is its contract (engine/runners/base.py); the loop is trainer.py, the
+factory API api.py, the DDP gang distributed.py, the validator's side scorer.py.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ...protocol.names import PipelineKind
+from ..base import Runner, Scorer, set_up_torch
+
+
+class TaskRunner(Runner):
+    """`task = "file.py:build"`: a factory that returns a torchherd Task (or a LightningTask, then Lightning trains)."""
+
+    kind = PipelineKind.TASK
+
+    def scan(self, pipe) -> str:
+        from .scan import scan_ref
+
+        return scan_ref(pipe.task_ref or pipe.task)
+
+    def probe_job(self, pipe) -> dict[str, Any] | None:
+        return {}
+
+    def probe(self, ref: str, params: dict[str, Any], job: dict[str, Any]) -> PipelineKind:
+        from ..lightning import check_built
+        from ..lightning.support import LightningTask, build_factory
+
+        task = build_factory(ref, params)
+        if isinstance(task, LightningTask):  # only building tells: then Lightning's runner trains it
+            check_built(task, job["background"])
+            return PipelineKind.LIGHTNING
+        return PipelineKind.TASK
+
+    def run(self, spec, pipe, validation, sender, control) -> int:
+        """Build the user's task and train it with torchherd's own loop (or with Lightning's, when the factory
+        returned a torchherd.LightningTask)."""
+        from ...protocol.channel import EXIT_FATAL
+        from ...protocol.messages import WorkerError
+        from ..lightning.support import LightningTask, build_factory
+        from .api import TaskError
+
+        set_up_torch(spec, pipe)
+        try:
+            task = build_factory(pipe.task_ref or pipe.task, pipe.params)
+        except TaskError as exc:
+            print(f"torchherd: {exc}", file=sys.stderr)
+            sender.send(WorkerError(pipeline=pipe.name, error=str(exc), where="build", traceback=traceback.format_exc()))
+            return EXIT_FATAL
+        if isinstance(task, LightningTask):  # only the factory could tell: the config says "task"
+            if spec.world_size > 1:
+                error = (f"{pipe.task}: the factory returned a LightningTask, and Lightning pipelines run on one "
+                         "device for now: set ranks = 1")
+                print(f"torchherd: {error}", file=sys.stderr)
+                sender.send(WorkerError(pipeline=pipe.name, error=error, where="build"))
+                return EXIT_FATAL
+            from ..lightning.runner import run_lightning
+
+            return run_lightning(spec, pipe, validation, sender, control, task=task)
+        return self._train(spec, pipe, validation, sender, control, task)
+
+    @staticmethod
+    def _train(spec, pipe, validation, sender, control, task) -> int:
+        from .trainer import Trainer
+
+        gang = None
+        if spec.world_size > 1:  # one rank of a DDP gang: MASTER_ADDR/MASTER_PORT come from the launcher
+            import torch
+
+            from .distributed import Gang
+
+            device = torch.device("cuda", 0) if spec.device.startswith("cuda") else torch.device("cpu")
+            gang = Gang.join(spec.rank, spec.world_size, device, spec.collective_timeout)
+        trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
+                          Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq, gang=gang)
+        # No destroy_process_group at the end: it can wait for ever on rank 0's store once rank 0 has
+        # exited, and the child ends with os._exit, which releases the group as well.
+        return trainer.run()
+
+    def scorer(self, name: str, directory: Path, device: str) -> Scorer:
+        from .scorer import PipelineScorer
+
+        return PipelineScorer(name, directory, device)

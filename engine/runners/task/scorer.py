@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ...protocol.channel import StatusSender
 from ...protocol.messages import ValResult
+from ...protocol.names import PipelineKind
 from ..scoring import keep_best, load_newest, open_pipeline
 
 
@@ -25,7 +26,7 @@ class PipelineScorer:
         open_pipeline(self, name, directory)
         self.device = torch.device(device)
         self.failed = ""
-        if self.pipe.kind == "script":  # the script's `validate` factory: model and data, no training parts
+        if self.pipe.kind == PipelineKind.SCRIPT:  # the script's `validate` factory: model and data, no training parts
             from ..script.validation import build_validation
 
             task = build_validation(self.pipe.validate_ref or self.pipe.validate_factory, self.pipe.params)
