@@ -92,9 +92,10 @@ class Runner(ABC):
 
     # ------------------------------------------------------------ checkpoints
 
-    def checkpoint_name(self, which: str) -> str:
+    @classmethod
+    def checkpoint_name(cls, which: str) -> str:
         """The file name of the pipeline's `which` checkpoint ("last", "prev" or "best")."""
-        return f"{which}{self.checkpoint_suffix}"
+        return f"{which}{cls.checkpoint_suffix}"
 
 
 def set_up_torch(spec: WorkerSpec, pipe: Pipeline) -> None:

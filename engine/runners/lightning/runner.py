@@ -24,6 +24,7 @@ import torch
 
 from ...worker import checkpoint as ckpt
 from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
+from . import LightningRunner
 from .data import ResumableSampler, resumable
 from .support import (PREPARED, LightningTask, build_for, monitors_problem,
                                                 prepare_once, val_monitors)
@@ -33,7 +34,7 @@ from ...protocol.progress import better
 from ...worker.handoff import HandOff, snapshot_meta
 from ...worker.reporting import ReportWindow
 
-LAST, PREV, BEST = "last.ckpt", "prev.ckpt", "best.ckpt"
+LAST, PREV, BEST = (LightningRunner.checkpoint_name(which) for which in ("last", "prev", "best"))
 PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
 
 
@@ -44,7 +45,7 @@ def save_ckpt(directory: Path, state: dict[str, Any], name: str) -> Path:
 
 def latest_ckpt(directory: Path) -> tuple[Path | None, dict[str, Any] | None, str]:
     """The newest readable checkpoint: (path, its loop counters, note)."""
-    state, path, note = ckpt.load_latest(directory, suffix=".ckpt", required="state_dict")
+    state, path, note = ckpt.load_latest(directory, suffix=LightningRunner.checkpoint_suffix, required="state_dict")
     if state is None:
         return None, None, note
     return path, {"epoch": state.get("epoch", 0), "step": state.get("global_step", 0)}, note

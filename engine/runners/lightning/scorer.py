@@ -16,8 +16,9 @@ from typing import Any
 from ...protocol.channel import StatusSender
 from ...protocol.messages import Notice, ValResult
 from ..scoring import keep_best, load_newest, open_pipeline
+from . import LightningRunner
 
-BEST = "best.ckpt"
+BEST = LightningRunner.checkpoint_name("best")
 
 
 class LightningScorer:
