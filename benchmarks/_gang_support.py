@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from torchherd.engine.config.schema import RunConfig, parse_config
+from torchherd.engine.config.load import parse_config
+from torchherd.engine.config.schema import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "tasks" / "scripts" / "ddp_loop.py"

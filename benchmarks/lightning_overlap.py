@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
 
-from torchherd.engine.config.schema import parse_config  # noqa: E402
+from torchherd.engine.config.load import parse_config  # noqa: E402
 from torchherd.engine.protocol.messages import EpochEnd, TrainingStarted, ValResult, WorkerStarted  # noqa: E402
 from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 

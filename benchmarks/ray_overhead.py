@@ -40,7 +40,7 @@ BATCH = 64
 
 
 def config(tmp: Path, backend: str, epochs: int = EPOCHS):
-    from torchherd.engine.config.schema import parse_config
+    from torchherd.engine.config.load import parse_config
 
     data = {"runs_dir": str(tmp), "name": f"bench-{backend}",
             "pipelines": [{"name": "bench", "task": "regression", "params": PARAMS,
@@ -174,7 +174,7 @@ async def validation_latency(tmp: Path, backend: str, address: str = "local") ->
     result."""
     import statistics
 
-    from torchherd.engine.config.schema import parse_config
+    from torchherd.engine.config.load import parse_config
     from torchherd.engine.hardware.devices import Inventory
     from torchherd.engine.supervise.supervisor import Supervisor
 

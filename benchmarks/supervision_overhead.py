@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from torchherd.engine.config.schema import parse_config  # noqa: E402
+from torchherd.engine.config.load import parse_config  # noqa: E402
 from torchherd.engine.hardware.devices import Inventory  # noqa: E402
 from torchherd.engine.launch.process import LaunchSpec, ProcessLauncher  # noqa: E402
 from torchherd.engine.protocol.spec import WorkerSpec  # noqa: E402

@@ -3,7 +3,9 @@
 Import what you need from here; importing it loads neither torch nor Textual.
 """
 from .preflight.check import CheckReport, check_config
-from .config.schema import ConfigError, Problem, RunConfig, load_config
+from .config.load import load_config
+from .config.problems import ConfigError, Problem
+from .config.schema import RunConfig
 from .protocol.messages import Event
 from .protocol.states import WorkerState
 from .supervise.supervisor import PipelineView, Supervisor

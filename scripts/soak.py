@@ -38,7 +38,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torchherd.engine.config.schema import parse_config  # noqa: E402
+from torchherd.engine.config.load import parse_config  # noqa: E402
 from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, RunFinished,  # noqa: E402
                              SnapshotSkipped, SnapshotTaken, StepMetrics, TrainingStarted, ValidatorStarted,
                              ValResult, WorkerExited, WorkerRestarting, WorkerStarted)

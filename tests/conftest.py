@@ -10,7 +10,8 @@ from typing import Any
 import psutil
 import pytest
 
-from torchherd.engine.config.schema import RunConfig, parse_config
+from torchherd.engine.config.load import parse_config
+from torchherd.engine.config.schema import RunConfig
 
 TASKS = Path(__file__).parent / "tasks"
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from torchherd.engine.preflight.check import check_config
-from torchherd.engine.config.schema import ConfigError, Problem, display_path, parse_config
+from torchherd.engine.config.load import parse_config
+from torchherd.engine.config.problems import ConfigError, Problem, display_path
 from torchherd.engine.hardware.devices import Inventory
 
 CONFIGS = Path(__file__).parent / "configs"

@@ -6,7 +6,8 @@ import importlib.util
 import pytest
 
 from torchherd.engine.preflight.check import check_config
-from torchherd.engine.config.schema import ConfigError, parse_config
+from torchherd.engine.config.load import parse_config
+from torchherd.engine.config.problems import ConfigError
 from torchherd.engine.hardware.devices import Inventory
 from tests.conftest import TASKS
 

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from torchherd.engine.protocol.channel import StatusSender, decode_batch, dial_back
-from torchherd.engine.config.schema import ConfigError, DevicesConfig, parse_config
+from torchherd.engine.config.load import parse_config
+from torchherd.engine.config.problems import ConfigError
+from torchherd.engine.config.schema import DevicesConfig
 from torchherd.engine.protocol.messages import GpuSample, Notice, ProcessSample, TelemetrySnapshot, from_record, to_record
 from torchherd.engine.launch.ray.placement import NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, read_nodes
 from torchherd.engine.launch.ray.telemetry import RemoteTelemetry, merge

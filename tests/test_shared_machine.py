@@ -12,7 +12,8 @@ import pytest
 
 from tests.conftest import make_config, wait_for
 from torchherd.engine.rundir import directory as rundir
-from torchherd.engine.config.schema import ConfigError, parse_config
+from torchherd.engine.config.load import parse_config
+from torchherd.engine.config.problems import ConfigError
 from torchherd.engine.rundir.directory import PID_FILE, SNAPSHOT_MARKER, claim_root, remove_root, snapshot_root
 
 OLD = 3600  # seconds: older than any folder a starting torchherd may still be filling

@@ -17,7 +17,7 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from ..engine.config.schema import ConfigError
+from ..engine.config.problems import ConfigError
 from .bridge import Bridge, SupervisorFactory, replay_run, run_end
 from .headless import EXIT_STOPPED
 from .messages import CommandRequested, RunChanged

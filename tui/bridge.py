@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..engine.config.schema import RunConfig, load_config
+from ..engine.config.load import load_config
+from ..engine.config.schema import RunConfig
 from .commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop
 from .runstate import RunState
 

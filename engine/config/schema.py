@@ -1,19 +1,13 @@
-"""The run configuration: a typed schema for torchherd TOML files and its loader.
+"""The run configuration's typed schema: one pydantic model per TOML table, a description on every key.
 
-`load_config(path)` returns a validated `RunConfig` or raises `ConfigError`,
-which lists every problem with the file, the key path and what is wrong.
+`RunConfig` is a whole file; `config/load.py` reads TOML into it and says what is wrong.
 """
 from __future__ import annotations
 
-import difflib
-import os
 import re
-import tomllib
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..protocol.names import PipelineKind
 
@@ -23,15 +17,6 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 NAME_RULE = "must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit (it names a folder)"
 
 
-def display_path(path: str | os.PathLike[str]) -> str:
-    """`path` as problems show it: relative to the working directory when under it, else absolute."""
-    full = os.path.abspath(path)
-    cwd = os.getcwd()
-    if full == cwd or full.startswith(cwd.rstrip(os.sep) + os.sep):
-        return os.path.relpath(full, cwd)
-    return full
-
-
 def _check_name(value: str) -> str:
     if not re.fullmatch(NAME_PATTERN, value):
         raise ValueError(f"{NAME_RULE} (got {value!r})")
@@ -39,26 +24,6 @@ def _check_name(value: str) -> str:
 
 
 LIGHTNING_PREFIX = "lightning:"  # task = "lightning:file.py:Class": a LightningModule trained by Trainer.fit
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a config: where, and what."""
-
-    file: str
-    key: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}: {self.key}: {self.message}" if self.key else f"{self.file}: {self.message}"
-
-
-class ConfigError(Exception):
-    """A config that cannot be run; `problems` lists every reason."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
 
 
 class _Strict(BaseModel):
@@ -295,242 +260,11 @@ class RunConfig(_Strict):
         return v if v == "" else _check_name(v)  # "": the file's name is used
 
 
-# ------------------------------------------------------------------ loading
-
 RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir")  # filled in by the loader, not keys
-
-
-def _key_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-def _message(err: dict[str, Any], fields: list[str]) -> str:
-    kind = err.get("type", "")
-    if kind == "extra_forbidden":
-        name = str(err["loc"][-1])
-        close = difflib.get_close_matches(name, fields, n=1)
-        if close:
-            return f"unknown key (did you mean '{close[0]}'?)"
-        if "params" in fields:
-            return "unknown key (task parameters go in the pipeline's params table)"
-        return "unknown key"
-    if kind == "missing":
-        return "required key is missing"
-    msg = err.get("msg", "invalid")
-    if msg.startswith("Value error, "):
-        return msg[len("Value error, "):]
-    if "input" in err and kind not in ("model_type", "list_type", "dict_type"):
-        msg += f" (got {err['input']!r})"
-    return msg
-
-
-def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Known keys of the table that `loc` points into (for 'did you mean')."""
-    names = list(model.model_fields)
-    if len(loc) >= 2:
-        first = loc[0]
-        sub = {"defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig,
-               "validation": ValidationConfig, "restart": RestartConfig,
-               "telemetry": TelemetryConfig, "cluster": ClusterConfig}.get(first)
-        if sub is not None:
-            names = [f.alias or n for n, f in sub.model_fields.items()]
-    return [n for n in names if n not in RESOLVED]
-
-
-def _is_branch(part: Any) -> bool:
-    return isinstance(part, str) and (part in ("int", "float", "str", "bool", "none")
-                                      or part.startswith(("list[", "literal[", "function-")))
-
-
-def _problems(exc: ValidationError, file: str, model: type[BaseModel], prefix: tuple = ()) -> list[Problem]:
-    out = []
-    for err in exc.errors():
-        loc = prefix + tuple(err["loc"])
-        # Pydantic names union branches in the location ("int", "literal['auto']"); drop them.
-        loc = tuple(p for p in loc if not _is_branch(p))
-        out.append(Problem(file, _key_path(loc), _message(err, _fields_at(model, loc))))
-    seen, unique = set(), []
-    for p in out:
-        if (p.key, p.message) not in seen:
-            seen.add((p.key, p.message))
-            unique.append(p)
-    return unique
-
-
-def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
-    """Turn a task string into an absolute reference, or say what is wrong with it."""
-    if task.startswith(LIGHTNING_PREFIX):
-        import importlib.util
-
-        if importlib.util.find_spec("lightning") is None:  # found without importing it (seconds)
-            return task, 'Lightning is not installed: pip install "torchherd[lightning]"'
-        inner = task[len(LIGHTNING_PREFIX):]
-        if ":" not in inner:
-            return task, (f"{task!r}: name the LightningModule as 'lightning:path/to/file.py:Class' "
-                          "or 'lightning:package.module:Class'")
-        ref, err = resolve_task(inner, base_dir)
-        return LIGHTNING_PREFIX + ref, err
-    if task in BUILTIN_TASKS:
-        return task, None
-    if ":" not in task:
-        return task, (f"unknown task {task!r}: use a built-in task ({', '.join(BUILTIN_TASKS)}), "
-                      "'path/to/file.py:build' or 'package.module:build'")
-    target, _, attr = task.rpartition(":")
-    if not attr.isidentifier():
-        return task, f"{attr!r} after ':' is not a Python name"
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_absolute():
-            path = (base_dir / path).resolve()
-        if not path.is_file():
-            return task, f"task file not found: {display_path(path)}"
-        return f"{path}:{attr}", None
-    import importlib.util
-    try:
-        spec = importlib.util.find_spec(target)
-    except (ImportError, ValueError) as exc:
-        return task, f"cannot find module {target!r}: {exc}"
-    if spec is None:
-        return task, f"cannot find module {target!r} (is it installed or on PYTHONPATH?)"
-    return task, None
-
-
-def resolve_kind(model: Pipeline, own: dict[str, Any], i: int, file: str,
-                 base_dir: Path) -> tuple[dict[str, str], list[Problem]]:
-    """The loader's fields for one pipeline (`task_ref`, or `script_ref`, `workdir`, `validate_ref`) and the
-    problems with its `task` or `script`; `own` is the pipeline's table as written, without [defaults]."""
-    def where(key: str) -> str:
-        return f"pipelines[{i}].{key}" if key in own else f"defaults.{key}"
-
-    if model.task is not None and model.script is not None:
-        both = "`task` and `script` are both set: a pipeline runs one or the other"
-        return {}, [Problem(file, where("script"), both)]
-    if model.script is None:
-        only = "only applies to a `script` pipeline (this one runs a `task`)"
-        problems = [Problem(file, f"pipelines[{i}].{key}", only) for key in SCRIPT_ONLY if key in own]
-        if model.task is None:
-            return {}, problems + [Problem(file, f"pipelines[{i}].task",
-                                           "required key is missing: set `task` or `script` (here or in [defaults])")]
-        ref, err = resolve_task(model.task, base_dir)
-        return {"task_ref": ref}, problems + ([Problem(file, where("task"), err)] if err else [])
-    problems = []
-    path = Path(model.script)
-    path = path if path.is_absolute() else (base_dir / path).resolve()
-    if not path.is_file():
-        problems.append(Problem(file, where("script"), f"script not found: {path}"))
-    update = {"script_ref": str(path), "workdir": str(base_dir.resolve())}
-    if model.validate_factory is not None:
-        ref, err = resolve_task(model.validate_factory, base_dir)
-        update["validate_ref"] = ref
-        if err:
-            problems.append(Problem(file, where("validate"), err.replace("task", "validate factory", 1)))
-    return update, problems
-
-
-def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) -> RunConfig:
-    """Validate a decoded TOML document; raise ConfigError naming every problem."""
-    base_dir = base_dir or Path(file).resolve().parent
-    shown = display_path(file)  # one path style in every problem, whether from here or from the probe
-    problems: list[Problem] = []
-    raw = dict(data)
-    raw_defaults = raw.get("defaults", {})
-    raw_pipelines = raw.get("pipelines")
-    if not isinstance(raw_defaults, dict):
-        problems.append(Problem(shown, "defaults", "must be a table ([defaults])"))
-        raw_defaults = {}
-    try:
-        PipelineSettings.model_validate(raw_defaults)
-    except ValidationError as exc:
-        problems += _problems(exc, shown, RunConfig, ("defaults",))
-
-    if raw_pipelines is None:
-        problems.append(Problem(shown, "pipelines", "no pipelines: add at least one [[pipelines]] table"))
-        raw_pipelines = []
-    elif not isinstance(raw_pipelines, list) or not all(isinstance(p, dict) for p in raw_pipelines):
-        problems.append(Problem(shown, "pipelines", "must be an array of tables ([[pipelines]])"))
-        raw_pipelines = []
-    elif not raw_pipelines:
-        problems.append(Problem(shown, "pipelines", "no pipelines: add at least one [[pipelines]] table"))
-
-    merged_pipelines = []
-    names: dict[str, int] = {}
-    for i, pipe in enumerate(raw_pipelines):
-        merged = {**raw_defaults, **pipe}
-        for own, other in (("script", "task"), ("task", "script")):
-            if own in pipe and other not in pipe:
-                merged.pop(other, None)  # a pipeline's own task or script replaces the other from [defaults]
-        merged["params"] = {**raw_defaults.get("params", {}), **pipe.get("params", {})} \
-            if isinstance(raw_defaults.get("params", {}), dict) and isinstance(pipe.get("params", {}), dict) \
-            else pipe.get("params", {})
-        try:
-            model = Pipeline.model_validate(merged)
-        except ValidationError as exc:
-            for p in _problems(exc, shown, RunConfig, ("pipelines", i)):
-                key = p.key.split(".", 1)[1] if "." in p.key else ""
-                if key.split("[")[0] in raw_defaults and key.split("[")[0] not in pipe:
-                    continue  # reported once, under [defaults]
-                problems.append(p)
-            merged_pipelines.append(None)
-            continue
-        if model.name in names:
-            problems.append(Problem(shown, f"pipelines[{i}].name",
-                                    f"duplicate name {model.name!r} (also pipelines[{names[model.name]}])"))
-        names[model.name] = i
-        update, found = resolve_kind(model, pipe, i, shown, base_dir)
-        problems += [p for p in found if p not in problems]
-        if model.datamodule:
-            dm_ref, dm_err = resolve_task(model.datamodule, base_dir)
-            if dm_err or model.kind != PipelineKind.LIGHTNING:
-                where = f"pipelines[{i}].datamodule" if "datamodule" in pipe else "defaults.datamodule"
-                problems.append(Problem(shown, where, dm_err or "only Lightning pipelines "
-                                        "(task = \"lightning:...\") take a datamodule"))
-            update["datamodule"] = dm_ref
-        merged_pipelines.append(model.model_copy(update=update))
-
-    rest = {k: v for k, v in raw.items() if k not in ("defaults", "pipelines")}
-    try:
-        top = RunConfig.model_validate({**rest, "pipelines": [{"name": "x", "task": "regression"}]})
-    except ValidationError as exc:
-        problems += _problems(exc, shown, RunConfig)
-        top = None
-    if top is not None and top.cluster.backend == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:  # found without importing it (half a second)
-            problems.append(Problem(shown, "cluster.backend", 'Ray is not installed: pip install "torchherd[ray]"'))
-    if problems:
-        raise ConfigError(problems)
-    assert top is not None
-    name = top.name or Path(file).stem
-    return top.model_copy(update={
-        "name": name,
-        "defaults": PipelineSettings.model_validate(raw_defaults),
-        "pipelines": merged_pipelines,
-        "source": str(Path(file).resolve()) if os.path.exists(file) else file,
-    })
-
-
-def load_config(path: str | os.PathLike[str]) -> RunConfig:
-    """Read and validate a torchherd TOML file."""
-    file = str(path)
-    shown = display_path(file)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError([Problem(shown, "", "file not found")]) from None
-    except OSError as exc:
-        raise ConfigError([Problem(shown, "", f"cannot read: {exc.strerror}")]) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError([Problem(shown, "", f"TOML syntax error: {exc}")]) from None
-    return parse_config(data, file, Path(path).resolve().parent)
+# The model of each table below the top level, by its key in the file.
+TABLES: dict[str, type[BaseModel]] = {
+    "defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig, "validation": ValidationConfig,
+    "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig}
 
 
 def describe_fields() -> dict[str, dict[str, str]]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ..config.schema import DevicesConfig, Problem, RunConfig, display_path
+from ..config.problems import Problem, display_path
+from ..config.schema import DevicesConfig, RunConfig
 from ..runners.registry import runner_for
 from .devices import GpuInfo, Inventory
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.schema import ConfigError, Problem, RunConfig, display_path, load_config
+from ..config.load import load_config
+from ..config.problems import ConfigError, Problem, display_path
+from ..config.schema import RunConfig
 from ..hardware.devices import Inventory, discover_devices
 from ..hardware.placement import describe_plan, gang_problems, plan_slots, plan_validation
 from ..runners.registry import runner_for

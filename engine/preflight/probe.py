@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..config.schema import BUILTIN_TASKS, LIGHTNING_PREFIX, Problem, RunConfig, display_path
+from ..config.problems import Problem, display_path
+from ..config.schema import BUILTIN_TASKS, LIGHTNING_PREFIX, RunConfig
 from ..launch.process import python_module_command
 from ..protocol.names import PipelineKind
 from ..runners.registry import runner_for

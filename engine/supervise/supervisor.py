@@ -13,7 +13,8 @@ from pathlib import Path
 from ..worker import checkpoint as ckpt
 from .attempts import AttemptLauncher
 from .bus import EventBus, EventStream
-from ..config.schema import ConfigError, RunConfig
+from ..config.problems import ConfigError
+from ..config.schema import RunConfig
 from ..hardware.devices import Inventory, discover_devices
 from ..launch.process import Handle, Launcher, ProcessLauncher
 from .lifecycle import Lifecycle

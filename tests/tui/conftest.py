@@ -33,7 +33,8 @@ def utc():
 def fixture_configs_checked():
     """The fixture configs' tasks built once per test session by the real probe, so each app test finds
     the picker's verdict in the probe's cache instead of building the same tasks again (seconds each)."""
-    from torchherd.engine.config.schema import ConfigError, load_config
+    from torchherd.engine.config.load import load_config
+    from torchherd.engine.config.problems import ConfigError
     from torchherd.engine.preflight.probe import probe_tasks
 
     for path in sorted(CONFIGS.glob("*.toml")):

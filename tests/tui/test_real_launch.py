@@ -49,7 +49,7 @@ async def test_unfinished_run_is_offered_and_resumed_from_the_picker(runs_dir, t
     import subprocess
     import sys
 
-    from torchherd.engine.config.schema import load_config
+    from torchherd.engine.config.load import load_config
     from torchherd.engine.protocol.messages import RunStarted, to_record
 
     config = load_config(CONFIGS / "tiny.toml")

@@ -39,7 +39,8 @@ def build_tasks(path: Path, check: ConfigCheck, worker: Worker,
 
     Blocking: call it from a thread worker. `progress(built, total)` is called as tasks finish.
     """
-    from ...engine.config.schema import ConfigError, load_config
+    from ...engine.config.load import load_config
+    from ...engine.config.problems import ConfigError
     from ...engine.preflight.probe import ProbeCancelled, pending_jobs, probe_tasks
 
     try:

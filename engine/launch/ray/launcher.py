@@ -19,7 +19,8 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from ...config.schema import ClusterConfig, ConfigError, DevicesConfig, Problem
+from ...config.problems import ConfigError, Problem
+from ...config.schema import ClusterConfig, DevicesConfig
 from ..process import FrameReader, LaunchSpec, ProcessHandle
 from ...protocol.messages import Command, Event, Notice
 from ...hardware.placement import Slot

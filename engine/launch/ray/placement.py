@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ...config.schema import DevicesConfig, Problem
+from ...config.problems import Problem
+from ...config.schema import DevicesConfig
 from ...hardware.devices import GpuInfo, Inventory
 from ...hardware.placement import Slot
 

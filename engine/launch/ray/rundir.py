@@ -17,7 +17,7 @@ import secrets
 import shutil
 from pathlib import Path
 
-from ...config.schema import Problem
+from ...config.problems import Problem
 from ...rundir.directory import PID_FILE, _ours, claim_root, owner_alive, remove_root
 from .placement import ClusterNode
 

@@ -13,7 +13,8 @@ import os
 import threading
 from pathlib import Path
 
-from ...config.schema import BUILTIN_TASKS, display_path
+from ...config.problems import display_path
+from ...config.schema import BUILTIN_TASKS
 
 
 def scan_ref(ref: str) -> str:

@@ -1,0 +1,264 @@
+"""Reading a torchherd TOML file into a validated `RunConfig`, or a `ConfigError` naming every problem.
+
+`load_config(path)` reads the file; `parse_config` checks a decoded document: each
+problem with its key path, pipelines merged over `[defaults]`, tasks and scripts resolved.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..protocol.names import PipelineKind
+from .problems import ConfigError, Problem, display_path
+from .schema import (BUILTIN_TASKS, LIGHTNING_PREFIX, RESOLVED, SCRIPT_ONLY, TABLES, Pipeline, PipelineSettings,
+                     RunConfig)
+
+
+def _key_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _message(err: dict[str, Any], fields: list[str]) -> str:
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        name = str(err["loc"][-1])
+        close = difflib.get_close_matches(name, fields, n=1)
+        if close:
+            return f"unknown key (did you mean '{close[0]}'?)"
+        if "params" in fields:
+            return "unknown key (task parameters go in the pipeline's params table)"
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    msg = err.get("msg", "invalid")
+    if msg.startswith("Value error, "):
+        return msg[len("Value error, "):]
+    if "input" in err and kind not in ("model_type", "list_type", "dict_type"):
+        msg += f" (got {err['input']!r})"
+    return msg
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Known keys of the table that `loc` points into (for 'did you mean')."""
+    names = list(model.model_fields)
+    if len(loc) >= 2:
+        sub = TABLES.get(loc[0])
+        if sub is not None:
+            names = [f.alias or n for n, f in sub.model_fields.items()]
+    return [n for n in names if n not in RESOLVED]
+
+
+def _is_branch(part: Any) -> bool:
+    return isinstance(part, str) and (part in ("int", "float", "str", "bool", "none")
+                                      or part.startswith(("list[", "literal[", "function-")))
+
+
+def _problems(exc: ValidationError, file: str, model: type[BaseModel], prefix: tuple = ()) -> list[Problem]:
+    out = []
+    for err in exc.errors():
+        loc = prefix + tuple(err["loc"])
+        # Pydantic names union branches in the location ("int", "literal['auto']"); drop them.
+        loc = tuple(p for p in loc if not _is_branch(p))
+        out.append(Problem(file, _key_path(loc), _message(err, _fields_at(model, loc))))
+    seen, unique = set(), []
+    for p in out:
+        if (p.key, p.message) not in seen:
+            seen.add((p.key, p.message))
+            unique.append(p)
+    return unique
+
+
+def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
+    """Turn a task string into an absolute reference, or say what is wrong with it."""
+    if task.startswith(LIGHTNING_PREFIX):
+        if importlib.util.find_spec("lightning") is None:  # found without importing it (seconds)
+            return task, 'Lightning is not installed: pip install "torchherd[lightning]"'
+        inner = task[len(LIGHTNING_PREFIX):]
+        if ":" not in inner:
+            return task, (f"{task!r}: name the LightningModule as 'lightning:path/to/file.py:Class' "
+                          "or 'lightning:package.module:Class'")
+        ref, err = resolve_task(inner, base_dir)
+        return LIGHTNING_PREFIX + ref, err
+    if task in BUILTIN_TASKS:
+        return task, None
+    if ":" not in task:
+        return task, (f"unknown task {task!r}: use a built-in task ({', '.join(BUILTIN_TASKS)}), "
+                      "'path/to/file.py:build' or 'package.module:build'")
+    target, _, attr = task.rpartition(":")
+    if not attr.isidentifier():
+        return task, f"{attr!r} after ':' is not a Python name"
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_absolute():
+            path = (base_dir / path).resolve()
+        if not path.is_file():
+            return task, f"task file not found: {display_path(path)}"
+        return f"{path}:{attr}", None
+    try:
+        spec = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as exc:
+        return task, f"cannot find module {target!r}: {exc}"
+    if spec is None:
+        return task, f"cannot find module {target!r} (is it installed or on PYTHONPATH?)"
+    return task, None
+
+
+def resolve_kind(model: Pipeline, own: dict[str, Any], i: int, file: str,
+                 base_dir: Path) -> tuple[dict[str, str], list[Problem]]:
+    """The loader's fields for one pipeline (`task_ref`, or `script_ref`, `workdir`, `validate_ref`) and the
+    problems with its `task` or `script`; `own` is the pipeline's table as written, without [defaults]."""
+    def where(key: str) -> str:
+        return f"pipelines[{i}].{key}" if key in own else f"defaults.{key}"
+
+    if model.task is not None and model.script is not None:
+        both = "`task` and `script` are both set: a pipeline runs one or the other"
+        return {}, [Problem(file, where("script"), both)]
+    if model.script is None:
+        only = "only applies to a `script` pipeline (this one runs a `task`)"
+        problems = [Problem(file, f"pipelines[{i}].{key}", only) for key in SCRIPT_ONLY if key in own]
+        if model.task is None:
+            return {}, problems + [Problem(file, f"pipelines[{i}].task",
+                                           "required key is missing: set `task` or `script` (here or in [defaults])")]
+        ref, err = resolve_task(model.task, base_dir)
+        return {"task_ref": ref}, problems + ([Problem(file, where("task"), err)] if err else [])
+    problems = []
+    path = Path(model.script)
+    path = path if path.is_absolute() else (base_dir / path).resolve()
+    if not path.is_file():
+        problems.append(Problem(file, where("script"), f"script not found: {path}"))
+    update = {"script_ref": str(path), "workdir": str(base_dir.resolve())}
+    if model.validate_factory is not None:
+        ref, err = resolve_task(model.validate_factory, base_dir)
+        update["validate_ref"] = ref
+        if err:
+            problems.append(Problem(file, where("validate"), err.replace("task", "validate factory", 1)))
+    return update, problems
+
+
+def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) -> RunConfig:
+    """Validate a decoded TOML document; raise ConfigError naming every problem."""
+    base_dir = base_dir or Path(file).resolve().parent
+    shown = display_path(file)  # one path style in every problem, whether from here or from the probe
+    problems: list[Problem] = []
+    raw_defaults = _defaults_table(data, shown, problems)
+    raw_pipelines = _pipelines_table(data, shown, problems)
+    names: dict[str, int] = {}
+    pipelines = [_parse_pipeline(i, pipe, raw_defaults, shown, base_dir, names, problems)
+                 for i, pipe in enumerate(raw_pipelines)]
+    top = _parse_top(data, shown, problems)
+    if problems:
+        raise ConfigError(problems)
+    assert top is not None
+    return top.model_copy(update={
+        "name": top.name or Path(file).stem,
+        "defaults": PipelineSettings.model_validate(raw_defaults),
+        "pipelines": pipelines,
+        "source": str(Path(file).resolve()) if os.path.exists(file) else file,
+    })
+
+
+def _defaults_table(data: dict[str, Any], shown: str, problems: list[Problem]) -> dict[str, Any]:
+    """`[defaults]` as written ({} when it is not a table), its problems added to `problems`."""
+    raw_defaults = data.get("defaults", {})
+    if not isinstance(raw_defaults, dict):
+        problems.append(Problem(shown, "defaults", "must be a table ([defaults])"))
+        raw_defaults = {}
+    try:
+        PipelineSettings.model_validate(raw_defaults)
+    except ValidationError as exc:
+        problems += _problems(exc, shown, RunConfig, ("defaults",))
+    return raw_defaults
+
+
+def _pipelines_table(data: dict[str, Any], shown: str, problems: list[Problem]) -> list[dict[str, Any]]:
+    """The `[[pipelines]]` tables as written ([] when missing or malformed, said in `problems`)."""
+    raw_pipelines = data.get("pipelines")
+    if raw_pipelines is None or raw_pipelines == []:
+        problems.append(Problem(shown, "pipelines", "no pipelines: add at least one [[pipelines]] table"))
+        return []
+    if not isinstance(raw_pipelines, list) or not all(isinstance(p, dict) for p in raw_pipelines):
+        problems.append(Problem(shown, "pipelines", "must be an array of tables ([[pipelines]])"))
+        return []
+    return raw_pipelines
+
+
+def _merged(pipe: dict[str, Any], raw_defaults: dict[str, Any]) -> dict[str, Any]:
+    """One pipeline's table over `[defaults]`; `params` tables merge key by key."""
+    merged = {**raw_defaults, **pipe}
+    for own, other in (("script", "task"), ("task", "script")):
+        if own in pipe and other not in pipe:
+            merged.pop(other, None)  # a pipeline's own task or script replaces the other from [defaults]
+    defaults_params, own_params = raw_defaults.get("params", {}), pipe.get("params", {})
+    merged["params"] = {**defaults_params, **own_params} \
+        if isinstance(defaults_params, dict) and isinstance(own_params, dict) else own_params
+    return merged
+
+
+def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], shown: str, base_dir: Path,
+                    names: dict[str, int], problems: list[Problem]) -> Pipeline | None:
+    """Pipeline `i` validated and resolved, or None; its problems go to `problems`, `names` notes its name."""
+    try:
+        model = Pipeline.model_validate(_merged(pipe, raw_defaults))
+    except ValidationError as exc:
+        for p in _problems(exc, shown, RunConfig, ("pipelines", i)):
+            key = p.key.split(".", 1)[1] if "." in p.key else ""
+            if key.split("[")[0] in raw_defaults and key.split("[")[0] not in pipe:
+                continue  # reported once, under [defaults]
+            problems.append(p)
+        return None
+    if model.name in names:
+        problems.append(Problem(shown, f"pipelines[{i}].name",
+                                f"duplicate name {model.name!r} (also pipelines[{names[model.name]}])"))
+    names[model.name] = i
+    update, found = resolve_kind(model, pipe, i, shown, base_dir)
+    problems += [p for p in found if p not in problems]
+    if model.datamodule:
+        dm_ref, dm_err = resolve_task(model.datamodule, base_dir)
+        if dm_err or model.kind != PipelineKind.LIGHTNING:
+            where = f"pipelines[{i}].datamodule" if "datamodule" in pipe else "defaults.datamodule"
+            problems.append(Problem(shown, where, dm_err or "only Lightning pipelines "
+                                    "(task = \"lightning:...\") take a datamodule"))
+        update["datamodule"] = dm_ref
+    return model.model_copy(update=update)
+
+
+def _parse_top(data: dict[str, Any], shown: str, problems: list[Problem]) -> RunConfig | None:
+    """The top-level tables validated (with a stand-in pipeline), or None; problems go to `problems`."""
+    rest = {k: v for k, v in data.items() if k not in ("defaults", "pipelines")}
+    try:
+        top = RunConfig.model_validate({**rest, "pipelines": [{"name": "x", "task": "regression"}]})
+    except ValidationError as exc:
+        problems += _problems(exc, shown, RunConfig)
+        return None
+    if top.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:  # found without importing it
+        problems.append(Problem(shown, "cluster.backend", 'Ray is not installed: pip install "torchherd[ray]"'))
+    return top
+
+
+def load_config(path: str | os.PathLike[str]) -> RunConfig:
+    """Read and validate a torchherd TOML file."""
+    file = str(path)
+    shown = display_path(file)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([Problem(shown, "", "file not found")]) from None
+    except OSError as exc:
+        raise ConfigError([Problem(shown, "", f"cannot read: {exc.strerror}")]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([Problem(shown, "", f"TOML syntax error: {exc}")]) from None
+    return parse_config(data, file, Path(path).resolve().parent)

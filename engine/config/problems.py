@@ -1,0 +1,38 @@
+"""What is wrong with a config: `Problem` (file, key path, message) and `ConfigError`, which carries them all.
+
+The loader, the preflight check and the launchers report through these, with paths
+shown the one way `display_path` writes them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+def display_path(path: str | os.PathLike[str]) -> str:
+    """`path` as problems show it: relative to the working directory when under it, else absolute."""
+    full = os.path.abspath(path)
+    cwd = os.getcwd()
+    if full == cwd or full.startswith(cwd.rstrip(os.sep) + os.sep):
+        return os.path.relpath(full, cwd)
+    return full
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config: where, and what."""
+
+    file: str
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.message}" if self.key else f"{self.file}: {self.message}"
+
+
+class ConfigError(Exception):
+    """A config that cannot be run; `problems` lists every reason."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
