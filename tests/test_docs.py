@@ -2,7 +2,8 @@
 from pathlib import Path
 
 from torchherd.engine.config.schema import describe_fields
-from torchherd.engine.protocol.messages import Command, message_types
+from torchherd.engine.protocol.messages import Command
+from torchherd.engine.protocol.records import message_types
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

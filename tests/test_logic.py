@@ -16,8 +16,8 @@ import torch
 from torchherd.engine.worker import checkpoint as ckpt
 from torchherd.engine.protocol.channel import StatusSender, decode_batch
 from torchherd.engine.config.schema import RestartConfig
-from torchherd.engine.protocol.messages import (Event, EpochEnd, Heartbeat, Message, Notice, StepMetrics, from_record,
-                             message_types, to_record)
+from torchherd.engine.protocol.messages import Event, EpochEnd, Heartbeat, Message, Notice, StepMetrics
+from torchherd.engine.protocol.records import from_record, message_types, to_record
 from torchherd.engine.supervise.policy import RestartPolicy
 from torchherd.engine.rundir.directory import snapshot_root
 from torchherd.engine.protocol.states import FINAL_STATES, TRANSITIONS, IllegalTransition, WorkerState, check_transition

@@ -14,7 +14,8 @@ from torchherd.engine.protocol.channel import StatusSender, decode_batch, dial_b
 from torchherd.engine.config.load import parse_config
 from torchherd.engine.config.problems import ConfigError
 from torchherd.engine.config.schema import DevicesConfig
-from torchherd.engine.protocol.messages import GpuSample, Notice, ProcessSample, TelemetrySnapshot, from_record, to_record
+from torchherd.engine.protocol.messages import GpuSample, Notice, ProcessSample, TelemetrySnapshot
+from torchherd.engine.protocol.records import from_record, to_record
 from torchherd.engine.launch.ray.placement import NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, read_nodes
 from torchherd.engine.launch.ray.telemetry import RemoteTelemetry, merge
 from torchherd.engine.launch.ray.transport import DialBackListener

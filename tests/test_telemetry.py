@@ -18,7 +18,8 @@ import pynvml
 import pytest
 
 from torchherd.engine.protocol.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample, RunStarted,
-                             TelemetrySnapshot, ValResult, from_record, to_record)
+                                                TelemetrySnapshot, ValResult)
+from torchherd.engine.protocol.records import from_record, to_record
 from torchherd.engine.hardware.devices import discover_devices
 from torchherd.engine.telemetry.sampler import TelemetrySampler
 

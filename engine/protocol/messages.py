@@ -1,22 +1,16 @@
 """Every message that crosses a process boundary: events up, commands down.
 
 Each is a frozen, picklable dataclass of primitives stamped with wall-clock
-`time` (seconds since the epoch) and a `type` tag; `to_record` and
-`from_record` turn them into the JSON objects of `events.jsonl` and back.
+`time` (seconds since the epoch) and a `type` tag; `protocol/records.py` turns
+them into the JSON objects of `events.jsonl` and back.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import time as _time
-import types
-import typing
+import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
-
-def _now() -> float:
-    return _time.time()
+clock = time  # what stamps every message: anything with `.time()` (the app's tests freeze it)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -24,7 +18,7 @@ class Message:
     """Base of every message; `type` names it in JSON."""
 
     type: ClassVar[str] = "message"
-    time: float = field(default_factory=_now)
+    time: float = field(default_factory=lambda: clock.time())  # `clock` looked up at each stamp
 
 
 # ---------------------------------------------------------------- events
@@ -108,8 +102,8 @@ class StepMetrics(Event):
     lr: float
     samples_per_s: float
     dropped: int = 0  # step reports coalesced away before this one
-    metrics: dict[str, float] = field(default_factory=dict)  # other training values (script regex groups,
-    # herd.report(**metrics)); torchherd's own loop reports none
+    # Other training values (script regex groups, herd.report(**metrics)); torchherd's own loop reports none.
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -338,10 +332,9 @@ class CheckpointNow(Command):
 
 
 # --------------------------------------------------------------- telemetry
-# A value that could not be read (no driver, no permission, a process that
-# vanished, a first reading with nothing to compare against) is None: a marked
-# absence, never an exception. GpuProcess, GpuSample and ProcessSample are parts
-# of a TelemetrySnapshot, not events of their own.
+# A value that could not be read (no driver, no permission, a process that vanished, a first reading
+# with nothing to compare against) is None: a marked absence, never an exception. GpuProcess, GpuSample
+# and ProcessSample are parts of a TelemetrySnapshot, not events of their own.
 
 OWNER_OTHER = "other"  # a process outside our workers' trees, seen in our pid namespace
 OWNER_UNKNOWN = "unknown owner"  # a pid we cannot place (gone, or a host pid inside a container)
@@ -402,71 +395,3 @@ class TelemetrySnapshot(Event):
     load1: float | None = None  # 1-minute load average
     sample_ms: float = 0.0  # milliseconds the pass took
     gpu_note: str = ""  # one line on why there are no GPUs, when there are none
-
-
-# ------------------------------------------------------------ JSON records
-
-_TYPES: dict[str, type[Message]] = {}
-
-
-def _register(cls: type[Message]) -> None:
-    for sub in cls.__subclasses__():
-        _TYPES[sub.type] = sub
-        _register(sub)
-
-
-_register(Message)
-
-
-def to_record(msg: Message) -> dict[str, Any]:
-    """The JSON-ready dict of a message, with its `type` first."""
-    record: dict[str, Any] = {"type": msg.type}
-    for f in dataclasses.fields(msg):
-        record[f.name] = _plain(getattr(msg, f.name))
-    return record
-
-
-def _plain(value: Any) -> Any:
-    """A field in JSON-ready form: tuples become lists, nested dataclasses dicts."""
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value
-
-
-def from_record(record: dict[str, Any]) -> Message:
-    """Rebuild a message from `to_record` output; unknown fields are ignored."""
-    cls = _TYPES.get(record.get("type", ""))
-    if cls is None:
-        raise ValueError(f"unknown message type {record.get('type')!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    hints = _hints(cls)
-    kwargs = {k: _decode(hints.get(k), v) for k, v in record.items() if k in names}
-    return cls(**kwargs)
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(cls)
-    except Exception:  # an annotation that does not resolve: lists still become tuples
-        return {}
-
-
-def _decode(hint: Any, value: Any) -> Any:
-    """Undo `_plain` by the field's annotation: lists become tuples, dicts dataclasses."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`
-        hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
-    if isinstance(value, list):
-        args = typing.get_args(hint)  # tuple[X, ...] -> (X, Ellipsis)
-        return tuple(_decode(args[0] if args else None, v) for v in value)
-    if isinstance(value, dict) and isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        hints = _hints(hint)
-        return hint(**{k: _decode(hints.get(k), v) for k, v in value.items() if k in hints})
-    return value
-
-
-def message_types() -> dict[str, type[Message]]:
-    """Every known `type` tag and its class."""
-    return dict(_TYPES)

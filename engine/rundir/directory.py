@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..config.schema import RunConfig
-from ..protocol.messages import (EpochEnd, Event, Message, RunFinished, RunStarted, StepMetrics, ValResult,
-                             from_record, to_record)
+from ..protocol.messages import EpochEnd, Event, Message, RunFinished, RunStarted, StepMetrics, ValResult
+from ..protocol.records import from_record, to_record
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
 PID_FILE = "supervisor.pid"  # the pid of the torchherd process writing a run (or snapshot folder)

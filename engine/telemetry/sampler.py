@@ -20,8 +20,8 @@ from typing import Any, TextIO
 import psutil
 
 from ..hardware.devices import GpuInfo, filter_visible, list_gpus, nvml_reason, visible_from_env
-from ..protocol.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample,
-                             TelemetrySnapshot, to_record)
+from ..protocol.messages import OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample, TelemetrySnapshot
+from ..protocol.records import to_record
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ def fixture_configs_checked():
 def clock(monkeypatch) -> FrozenTime:
     """The clock that stamps the events the supervisor makes, frozen at T0 until a test moves it."""
     frozen = FrozenTime(T0)
-    monkeypatch.setattr(messages, "_time", frozen)
+    monkeypatch.setattr(messages, "clock", frozen)
     return frozen
 
 

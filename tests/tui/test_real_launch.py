@@ -50,7 +50,8 @@ async def test_unfinished_run_is_offered_and_resumed_from_the_picker(runs_dir, t
     import sys
 
     from torchherd.engine.config.load import load_config
-    from torchherd.engine.protocol.messages import RunStarted, to_record
+    from torchherd.engine.protocol.messages import RunStarted
+    from torchherd.engine.protocol.records import to_record
 
     config = load_config(CONFIGS / "tiny.toml")
     run_dir = runs_dir / "20260101-000000-tiny"
