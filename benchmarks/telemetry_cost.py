@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 
-from torchherd.engine.telemetry.sampler import TelemetrySampler, _ppid_map  # noqa: E402
+from torchherd.engine.telemetry.host import ppid_map  # noqa: E402
+from torchherd.engine.telemetry.sampler import TelemetrySampler  # noqa: E402
 
 # ~1 ms of work every ~50 ms: about 2% of a core each, so 16 of them leave the machine usable
 BUSY = ("import time\nwhile True:\n    t = time.perf_counter()\n"
@@ -68,7 +69,7 @@ def tree_walk_costs(pids: list[int], rounds: int) -> tuple[float, float]:
     procs = [psutil.Process(pid) for pid in pids]
     t = time.perf_counter()
     for _ in range(rounds):
-        _ppid_map()
+        ppid_map()
     once = (time.perf_counter() - t) / rounds * 1000
     t = time.perf_counter()
     for _ in range(rounds):
