@@ -11,12 +11,14 @@ import asyncio
 import signal
 import sys
 import time
-from typing import TextIO
+from typing import Any, Callable, TextIO
 
 from ..engine.config.schema import RunConfig
 from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
                              RunFinished, RunStarted, SnapshotSkipped, ValidatorStarted, ValResult, WorkerError,
                              TrainingStarted, WorkerExited, WorkerRestarting, WorkerStarted)
+from ..engine.protocol.names import ExitReason, ValidationMode
+from ..engine.protocol.states import WorkerState
 from ..engine.supervise.supervisor import Supervisor
 
 EXIT_OK = 0
@@ -64,82 +66,126 @@ class LinePrinter:
             self.gone = True
 
     def handle(self, ev: Event) -> None:
-        if isinstance(ev, RunStarted):
-            self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
-        elif isinstance(ev, WorkerStarted):
-            where = f"{ev.device} of node {ev.node}" if ev.node else ev.device
-            if ev.pids:  # a gang: every rank
-                self.line(f"{ev.pipeline}: started {len(ev.pids)} ranks, pids {', '.join(map(str, ev.pids))}, "
-                          f"on {where} (attempt {ev.attempt})")
-            else:
-                self.line(f"{ev.pipeline}: started pid {ev.pid} on {where} (attempt {ev.attempt})")
-        elif isinstance(ev, Resumed):
-            note = f" ({ev.note})" if ev.note else ""
-            self.line(f"{ev.pipeline}: resumed from its checkpoint {self.where(ev.pipeline, ev.epoch, ev.step)}{note}")
-        elif isinstance(ev, TrainingStarted):
-            self.per_epoch[ev.pipeline] = ev.steps_per_epoch
-        elif isinstance(ev, EpochEnd):
-            self.per_epoch[ev.pipeline] = ev.steps_per_epoch
-            val = self.val.get(ev.pipeline)
-            val_text = "val -"
-            if val is not None:
-                epoch, metrics = val
-                extra = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "val_loss")
-                val_text = f"val {_fmt(metrics.get('val_loss'))}" + (f" {extra}" if extra else "")
-                if epoch != ev.epoch:
-                    val_text += f" (epoch {epoch + 1})"
-            self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} "
-                       f"{val_text} {ev.samples_per_s:,.0f} samples/s")
-        elif isinstance(ev, ValResult) and ev.error:
+        """Print what `ev` is worth to a person watching (often nothing)."""
+        method = _LINES.get(type(ev))
+        if method is not None:
+            method(self, ev)
+
+    def _run_started(self, ev: RunStarted) -> None:
+        self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
+
+    def _worker_started(self, ev: WorkerStarted) -> None:
+        where = f"{ev.device} of node {ev.node}" if ev.node else ev.device
+        if ev.pids:  # a gang: every rank
+            self.line(f"{ev.pipeline}: started {len(ev.pids)} ranks, pids {', '.join(map(str, ev.pids))}, "
+                      f"on {where} (attempt {ev.attempt})")
+        else:
+            self.line(f"{ev.pipeline}: started pid {ev.pid} on {where} (attempt {ev.attempt})")
+
+    def _resumed(self, ev: Resumed) -> None:
+        note = f" ({ev.note})" if ev.note else ""
+        self.line(f"{ev.pipeline}: resumed from its checkpoint {self.where(ev.pipeline, ev.epoch, ev.step)}{note}")
+
+    def _training_started(self, ev: TrainingStarted) -> None:
+        self.per_epoch[ev.pipeline] = ev.steps_per_epoch
+
+    def _epoch_end(self, ev: EpochEnd) -> None:
+        self.per_epoch[ev.pipeline] = ev.steps_per_epoch
+        val = self.val.get(ev.pipeline)
+        val_text = "val -"
+        if val is not None:
+            epoch, metrics = val
+            extra = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "val_loss")
+            val_text = f"val {_fmt(metrics.get('val_loss'))}" + (f" {extra}" if extra else "")
+            if epoch != ev.epoch:
+                val_text += f" (epoch {epoch + 1})"
+        self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} "
+                  f"{val_text} {ev.samples_per_s:,.0f} samples/s")
+
+    def _val_result(self, ev: ValResult) -> None:
+        if ev.error:
             self.line(f"{ev.pipeline}: validation failed: {ev.error} (training goes on)")
             for line in ev.traceback.rstrip().splitlines()[-6:]:
                 self.write(f"    {line}\n")
-        elif isinstance(ev, ValResult):
-            self.val[ev.pipeline] = (ev.epoch, ev.metrics)
-            if ev.mode != "inline":
-                skipped = self.skipped.pop(ev.pipeline, 0)
-                self.line(f"{ev.pipeline}: validated epoch {ev.epoch + 1} step {ev.step}: " +
-                           " ".join(f"{k} {v:.4f}" for k, v in ev.metrics.items()) +
-                           f" ({ev.latency:.1f}s after hand-off" +
-                           (f"; {skipped} older snapshot(s) skipped)" if skipped else ")"))
-        elif isinstance(ev, SnapshotSkipped):
-            self.skipped[ev.pipeline] = self.skipped.get(ev.pipeline, 0) + 1
-        elif isinstance(ev, ValidatorStarted):
-            self.line(f"validator: started pid {ev.pid}, {ev.device} (attempt {ev.attempt})")
-        elif isinstance(ev, EarlyStop):
-            self.line(f"{ev.pipeline}: {ev.reason}")
-        elif isinstance(ev, CheckpointSaved) and ev.reason in ("stop", "request"):
+            return
+        self.val[ev.pipeline] = (ev.epoch, ev.metrics)
+        if ev.mode != ValidationMode.INLINE:  # inline results show in the epoch's line
+            skipped = self.skipped.pop(ev.pipeline, 0)
+            self.line(f"{ev.pipeline}: validated epoch {ev.epoch + 1} step {ev.step}: " +
+                      " ".join(f"{k} {v:.4f}" for k, v in ev.metrics.items()) +
+                      f" ({ev.latency:.1f}s after hand-off" +
+                      (f"; {skipped} older snapshot(s) skipped)" if skipped else ")"))
+
+    def _snapshot_skipped(self, ev: SnapshotSkipped) -> None:
+        self.skipped[ev.pipeline] = self.skipped.get(ev.pipeline, 0) + 1
+
+    def _validator_started(self, ev: ValidatorStarted) -> None:
+        self.line(f"validator: started pid {ev.pid}, {ev.device} (attempt {ev.attempt})")
+
+    def _early_stop(self, ev: EarlyStop) -> None:
+        self.line(f"{ev.pipeline}: {ev.reason}")
+
+    def _checkpoint(self, ev: CheckpointSaved) -> None:
+        if ev.reason in ("stop", "request"):  # the others come every epoch: not worth a line
             self.line(f"{ev.pipeline}: checkpoint {ev.path} ({self.where(ev.pipeline, ev.epoch, ev.step)})")
-        elif isinstance(ev, WorkerError):
-            self.line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")
-            if ev.traceback and ev.traceback in self.tracebacks:
-                self.write("    (the same traceback as above)\n")
-            elif ev.traceback:
-                self.tracebacks.add(ev.traceback)
-                for line in ev.traceback.rstrip().splitlines():
-                    self.write(f"    {line}\n")
-        elif isinstance(ev, WorkerExited) and ev.reason in ("crashed", "failed"):
+
+    def _worker_error(self, ev: WorkerError) -> None:
+        self.line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")
+        if ev.traceback and ev.traceback in self.tracebacks:
+            self.write("    (the same traceback as above)\n")
+        elif ev.traceback:
+            self.tracebacks.add(ev.traceback)
+            for line in ev.traceback.rstrip().splitlines():
+                self.write(f"    {line}\n")
+
+    def _worker_exited(self, ev: WorkerExited) -> None:
+        if ev.reason in (ExitReason.CRASHED, ExitReason.FAILED):  # other exits: the lines around say why
             how = f"signal {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
             self.line(f"{ev.pipeline}: worker pid {ev.pid} {ev.reason} ({how}) after {ev.uptime:.1f}s")
-        elif isinstance(ev, WorkerRestarting):
-            self.line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "
-                       f"{ev.restarts_left} restart(s) left): {ev.reason}")
-        elif isinstance(ev, Notice):
-            who = f"{ev.pipeline}: " if ev.pipeline else ""
-            self.line(f"{who}{ev.level}: {ev.text}")
-        elif isinstance(ev, PipelineFinished):
-            reason = f" ({ev.reason})" if ev.reason else ""
-            self.line(f"{ev.pipeline}: {ev.status}{reason}")
-        elif isinstance(ev, RunFinished):
-            summary = ", ".join(f"{k} {v}" for k, v in ev.statuses.items())
-            self.line(f"run finished: {summary}")
+
+    def _restarting(self, ev: WorkerRestarting) -> None:
+        self.line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "
+                  f"{ev.restarts_left} restart(s) left): {ev.reason}")
+
+    def _notice(self, ev: Notice) -> None:
+        who = f"{ev.pipeline}: " if ev.pipeline else ""
+        self.line(f"{who}{ev.level}: {ev.text}")
+
+    def _pipeline_finished(self, ev: PipelineFinished) -> None:
+        reason = f" ({ev.reason})" if ev.reason else ""
+        self.line(f"{ev.pipeline}: {ev.status}{reason}")
+
+    def _run_finished(self, ev: RunFinished) -> None:
+        summary = ", ".join(f"{k} {v}" for k, v in ev.statuses.items())
+        self.line(f"run finished: {summary}")
+
+
+_LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
+    RunStarted: LinePrinter._run_started,
+    WorkerStarted: LinePrinter._worker_started,
+    Resumed: LinePrinter._resumed,
+    TrainingStarted: LinePrinter._training_started,
+    EpochEnd: LinePrinter._epoch_end,
+    ValResult: LinePrinter._val_result,
+    SnapshotSkipped: LinePrinter._snapshot_skipped,
+    ValidatorStarted: LinePrinter._validator_started,
+    EarlyStop: LinePrinter._early_stop,
+    CheckpointSaved: LinePrinter._checkpoint,
+    WorkerError: LinePrinter._worker_error,
+    WorkerExited: LinePrinter._worker_exited,
+    WorkerRestarting: LinePrinter._restarting,
+    Notice: LinePrinter._notice,
+    PipelineFinished: LinePrinter._pipeline_finished,
+    RunFinished: LinePrinter._run_finished,
+}
 
 
 def exit_status(statuses: dict[str, str]) -> int:
+    """The command's exit status from every pipeline's final state."""
     values = set(statuses.values())
-    if values <= {"completed"}:
+    if values <= {WorkerState.COMPLETED}:
         return EXIT_OK
-    if values & {"failed", "killed"}:
+    if values & {WorkerState.FAILED, WorkerState.KILLED}:
         return EXIT_FAILED
     return EXIT_STOPPED
 

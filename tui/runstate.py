@@ -14,12 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine.protocol import messages as m
+from ..engine.protocol.names import ExitReason
 from ..engine.protocol.progress import PipelineProgress, apply as fold
+from ..engine.protocol.states import WorkerState
 from .formats import epoch_label, finish_text, fmt_num, is_loss_metric
 from .series import LossSeries
 
 LOG_KEEP = 1000  # event-log entries kept in memory
-LOGGED_STATES = frozenset({"paused", "stopping", "killing", "hung", "backoff"})  # worth a line of their own
+# Worth a line of their own in the event log.
+LOGGED_STATES = frozenset({WorkerState.PAUSED, WorkerState.STOPPING, WorkerState.KILLING, WorkerState.HUNG,
+                           WorkerState.BACKOFF})
+# Exits that are no failure (a worker not known to have ended well or badly: "").
+QUIET_EXITS = frozenset({ExitReason.COMPLETED, ExitReason.STOPPED, ExitReason.KILLED, ExitReason.RESTARTED, ""})
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +123,7 @@ class RunState:
         self.note("info", ev.pipeline, f"started on {where} (pid {ev.pid}, attempt {ev.attempt})", at=ev.time)
 
     def _state(self, ev: m.WorkerStateChanged, _) -> None:
-        if ev.state in LOGGED_STATES or ev.previous == "paused":
+        if ev.state in LOGGED_STATES or ev.previous == WorkerState.PAUSED:
             self.note("info", ev.pipeline, f"{ev.previous} -> {ev.state}", at=ev.time)
 
     def _training_started(self, ev: m.TrainingStarted, _) -> None:
@@ -165,7 +171,7 @@ class RunState:
 
     def _exited(self, ev: m.WorkerExited, before: PipelineProgress | None) -> None:
         how = f"signal {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
-        bad = ev.reason not in ("completed", "stopped", "killed", "restarted", "")
+        bad = ev.reason not in QUIET_EXITS
         # The traceback was shown with the worker's own error report; do not print it twice.
         tb = ev.traceback if ev.traceback and before is not None and ev.traceback != before.traceback else ""
         text = f"exited ({how}, {ev.reason or 'unknown'})" + (f": {ev.error}" if ev.error else "")
@@ -177,7 +183,7 @@ class RunState:
                                           + (f": {ev.reason}" if ev.reason else ""), at=ev.time)
 
     def _finished(self, ev: m.PipelineFinished, _) -> None:
-        level = "error" if ev.status == "failed" else "info"
+        level = "error" if ev.status == WorkerState.FAILED else "info"
         self.note(level, ev.pipeline, "finished " + finish_text(ev.status, ev.reason), at=ev.time)
 
     def _early_stop(self, ev: m.EarlyStop, _) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..protocol.names import PipelineKind
+from ..protocol.names import PipelineKind, ValidationMode
 
 BUILTIN_TASKS = ("regression", "digits")
 # Run and pipeline names become folder names, so no '/', no leading '.', nothing that climbs out.
@@ -170,7 +170,8 @@ class DevicesConfig(_Strict):
 class ValidationConfig(_Strict):
     """How and when the weights are scored on validation data."""
 
-    mode: Literal["auto", "background", "inline", "off"] = Field("auto", description=(
+    # strict=False: the TOML string (and a dumped config's) becomes the member; strict would want the member itself
+    mode: ValidationMode = Field(ValidationMode.AUTO, strict=False, description=(
         "'background' hands weight snapshots to a validation process (one per node on a Ray cluster) while "
         "training goes on; 'inline' validates in the worker, which waits; 'auto' picks background when there is a spare GPU or core, "
         "else inline; 'off' never validates."))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..config.problems import Problem, display_path
 from ..config.schema import DevicesConfig, RunConfig
+from ..protocol.names import ValidationMode
 from ..runners.registry import runner_for
 from .devices import GpuInfo, Inventory
 
@@ -117,11 +118,12 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
         lines.append(f"{name}: {runner_for(p.kind).describe(p)} -> {where}")
     v = config.validation
     plan = plan_validation(config, slots, inventory)
-    lines.append("validation: " + ("off" if plan.mode == "off" else
+    background = plan.mode == ValidationMode.BACKGROUND
+    lines.append("validation: " + ("off" if plan.mode == ValidationMode.OFF else
                                     f"{plan.label} ({plan.why}), every {v.every_n_epochs} epoch(s)"
-                                    + (f" and {v.every_n_steps} steps" if v.every_n_steps and plan.mode == "background" else "")
+                                    + (f" and {v.every_n_steps} steps" if v.every_n_steps and background else "")
                                     + f", best by {v.metric} ({v.metric_mode})"
-                                    + (f", policy {v.policy}" if plan.mode == "background" else "")
+                                    + (f", policy {v.policy}" if background else "")
                                     + (f", early stop after {v.patience}" if v.patience else "")))
     r = config.restart
     lines.append(f"restarts: up to {r.max_restarts}, backoff {r.backoff:g}s..{r.backoff_max:g}s, "
@@ -133,7 +135,7 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
 class ValidationPlan:
     """Where validation runs for a config: its resolved mode and, in the background, on which device."""
 
-    mode: str  # "background", "inline" or "off"
+    mode: ValidationMode  # BACKGROUND, INLINE or OFF (never AUTO: that is resolved here)
     device: str  # "cpu" or "cuda" (background only)
     gpu: GpuInfo | None
     threads: int
@@ -142,7 +144,7 @@ class ValidationPlan:
 
     @property
     def label(self) -> str:
-        if self.mode != "background":
+        if self.mode != ValidationMode.BACKGROUND:
             return self.mode
         where = f"gpu{self.gpu.index}" if self.gpu is not None else f"cpu ({self.threads} thread)"
         return f"background on {where}"
@@ -151,7 +153,7 @@ class ValidationPlan:
 def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) -> ValidationPlan:
     """Resolve `validation.mode` and `validation.device` against the slots this run uses."""
     v = config.validation
-    if v.mode in ("off", "inline"):
+    if v.mode in (ValidationMode.OFF, ValidationMode.INLINE):
         return ValidationPlan(v.mode, "", None, v.threads, "as configured")
     nodes = len(getattr(inventory, "nodes", ()))  # a Ray cluster's inventory (engine/launch/ray/placement.py)
     if nodes > 1:
@@ -159,28 +161,28 @@ def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) 
         # another (and the object store drops a snapshot with the worker that put it): one validator
         # per node, on its CPU, sharing the node as the local validator shares this machine.
         busy = sum(s.threads for s in slots if s.gpu is None)
-        if v.mode == "background" or inventory.cpu_count > busy or any(s.gpu is not None for s in slots):
-            return ValidationPlan("background", "cpu", None, v.threads, f"a validator on each of {nodes} "
+        if v.mode == ValidationMode.BACKGROUND or inventory.cpu_count > busy or any(s.gpu is not None for s in slots):
+            return ValidationPlan(ValidationMode.BACKGROUND, "cpu", None, v.threads, f"a validator on each of {nodes} "
                                   "cluster nodes that hosts validated workers", per_node=True)
-        return ValidationPlan("inline", "", None, v.threads,
+        return ValidationPlan(ValidationMode.INLINE, "", None, v.threads,
                               f"no spare core on the cluster ({busy} of {inventory.cpu_count} train)")
     used = {s.gpu.index for s in slots if s.gpu is not None}
     spare = [g for g in inventory.gpus if g.index not in used]
     if isinstance(v.device, int):
         gpu = inventory.gpu(v.device)
         if gpu is not None:
-            return ValidationPlan("background", "cuda", gpu, v.threads, "as configured")
+            return ValidationPlan(ValidationMode.BACKGROUND, "cuda", gpu, v.threads, "as configured")
     if v.device == "cpu":
-        return ValidationPlan("background", "cpu", None, v.threads, "as configured")
+        return ValidationPlan(ValidationMode.BACKGROUND, "cpu", None, v.threads, "as configured")
     if spare:
-        return ValidationPlan("background", "cuda", spare[0], v.threads, "a GPU no worker uses")
+        return ValidationPlan(ValidationMode.BACKGROUND, "cuda", spare[0], v.threads, "a GPU no worker uses")
     if inventory.gpus:
         gpu = inventory.gpus[-1]
-        return ValidationPlan("background", "cuda", gpu, v.threads, "sharing the last GPU")
+        return ValidationPlan(ValidationMode.BACKGROUND, "cuda", gpu, v.threads, "sharing the last GPU")
     busy = sum(s.threads for s in slots if s.gpu is None)
-    if v.mode == "background" or inventory.cpu_count > busy:
-        why = "as configured" if v.mode == "background" else f"{inventory.cpu_count - busy} spare core(s)"
-        return ValidationPlan("background", "cpu", None, v.threads, why)
+    if v.mode == ValidationMode.BACKGROUND or inventory.cpu_count > busy:
+        why = "as configured" if v.mode == ValidationMode.BACKGROUND else f"{inventory.cpu_count - busy} spare core(s)"
+        return ValidationPlan(ValidationMode.BACKGROUND, "cpu", None, v.threads, why)
     # Every core already trains: a validator would only slow the workers down (see
     # benchmarks/validation_overlap.py), so validate inline.
-    return ValidationPlan("inline", "", None, v.threads, f"no spare core ({busy} of {inventory.cpu_count} train)")
+    return ValidationPlan(ValidationMode.INLINE, "", None, v.threads, f"no spare core ({busy} of {inventory.cpu_count} train)")

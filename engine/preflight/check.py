@@ -16,6 +16,7 @@ from ..config.problems import ConfigError, Problem, display_path
 from ..config.schema import RunConfig
 from ..hardware.devices import Inventory, discover_devices
 from ..hardware.placement import describe_plan, gang_problems, plan_slots, plan_validation
+from ..protocol.names import ValidationMode
 from ..runners.registry import runner_for
 
 
@@ -47,7 +48,7 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     problems += static_task_problems(config)
     if not problems:
         problems = runner_problems(config, plan_validation(config, slots, inventory).mode)
-    background = plan_validation(config, slots, inventory).mode == "background"
+    background = plan_validation(config, slots, inventory).mode == ValidationMode.BACKGROUND
     if probe and not problems:
         problems = _probe_tasks(config, background)
     if problems:

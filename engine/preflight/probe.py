@@ -22,7 +22,7 @@ from typing import Callable
 from ..config.problems import Problem, display_path
 from ..config.schema import BUILTIN_TASKS, LIGHTNING_PREFIX, RunConfig
 from ..launch.process import python_module_command
-from ..protocol.names import PipelineKind
+from ..protocol.names import PipelineKind, ValidationMode
 from ..runners.registry import runner_for
 
 PREFIX = "TORCHHERD-PROBE "
@@ -80,7 +80,7 @@ def plan_jobs(config: RunConfig, background: bool | None = None) -> list[ProbeJo
     a validation metric inside the worker is a problem); None takes it from the configured mode.
     """
     if background is None:
-        background = config.validation.mode in ("background", "auto")
+        background = config.validation.mode in (ValidationMode.BACKGROUND, ValidationMode.AUTO)
     grouped: dict[tuple[str, str, str], list[int]] = {}
     for i, p in enumerate(config.pipelines):
         extra = runner_for(p.kind).probe_job(p)

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from .names import ValidationMode
+
 clock = time  # what stamps every message: anything with `.time()` (the app's tests freeze it)
 
 
@@ -165,7 +167,7 @@ class ValResult(Event):
     step: int
     metrics: dict[str, float]
     latency: float = 0.0  # seconds from weight hand-off to result
-    mode: str = "inline"  # "inline" or "background"
+    mode: str = ValidationMode.INLINE  # a ValidationMode: INLINE or BACKGROUND
     seq: int = 0  # the snapshot scored (background)
     checksum: float | None = None  # sum of the weights scored, when validation.checksum is on
     error: str = ""  # validation raised: metrics is empty and this says why
@@ -242,7 +244,7 @@ class WorkerExited(Event):
     attempt: int
     exit_code: int | None
     signal: str = ""
-    reason: str = ""  # "completed", "stopped", "killed", "crashed", ...
+    reason: str = ""  # an ExitReason ("completed", "stopped", "crashed", ...); "" when unknown
     error: str = ""
     traceback: str = ""
     uptime: float = 0.0  # seconds

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..config.schema import RunConfig
-from ..protocol.messages import EpochEnd, Event, Message, RunFinished, RunStarted, StepMetrics, ValResult
+from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
+                                StepMetrics, ValResult)
 from ..protocol.records import from_record, to_record
+from ..protocol.states import WorkerState
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
 PID_FILE = "supervisor.pid"  # the pid of the torchherd process writing a run (or snapshot folder)
@@ -193,7 +195,7 @@ class RunSummary:
     @property
     def to_resume(self) -> tuple[str, ...]:
         """The pipelines that did not complete (stopped, killed, failed, never started or cut short)."""
-        return tuple(p for p in self.pipelines if self.statuses.get(p) != "completed")
+        return tuple(p for p in self.pipelines if self.statuses.get(p) != WorkerState.COMPLETED)
 
     @property
     def resumable(self) -> bool:
@@ -239,17 +241,17 @@ def summarize(run_dir: Path) -> RunSummary | None:
         return None
     statuses: dict[str, str] = {}
     for r in records:
-        if r.get("type") == "pipeline_finished":
+        if r.get("type") == PipelineFinished.type:
             statuses[r["pipeline"]] = r["status"]
     finished = [r for r in records if r.get("type") == RunFinished.type]
     pipelines = tuple(started.get("pipelines", ()))
     for r in records:
-        if r.get("type") == "pipeline_queued" and r["pipeline"] not in pipelines:
+        if r.get("type") == PipelineQueued.type and r["pipeline"] not in pipelines:
             pipelines += (r["pipeline"],)
     if finished:
         values = set(finished[-1].get("statuses", {}).values())
-        status = "completed" if values == {"completed"} else \
-            next((s for s in ("failed", "killed", "stopped") if s in values), "completed")
+        worst = (WorkerState.FAILED, WorkerState.KILLED, WorkerState.STOPPED)  # the worst any pipeline ended in names the run
+        status = next((s for s in worst if s in values), WorkerState.COMPLETED).value
     else:
         status = "unfinished"
     return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,

@@ -16,27 +16,30 @@ from ..protocol.messages import (Event, Notice, PipelineFinished, Stop, WorkerEx
                                        WorkerStarted, WorkerStateChanged)
 from .pipeline import Attempt, PipelineRun
 from .scheduler import Scheduler
+from ..protocol.names import ExitReason, Intent
 from ..protocol.states import WorkerState, check_transition
 
 S = WorkerState
+R = ExitReason
 HANG_DUMP_WAIT = 1.0  # seconds between asking a hung worker for its stack and killing it
 
 # Why an attempt ended: what we asked of it wins over its exit code, and so does what its launcher knows
 # better than the code (`handle.cause`): "node left", an attempt lost with its cluster node, is moved
 # to a live one as a restart is, spending no budget.
-BY_INTENT = {"restart": "restarted", "kill": "killed", "hung": "hung", "node left": "restarted"}
-BY_CODE = {EXIT_STOPPED: "stopped", EXIT_COMPLETED: "completed", EXIT_RESTART: "restart requested",
-           EXIT_FATAL: "failed"}
-WITH_ERROR = ("failed", "crashed", "hung", "restart requested")  # reasons that carry the worker's error
+BY_INTENT = {Intent.RESTART: R.RESTARTED, Intent.KILL: R.KILLED, Intent.HUNG: R.HUNG, Intent.NODE_LEFT: R.RESTARTED}
+BY_CODE = {EXIT_STOPPED: R.STOPPED, EXIT_COMPLETED: R.COMPLETED, EXIT_RESTART: R.RESTART_REQUESTED,
+           EXIT_FATAL: R.FAILED}
+WITH_ERROR = (R.FAILED, R.CRASHED, R.HUNG, R.RESTART_REQUESTED)  # reasons that carry the worker's error
+EXIT_SHOWN = (R.FAILED, R.CRASHED, R.HUNG)  # reasons whose exit ("exit code 3") is the error when none was sent
 
 
-def classify(intent: str | None, code: int) -> str:
+def classify(intent: Intent | None, code: int) -> ExitReason:
     """The reason an attempt ended, from why we asked it to end (if we did) and its exit status."""
     if intent in BY_INTENT:
         return BY_INTENT[intent]
-    if intent == "stop" and code != EXIT_COMPLETED:
-        return "stopped"  # asked to stop; however it went, it is not a crash
-    return BY_CODE.get(code, "crashed")
+    if intent == Intent.STOP and code != EXIT_COMPLETED:
+        return R.STOPPED  # asked to stop; however it went, it is not a crash
+    return BY_CODE.get(code, R.CRASHED)
 
 
 def describe_exit(code: int) -> str:
@@ -118,7 +121,7 @@ class Lifecycle:
     def request_stop(self, run: PipelineRun, reason: str) -> None:
         """Ask a live worker to finish its step, checkpoint and exit (-> STOPPING)."""
         assert run.current is not None and run.handle is not None
-        run.current.intent, run.stop_reason = "stop", reason
+        run.current.intent, run.stop_reason = Intent.STOP, reason
         run.current.deadline = time.monotonic() + run.plan.run_config.restart.stop_timeout
         run.handle.send(Stop(reason=reason))
         self.set_state(run, S.STOPPING)  # STARTING/RUNNING/PAUSED -> STOPPING
@@ -152,7 +155,7 @@ class Lifecycle:
                 run.stop_reason = f"did not stop within {run.plan.run_config.restart.stop_timeout:g}s; killed"
                 self.terminate(run)
         elif self._is_hung(run, now):
-            attempt.intent = "hung"
+            attempt.intent = Intent.HUNG
             handle.dump_stacks()
             attempt.deadline = now + HANG_DUMP_WAIT
             timeout = run.plan.run_config.restart.hang_timeout
@@ -189,7 +192,7 @@ class Lifecycle:
         self._publish(WorkerExited(
             pipeline=run.name, pid=pid, attempt=run.attempts, exit_code=code if code >= 0 else None,
             signal=sig, reason=reason,
-            error=error or ("" if reason not in ("failed", "crashed", "hung") else exit_desc),
+            error=error or ("" if reason not in EXIT_SHOWN else exit_desc),
             traceback=run.last_traceback if error else "", uptime=uptime, rank=rank))
         OUTCOMES[reason](self, run, uptime, exit_desc)
 
@@ -259,13 +262,13 @@ class Lifecycle:
                                        reason=f"{decision.reason}: {what}"))
 
 
-OUTCOMES: dict[str, Callable[[Lifecycle, PipelineRun, float, str], None]] = {
-    "restarted": Lifecycle._relaunch,
-    "killed": Lifecycle._killed,
-    "stopped": Lifecycle._stopped,
-    "completed": Lifecycle._completed,
-    "failed": Lifecycle._failed,
-    "restart requested": Lifecycle._restart_requested,
-    "crashed": Lifecycle._crashed,
-    "hung": Lifecycle._crashed,
+OUTCOMES: dict[ExitReason, Callable[[Lifecycle, PipelineRun, float, str], None]] = {
+    R.RESTARTED: Lifecycle._relaunch,
+    R.KILLED: Lifecycle._killed,
+    R.STOPPED: Lifecycle._stopped,
+    R.COMPLETED: Lifecycle._completed,
+    R.FAILED: Lifecycle._failed,
+    R.RESTART_REQUESTED: Lifecycle._restart_requested,
+    R.CRASHED: Lifecycle._crashed,
+    R.HUNG: Lifecycle._crashed,
 }

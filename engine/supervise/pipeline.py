@@ -15,6 +15,7 @@ from ..protocol.messages import EpochEnd, Event, Heartbeat, StepMetrics, Trainin
 from ..hardware.placement import Slot, ValidationPlan
 from .policy import RestartPolicy
 from ..protocol.progress import PipelineProgress, apply
+from ..protocol.names import Intent, ValidationMode
 from ..protocol.states import WorkerState
 
 
@@ -39,7 +40,7 @@ class Plan:
 
     @property
     def background(self) -> bool:
-        return self.validation.mode == "background"
+        return self.validation.mode == ValidationMode.BACKGROUND
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Attempt:
     started_mono: float = 0.0  # monotonic seconds
     started_at: float | None = None  # wall clock, for people
     deadline: float | None = None  # monotonic time to escalate (KILLING / STOPPING / HUNG)
-    intent: str | None = None  # "stop", "kill", "restart" or "hung": why we asked it to end
+    intent: Intent | None = None  # why we asked it to end (STOP, KILL, RESTART or HUNG)
     escalated: bool = False
     last_progress: float = 0.0  # monotonic time of its last sign of training
     start_step: int | None = None  # the step it resumed at (from TrainingStarted)
@@ -121,7 +122,7 @@ class PipelineRun:
         return self.current.handle if self.current is not None else None
 
     @property
-    def intent(self) -> str | None:
+    def intent(self) -> Intent | None:
         return self.current.intent if self.current is not None else None
 
 

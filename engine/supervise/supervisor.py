@@ -27,6 +27,7 @@ from .policy import RestartPolicy
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, read_events, remove_root, \
     snapshot_root
 from .scheduler import Scheduler
+from ..protocol.names import Intent
 from ..protocol.states import WorkerState
 from ..telemetry.sampler import TelemetrySampler
 from .validation_service import SESSION_ENDED, ValidationService
@@ -203,13 +204,13 @@ class Supervisor:
             elif run.state in LIVE and run.current.start_step is None:
                 # Still building its task: it hears no Stop until it trains, and it has trained
                 # nothing since its last checkpoint, so it is ended now instead of waited for.
-                run.current.intent, run.stop_reason = "stop", reason
+                run.current.intent, run.stop_reason = Intent.STOP, reason
                 self._lifecycle.terminate(run)  # STARTING/PAUSED -> KILLING
             elif run.state in LIVE:
                 self._lifecycle.request_stop(run, reason)  # STARTING/RUNNING/PAUSED -> STOPPING
-            elif run.state in (S.KILLING, S.HUNG) and run.intent in ("restart", "hung"):
+            elif run.state in (S.KILLING, S.HUNG) and run.intent in (Intent.RESTART, Intent.HUNG):
                 # Already on its way out to be started again: let it end there instead.
-                run.current.intent, run.stop_reason = "stop", reason
+                run.current.intent, run.stop_reason = Intent.STOP, reason
         self._check_finished()
 
     def pause(self, name: str) -> None:
@@ -236,17 +237,17 @@ class Supervisor:
         if run.state in (S.QUEUED, S.BACKOFF):
             self._lifecycle.finish(run, S.KILLED, "killed before it started")  # QUEUED/BACKOFF -> KILLED
         elif run.handle is not None and run.state != S.KILLING:
-            run.current.intent = "kill"
+            run.current.intent = Intent.KILL
             self._lifecycle.terminate(run)
         elif run.state == S.KILLING:
-            run.current.intent = "kill"  # a restart in progress becomes a kill
+            run.current.intent = Intent.KILL  # a restart in progress becomes a kill
         self._check_finished()
 
     def restart(self, name: str) -> None:
         """Kill the worker and start it again from its last checkpoint (no restart budget spent)."""
         run = self._get(name)
         if run.handle is not None:
-            run.current.intent = "restart"
+            run.current.intent = Intent.RESTART
             if run.state != S.KILLING:
                 self._lifecycle.terminate(run)
         elif run.state == S.BACKOFF:
@@ -279,8 +280,8 @@ class Supervisor:
         self._closing = True
         for run in self._runs.values():
             if run.handle is not None:
-                if run.intent != "stop":
-                    run.current.intent = "kill"
+                if run.intent != Intent.STOP:
+                    run.current.intent = Intent.KILL
                 if run.state != S.KILLING:
                     self._lifecycle.set_state(run, S.KILLING)  # alive -> KILLING
                 run.handle.kill()

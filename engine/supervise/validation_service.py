@@ -26,6 +26,7 @@ from ..protocol.messages import (EarlyStop, Event, Notice, SnapshotSkipped, Snap
                                        ValidatorStarted, ValResult)
 from ..hardware.placement import ValidationPlan
 from ..rundir.directory import claim_root
+from ..protocol.names import Intent, ValidationMode
 from ..protocol.spec import ValidatorSpec
 
 BACKOFF = (1.0, 30.0)  # seconds: first and longest delay before restarting the validator
@@ -132,7 +133,7 @@ class ValidationService:
     def start_for(self, plan: ValidationPlan) -> None:
         """Make sure a validator runs when a config validates in the background (one per session, or,
         per node, once a validated worker is placed there)."""
-        if plan.mode == "background" and self.plan is None:
+        if plan.mode == ValidationMode.BACKGROUND and self.plan is None:
             self.plan = plan
             if not plan.per_node:
                 self.validators[""] = Validator("", self.snapshot_root)
@@ -280,7 +281,7 @@ class ValidationService:
 
     def _died(self, v: Validator, code: int | None = None) -> None:
         where = self._where(v)
-        left = getattr(v.handle, "cause", None) == "node left"
+        left = getattr(v.handle, "cause", None) == Intent.NODE_LEFT
         if v.handle is not None:
             self._events(v, v.handle, v.handle.drain())
             v.handle.close()

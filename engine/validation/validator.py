@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..protocol.channel import ControlReceiver, StatusSender
 from ..protocol.messages import Stop, ValResult
+from ..protocol.names import ValidationMode
 from ..protocol.spec import ValidatorSpec
 from ..runners.base import Scorer
 from ..runners.registry import runner_for
@@ -59,7 +60,7 @@ def serve(spec: ValidatorSpec, sender: StatusSender, control: ControlReceiver) -
                     broken.add(name)
                     tb = traceback.format_exc()
                     print(tb, file=sys.stderr, flush=True)
-                    sender.send(ValResult(pipeline=name, epoch=-1, step=-1, metrics={}, mode="background",
+                    sender.send(ValResult(pipeline=name, epoch=-1, step=-1, metrics={}, mode=ValidationMode.BACKGROUND,
                                           error=f"building the validation task failed: {type(exc).__name__}: {exc}",
                                           traceback=tb))
         worked = False

@@ -28,6 +28,7 @@ from .placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, \
     plan_cluster_slots, read_nodes
 from .rundir import check_shared, remove_roots
 from .transport import DialBackListener
+from ...protocol.names import Intent
 from ...protocol.spec import Transport, ValidatorSpec, write_spec
 
 NAMESPACE = "torchherd"  # every actor torchherd starts is named in this Ray namespace
@@ -80,7 +81,7 @@ class RayHandle(ProcessHandle):
         self._queued: list[Command] = []
         self._start_ref = self._exit_ref = None
         self._code: int | None = None
-        self.cause: str | None = None  # "node left": classified by the lifecycle (BY_INTENT), not a crash
+        self.cause: Intent | None = None  # NODE_LEFT: classified by the lifecycle (BY_INTENT), not a crash
         self._lost = ""  # why the actor died under us, for people
         self._closed = False
 
@@ -332,7 +333,7 @@ class RayLauncher:
         gone = self.refresh()
         where = self.inventory.label(handle.node_id) if self.book.alive(handle.node_id) else None
         if where is None:
-            handle.cause = "node left"
+            handle.cause = Intent.NODE_LEFT
             return f"node {handle.node or 'of the supervisor'} left the cluster; the attempt on it is lost " \
                    "and starts again on a live node (no restart spent)"
         return f"the Ray actor of this attempt died ({type(exc).__name__})" + \

@@ -186,7 +186,7 @@ class HerdHooks:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()
                    if v is not self._val_before.get(k) and (not torch.is_tensor(v) or v.numel() == 1)}
         r.send(ValResult(pipeline=r.name, epoch=trainer.current_epoch, step=trainer.global_step, metrics=metrics,
-                         latency=time.monotonic() - self._val_start, mode="inline"))
+                         latency=time.monotonic() - self._val_start, mode=ValidationMode.INLINE))
         value = metrics.get(r.validation.metric)
         if value is not None and better(value, self.best, r.validation.metric_mode):
             self.best = value
@@ -284,7 +284,7 @@ class LightningAttempt:
                     log_every_n_steps=pipe.log_every_n_steps, callbacks=[*task.callbacks, callback])
         if pipe.max_time is not None:
             args["max_time"] = timedelta(seconds=pipe.max_time)
-        if v.mode == "inline":
+        if v.mode == ValidationMode.INLINE:
             args["check_val_every_n_epoch"] = v.every_n_epochs
             args.setdefault("num_sanity_val_steps", 0)
         else:  # background or off: the worker never runs validation_step
@@ -313,7 +313,7 @@ class LightningAttempt:
                 self.send(WorkerError(pipeline=self.name, error=str(exc), where="build",
                                       traceback=traceback.format_exc()))
                 return EXIT_FATAL
-        if self.validation.mode == "background":
+        if self.validation.mode == ValidationMode.BACKGROUND:
             found = val_monitors(task, with_optimizers=False)
             if found:
                 text = monitors_problem(found)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ...protocol.channel import StatusSender
 from ...protocol.messages import Notice, ValResult
+from ...protocol.names import ValidationMode
 from ..scoring import keep_best, load_newest, open_pipeline
 from . import LightningRunner
 
@@ -69,7 +70,7 @@ class LightningScorer:
             self._notice(sender, "no-step", f"{type(self.module).__name__} has no validation_step: "
                          "snapshots are not scored (add one that self.log()s, e.g. 'val_loss')")
             sender.send(ValResult(pipeline=self.name, epoch=loaded.epoch, step=loaded.step, metrics={},
-                                  latency=time.time() - loaded.handoff, mode="background", seq=loaded.seq))
+                                  latency=time.time() - loaded.handoff, mode=ValidationMode.BACKGROUND, seq=loaded.seq))
             return True
         checksum = weights_checksum(self.module.state_dict()) if self.validation.checksum else None
         try:
@@ -78,14 +79,14 @@ class LightningScorer:
             tb = traceback.format_exc()
             print(tb, file=sys.stderr, flush=True)
             sender.send(ValResult(pipeline=self.name, epoch=loaded.epoch, step=loaded.step, metrics={},
-                                  latency=time.time() - loaded.handoff, mode="background", seq=loaded.seq,
+                                  latency=time.time() - loaded.handoff, mode=ValidationMode.BACKGROUND, seq=loaded.seq,
                                   error=f"{type(exc).__name__}: {exc}", traceback=tb))
             return True
         if not metrics:
             self._notice(sender, "no-metrics", f"{type(self.module).__name__}.validation_step logs nothing: "
                          "call self.log('val_loss', loss) in it to get validation results")
         sender.send(ValResult(pipeline=self.name, epoch=loaded.epoch, step=loaded.step, metrics=metrics,
-                              latency=time.time() - loaded.handoff, mode="background", seq=loaded.seq,
+                              latency=time.time() - loaded.handoff, mode=ValidationMode.BACKGROUND, seq=loaded.seq,
                               checksum=checksum))
         self._track_best(sender, metrics, loaded)
         return True

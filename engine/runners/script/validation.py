@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...protocol.messages import EarlyStop, Event, ValResult
+from ...protocol.names import ValidationMode
 
 
 def build_validation(ref: str, params: dict[str, Any]) -> Any:
@@ -49,7 +50,7 @@ class InlineScorer:
 
     def send(self, event: Event) -> None:
         if isinstance(event, ValResult):
-            event = dataclasses.replace(event, mode="inline")
+            event = dataclasses.replace(event, mode=ValidationMode.INLINE)
         elif isinstance(event, EarlyStop):
             self.on_stop(event.reason)
         self.sender.send(event)
@@ -63,7 +64,7 @@ class InlineScorer:
                 self.scorer = PipelineScorer(self.name, self.directory, self.device)
             except Exception as exc:
                 self.broken = True
-                self.sender.send(ValResult(pipeline=self.name, epoch=-1, step=-1, metrics={}, mode="inline",
+                self.sender.send(ValResult(pipeline=self.name, epoch=-1, step=-1, metrics={}, mode=ValidationMode.INLINE,
                                            error=f"building the validation failed: {type(exc).__name__}: {exc}"))
         if self.scorer is not None:
             self.scorer.score_newest(self)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ...protocol.channel import StatusSender
 from ...protocol.messages import ValResult
-from ...protocol.names import PipelineKind
+from ...protocol.names import PipelineKind, ValidationMode
 from ..scoring import keep_best, load_newest, open_pipeline
 
 
@@ -58,11 +58,11 @@ class PipelineScorer:
             tb = traceback.format_exc()
             print(tb, file=sys.stderr, flush=True)
             sender.send(ValResult(pipeline=self.name, epoch=loaded.epoch, step=loaded.step, metrics={},
-                                  latency=time.time() - loaded.handoff, mode="background", seq=loaded.seq,
+                                  latency=time.time() - loaded.handoff, mode=ValidationMode.BACKGROUND, seq=loaded.seq,
                                   error=f"{type(exc).__name__}: {exc}", traceback=tb))
             return True
         sender.send(ValResult(pipeline=self.name, epoch=loaded.epoch, step=loaded.step, metrics=metrics,
-                              latency=time.time() - loaded.handoff, mode="background", seq=loaded.seq,
+                              latency=time.time() - loaded.handoff, mode=ValidationMode.BACKGROUND, seq=loaded.seq,
                               checksum=checksum))
         value = metrics.get(self.validation.metric)
         if value is None:

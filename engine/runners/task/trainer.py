@@ -357,7 +357,7 @@ class Trainer:
         metrics = evaluate(self.model, self.val_loader, self.task.loss_fn, self.task.metrics_fn,
                            self.device, self.autocast, self.non_blocking)
         self.sender.send(ValResult(pipeline=self.name, epoch=epoch, step=self.step, metrics=metrics,
-                                   latency=time.monotonic() - start, mode="inline"))
+                                   latency=time.monotonic() - start, mode=ValidationMode.INLINE))
         value = metrics.get(v.metric)
         if value is None:
             return
