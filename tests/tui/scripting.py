@@ -21,6 +21,7 @@ from torchherd.engine.protocol import messages as m
 from torchherd.engine.protocol.channel import EXIT_ERROR, EXIT_STOPPED
 from torchherd.engine.config.schema import RunConfig
 from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.protocol.names import ValidationMode
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.scripted import ScriptedLauncher
 
@@ -73,7 +74,7 @@ def scripted_config(config: RunConfig, **restart) -> RunConfig:
     """The config with no telemetry sampler and inline validation: no process beyond the scripted workers."""
     return config.model_copy(update={
         "telemetry": config.telemetry.model_copy(update={"enabled": False}),
-        "validation": config.validation.model_copy(update={"mode": "inline"}),
+        "validation": config.validation.model_copy(update={"mode": ValidationMode.INLINE}),
         "restart": config.restart.model_copy(update=restart)})
 
 
