@@ -8,16 +8,16 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from torchherd.engine.launch.backend import Backend, Handle
 from torchherd.engine.protocol.messages import TrainingStarted
 
 
-class FakeHandle:
+class FakeHandle(Handle):
     """A worker that exits when told to; `ignore_term` makes it shrug off `terminate()`.
 
-    `signals` records what it was asked, as the signals a local process would get.
+    `signals` records what it was asked, as the signals a local process would get. It is a `Handle`,
+    so a method the contract adds and this fake lacks is a TypeError when a test makes one.
     """
-
-    node = ""
 
     def __init__(self, pid: int, ignore_term: bool = False):
         self.pid, self.code, self.ignore_term = pid, None, ignore_term
@@ -68,8 +68,10 @@ class FakeHandle:
                                         device="cpu", parameters=1)])
 
 
-class ScriptedLauncher:
-    """Launches FakeHandles (or whatever `make(n)` returns for the n-th launch) and keeps them in order."""
+class ScriptedLauncher(Backend):
+    """Launches FakeHandles (or whatever `make(n)` returns for the n-th launch) and keeps them in order.
+
+    Every other ability is the `Backend` default, as for the local backend."""
 
     def __init__(self, ignore_term: bool = False):
         self.handles: list[FakeHandle] = []

@@ -176,17 +176,17 @@ async def test_only_the_attempts_token_opens_the_connection():
 
 
 def test_validation_runs_on_each_node_across_cluster_nodes():
-    from torchherd.engine.hardware.placement import plan_validation
+    from torchherd.engine.launch.ray.placement import plan_cluster_validation
 
     inv = cluster_inventory(read_nodes(NODES))
     slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=2), inv)
-    plan = plan_validation(config(validation={"mode": "background"}), slots, inv)
+    plan = plan_cluster_validation(config(validation={"mode": "background"}), slots, inv)
     assert (plan.mode, plan.device, plan.per_node) == ("background", "cpu", True) and "2 cluster nodes" in plan.why
     one = cluster_inventory(read_nodes(NODES[:1]))
-    single = plan_validation(config(validation={"mode": "background"}), slots[:1], one)
+    single = plan_cluster_validation(config(validation={"mode": "background"}), slots[:1], one)
     assert single.mode == "background" and not single.per_node  # one node: one validator, as locally
     busy, _ = plan_cluster_slots(DevicesConfig(placement="cpu", cpu_slots=6), inv)
-    assert plan_validation(config(validation={"mode": "auto"}), busy, inv).mode == "inline"  # no spare core
+    assert plan_cluster_validation(config(validation={"mode": "auto"}), busy, inv).mode == "inline"  # no spare core
 
 
 def service(tmp_path, launcher, results):
@@ -245,12 +245,11 @@ def test_a_node_label_with_a_slash_names_one_validator_folder(tmp_path):
     # nested under validator-host/ and its spec and log were not where people (and tests) look.
     from torchherd.engine.hardware.placement import ValidationPlan
 
-    class Hosts:  # two hosts named "vm": ClusterInventory.label tells them apart by node id
-        def label(self, node):
+    class Hosts(ScriptedLauncher):  # two hosts named "vm": ClusterInventory.label tells them apart by node id
+        def node_label(self, node):
             return "vm/" + node[:6]
 
-    launcher = ScriptedLauncher()
-    launcher.inventory = Hosts()
+    launcher = Hosts()
     svc, published = service(tmp_path, launcher, [])
     svc.start_for(ValidationPlan("background", "cpu", None, 1, "test", per_node=True))
     svc.hand_off_dir("a", "bb" * 14)

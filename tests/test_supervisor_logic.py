@@ -1,7 +1,6 @@
 """Supervisor state machine driven by a scripted launcher: restarts, budgets, escalation, queueing."""
 from __future__ import annotations
 
-import asyncio
 import signal
 
 import pytest
@@ -11,7 +10,7 @@ from torchherd.engine.protocol.messages import Heartbeat, Pause, Resume, Stop, T
 from torchherd.engine.protocol.states import WorkerState
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config
-from tests.scripted import FakeHandle, ScriptedLauncher, until
+from tests.scripted import ScriptedLauncher, until
 
 
 def make(tmp_path, pipelines, launcher, **top):
@@ -169,7 +168,7 @@ async def test_a_crash_on_a_full_gpu_says_so(tmp_path, launcher):
     sup = Supervisor(config, launcher=launcher, inventory=Inventory(gpus=(gpu,), cpu_count=2), tick=0.005)
     await sup.start()
     await until(lambda: launcher.handles)
-    sup._on_telemetry(TelemetrySnapshot(gpus=(GpuSample(
+    sup.on_telemetry(TelemetrySnapshot(gpus=(GpuSample(
         index=0, uuid="GPU-0", name="Fake GPU", util_gpu=100, util_mem=90, mem_used=79 * 2**30,
         mem_total=80 * 2**30, temperature=80, power_draw=300.0, power_limit=350.0, processes=()),),
         processes=(), host_cpu_percent=1.0, host_mem_used=1, host_mem_total=2, load1=0.1, sample_ms=1.0))

@@ -151,21 +151,11 @@ class ValidationPlan:
 
 
 def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) -> ValidationPlan:
-    """Resolve `validation.mode` and `validation.device` against the slots this run uses."""
+    """Resolve `validation.mode` and `validation.device` against the slots this run uses, on one machine
+    (a backend plans its own: Backend.plan_validation, engine/launch/backend.py)."""
     v = config.validation
     if v.mode in (ValidationMode.OFF, ValidationMode.INLINE):
         return ValidationPlan(v.mode, "", None, v.threads, "as configured")
-    nodes = len(getattr(inventory, "nodes", ()))  # a Ray cluster's inventory (engine/launch/ray/placement.py)
-    if nodes > 1:
-        # Snapshots live in the shared memory of the worker's node, out of reach of a validator on
-        # another (and the object store drops a snapshot with the worker that put it): one validator
-        # per node, on its CPU, sharing the node as the local validator shares this machine.
-        busy = sum(s.threads for s in slots if s.gpu is None)
-        if v.mode == ValidationMode.BACKGROUND or inventory.cpu_count > busy or any(s.gpu is not None for s in slots):
-            return ValidationPlan(ValidationMode.BACKGROUND, "cpu", None, v.threads, f"a validator on each of {nodes} "
-                                  "cluster nodes that hosts validated workers", per_node=True)
-        return ValidationPlan(ValidationMode.INLINE, "", None, v.threads,
-                              f"no spare core on the cluster ({busy} of {inventory.cpu_count} train)")
     used = {s.gpu.index for s in slots if s.gpu is not None}
     spare = [g for g in inventory.gpus if g.index not in used]
     if isinstance(v.device, int):

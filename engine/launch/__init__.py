@@ -1,1 +1,3 @@
-"""Backends: what starts a supervised child (locally, as a DDP gang, or on a Ray cluster) and the `Handle` the supervisor holds for it."""
+"""Backends: the contract (`backend.py`: `Backend`, `Handle`, `LaunchSpec`), the registry by `[cluster] backend`
+name (`registry.py`), and what starts a supervised child locally (`process.py`), as a DDP gang (`gang.py`) or on a
+Ray cluster (`ray/`)."""

@@ -3,77 +3,36 @@
 `GangHandle` wraps one handle per rank: the first rank to fail brings the others
 down at once (none is left blocked in a collective) and its exit is the gang's, and
 rank 0 speaks for the pipeline (other ranks' errors and notices pass, tagged with
-their rank). `rank_env` gives each rank torchrun's environment, on a port of its own
-(on a cluster, on the address and a free port of the one node all its ranks share).
+their rank). `rank_env` (engine/launch/environment.py) gives each rank torchrun's
+environment, on a port of its own (the backend's `rendezvous`: on a cluster, the address
+and a free port of the one node all its ranks share).
 """
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from dataclasses import replace
 from typing import Callable
 
 from ..protocol.channel import EXIT_COMPLETED, EXIT_STOPPED
-from .process import Handle, LaunchSpec, Launcher
-from ..protocol.messages import Event, Notice, WorkerError
+from ..protocol.messages import Command, Event, Notice, WorkerError
+from ..protocol.names import Intent
+from .backend import Backend, Handle, LaunchSpec
+from .environment import rank_env
+from .ports import hold_port, release_port, take_port
+
+# rank_env and the ports are re-exported: a gang's torchrun variables and port, as one place to look
+__all__ = ["GangHandle", "hold_port", "launch_gang", "rank_env", "release_port", "take_port"]
 
 CLEAN = (EXIT_COMPLETED, EXIT_STOPPED)  # a rank that ends so has not failed: its peers may still be finishing
 
-# Ports handed to gangs of this process: a gang's rank 0 binds its port only once it
-# has imported torch (seconds later), and until then the kernel may offer it again.
-_held: set[int] = set()
 
-
-def take_port() -> int:
-    """A free TCP port for a gang's MASTER_PORT that no other live gang of this process holds."""
-    for _ in range(64):
-        with socket.socket() as s:
-            s.bind(("", 0))  # rank 0's store listens on every interface: the port must be free on all
-            port = s.getsockname()[1]
-        if port not in _held:
-            _held.add(port)
-            return port
-    raise OSError("no free TCP port for the gang's rendezvous")
-
-
-def hold_port(port: int) -> bool:
-    """Hold a port found free elsewhere (on a cluster node) for a gang; False if a live gang holds it."""
-    if port in _held:
-        return False
-    _held.add(port)
-    return True
-
-
-def release_port(port: int) -> None:
-    _held.discard(port)
-
-
-def rendezvous(launcher: Launcher, node: str) -> tuple[str, int]:
-    """MASTER_ADDR and a held MASTER_PORT for a gang on `node`: the launcher's `rendezvous(node)` hook
-    where it has one (a cluster's: the node's address and a port free there), else this machine's."""
-    hook = getattr(launcher, "rendezvous", None)
-    return hook(node) if hook is not None else ("127.0.0.1", take_port())
-
-
-def rank_env(rank: int, world: int, port: int, restarts: int, max_restarts: int, run_id: str,
-             addr: str = "127.0.0.1") -> dict[str, str]:
-    """What torchrun --standalone sets for one rank, so a script written for it runs unchanged."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
-            "ROLE_NAME": "default", "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-            "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-            "TORCHELASTIC_RUN_ID": run_id, "TORCHHERD_RESTART_COUNT": str(restarts)}
-
-
-class GangHandle:
+class GangHandle(Handle):
     """Every rank of one attempt of a gang, as one handle."""
 
     def __init__(self, ranks: list[Handle], linger: float, grace: float, on_close: Callable[[], None] = lambda: None):
         self.ranks = ranks
         self.node = ranks[0].node  # every rank shares its node (engine/supervise/scheduler.py)
-        if hasattr(ranks[0], "node_id"):  # a cluster's: telemetry asks that node's sampler for the ranks
-            self.node_id = ranks[0].node_id
         self.failed_rank: int | None = None  # the first rank seen to fail: the root cause
         self.errors: dict[int, WorkerError] = {}  # the last error each rank reported
         self._error_order: list[int] = []  # ranks in the order their first error arrived
@@ -90,9 +49,14 @@ class GangHandle:
         return self.ranks[0].pid
 
     @property
-    def cause(self) -> str | None:
-        """What the failing rank's launcher knows of why it ended (its node left, say), if anything."""
-        return getattr(self.ranks[self.exit_rank], "cause", None)
+    def node_id(self) -> str:
+        """Rank 0's node id (a cluster's: telemetry asks that node's sampler for the ranks)."""
+        return self.ranks[0].node_id
+
+    @property
+    def cause(self) -> Intent | None:
+        """What the failing rank's backend knows of why it ended (its node left, say), if anything."""
+        return self.ranks[self.exit_rank].cause
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -156,7 +120,7 @@ class GangHandle:
     def _alive(self) -> list[Handle]:
         return [h for rank, h in enumerate(self.ranks) if rank not in self._codes]
 
-    def send(self, command) -> bool:
+    def send(self, command: Command) -> bool:
         """To every rank: a Task gang's rank 0 decides for all, a script's ranks each obey their own."""
         heard = [h.send(command) for h in self.ranks]
         return heard[0]
@@ -205,13 +169,13 @@ class GangHandle:
         self._on_close()
 
 
-def launch_gang(launcher: Launcher, specs: list[LaunchSpec], linger: float, grace: float,
+def launch_gang(backend: Backend, specs: list[LaunchSpec], linger: float, grace: float,
                 on_close: Callable[[], None] = lambda: None) -> GangHandle:
     """Start every rank; if one cannot start, those already started are ended and the error raised."""
     started: list[Handle] = []
     try:
         for spec in specs:
-            started.append(launcher.launch(spec))
+            started.append(backend.launch(spec))
     except BaseException:  # whatever went wrong, no rank may be left running and no port held
         for h in started:
             h.close()

@@ -2,13 +2,15 @@
 
 `AttemptLauncher.start(run)` writes each rank's worker spec (its slot, log and, for
 rank 0, where snapshots go) and launches one process, or a gang of one per slot with
-torchrun's environment on a port of its own (on a cluster, the launcher's
-`rendezvous` names its node's address and a port free there).
+torchrun's environment on the address and port the backend's `rendezvous` names
+(this machine's loopback; on a cluster, its node's address and a port free there).
 """
 from __future__ import annotations
 
 from ..launch import gang
-from ..launch.process import Handle, LaunchSpec, Launcher
+from ..launch.backend import Backend, Handle, LaunchSpec
+from ..launch.environment import rank_env
+from ..launch.ports import release_port
 from .pipeline import PipelineRun
 from ..rundir.directory import RunDirectory
 from ..protocol.spec import WorkerSpec
@@ -21,24 +23,23 @@ COLLECTIVE_TIMEOUT = 300.0
 
 
 class AttemptLauncher:
-    """Starts attempts of a run's pipelines through the session's launcher."""
+    """Starts attempts of a run's pipelines through the session's backend."""
 
-    def __init__(self, launcher: Launcher, rundir: RunDirectory, validation: ValidationService, run_id: str):
-        self._launcher, self._rundir, self._validation, self._run_id = launcher, rundir, validation, run_id
+    def __init__(self, backend: Backend, rundir: RunDirectory, validation: ValidationService, run_id: str):
+        self._backend, self._rundir, self._validation, self._run_id = backend, rundir, validation, run_id
 
     def start(self, run: PipelineRun) -> Handle:
         """Launch the pipeline's next attempt on its slots (raises OSError)."""
         if len(run.slots) == 1:
-            return self._launcher.launch(self.spec_for(run, 0))
+            return self._backend.launch(self.spec_for(run, 0))
         restart = run.plan.run_config.restart
         # the scheduler gives a gang's ranks one node: rank 0's store listens there
-        addr, port = gang.rendezvous(self._launcher, run.slots[0].node)
-        envs = [gang.rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self._run_id,
-                              addr)
+        addr, port = self._backend.rendezvous(run.slots[0].node)
+        envs = [rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self._run_id, addr)
                 for rank in range(len(run.slots))]
-        return gang.launch_gang(self._launcher, [self.spec_for(run, rank, env) for rank, env in enumerate(envs)],
+        return gang.launch_gang(self._backend, [self.spec_for(run, rank, env) for rank, env in enumerate(envs)],
                                 linger=restart.stop_timeout, grace=restart.kill_grace,
-                                on_close=lambda: gang.release_port(port))
+                                on_close=lambda: release_port(port))
 
     def spec_for(self, run: PipelineRun, rank: int, env: dict[str, str] | None = None) -> LaunchSpec:
         slot = run.slots[rank]

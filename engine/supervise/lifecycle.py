@@ -11,7 +11,8 @@ import time
 from typing import Callable
 
 from ..protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED
-from ..launch.process import Handle
+from ..launch.backend import Handle
+from ..launch.gang import GangHandle
 from ..protocol.messages import (Event, Notice, PipelineFinished, Stop, WorkerExited, WorkerRestarting,
                                        WorkerStarted, WorkerStateChanged)
 from .pipeline import Attempt, PipelineRun
@@ -183,10 +184,10 @@ class Lifecycle:
         attempt.handle = None
         uptime = time.monotonic() - attempt.started_mono
         exit_desc = describe_exit(code)
-        reason = classify(attempt.intent or getattr(handle, "cause", None), code)
+        reason = classify(attempt.intent or handle.cause, code)
         sig = exit_desc[len("killed by "):] if code < 0 and exit_desc.startswith("killed by ") else ""
         rank, pid = 0, handle.pid
-        if attempt.intent is None and getattr(handle, "failed_rank", None) is not None:
+        if attempt.intent is None and isinstance(handle, GangHandle) and handle.failed_rank is not None:
             rank, pid, exit_desc = self._gang_root_cause(run, handle, exit_desc)
         error = run.last_error if reason in WITH_ERROR else ""
         self._publish(WorkerExited(
@@ -197,7 +198,7 @@ class Lifecycle:
         OUTCOMES[reason](self, run, uptime, exit_desc)
 
     @staticmethod
-    def _gang_root_cause(run: PipelineRun, gang, exit_desc: str) -> tuple[int, int, str]:
+    def _gang_root_cause(run: PipelineRun, gang: GangHandle, exit_desc: str) -> tuple[int, int, str]:
         """The rank that failed first is why the gang ended; what its peers reported after is its echo."""
         rank = gang.failed_rank
         error = gang.errors.get(rank)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.schema import Pipeline, RunConfig
-from ..launch.process import Handle
+from ..launch.backend import Handle
 from ..protocol.messages import EpochEnd, Event, Heartbeat, StepMetrics, TrainingStarted, WorkerError
 from ..hardware.placement import Slot, ValidationPlan
 from .policy import RestartPolicy

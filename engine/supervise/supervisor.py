@@ -10,33 +10,32 @@ import asyncio
 import time
 from pathlib import Path
 
-from ..worker import checkpoint as ckpt
-from .attempts import AttemptLauncher
-from .bus import EventBus, EventStream
 from ..config.problems import ConfigError
 from ..config.schema import RunConfig
-from ..hardware.devices import Inventory, discover_devices
-from ..launch.process import Handle, Launcher, ProcessLauncher
-from .lifecycle import Lifecycle
-from ..protocol.messages import (CheckpointNow, EarlyStop, Event, Heartbeat, Notice, Pause, PipelineFinished,
-                                       PipelineQueued, Resume, RunFinished, RunStarted, SnapshotTaken,
-                                       TelemetrySnapshot, TrainingStarted, ValResult, WorkerError)
-from .pipeline import PipelineRun, PipelineView, Plan, view_of
-from ..hardware.placement import gang_problems, plan_slots, plan_validation
-from .policy import RestartPolicy
-from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, read_events, remove_root, \
-    snapshot_root
-from .scheduler import Scheduler
-from ..protocol.names import Intent
+from ..hardware.devices import Inventory
+from ..hardware.placement import gang_problems
+from ..launch.backend import Backend, Handle
+from ..launch.registry import backend_for
+from ..protocol.messages import (EarlyStop, Event, Heartbeat, Notice, PipelineQueued, RunFinished, RunStarted,
+                                 SnapshotTaken, TelemetrySnapshot, TrainingStarted, ValResult, WorkerError)
 from ..protocol.states import WorkerState
-from ..telemetry.sampler import TelemetrySampler
+from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
+from . import commands
+from .attempts import AttemptLauncher
+from .bus import EventBus, EventStream
+from .commands import LIVE
+from .lifecycle import Lifecycle
+from .pipeline import PipelineRun, PipelineView, Plan, view_of
+from .policy import RestartPolicy
+from .resuming import finished_before, kept_on_resume, resume_line
+from .scheduler import Scheduler
+from .telemetry_feed import TelemetryFeed, gpu_note
 from .validation_service import SESSION_ENDED, ValidationService
 
 __all__ = ["EventStream", "PipelineView", "Supervisor"]
 
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
-LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
 NODE_REFRESH = 2.0  # seconds between looks at a cluster's nodes (Ray itself sees a node leave in ~2 s)
 
 
@@ -44,19 +43,16 @@ class Supervisor:
     """Runs the pipelines of one or more configs as supervised worker processes."""
 
     def __init__(self, config: RunConfig, *, runs_dir: str | Path | None = None,
-                 launcher: Launcher | None = None, inventory: Inventory | None = None,
+                 launcher: Backend | None = None, inventory: Inventory | None = None,
                  run_id: str | None = None, tick: float = TICK):
+        """`launcher`: the backend attempts run on (default: the one `[cluster] backend` names);
+        `inventory`: the devices slots are planned on (default: the backend's)."""
         self.config = config
         base = Path(runs_dir if runs_dir is not None else config.runs_dir)
-        if launcher is None and config.cluster.backend == "ray":
-            from ..launch.ray.launcher import RayLauncher  # imports Ray: only for a Ray config
-
-            launcher = RayLauncher(config.cluster, base, config.source)
-        # A cluster's launcher brings its nodes' devices and plans slots on them.
-        planner = getattr(launcher, "plan_slots", plan_slots)
-        inventory = inventory if inventory is not None else getattr(launcher, "inventory", None)
-        self.inventory = inventory if inventory is not None else discover_devices()
-        slots, problems = planner(config.devices, self.inventory, config.source)
+        self._backend = launcher if launcher is not None else backend_for(config.cluster, base, config.source)
+        # A cluster's backend brings its nodes' devices and plans slots on them.
+        self.inventory = inventory if inventory is not None else self._backend.inventory
+        slots, problems = self._backend.plan_slots(config.devices, self.inventory, config.source)
         problems += gang_problems(config, slots) if slots else []
         if problems:
             raise ConfigError(problems)
@@ -65,13 +61,12 @@ class Supervisor:
         self.snapshot_root = snapshot_root(self.run_id, self.run_dir)
         self.telemetry: TelemetrySnapshot | None = None  # the newest sample
         self._tick_interval = tick
-        self._launcher = launcher if launcher is not None else ProcessLauncher()
         self._bus = EventBus()
         self._scheduler = Scheduler(slots)
-        self._generation = 0  # of the cluster's nodes the slots were planned for (launcher.follow)
+        self._generation = 0  # of the cluster's nodes the slots were planned for (backend.follow)
         self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
-                                    self._on_worker_events, self._gpu_note)
-        self._validation = ValidationService(self._launcher, self._emit_validation, self.run_dir,
+                                    self._on_worker_events, lambda run: gpu_note(run, self.telemetry))
+        self._validation = ValidationService(self._backend, self._emit_validation, self.run_dir,
                                              self.snapshot_root, self._on_val_result, self._on_early_stop)
         self._runs: dict[str, PipelineRun] = {}
         self._order = 0
@@ -82,9 +77,7 @@ class Supervisor:
         self._finished_sent = False
         self._closing = False  # shutdown has begun: no more restarts of the validator
         self._closed = False
-        self._pids: dict[str, int] = {}  # replaced whole on change: the sampler thread reads it
-        self._remote_pids: dict[str, dict[str, int]] = {}  # node id -> {label: pid}; replaced whole too
-        self._sampler: TelemetrySampler | None = None
+        self._feed = TelemetryFeed()  # the pids the sampler thread reads, and the sampler
         self._resume_configs: list[RunConfig] | None = None
         self._resume_only: set[str] | None = None
 
@@ -106,22 +99,19 @@ class Supervisor:
         if self._rundir is not None:
             raise RuntimeError("supervisor already started")
         resuming = self._resume_configs is not None
-        done: dict[str, str] = {}
-        if resuming:
-            done = {e.pipeline: e.status for e in read_events(self.run_dir) if isinstance(e, PipelineFinished)}
+        done = finished_before(self.run_dir) if resuming else {}  # read before the run directory reopens
         self._rundir = RunDirectory(self.run_dir)
-        self._attempts = AttemptLauncher(self._launcher, self._rundir, self._validation, self.run_id)
+        self._attempts = AttemptLauncher(self._backend, self._rundir, self._validation, self.run_id)
         self._rundir.resuming = resuming
         self._rundir.save_config(self.config)
         self._bus.add_sink(self._rundir.write)
         names = self._add(self.config)
         for config in (self._resume_configs or [])[1:]:
             names += self._add(config)
-        kept = {n: done.get(n, "stopped") for n in names if done.get(n) == "completed" or
-                (self._resume_only is not None and n not in self._resume_only)}
+        kept = kept_on_resume(done, names, self._resume_only) if resuming else {}
         if resuming:
             self._emit(Notice(level="info", text=f"resuming run {self.run_id}: " + ", ".join(
-                self._resume_plan(n, kept) for n in names)))
+                resume_line(self.run_dir, n, kept) for n in names)))
         self._emit(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir), config_path=self.config.source,
                               pipelines=tuple(names)))
         for name, status in kept.items():  # nothing to train: they keep how they had ended
@@ -132,25 +122,9 @@ class Supervisor:
         self._schedule()
         loop = asyncio.get_running_loop()
         self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
-        t = self.config.telemetry
-        if t.enabled:
-            remote = getattr(self._launcher, "remote_telemetry", None)  # a cluster's other nodes
-            self._sampler = TelemetrySampler(
-                interval=t.interval, pids=lambda: self._pids,
-                on_snapshot=lambda snap: loop.call_soon_threadsafe(self._on_telemetry, snap),
-                persist_path=self.run_dir / "telemetry.jsonl", persist_every=t.persist_every,
-                extend=remote(lambda: self._remote_pids).extend if remote is not None else None)
-            self._sampler.start()
-
-    def _resume_plan(self, name: str, kept: dict[str, str]) -> str:
-        """What resuming does with one pipeline, for people."""
-        if name in kept:
-            return f"{name} {'done' if kept[name] == 'completed' else f'left {kept[name]}'}"
-        checkpoints = self.run_dir / name / "checkpoints"
-        # torchherd's own .pt, or the .ckpt of a Lightning pipeline
-        if any((checkpoints / f).exists() for f in (ckpt.LAST, ckpt.PREV, "last.ckpt", "prev.ckpt")):
-            return f"{name} from its last checkpoint"
-        return f"{name} from scratch (no checkpoint yet)"
+        if self.config.telemetry.enabled:
+            self._feed.start(self.config.telemetry, self._backend, self.run_dir / "telemetry.jsonl",
+                             lambda snap: loop.call_soon_threadsafe(self.on_telemetry, snap))
 
     def add_config(self, config: RunConfig) -> list[str]:
         """Add another config's pipelines to this session; they queue for free slots. Returns their names."""
@@ -198,64 +172,27 @@ class Supervisor:
     def stop(self, name: str | None = None, reason: str = "requested") -> None:
         """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit."""
         for run in self._select(name):
-            if run.state in (S.QUEUED, S.BACKOFF):
-                why = "stopped before it started" if run.state == S.QUEUED else "stopped"
-                self._lifecycle.finish(run, S.STOPPED, why)  # QUEUED/BACKOFF -> STOPPED
-            elif run.state in LIVE and run.current.start_step is None:
-                # Still building its task: it hears no Stop until it trains, and it has trained
-                # nothing since its last checkpoint, so it is ended now instead of waited for.
-                run.current.intent, run.stop_reason = Intent.STOP, reason
-                self._lifecycle.terminate(run)  # STARTING/PAUSED -> KILLING
-            elif run.state in LIVE:
-                self._lifecycle.request_stop(run, reason)  # STARTING/RUNNING/PAUSED -> STOPPING
-            elif run.state in (S.KILLING, S.HUNG) and run.intent in (Intent.RESTART, Intent.HUNG):
-                # Already on its way out to be started again: let it end there instead.
-                run.current.intent, run.stop_reason = Intent.STOP, reason
+            commands.stop(self._lifecycle, run, reason)
         self._check_finished()
 
     def pause(self, name: str) -> None:
-        run = self._get(name)
-        if run.state in (S.STARTING, S.RUNNING):
-            run.handle.send(Pause())
-            self._lifecycle.set_state(run, S.PAUSED)  # STARTING/RUNNING -> PAUSED
+        commands.pause(self._lifecycle, self._get(name))
 
     def resume(self, name: str) -> None:
-        run = self._get(name)
-        if run.state == S.PAUSED:
-            run.current.last_progress = time.monotonic()
-            run.handle.send(Resume())
-            self._lifecycle.set_state(run, S.RUNNING)  # PAUSED -> RUNNING
+        commands.resume(self._lifecycle, self._get(name))
 
     def checkpoint(self, name: str) -> None:
-        run = self._get(name)
-        if run.state in LIVE:
-            run.handle.send(CheckpointNow())
+        commands.checkpoint(self._get(name))
 
     def kill(self, name: str) -> None:
         """End the worker now: the polite signal to its process group, the hard one after the grace period."""
-        run = self._get(name)
-        if run.state in (S.QUEUED, S.BACKOFF):
-            self._lifecycle.finish(run, S.KILLED, "killed before it started")  # QUEUED/BACKOFF -> KILLED
-        elif run.handle is not None and run.state != S.KILLING:
-            run.current.intent = Intent.KILL
-            self._lifecycle.terminate(run)
-        elif run.state == S.KILLING:
-            run.current.intent = Intent.KILL  # a restart in progress becomes a kill
+        commands.kill(self._lifecycle, self._get(name))
         self._check_finished()
 
     def restart(self, name: str) -> None:
         """Kill the worker and start it again from its last checkpoint (no restart budget spent)."""
         run = self._get(name)
-        if run.handle is not None:
-            run.current.intent = Intent.RESTART
-            if run.state != S.KILLING:
-                self._lifecycle.terminate(run)
-        elif run.state == S.BACKOFF:
-            self._lifecycle.launch(run)
-        elif run.state.final:
-            run.failed_starts = 0
-            run.finish_reason = ""
-            self._lifecycle.set_state(run, S.QUEUED)  # final -> QUEUED: a person asked for another go
+        if commands.restart(self._lifecycle, run):  # an ended pipeline is queued again
             self._reopen()
             self._announce_queued([run.name])
             self._schedule()
@@ -279,12 +216,7 @@ class Supervisor:
         await self._validation.stop()  # its last results come before run_finished
         self._closing = True
         for run in self._runs.values():
-            if run.handle is not None:
-                if run.intent != Intent.STOP:
-                    run.current.intent = Intent.KILL
-                if run.state != S.KILLING:
-                    self._lifecycle.set_state(run, S.KILLING)  # alive -> KILLING
-                run.handle.kill()
+            commands.end_at_shutdown(self._lifecycle, run)
         deadline = time.monotonic() + 5.0
         while self.alive and time.monotonic() < deadline:
             self._tick()
@@ -294,8 +226,7 @@ class Supervisor:
                 self._lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else S.STOPPED,
                                        run.finish_reason or "session ended")
         self._check_finished()
-        if self._sampler is not None:
-            await asyncio.to_thread(self._sampler.stop)
+        await asyncio.to_thread(self._feed.stop)
         if self._tick_task is not None:
             self._tick_task.cancel()
             try:
@@ -303,9 +234,7 @@ class Supervisor:
             except asyncio.CancelledError:
                 pass
         self._closed = True
-        close = getattr(self._launcher, "close", None)
-        if close is not None:  # a cluster's launcher: its listening socket and the actors still ending
-            close()
+        self._backend.close()  # a cluster's: its listening socket and the actors still ending
         remove_root(self.snapshot_root)
         self._rundir.close()
         self._bus.close()
@@ -326,7 +255,7 @@ class Supervisor:
         if problems:
             raise ConfigError(problems)
         policy = RestartPolicy(config.restart)
-        validation = plan_validation(config, self._scheduler.slots, self.inventory)
+        validation = self._backend.plan_validation(config, self._scheduler.slots, self.inventory)
         self._validation.start_for(validation)
         names = []
         for pipe in config.pipelines:
@@ -366,14 +295,11 @@ class Supervisor:
 
     def _follow_cluster(self, max_age: float) -> None:
         """On a cluster, plan the slots again when nodes have joined or left (seen at most `max_age` ago)."""
-        follow = getattr(self._launcher, "follow", None)
-        if follow is None:
-            return
-        generation = follow(max_age)
+        generation = self._backend.follow(max_age)
         if generation != self._generation:
             self._generation = generation
-            self.inventory = self._launcher.inventory
-            slots, _ = self._launcher.plan_slots(self.config.devices, self.inventory, self.config.source, fit=True)
+            self.inventory = self._backend.inventory
+            slots, _ = self._backend.plan_slots(self.config.devices, self.inventory, self.config.source, fit=True)
             self._scheduler.resize(slots)
 
     def _start_attempt(self, run: PipelineRun) -> Handle:
@@ -412,44 +338,12 @@ class Supervisor:
         if self._runs[name].state in LIVE:
             self.stop(name, reason=event.reason)
 
-    def _on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
+    def on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
+        """Take a telemetry sample (the sampler thread hands each one over on the event loop)."""
         if self._closed:
             return
         self.telemetry = snapshot
         self._bus.publish_transient(snapshot)  # not in events.jsonl: telemetry.jsonl keeps it
-
-    def _gpu_note(self, run: PipelineRun) -> str:
-        """The worker's GPU memory from the newest telemetry, when that GPU is nearly full."""
-        gpu = run.slots[0].gpu if run.slots else None
-        snap = self.telemetry
-        if gpu is None or snap is None:
-            return ""
-        for sample in snap.gpus:
-            if sample.index == gpu.index and sample.mem_used is not None and sample.mem_total:
-                if sample.mem_used / sample.mem_total >= 0.95:
-                    return (f"; GPU {gpu.index} memory was full: {sample.mem_used / 2**30:.1f} of "
-                            f"{sample.mem_total / 2**30:.1f} GiB used")
-        return ""
-
-    def _update_pids(self) -> None:
-        pids: dict[str, int] = {}
-        remote: dict[str, dict[str, int]] = {}
-        for name, run in self._runs.items():
-            # Telemetry reads this machine's /proc: a pid on another node goes to that node's sampler
-            # (engine/launch/ray/telemetry.py), keyed by the node's id.
-            if run.handle is not None:  # a gang's rank k shows as "name#k"
-                ranks = run.handle.pids if len(run.slots) > 1 else (run.handle.pid,)
-                node = getattr(run.handle, "node_id", run.handle.node)  # a RayHandle's Ray node id
-                into = remote.setdefault(node, {}) if run.handle.node else pids
-                into.update({name if k == 0 else f"{name}#{k}": pid for k, pid in enumerate(ranks)})
-        validator = self._validation.handle
-        if self._validation.pid is not None:
-            into = remote.setdefault(getattr(validator, "node_id", ""), {}) if getattr(validator, "node", "") else pids
-            into["(validator)"] = self._validation.pid
-        if pids != self._pids:
-            self._pids = pids
-        if remote != self._remote_pids:
-            self._remote_pids = remote
 
     async def _tick_loop(self) -> None:
         while True:
@@ -467,7 +361,7 @@ class Supervisor:
             self._validation.tick(now)
         self._follow_cluster(NODE_REFRESH)
         self._schedule()
-        self._update_pids()
+        self._feed.update(self._runs, self._validation.handle)
         if self._rundir is not None:
             self._rundir.flush()
         self._check_finished()

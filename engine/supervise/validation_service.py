@@ -1,6 +1,6 @@
 """The validation service: the session's background validators and the ledger of snapshots.
 
-It starts the validator (and restarts it with backoff when it dies), routes its
+It starts the validator (and restarts it under the restart policy when it dies), routes its
 results to the supervisor, and keeps, per pipeline, which snapshots were handed
 off and which were scored, so that every snapshot ends either scored or recorded
 as skipped, and a run waits (bounded) for the results still to come.
@@ -16,22 +16,27 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..launch.process import Handle, LaunchSpec, Launcher
+from ..config.schema import RestartConfig
+from ..launch.backend import Backend, Handle, LaunchSpec
 from ..protocol.messages import (EarlyStop, Event, Notice, SnapshotSkipped, SnapshotTaken, Stop,
                                        ValidatorStarted, ValResult)
 from ..hardware.placement import ValidationPlan
+from .policy import RestartPolicy
 from ..rundir.directory import claim_root
 from ..protocol.names import Intent, ValidationMode
 from ..protocol.spec import ValidatorSpec
 
-BACKOFF = (1.0, 30.0)  # seconds: first and longest delay before restarting the validator
 DRAIN = 120.0  # seconds the run waits, all training done, for results that make no progress
-HEALTHY = 60.0  # seconds of uptime after which a validator death resets the backoff
+# The validator's restarts, under the workers' restart policy: backoff from 1 s doubling to 30 s per death
+# in a row, reset by one after 60 s of uptime; never out of budget, as training never waits on it.
+VALIDATOR_RESTARTS = RestartConfig(backoff=1.0, backoff_max=30.0, min_uptime=60.0, max_restarts=sys.maxsize,
+                                   max_failed_starts=sys.maxsize)
 GIVE_UP = 3  # validator deaths in a row after which the run no longer waits for results
 SKIPPED_NEWER = "a newer snapshot was validated first"
 SESSION_ENDED = "the session ended before the validator scored it"
@@ -80,7 +85,7 @@ class Validator:
         self.handle: Handle | None = None
         self.attempt = 0
         self.restart_at: float | None = None
-        self.failures = 0  # consecutive deaths; sets the backoff
+        self.failures = 0  # deaths in a row (one after a healthy run counts 1); sets the backoff
         self.started_mono = 0.0
         self.announced = False  # validator_started went out for this attempt
 
@@ -88,9 +93,10 @@ class Validator:
 class ValidationService:
     """Runs the validators of a session and keeps the snapshot ledgers of its pipelines."""
 
-    def __init__(self, launcher: Launcher, publish: Callable[[Event], None], run_dir: Path, snapshot_root: Path,
+    def __init__(self, backend: Backend, publish: Callable[[Event], None], run_dir: Path, snapshot_root: Path,
                  on_result: Callable[[str, ValResult], None], on_early_stop: Callable[[str, EarlyStop], None]):
-        self._launcher, self._publish = launcher, publish
+        self._backend, self._publish = backend, publish
+        self._policy = RestartPolicy(VALIDATOR_RESTARTS)
         self.run_dir, self.snapshot_root = run_dir, snapshot_root
         self._on_result, self._on_early_stop = on_result, on_early_stop
         self.ledgers: dict[str, SnapshotLedger] = {}
@@ -150,7 +156,7 @@ class ValidationService:
     def handle(self) -> Handle | None:
         """A running validator's handle (this machine's first), or None when none runs."""
         live = [v.handle for v in self.validators.values() if v.handle is not None]
-        live.sort(key=lambda h: bool(getattr(h, "node", "")))
+        live.sort(key=lambda h: bool(h.node))
         return live[0] if live else None
 
     @property
@@ -233,9 +239,8 @@ class ValidationService:
         finally:
             self.stopping = False
         remote = {v.node: str(v.root) for v in self.validators.values() if v.node}
-        remove = getattr(self._launcher, "remove_roots", None)  # a cluster's: a task on each node
-        if remote and remove is not None:
-            await asyncio.to_thread(remove, remote)
+        if remote:  # a cluster's: a task on each node
+            await asyncio.to_thread(self._backend.remove_roots, remote)
 
     def _launch(self, v: Validator) -> None:
         assert self.plan is not None
@@ -253,7 +258,7 @@ class ValidationService:
             log_path=directory / "log.txt", gpu_index=plan.gpu.index if plan.gpu is not None else None,
             node=v.node)
         try:
-            handle = self._launcher.launch(spec)
+            handle = self._backend.launch(spec)
         except OSError as exc:
             self._publish(Notice(level="error", text=f"could not start the validator{self._where(v)}: {exc}"))
             self._died(v)
@@ -275,13 +280,11 @@ class ValidationService:
         return f" on node {self._label(v.node)}" if v.node else ""
 
     def _label(self, node: str) -> str:
-        inventory = getattr(self._launcher, "inventory", None)  # a cluster's names its nodes
-        label = inventory.label(node) if inventory is not None and hasattr(inventory, "label") else ""
-        return label or node[:12]
+        return self._backend.node_label(node) or node[:12]  # a cluster's names its nodes
 
     def _died(self, v: Validator, code: int | None = None) -> None:
         where = self._where(v)
-        left = getattr(v.handle, "cause", None) == Intent.NODE_LEFT
+        left = v.handle is not None and v.handle.cause == Intent.NODE_LEFT
         if v.handle is not None:
             self._events(v, v.handle, v.handle.drain())
             v.handle.close()
@@ -290,10 +293,9 @@ class ValidationService:
             del self.validators[v.node]
             self.abandon_node(v.node, "the node left the cluster")
             return
-        healthy = time.monotonic() - v.started_mono > HEALTHY
-        v.failures = 1 if healthy else v.failures + 1
-        first, longest = BACKOFF
-        delay = min(first * 2 ** (v.failures - 1), longest)
+        decision = self._policy.decide(0, v.failures, uptime=time.monotonic() - v.started_mono)
+        v.failures = max(decision.failed_starts, 1)  # a death after a healthy run is the first of a new streak
+        delay = decision.delay
         v.restart_at = time.monotonic() + delay
         how = "" if code is None else (f" (killed by {signal.Signals(-code).name})" if code < 0 and
                                        -code in signal.Signals._value2member_map_ else f" (exit code {code})")

@@ -43,19 +43,16 @@ def status_handle(launcher: RecordingLauncher, name: str):
     return handle
 
 
-# ProcessHandle has no public way to pause reading its status pipe or to name the pipe's descriptor,
-# so these three are the only places the tests touch its private attributes.
 def status_fd(handle) -> int:
-    return handle._status.fileno()
+    return handle.status_fd
 
 
 def stop_reading(handle) -> None:
-    handle._stop_reading()
+    handle.pause_reading()
 
 
 def start_reading(handle) -> None:
-    handle._loop.add_reader(status_fd(handle), handle._readable)
-    handle._reading = True
+    handle.resume_reading()
 
 
 def unread_bytes(handle) -> int:

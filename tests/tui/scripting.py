@@ -162,7 +162,7 @@ class Session:
 
     def show_telemetry(self, snapshot: m.TelemetrySnapshot) -> None:
         """Hand the supervisor a telemetry sample as its sampler thread would (the sampler is off in tests)."""
-        self.sup._on_telemetry(snapshot)
+        self.sup.on_telemetry(snapshot)
 
     def exit(self, name: str, code: int) -> None:
         """The worker exits with `code` (0: trained to its limits)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 
-from .. import gang
+from .. import ports
 from .placement import ClusterInventory, NoRoom
 
 # Seconds a gang's launch waits for another node to name a free port: a 0-CPU task there, which
@@ -29,7 +29,7 @@ def free_port() -> int:
 
 
 def rendezvous(ray, inventory: ClusterInventory, driver_node: str, node: str) -> tuple[str, int]:
-    """The node's address and a port free there, held (gang.release_port frees it when the attempt ends).
+    """The node's address and a port free there, held (ports.release_port frees it when the attempt ends).
 
     On this process's own node the port is found here; on another, by a task there, waited for
     up to RENDEZVOUS_WAIT seconds once per gang attempt. Raises NoRoom (an OSError: the restart
@@ -39,7 +39,7 @@ def rendezvous(ray, inventory: ClusterInventory, driver_node: str, node: str) ->
     if ip is None:
         raise NoRoom(f"node {inventory.label(node)} of the gang's slots has left the cluster")
     if node == driver_node:
-        return ip, gang.take_port()
+        return ip, ports.take_port()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     task = ray.remote(num_cpus=0, max_retries=0)(free_port)
@@ -51,6 +51,6 @@ def rendezvous(ray, inventory: ClusterInventory, driver_node: str, node: str) ->
             ray.cancel(ref, force=True)
             raise NoRoom(f"node {inventory.label(node)} did not name a port for the gang's rendezvous "
                          f"({type(exc).__name__})") from None
-        if gang.hold_port(port):
+        if ports.hold_port(port):
             return ip, port
     raise NoRoom(f"no free TCP port on node {inventory.label(node)} for the gang's rendezvous")

@@ -20,16 +20,18 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from ...config.problems import ConfigError, Problem
-from ...config.schema import ClusterConfig, DevicesConfig
-from ..process import FrameReader, LaunchSpec, ProcessHandle
-from ...protocol.messages import Command, Event, Notice
-from ...hardware.placement import Slot
-from .placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, \
-    plan_cluster_slots, read_nodes
-from .rundir import check_shared, remove_roots
-from .transport import DialBackListener
+from ...config.schema import ClusterConfig, DevicesConfig, RunConfig
+from ...hardware.placement import Slot, ValidationPlan
+from ...protocol.messages import Event, Notice
 from ...protocol.names import Intent
 from ...protocol.spec import Transport, ValidatorSpec, write_spec
+from ..backend import Backend, LaunchSpec, RemotePids, TelemetryHook
+from ..channel_handle import ChannelHandle
+from ..environment import child_env
+from .placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, \
+    plan_cluster_validation, read_nodes
+from .rundir import check_shared, remove_roots
+from .transport import DialBackListener
 
 NAMESPACE = "torchherd"  # every actor torchherd starts is named in this Ray namespace
 SHUTDOWN_WAIT = 2.0  # seconds an actor gets to end its child's process group before ray.kill
@@ -56,7 +58,7 @@ def connect(cluster: ClusterConfig) -> None:
         start_reaper()
 
 
-class RayHandle(ProcessHandle):
+class RayHandle(ChannelHandle):
     """One attempt running as a Ray actor's child, as the supervisor sees it.
 
     Until the child dials back, commands wait here (as they would in a pipe) and there is nothing
@@ -64,26 +66,23 @@ class RayHandle(ProcessHandle):
     """
 
     def __init__(self, launcher: RayLauncher, key: str, name: str, actor, node_id: str, label: str):
-        # ProcessHandle's channel state, with no channel yet: see `connected`.
-        self._status: Connection | None = None  # type: ignore[assignment]
-        self._control: Connection | None = None  # type: ignore[assignment]
-        self._frames = FrameReader()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_events = None
-        self._reading = False
+        super().__init__()  # no channel yet: see `connected`
         self._launcher, self.key, self.name, self.actor = launcher, key, name, actor
-        self.node_id = node_id
+        self._node_id = node_id
         self.label = launcher.inventory.label(node_id)
         self.node = label  # "" when it runs on this machine's node
         self.pid = 0  # known once the actor has started the child
         self.actor_pid = 0
         self.token = ""
-        self._queued: list[Command] = []
         self._start_ref = self._exit_ref = None
         self._code: int | None = None
         self.cause: Intent | None = None  # NODE_LEFT: classified by the lifecycle (BY_INTENT), not a crash
         self._lost = ""  # why the actor died under us, for people
-        self._closed = False
+
+    @property
+    def node_id(self) -> str:
+        """Ray's id of the node it runs on: telemetry asks that node's sampler for its processes."""
+        return self._node_id
 
     def started(self, start_ref, exit_ref) -> None:
         self._start_ref, self._exit_ref = start_ref, exit_ref
@@ -98,38 +97,14 @@ class RayHandle(ProcessHandle):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         fd = sock.detach()
         # Both ends share one non-blocking file description: a stuck child never blocks the loop.
-        self._status = Connection(fd, writable=False)
-        self._control = Connection(os.dup(fd), readable=False)
-        os.set_blocking(fd, False)
-        if self._on_events is not None:
-            assert self._loop is not None
-            self._loop.add_reader(fd, self._readable)
-            self._reading = True
-        queued, self._queued = self._queued, []
-        for command in queued:
-            super().send(command)
+        self.open_channel(Connection(fd, writable=False), Connection(os.dup(fd), readable=False))
         if self._on_events is not None:  # where it runs, for people (the launch said only which slot)
             self._on_events([Notice(pipeline="" if self.name == "validator" else self.name, level="info",
                                     text=f"{self.name} runs on node {self.label} (Ray)")])
         self._readable()  # it may have written before we looked
 
-    def attach(self, on_events) -> None:
-        if self._status is not None:
-            super().attach(on_events)
-        else:
-            self._loop = asyncio.get_running_loop()
-            self._on_events = on_events
-
-    def send(self, command: Command) -> bool:
-        if self._closed:
-            return False
-        if self._control is None:
-            self._queued.append(command)
-            return True
-        return super().send(command)
-
     def drain(self) -> list[Event]:
-        events = super().drain() if self._status is not None else []
+        events = super().drain()
         if self._lost:
             events.append(Notice(pipeline=self.name if self.name != "validator" else "", level="error",
                                  text=self._lost))
@@ -189,19 +164,12 @@ class RayHandle(ProcessHandle):
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        self._stop_reading()
-        for conn in (self._status, self._control):
-            if conn is not None:
-                try:
-                    conn.close()
-                except OSError:
-                    pass
+        self.close_channel()
         self._launcher.ended(self)
 
 
-class RayLauncher:
-    """Starts each attempt as a Ray actor on a live node with room; see the module docstring."""
+class RayLauncher(Backend):
+    """The Ray backend: each attempt a Ray actor on a live node with room; see the module docstring."""
 
     def __init__(self, cluster: ClusterConfig, runs_dir: Path | None = None, file: str = ""):
         """Join the cluster and, with `runs_dir`, prove every node shares it; ConfigError otherwise."""
@@ -233,6 +201,12 @@ class RayLauncher:
     def plan_slots(self, devices: DevicesConfig, inventory: ClusterInventory, file: str = "",
                    fit: bool = False) -> tuple[list[Slot], list[Problem]]:
         return plan_cluster_slots(devices, inventory, file, fit)
+
+    def plan_validation(self, config: RunConfig, slots: list[Slot], inventory: ClusterInventory) -> ValidationPlan:
+        return plan_cluster_validation(config, slots, inventory)
+
+    def node_label(self, node: str) -> str:
+        return self.inventory.label(node)
 
     def label(self, node_id: str) -> str:
         """How a node is shown: "" for the one this process runs on."""
@@ -266,37 +240,8 @@ class RayLauncher:
         self._reap_ending()
         child = spec.child
         self.follow(LAUNCH_FRESH)  # a node may have left since the last look
-        env = dict(spec.env)
-        env["PYTHONUNBUFFERED"] = "1"  # the log file shows prints as they happen
-        home = self.inventory.home(spec.gpu_index) if spec.gpu_index is not None else None
-        if isinstance(child, ValidatorSpec):
-            # Not a slot: it shares a node (and its GPU) as it shares this machine locally. One per node
-            # (spec.node) when snapshots stay on their workers' nodes.
-            kind, amount = "cpu", 0
-            node = spec.node or (home[0] if home and self.book.alive(home[0]) else self.driver_node)
-            if spec.node and not self.book.alive(node):
-                raise NoRoom(f"node {self.inventory.label(node)} has left the cluster")
-            if home:
-                env["CUDA_VISIBLE_DEVICES"] = str(home[1])
-            # its own node's snapshot root; the one on this node is the supervisor's, made already
-            root = child.snapshot_root if spec.node else ""
-        else:
-            # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it
-            kind, amount = ("cuda", 1) if spec.gpu_index is not None else ("cpu", child.threads)
-            node = spec.node or self.book.choose(kind, amount, prefer=home[0] if home else "")
-            if not self.book.alive(node):  # the scheduler's slot is on a node that just left
-                raise NoRoom(f"node {self.inventory.label(node)} of its slot has left the cluster")
-            # a worker may start on a node before that node's validator has made the root
-            root = str(Path(child.snapshot_dir).parent) if child.snapshot_dir and spec.node else ""
-        if kind == "cpu" and not (isinstance(child, ValidatorSpec) and home):
-            env["CUDA_VISIBLE_DEVICES"] = ""  # Ray leaves a CPU actor every GPU of its node
-            env.setdefault("OMP_NUM_THREADS", str(child.threads))
-        run_id = Path(spec.log_path).parent.parent.name
-        key = f"{run_id}/{child.name}/{child.attempt}"
-        if getattr(child, "rank", 0):  # a gang's other ranks: an actor of each rank's own
-            key += f"/rank{child.rank}"
-        if isinstance(child, ValidatorSpec) and spec.node:
-            key = f"{run_id}/{child.name}@{node[:12]}/{child.attempt}"  # one validator per node
+        kind, amount, node, env, root = self._place(spec)
+        key = self._actor_key(spec, node)
         handle = RayHandle(self, key, child.name, None, node, self.label(node))
         handle.token = self.listener.expect(handle.connected)
         transport = Transport(address=self.listener.address, token=handle.token)
@@ -320,6 +265,43 @@ class RayLauncher:
                        actor.wait.remote())
         self.book.hold(key, node, kind, amount)
         return handle
+
+    def _place(self, spec: LaunchSpec) -> tuple[str, int, str, dict[str, str], str]:
+        """Where an attempt's actor goes and what it reserves there: (resource kind, amount, node id, the
+        child's environment, the snapshot root its actor makes on that node or "")."""
+        child = spec.child
+        home = self.inventory.home(spec.gpu_index) if spec.gpu_index is not None else None
+        if isinstance(child, ValidatorSpec):
+            # Not a slot: it shares a node (and its GPU) as it shares this machine locally. One per node
+            # (spec.node) when snapshots stay on their workers' nodes.
+            node = spec.node or (home[0] if home and self.book.alive(home[0]) else self.driver_node)
+            if spec.node and not self.book.alive(node):
+                raise NoRoom(f"node {self.inventory.label(node)} has left the cluster")
+            # its home GPU's index on its node (Ray's count there), or none
+            env = child_env(spec.env, child.threads, home[1] if home else None, pci_order=False)
+            # its own node's snapshot root; the one on this node is the supervisor's, made already
+            return "cpu", 0, node, env, child.snapshot_root if spec.node else ""
+        # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it
+        kind, amount = ("cuda", 1) if spec.gpu_index is not None else ("cpu", child.threads)
+        node = spec.node or self.book.choose(kind, amount, prefer=home[0] if home else "")
+        if not self.book.alive(node):  # the scheduler's slot is on a node that just left
+            raise NoRoom(f"node {self.inventory.label(node)} of its slot has left the cluster")
+        env = child_env(spec.env, child.threads, None, gpu_set_by_host=kind == "cuda")
+        # a worker may start on a node before that node's validator has made the root
+        root = str(Path(child.snapshot_dir).parent) if child.snapshot_dir and spec.node else ""
+        return kind, amount, node, env, root
+
+    @staticmethod
+    def _actor_key(spec: LaunchSpec, node: str) -> str:
+        """The actor's name in the namespace: one per attempt (and rank), or per node for a validator."""
+        child = spec.child
+        run_id = Path(spec.log_path).parent.parent.name
+        if isinstance(child, ValidatorSpec):
+            # one validator per node
+            return f"{run_id}/{child.name}@{node[:12]}/{child.attempt}" if spec.node else \
+                f"{run_id}/{child.name}/{child.attempt}"
+        key = f"{run_id}/{child.name}/{child.attempt}"
+        return key + f"/rank{child.rank}" if child.rank else key  # a gang's other ranks: an actor each
 
     def _actor(self):
         if self._actor_class is None:
@@ -374,13 +356,13 @@ class RayLauncher:
         """Free the snapshot roots {node id: path} on their nodes (blocking: call it off the loop)."""
         remove_roots({node: path for node, path in roots.items() if self.book.alive(node)})
 
-    def remote_telemetry(self, pids):
-        """The other nodes' telemetry for the supervisor's sampler: `pids()` gives {node id: {label: pid}};
-        the result's `extend` is the sampler's hook (engine/launch/ray/telemetry.py)."""
+    def remote_telemetry(self, pids: RemotePids) -> TelemetryHook:
+        """The other nodes' telemetry for the supervisor's sampler: `pids()` gives {node id: {label: pid}}
+        (engine/launch/ray/telemetry.py)."""
         from .telemetry import RemoteTelemetry
 
         self._telemetry = RemoteTelemetry(pids, self.inventory.label)
-        return self._telemetry
+        return self._telemetry.extend
 
     def close(self) -> None:
         """End every actor still ending and stop listening (the session is over)."""

@@ -12,9 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ...config.problems import Problem
-from ...config.schema import DevicesConfig
+from ...config.schema import DevicesConfig, RunConfig
 from ...hardware.devices import GpuInfo, Inventory
-from ...hardware.placement import Slot
+from ...hardware.placement import Slot, ValidationPlan, plan_validation
+from ...protocol.names import ValidationMode
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,24 @@ def plan_cluster_slots(devices: DevicesConfig, inventory: ClusterInventory, file
                 taken[node.node_id] += 1
                 order.append(node.node_id)
     return [Slot(f"cpu{i}", "cpu", None, threads, node=node) for i, node in enumerate(order)], []
+
+
+def plan_cluster_validation(config: RunConfig, slots: list[Slot], inventory: ClusterInventory) -> ValidationPlan:
+    """Where validation runs on the cluster: as on one machine for a one-node cluster; on several nodes, a
+    validator on each node that hosts validated workers, or inline when no core is spare."""
+    v = config.validation
+    nodes = len(inventory.nodes)
+    if v.mode in (ValidationMode.OFF, ValidationMode.INLINE) or nodes <= 1:
+        return plan_validation(config, slots, inventory)
+    # Snapshots live in the shared memory of the worker's node, out of reach of a validator on
+    # another (and the object store drops a snapshot with the worker that put it): one validator
+    # per node, on its CPU, sharing the node as the local validator shares this machine.
+    busy = sum(s.threads for s in slots if s.gpu is None)
+    if v.mode == ValidationMode.BACKGROUND or inventory.cpu_count > busy or any(s.gpu is not None for s in slots):
+        return ValidationPlan(ValidationMode.BACKGROUND, "cpu", None, v.threads, f"a validator on each of {nodes} "
+                              "cluster nodes that hosts validated workers", per_node=True)
+    return ValidationPlan(ValidationMode.INLINE, "", None, v.threads,
+                          f"no spare core on the cluster ({busy} of {inventory.cpu_count} train)")
 
 
 class NoRoom(OSError):

@@ -1,0 +1,153 @@
+"""The backend contract: `Backend` (what starts a session's attempts, and where), `Handle` (one running
+attempt as the supervisor sees it) and `LaunchSpec` (what to start).
+
+Every ability beyond `launch` is a method with a documented default that fits this machine,
+so the supervisor calls it on any backend and never asks which one it holds. Backends are
+found by their `[cluster] backend` name in engine/launch/registry.py.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Callable
+
+from ..config.problems import Problem
+from ..config.schema import DevicesConfig, RunConfig
+from ..hardware.devices import Inventory, discover_devices
+from ..hardware.placement import Slot, ValidationPlan, plan_slots, plan_validation
+from ..protocol.messages import Command, Event, TelemetrySnapshot
+from ..protocol.names import Intent
+from ..protocol.spec import CHILD_MODULE, ChildSpec
+from .ports import take_port
+
+RemotePids = Callable[[], dict[str, dict[str, int]]]  # {node id: {label: pid}} of the processes on other nodes
+TelemetryHook = Callable[[TelemetrySnapshot], TelemetrySnapshot]  # adds other nodes' readings to a sample
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Where and how to start one child: its spec, its log, its GPU and any extra environment."""
+
+    child: ChildSpec
+    log_path: Path
+    gpu_index: int | None  # physical GPU for CUDA_VISIBLE_DEVICES; None on CPU
+    env: dict[str, str] = field(default_factory=dict)
+    module: str = CHILD_MODULE
+    node: str = ""  # the cluster node the scheduler placed it on (its slot's node); "" for this machine
+
+
+class Handle(ABC):
+    """A running attempt (one child, or a gang of them) as the supervisor sees it, whatever launched it.
+
+    The abstract methods are what every handle does; the attributes below have defaults that fit a
+    child on this machine, and a handle that knows better sets them.
+    """
+
+    pid: int = 0  # the child's main process, as people see it (0 until a remote backend learns it)
+    node: str = ""  # where it runs, for people: "" for this machine
+    cause: Intent | None = None  # what the backend knows better than the exit code (NODE_LEFT), if anything
+    failed_rank: int | None = None  # a gang's first rank to fail, the root cause (engine/launch/gang.py)
+
+    @property
+    def node_id(self) -> str:
+        """The id of its node that telemetry asks that node's sampler by; default: `node`."""
+        return self.node
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Every process the backend started for it (their descendants are found by telemetry); empty while
+        a remote backend does not know them yet."""
+        return (self.pid,)
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """The exit status once it has exited (negative: ended by that signal), else None."""
+
+    @abstractmethod
+    def terminate(self) -> None:
+        """Ask it to end now: it and its helpers (DataLoader workers) get the polite signal."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """End it and its helpers at once."""
+
+    @abstractmethod
+    def dump_stacks(self) -> None:
+        """Have it write every thread's stack to its log (for a hang)."""
+
+    @abstractmethod
+    def send(self, command: Command) -> bool:
+        """Deliver a command; False if the child can no longer hear it."""
+
+    @abstractmethod
+    def attach(self, on_events: Callable[[list[Event]], None]) -> None:
+        """Call `on_events` on the event loop whenever the child sends a batch."""
+
+    @abstractmethod
+    def drain(self) -> list[Event]:
+        """Whatever the child sent that was not delivered yet (called after it exited)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release its channels and reap stragglers of its process group."""
+
+
+class Backend(ABC):
+    """Where a session's attempts run: it launches them, offers the devices slots are planned on, says
+    where validators and gangs' rendezvous go, and cleans up; see the module docstring."""
+
+    @abstractmethod
+    def launch(self, spec: LaunchSpec) -> Handle:
+        """Start one child; raises OSError if it cannot (the restart policy tries again later)."""
+
+    @cached_property
+    def inventory(self) -> Inventory:
+        """The devices attempts can be given. Default: this machine's, read once."""
+        return discover_devices()
+
+    def plan_slots(self, devices: DevicesConfig, inventory: Inventory, file: str = "",
+                   fit: bool = False) -> tuple[list[Slot], list[Problem]]:
+        """The slots `devices` asks for on `inventory`, or the problems that prevent it (naming `file`).
+
+        With `fit` (the inventory changed under a running session) what it still holds of them, with no
+        problems. Default: this machine's slots (engine/hardware/placement.py), which never change.
+        """
+        return plan_slots(devices, inventory, file)
+
+    def plan_validation(self, config: RunConfig, slots: list[Slot], inventory: Inventory) -> ValidationPlan:
+        """Where `config`'s validation runs. Default: one validator beside the workers, on a spare GPU or
+        core when there is one (engine/hardware/placement.py)."""
+        return plan_validation(config, slots, inventory)
+
+    def rendezvous(self, node: str) -> tuple[str, int]:
+        """MASTER_ADDR and a held MASTER_PORT (ports.release_port frees it) for a gang whose ranks all run
+        on `node`. Default: this machine's loopback and a port free here."""
+        return "127.0.0.1", take_port()
+
+    def node_label(self, node: str) -> str:
+        """A node's name for people (validator folders, notices). Default: "" (the caller shows the id)."""
+        return ""
+
+    def follow(self, max_age: float) -> int:
+        """The generation of the backend's nodes, looked at again if the last look is older than `max_age`
+        seconds; the supervisor plans its slots again when it changes. Default: 0, as a machine's
+        devices never change under a session."""
+        return 0
+
+    def refresh(self) -> list[str]:
+        """Look at which nodes are alive now; the labels of those that left since. Default: none left."""
+        return []
+
+    def remote_telemetry(self, pids: RemotePids) -> TelemetryHook | None:
+        """A hook that adds other nodes' readings of `pids()` to each sample of this machine's sampler.
+        Default: None, as every process runs here and the local sampler sees it."""
+        return None
+
+    def remove_roots(self, roots: dict[str, str]) -> None:
+        """Remove the snapshot roots {node id: path} made on other nodes (blocking: called off the loop).
+        Default: nothing, as this machine's root is the supervisor's to remove."""
+
+    def close(self) -> None:
+        """The session is over: release what the backend holds (sockets, ending actors). Default: nothing."""

@@ -1,0 +1,44 @@
+"""The environment of every supervised child, built in this one place: GPU visibility, threads, torchrun's
+variables for a gang's rank, unbuffered output.
+
+Each backend says only what it knows (this machine's environment to inherit, whether its host
+sets CUDA_VISIBLE_DEVICES itself); the variables and their values are decided here.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+
+def child_env(extra: Mapping[str, str], threads: int, gpu: int | None, *, inherit: Mapping[str, str] | None = None,
+              gpu_set_by_host: bool = False, pci_order: bool = True) -> dict[str, str]:
+    """The environment of one child.
+
+    `extra`: the launch spec's own variables (a gang rank's `rank_env`); `threads`: the CPU threads of
+    its slot; `gpu`: the one GPU it sees (an index as CUDA counts on its machine), None for none;
+    `inherit`: the environment it starts from (this process's, locally; a remote host adds its own);
+    `gpu_set_by_host`: the host picks the GPU and sets CUDA_VISIBLE_DEVICES (Ray does for a GPU actor);
+    `pci_order`: CUDA counts GPUs as NVML does, so `gpu` is an NVML index (this machine's inventory).
+    """
+    env = dict(inherit or {})
+    env.update(extra)
+    env["PYTHONUNBUFFERED"] = "1"  # the log file shows prints as they happen
+    if gpu_set_by_host:
+        return env
+    if gpu is None:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU: a CPU child must not grab one (a Ray CPU actor sees all)
+        env.setdefault("OMP_NUM_THREADS", str(threads))  # its slot's share of the cores, unless the user set it
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        if pci_order:
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML and CUDA agree on indices
+    return env
+
+
+def rank_env(rank: int, world: int, port: int, restarts: int, max_restarts: int, run_id: str,
+             addr: str = "127.0.0.1") -> dict[str, str]:
+    """What torchrun --standalone sets for one rank, so a script written for it runs unchanged."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+            "ROLE_NAME": "default", "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+            "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "TORCHELASTIC_RUN_ID": run_id, "TORCHHERD_RESTART_COUNT": str(restarts)}

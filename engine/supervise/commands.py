@@ -1,0 +1,91 @@
+"""What a person's command does to one pipeline: stop, pause, resume, checkpoint, kill, restart.
+
+Each is a move of the pipeline's state machine made through the lifecycle
+(engine/supervise/lifecycle.py); the supervisor applies it to the pipelines named and
+then looks at the session as a whole (is it finished, is there something to schedule).
+"""
+from __future__ import annotations
+
+import time
+
+from ..protocol.messages import CheckpointNow, Pause, Resume
+from ..protocol.names import Intent
+from ..protocol.states import WorkerState
+from .lifecycle import Lifecycle
+from .pipeline import PipelineRun
+
+S = WorkerState
+LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
+
+
+def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str) -> None:
+    """Gracefully stop: finish the step, checkpoint, exit (or end now what has nothing to save)."""
+    if run.state in (S.QUEUED, S.BACKOFF):
+        why = "stopped before it started" if run.state == S.QUEUED else "stopped"
+        lifecycle.finish(run, S.STOPPED, why)  # QUEUED/BACKOFF -> STOPPED
+    elif run.state in LIVE and run.current.start_step is None:
+        # Still building its task: it hears no Stop until it trains, and it has trained
+        # nothing since its last checkpoint, so it is ended now instead of waited for.
+        run.current.intent, run.stop_reason = Intent.STOP, reason
+        lifecycle.terminate(run)  # STARTING/PAUSED -> KILLING
+    elif run.state in LIVE:
+        lifecycle.request_stop(run, reason)  # STARTING/RUNNING/PAUSED -> STOPPING
+    elif run.state in (S.KILLING, S.HUNG) and run.intent in (Intent.RESTART, Intent.HUNG):
+        # Already on its way out to be started again: let it end there instead.
+        run.current.intent, run.stop_reason = Intent.STOP, reason
+
+
+def pause(lifecycle: Lifecycle, run: PipelineRun) -> None:
+    if run.state in (S.STARTING, S.RUNNING):
+        run.handle.send(Pause())
+        lifecycle.set_state(run, S.PAUSED)  # STARTING/RUNNING -> PAUSED
+
+
+def resume(lifecycle: Lifecycle, run: PipelineRun) -> None:
+    if run.state == S.PAUSED:
+        run.current.last_progress = time.monotonic()
+        run.handle.send(Resume())
+        lifecycle.set_state(run, S.RUNNING)  # PAUSED -> RUNNING
+
+
+def checkpoint(run: PipelineRun) -> None:
+    if run.state in LIVE:
+        run.handle.send(CheckpointNow())
+
+
+def kill(lifecycle: Lifecycle, run: PipelineRun) -> None:
+    """End the worker now: the polite signal to its process group, the hard one after the grace period."""
+    if run.state in (S.QUEUED, S.BACKOFF):
+        lifecycle.finish(run, S.KILLED, "killed before it started")  # QUEUED/BACKOFF -> KILLED
+    elif run.handle is not None and run.state != S.KILLING:
+        run.current.intent = Intent.KILL
+        lifecycle.terminate(run)
+    elif run.state == S.KILLING:
+        run.current.intent = Intent.KILL  # a restart in progress becomes a kill
+
+
+def restart(lifecycle: Lifecycle, run: PipelineRun) -> bool:
+    """Kill the worker and start it again from its last checkpoint (no restart budget spent); True when
+    an ended pipeline went back to the queue (the session has work again)."""
+    if run.handle is not None:
+        run.current.intent = Intent.RESTART
+        if run.state != S.KILLING:
+            lifecycle.terminate(run)
+    elif run.state == S.BACKOFF:
+        lifecycle.launch(run)
+    elif run.state.final:
+        run.failed_starts = 0
+        run.finish_reason = ""
+        lifecycle.set_state(run, S.QUEUED)  # final -> QUEUED: a person asked for another go
+        return True
+    return False
+
+
+def end_at_shutdown(lifecycle: Lifecycle, run: PipelineRun) -> None:
+    """The session is ending: a worker still there is killed (one asked to stop keeps that intent)."""
+    if run.handle is not None:
+        if run.intent != Intent.STOP:
+            run.current.intent = Intent.KILL
+        if run.state != S.KILLING:
+            lifecycle.set_state(run, S.KILLING)  # alive -> KILLING
+        run.handle.kill()

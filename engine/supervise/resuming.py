@@ -1,0 +1,35 @@
+"""What resuming a run does with each of its pipelines: which keep how they ended, and where the others
+start from, for people.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..protocol.messages import PipelineFinished
+from ..rundir.directory import read_events
+from ..worker import checkpoint as ckpt
+
+# torchherd's own .pt, or the .ckpt of a Lightning pipeline
+CHECKPOINTS = (ckpt.LAST, ckpt.PREV, "last.ckpt", "prev.ckpt")
+
+
+def finished_before(run_dir: Path) -> dict[str, str]:
+    """{pipeline: final status} of the pipelines that had ended when the run was cut short."""
+    return {e.pipeline: e.status for e in read_events(run_dir) if isinstance(e, PipelineFinished)}
+
+
+def kept_on_resume(done: dict[str, str], names: list[str], only: set[str] | None) -> dict[str, str]:
+    """{pipeline: status} of those resuming leaves as they ended (`done`: `finished_before`): the completed
+    ones, and those not in `only` when it is given (they keep their final status, or read as stopped)."""
+    return {n: done.get(n, "stopped") for n in names if done.get(n) == "completed" or
+            (only is not None and n not in only)}
+
+
+def resume_line(run_dir: Path, name: str, kept: dict[str, str]) -> str:
+    """What resuming does with one pipeline, for people."""
+    if name in kept:
+        return f"{name} {'done' if kept[name] == 'completed' else f'left {kept[name]}'}"
+    checkpoints = run_dir / name / "checkpoints"
+    if any((checkpoints / f).exists() for f in CHECKPOINTS):
+        return f"{name} from its last checkpoint"
+    return f"{name} from scratch (no checkpoint yet)"
