@@ -196,8 +196,8 @@ async def freeze_mid_write(handle, pid: int, tries: int = 30) -> None:
     pytest.fail("never caught the worker halfway through writing a batch")
 
 
-# Regression: ProcessHandle._readable used a blocking recv_bytes(), so a worker frozen half-way through
-# writing a batch (SIGSTOP, a cgroup freezer) froze the supervisor and every other pipeline's events.
+# Regression: the status reader (now ChannelHandle._readable) used a blocking recv_bytes(), so a worker frozen
+# half-way through writing a batch (SIGSTOP, a cgroup freezer) froze the supervisor and every other pipeline's events.
 async def test_a_worker_frozen_mid_write_does_not_freeze_the_supervisor(tmp_path):
     config = faulty_config(tmp_path, [{"name": "frozen", **LONG_FLOOD}, {"name": "calm", **CALM}],
                            defaults={"max_epochs": 3}, devices={"cpu_slots": 2})
