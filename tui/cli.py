@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     assert report.config is not None
     if not args.headless:
-        return _run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)
+        return run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)
     return check_and_run(report.config, args.runs_dir, start=started)
 
 
@@ -109,7 +109,7 @@ def check_then_launch_app(config: Path, runs_dir: Path | None = None, **kwargs: 
     return CheckThenLaunch(config, runs_dir, **kwargs)
 
 
-def _run_app_checked(config: Path, runs_dir: Path | None) -> int:
+def run_app_checked(config: Path, runs_dir: Path | None) -> int:
     """Run the check-then-launch app; 0 only if every pipeline completed, 2 (problems on stderr) if the
     check refused the config."""
     from ..engine.preflight.check import check_config

@@ -53,9 +53,9 @@ async def settled(pilot) -> None:
     """Wait until the dashboard has drawn everything the bridge has folded."""
     app = pilot.app
     dashboard = app.screen
-    await wait_for(pilot, lambda: not getattr(dashboard, "_pending", False) and
-                   dashboard._seen[0] == app.bridge.state.rows_version and
-                   dashboard._seen[1] == app.bridge.state.series_version, what="redrawn")
+    await wait_for(pilot, lambda: not dashboard.redraw_pending and
+                   dashboard.drawn_versions[0] == app.bridge.state.rows_version and
+                   dashboard.drawn_versions[1] == app.bridge.state.series_version, what="redrawn")
     await pilot.pause()
 
 

@@ -165,7 +165,7 @@ async def test_step_flood_is_coalesced(make_app, session):
         began = time.monotonic()
         session.train("alpha", 50_000, every=10, val=False, steps_per_epoch=50_000, epochs=1)
         await wait_for(pilot, lambda: app.bridge.state.rows["alpha"].step == 50_000, what="all applied")
-        await wait_for(pilot, lambda: count >= 1 and not dashboard._pending, what="redraw done")
+        await wait_for(pilot, lambda: count >= 1 and not dashboard.redraw_pending, what="redraw done")
         # The rate limit, whatever the machine's speed: at most one redraw per interval the flood
         # lasted (plus the first and the last), never one per event (5,000 of them).
         allowed = 2 + (time.monotonic() - began) / dashboard.interval
@@ -220,6 +220,6 @@ async def test_torchherd_run_in_the_app_reports_its_run_after_exit(monkeypatch, 
         self.bridge.run_dirs.append(run_dir)
 
     monkeypatch.setattr(app_module.TorchherdApp, "run", fake_run)
-    assert cli._run_app_checked(CONFIGS / "good.toml", runs_dir) == 1  # its pipeline failed
+    assert cli.run_app_checked(CONFIGS / "good.toml", runs_dir) == 1  # its pipeline failed
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "torchherd: run 20231114-220000-old failed" and f"  run directory: {run_dir}" in out

@@ -24,7 +24,7 @@ NUMERIC = ("attempt", "step", "progress", "loss", "val", "best", "rate", "elapse
 
 
 def chart_rows(chart: LossChart) -> list[str]:
-    return [strip.text for strip in chart._lines]
+    return chart.drawn_text()
 
 
 def log_texts(app) -> list[str]:
@@ -48,7 +48,7 @@ async def test_every_number_fits_its_column(make_app, session, size):
         await settled(pilot)
         for index, name in enumerate(table.names):
             line = table.render_line(index + 1).text
-            for column in table._columns():
+            for column in table.visible_columns():
                 text = table.cell(name, column.key)
                 assert cell_len(text) <= column.width, (column.key, text)
                 if column.key in NUMERIC:

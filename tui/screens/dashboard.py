@@ -65,6 +65,16 @@ class DashboardScreen(Screen[None]):
             yield EventLog(id="events")
         yield Footer()
 
+    @property
+    def redraw_pending(self) -> bool:
+        """A redraw is scheduled and has not run yet."""
+        return self._pending
+
+    @property
+    def drawn_versions(self) -> tuple[int, int, int]:
+        """The state's rows, series and telemetry versions as of the last redraw (-1: to be redrawn)."""
+        return self._seen
+
     def on_mount(self) -> None:
         self.query_one(PipelineTable).focus()
         self.set_interval(1.0, self._tick)  # elapsed and ETA move even when no event arrives

@@ -106,6 +106,10 @@ class LossChart(Widget):
                 self._keys[y], self._lines[y] = key, lines[y]
                 self.refresh(Region(0, y, width, 1))
 
+    def drawn_text(self) -> list[str]:
+        """The text of each line as last drawn, top to bottom."""
+        return [strip.text for strip in self._lines]
+
     def on_resize(self) -> None:
         self.redraw()
 
@@ -139,6 +143,42 @@ class LossChart(Widget):
     def _draw(self, width: int, height: int) -> tuple[list[tuple], list[Strip]]:
         pw = width - GUTTER  # plot width in cells
         visible = self._visible()
+        x_lo, x_hi, origin, any_val = self._x_extent(visible)
+        if x_lo > x_hi:
+            return self._empty(width, height, "waiting for data" if visible else "no pipeline selected")
+        x_hi = x_lo + nice_ceil(x_hi - x_lo) if x_hi > x_lo else x_lo + 1.0
+        # Rows: the loss plot, then (for a metric that is no loss) a rule and the strip, then the x axis.
+        strip = 0
+        if any_val and not self.metric_is_loss and height - 1 >= 6:
+            strip = 3 if height - 1 >= 14 else 2
+        ph = height - 1 - (strip + 1 if strip else 0)
+        cols, rows = pw * 2, ph * 4  # in braille dots
+        x_scale = (cols - 1) / ((x_hi - x_lo) or 1.0)
+        reduced, y_lo, y_hi = self._reduce(visible, x_lo, x_hi, cols)
+        if y_lo > y_hi:
+            return self._empty(width, height, "no finite values")
+        if y_hi - y_lo < 1e-12:
+            y_lo, y_hi = y_lo - 0.5, y_hi + 0.5
+        # Snap both axes to round numbers: new points then change only the lines they touch,
+        # instead of rescaling (and repainting) the whole chart on every redraw.
+        y_lo, y_hi = nice_range(y_lo, y_hi)
+        canvas = _Canvas(pw, ph, y_hi, (rows - 1) / (y_hi - y_lo))
+        for columns, marks, colour in reduced:
+            end = canvas.trace(columns, colour)
+            if self.overlay and end is not None:  # the curve's end carries its glyph
+                canvas.glyph(*end, colour)
+            for x, v in marks:
+                if v == v:
+                    canvas.glyph(int((x - x_lo) * x_scale + 0.5), canvas.row_of(v), colour)
+        lines = self._plot_lines(ph, pw, canvas.masks, canvas.colours, canvas.glyphs, (y_lo, y_hi))
+        if strip:
+            lines += self._strip_lines(strip, pw, visible, x_lo, x_scale)
+        lines.append(self._x_axis(width, pw, x_lo, x_hi, origin))
+        keys = [tuple((seg.text, str(seg.style)) for seg in line) for line in lines]
+        return keys, [Strip(line, width) for line in lines]
+
+    def _x_extent(self, visible) -> tuple[float, float, float, bool]:
+        """The x range the visible series span, the time origin, and whether any has validation results."""
         x_lo, x_hi, origin = math.inf, -math.inf, math.inf
         any_val = False
         for _, s, _ in visible:
@@ -150,16 +190,10 @@ class LossChart(Widget):
                 any_val = True
             if self.x_mode == "time" and len(s.times):
                 origin = min(origin, s.times[0])
-        if x_lo > x_hi:
-            return self._empty(width, height, "waiting for data" if visible else "no pipeline selected")
-        x_hi = x_lo + nice_ceil(x_hi - x_lo) if x_hi > x_lo else x_lo + 1.0
-        # Rows: the loss plot, then (for a metric that is no loss) a rule and the strip, then the x axis.
-        strip = 0
-        if any_val and not self.metric_is_loss and height - 1 >= 6:
-            strip = 3 if height - 1 >= 14 else 2
-        ph = height - 1 - (strip + 1 if strip else 0)
-        cols, rows = pw * 2, ph * 4  # in braille dots
-        x_scale = (cols - 1) / ((x_hi - x_lo) or 1.0)
+        return x_lo, x_hi, origin, any_val
+
+    def _reduce(self, visible, x_lo: float, x_hi: float, cols: int) -> tuple[list, float, float]:
+        """Each series as (columns, markers on the loss axis, colour) in plotted y units, and their y range."""
         tf = (lambda v: math.log10(v) if v > 0 else math.nan) if self.log_y else (lambda v: v)
         reduced = []
         y_lo, y_hi = math.inf, -math.inf
@@ -173,53 +207,7 @@ class LossChart(Widget):
                 if v == v:
                     y_lo, y_hi = min(y_lo, v), max(y_hi, v)
             reduced.append((columns, marks, colour))
-        if y_lo > y_hi:
-            return self._empty(width, height, "no finite values")
-        if y_hi - y_lo < 1e-12:
-            y_lo, y_hi = y_lo - 0.5, y_hi + 0.5
-        # Snap both axes to round numbers: new points then change only the lines they touch,
-        # instead of rescaling (and repainting) the whole chart on every redraw.
-        y_lo, y_hi = nice_range(y_lo, y_hi)
-        y_scale = (rows - 1) / (y_hi - y_lo)
-        masks = [0] * (pw * ph)
-        colours = [-1] * (pw * ph)
-        glyphs: dict[int, int] = {}  # cell -> series colour index, drawn as its glyph (or MARKER)
-
-        def dot(px: int, py: int, colour: int) -> None:
-            cell = (py >> 2) * pw + (px >> 1)
-            masks[cell] |= DOTS[py & 3][px & 1]
-            colours[cell] = colour
-
-        for columns, marks, colour in reduced:
-            prev: tuple[int, int] | None = None  # (column, row of its last value)
-            for c, lo, hi, last in columns:
-                if lo != lo:
-                    continue
-                top, bottom = int((y_hi - hi) * y_scale + 0.5), int((y_hi - lo) * y_scale + 0.5)
-                if prev is not None:  # a straight line across empty columns, so sparse data is a curve
-                    pc, y0 = prev
-                    target, y_prev, span = min(max(y0, top), bottom), y0, c - pc
-                    for k in range(1, span):
-                        yk = y0 + ((target - y0) * k) // span
-                        for py in range(min(y_prev, yk), max(y_prev, yk) + 1):
-                            dot(pc + k, py, colour)
-                        y_prev = yk
-                    top, bottom = min(top, y_prev), max(bottom, y_prev)
-                for py in range(top, bottom + 1):
-                    dot(c, py, colour)
-                prev = (c, int((y_hi - last) * y_scale + 0.5))
-            if self.overlay and prev is not None:  # the curve's end carries its glyph
-                glyphs[(prev[1] >> 2) * pw + (prev[0] >> 1)] = colour
-            for x, v in marks:
-                if v == v:
-                    px, py = int((x - x_lo) * x_scale + 0.5), int((y_hi - v) * y_scale + 0.5)
-                    glyphs[(py >> 2) * pw + (px >> 1)] = colour
-        lines = self._plot_lines(ph, pw, masks, colours, glyphs, (y_lo, y_hi))
-        if strip:
-            lines += self._strip_lines(strip, pw, visible, x_lo, x_scale)
-        lines.append(self._x_axis(width, pw, x_lo, x_hi, origin))
-        keys = [tuple((seg.text, str(seg.style)) for seg in line) for line in lines]
-        return keys, [Strip(line, width) for line in lines]
+        return reduced, y_lo, y_hi
 
     def _glyph(self, colour: int) -> tuple[str, Style]:
         if self.overlay:
@@ -281,6 +269,48 @@ class LossChart(Widget):
             keys.append((text,))
             lines.append(Strip([Segment(text[:width], self.rich_style + Style(dim=True))], width))
         return keys, lines
+
+
+class _Canvas:
+    """Braille dots, their colours and the cells that carry a glyph instead, for a plot of pw x ph cells."""
+
+    def __init__(self, pw: int, ph: int, y_hi: float, y_scale: float):
+        self.pw, self.y_hi, self.y_scale = pw, y_hi, y_scale
+        self.masks = [0] * (pw * ph)
+        self.colours = [-1] * (pw * ph)
+        self.glyphs: dict[int, int] = {}  # cell -> series colour index, drawn as its glyph (or MARKER)
+
+    def row_of(self, v: float) -> int:
+        return int((self.y_hi - v) * self.y_scale + 0.5)
+
+    def dot(self, px: int, py: int, colour: int) -> None:
+        cell = (py >> 2) * self.pw + (px >> 1)
+        self.masks[cell] |= DOTS[py & 3][px & 1]
+        self.colours[cell] = colour
+
+    def glyph(self, px: int, py: int, colour: int) -> None:
+        self.glyphs[(py >> 2) * self.pw + (px >> 1)] = colour
+
+    def trace(self, columns: list[tuple[int, float, float, float]], colour: int) -> tuple[int, int] | None:
+        """One series' columns as vertical runs joined by straight lines; returns the dot of its last value."""
+        prev: tuple[int, int] | None = None  # (column, row of its last value)
+        for c, lo, hi, last in columns:
+            if lo != lo:
+                continue
+            top, bottom = self.row_of(hi), self.row_of(lo)
+            if prev is not None:  # a straight line across empty columns, so sparse data is a curve
+                pc, y0 = prev
+                target, y_prev, span = min(max(y0, top), bottom), y0, c - pc
+                for k in range(1, span):
+                    yk = y0 + ((target - y0) * k) // span
+                    for py in range(min(y_prev, yk), max(y_prev, yk) + 1):
+                        self.dot(pc + k, py, colour)
+                    y_prev = yk
+                top, bottom = min(top, y_prev), max(bottom, y_prev)
+            for py in range(top, bottom + 1):
+                self.dot(c, py, colour)
+            prev = (c, self.row_of(last))
+        return prev
 
 
 def _runs(cells: list[tuple[str, Style]]) -> list[Segment]:

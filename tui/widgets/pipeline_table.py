@@ -184,7 +184,7 @@ class PipelineTable(Widget, can_focus=True):
         if not 1 <= y < self.size.height:
             return
         x = 0
-        for column in self._columns():
+        for column in self.visible_columns():
             if column.key in keys:
                 self.refresh(Region(x, y, column.width + 1, 1))
             x += column.width + 1
@@ -194,7 +194,8 @@ class PipelineTable(Widget, can_focus=True):
         if 1 <= y < self.size.height:
             self.refresh(Region(0, y, self.size.width, 1))
 
-    def _columns(self) -> list[Column]:
+    def visible_columns(self) -> list[Column]:
+        """The columns shown at the current width, left to right."""
         columns = [c for c in COLUMNS if c.compact or not self.compact]
         if self.nodes and not self.compact:
             columns.insert(2, NODE)  # after pipeline and device
@@ -204,7 +205,7 @@ class PipelineTable(Widget, can_focus=True):
         width = self.size.width
         base = self.rich_style
         if y == 0:
-            text = "".join(_fit(self.label(c), c.width) for c in self._columns())
+            text = "".join(_fit(self.label(c), c.width) for c in self.visible_columns())
             return Strip([Segment(text[:width].ljust(width), base + Style(bold=True, dim=True))], width)
         index = self.top + y - 1
         if index >= len(self.names):
@@ -215,7 +216,7 @@ class PipelineTable(Widget, can_focus=True):
         row_style = base + Style(reverse=True) if selected and self.has_focus else \
             base + Style(bold=True) if selected else base
         segments = []
-        for column in self._columns():
+        for column in self.visible_columns():
             text = _fit(values[column.key], column.width)
             style = row_style + Style.parse(STATE_STYLE.get(self.states[name], "")) if column.key == "state" \
                 else row_style
