@@ -44,11 +44,10 @@ def runner(args: argparse.Namespace) -> None:
 
 
 def _settle(herd) -> None:
-    """Wait until the client's flush thread has sent everything queued (its CPU is then counted)."""
-    client = herd._client
-    while client._pending:
-        time.sleep(0.001)
-    time.sleep(2 * herd.FLUSH_INTERVAL)  # one more flush pass: it may be sending the last batch
+    """Send everything queued now (its CPU is then counted), then let a flush pass that may be sending the
+    last batch finish."""
+    herd.flush()
+    time.sleep(2 * herd.FLUSH_INTERVAL)
 
 
 def cpu_per_call(herd, calls: int, loss) -> float:
@@ -101,7 +100,7 @@ def samples_per_s(herd, steps: int, rounds: int) -> tuple[float, float]:
 def child(args: argparse.Namespace) -> None:
     import torchherd.client as herd
 
-    assert herd._client is not None, "TORCHHERD_CLIENT_FD did not reach the child"
+    assert herd.supervised(), "TORCHHERD_CLIENT_FD did not reach the child"
     float_cost = cpu_per_call(herd, args.calls, 0.5)
     import torch
 

@@ -113,8 +113,8 @@ def test_run_with_a_bad_script_pipeline_launches_nothing(tmp_path):
 
 def test_client_is_a_no_op_alone_and_loads_neither_torch_nor_textual(tmp_path):
     code = ("import sys, torchherd.client as herd\n"
-            "herd.report(step=1, loss=0.5, lr=0.1); herd.epoch_end(0, 0.5); herd.heartbeat(); herd.wait_if_paused()\n"
-            "assert herd.should_stop() is False and herd.checkpoint_requested() is False\n"
+            "herd.report(step=1, loss=0.5, lr=0.1); herd.epoch_end(0, 0.5); herd.heartbeat(); herd.wait_if_paused(); herd.flush()\n"
+            "assert herd.should_stop() is False and herd.checkpoint_requested() is False and herd.supervised() is False\n"
             "assert herd.hand_off(object()) is None and herd.resume_from() is None\n"
             "print(sorted({'torch', 'textual'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -28,8 +28,8 @@ from typing import Any, Callable
 
 from torchherd import client_frames as wire
 
-__all__ = ["Validation", "checkpoint_dir", "checkpoint_requested", "epoch_end", "hand_off", "heartbeat",
-           "report", "resume_from", "save", "should_stop", "wait_if_paused"]
+__all__ = ["Validation", "checkpoint_dir", "checkpoint_requested", "epoch_end", "flush", "hand_off", "heartbeat",
+           "report", "resume_from", "save", "should_stop", "supervised", "wait_if_paused"]
 
 FLUSH_INTERVAL = 0.1  # seconds between batches of reports sent to torchherd
 MAX_PENDING = 100_000  # reports kept between two flushes; beyond this the oldest are dropped
@@ -308,6 +308,19 @@ def checkpoint_requested() -> bool:
         return False
     c.checkpoint, c.reason = False, "request"
     return True
+
+
+def supervised() -> bool:
+    """True when torchherd runs this script (every other call here is then live, not a no-op)."""
+    return _client is not None
+
+
+def flush() -> None:
+    """Send what `report` has queued now, not at the next background flush (before `os._exit`, say)."""
+    c = _client
+    if c is not None:
+        with c.order:
+            c.flush()
 
 
 def wait_if_paused() -> None:

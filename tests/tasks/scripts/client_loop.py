@@ -21,6 +21,7 @@ y = x.sum(dim=1, keepdim=True) * 3 + 1
 model = nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 start_epoch, step = 0, 0
+assert herd.supervised(), "client_loop runs under torchherd in these tests"
 resume = herd.resume_from()
 if resume is not None:
     state = torch.load(resume)
