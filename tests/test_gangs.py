@@ -21,7 +21,7 @@ from torchherd.engine.preflight.check import check_config
 from torchherd.engine.worker.data import EpochSampler
 from torchherd.engine.hardware.devices import Inventory
 from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, StepMetrics,
-                                       TrainingStarted, WorkerError, WorkerExited, WorkerStarted, WorkerStateChanged)
+                                       WorkerError, WorkerExited, WorkerStarted, WorkerStateChanged)
 from torchherd.engine.hardware.placement import Slot
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.scheduler import Scheduler
@@ -221,8 +221,8 @@ def test_a_gangs_slots_fit_the_device_column():
 
 def test_check_refuses_a_gang_larger_than_the_machine(tmp_path):
     toml = tmp_path / "big.toml"
-    toml.write_text(f'[defaults]\ntask = "regression"\n[[pipelines]]\nname = "big"\nranks = 3\n'
-                    f'[devices]\nplacement = "cpu"\ncpu_slots = 2\n')
+    toml.write_text('[defaults]\ntask = "regression"\n[[pipelines]]\nname = "big"\nranks = 3\n'
+                    '[devices]\nplacement = "cpu"\ncpu_slots = 2\n')
     report = check_config(toml, inventory=inventory())
     assert not report.ok
     [problem] = report.problems

@@ -124,8 +124,8 @@ class RunDirectory:
 
     def __init__(self, path: Path):
         self.path = path
+        self.resuming = False  # a resumed run: config.json already holds its configs
         path.mkdir(parents=True, exist_ok=True)
-        import os
         (path / PID_FILE).write_text(f"{os.getpid()}\n")
         self._events: IO[str] = open(path / "events.jsonl", "a", encoding="utf-8")
         self._metrics: dict[str, IO[str]] = {}
@@ -138,8 +138,8 @@ class RunDirectory:
         return self.path / pipeline / ("log.txt" if rank == 0 else f"log-rank{rank}.txt")
 
     def save_config(self, config: RunConfig) -> None:
-        if getattr(self, "resuming", False):
-            return  # config.json already holds it
+        if self.resuming:
+            return
         source = Path(config.source) if config.source else None
         target = self.path / "config.toml"
         if source is not None and source.is_file():

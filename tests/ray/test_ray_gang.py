@@ -1,7 +1,6 @@
 """A DDP gang on the test cluster: its ranks share one node, meet on its address, and restart as one."""
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 

@@ -8,7 +8,6 @@ SIGKILLed validator actor is restarted and scores again, and the session frees t
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
