@@ -18,6 +18,7 @@ from ..hardware.devices import Inventory, discover_devices
 from ..hardware.placement import describe_plan, gang_problems, plan_slots, plan_validation
 from ..protocol.names import ValidationMode
 from ..runners.registry import runner_for
+from .probe import lightning_factories, probe_tasks, task_problems
 
 
 @dataclass(frozen=True)
@@ -57,27 +58,6 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     return CheckReport(True, config, [], _say_lightning(config, lines, background) if probe else lines)
 
 
-def task_problems(config: RunConfig, errors: dict[int, str]) -> list[Problem]:
-    """Problems for the pipelines whose task failed (`errors`: pipeline index -> message).
-
-    A task every pipeline inherits from [defaults] and that fails the same way for each is one
-    problem, at `defaults.task`, not one per pipeline.
-    """
-    file = display_path(config.source) if config.source else ""
-    inherited = [i for i, p in enumerate(config.pipelines)
-                 if config.defaults.task is not None and p.task == config.defaults.task]
-    messages = {errors.get(i) for i in inherited}
-    once: set[int] = set()
-    out = []
-    if inherited and len(messages) == 1 and None not in messages:
-        out.append(Problem(file, "defaults.task", errors[inherited[0]]))
-        once = set(inherited)
-    for i in sorted(errors):
-        if i not in once:
-            out.append(Problem(file, f"pipelines[{i}].task", errors[i]))
-    return out
-
-
 def static_task_problems(config: RunConfig) -> list[Problem]:
     """Task files that do not parse or do not define the factory the config names, read without importing
     (each kind's runner reads what its pipelines name: engine/runners/base.py `Runner.scan`)."""
@@ -100,8 +80,6 @@ def runner_problems(config: RunConfig, validation_mode: str) -> list[Problem]:
 def _say_lightning(config: RunConfig, lines: list[str], background: bool) -> list[str]:
     """`lines` saying which plain tasks train under Lightning: those whose factory returned a
     LightningTask, which only the probe (building them) can tell."""
-    from .probe import lightning_factories
-
     names = lightning_factories(config, background)
     tasks = {p.name: p.task for p in config.pipelines if p.name in names}
     out = []
@@ -115,6 +93,4 @@ def _say_lightning(config: RunConfig, lines: list[str], background: bool) -> lis
 
 def _probe_tasks(config: RunConfig, background: bool) -> list[Problem]:
     """Build every task pipeline's task in a fresh process (script pipelines have none)."""
-    from .probe import probe_tasks
-
     return probe_tasks(config, background=background)

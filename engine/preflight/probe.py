@@ -99,6 +99,27 @@ def pending_jobs(config: RunConfig, background: bool | None = None) -> list[Prob
         return [job for job in plan_jobs(config, background) if job.key not in _CACHE]
 
 
+def task_problems(config: RunConfig, errors: dict[int, str]) -> list[Problem]:
+    """Problems for the pipelines whose task failed (`errors`: pipeline index -> message).
+
+    A task every pipeline inherits from [defaults] and that fails the same way for each is one
+    problem, at `defaults.task`, not one per pipeline.
+    """
+    file = display_path(config.source) if config.source else ""
+    inherited = [i for i, p in enumerate(config.pipelines)
+                 if config.defaults.task is not None and p.task == config.defaults.task]
+    messages = {errors.get(i) for i in inherited}
+    once: set[int] = set()
+    out = []
+    if inherited and len(messages) == 1 and None not in messages:
+        out.append(Problem(file, "defaults.task", errors[inherited[0]]))
+        once = set(inherited)
+    for i in sorted(errors):
+        if i not in once:
+            out.append(Problem(file, f"pipelines[{i}].task", errors[i]))
+    return out
+
+
 def probe_tasks(config: RunConfig, timeout: float = 180.0,
                 on_progress: Callable[[int, int], None] | None = None,
                 cancelled: Callable[[], bool] | None = None, background: bool | None = None) -> list[Problem]:
@@ -107,8 +128,6 @@ def probe_tasks(config: RunConfig, timeout: float = 180.0,
     `on_progress(built, total)` is called as tasks finish; `cancelled()` is polled and, once
     true, the probe process is killed and ProbeCancelled raised.
     """
-    from .check import task_problems
-
     jobs = plan_jobs(config, background)
     with _CACHE_LOCK:
         todo = [job for job in jobs if job.key not in _CACHE]

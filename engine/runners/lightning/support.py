@@ -54,13 +54,13 @@ def is_lightning_ref(task: str) -> bool:
 
 def _load_attr(ref: str) -> Any:
     """The object `file.py:Name` or `package.module:Name` names (a class or a factory)."""
-    from ..task.api import TaskError, _load_callable
+    from ..task.api import TaskError, load_callable
 
     try:
-        return _load_callable(ref)
+        return load_callable(ref)
     except TaskError:
         raise
-    except Exception as exc:  # pragma: no cover - _load_callable reports its own failures
+    except Exception as exc:  # pragma: no cover - load_callable reports its own failures
         raise TaskError(f"cannot load {ref}: {type(exc).__name__}: {exc}") from exc
 
 

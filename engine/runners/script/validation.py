@@ -19,9 +19,9 @@ def build_validation(ref: str, params: dict[str, Any]) -> Any:
     """Call a script pipeline's `validate` factory and check what it returns (a Validation, or a Task)."""
     import torch
 
-    from ..task.api import TaskError, _load_callable
+    from ..task.api import TaskError, load_callable
 
-    fn = _load_callable(ref)
+    fn = load_callable(ref)
     try:
         built = fn(dict(params))
     except Exception as exc:

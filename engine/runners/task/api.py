@@ -40,7 +40,7 @@ class TaskError(Exception):
     """A task that cannot be found, imported or built; the message says which and why."""
 
 
-def _load_callable(ref: str) -> Callable[..., Any]:
+def load_callable(ref: str) -> Callable[..., Any]:
     from ...config.schema import BUILTIN_TASKS
 
     if ref in BUILTIN_TASKS:
@@ -86,7 +86,7 @@ def build_task(ref: str, params: dict[str, Any]) -> Task:
 def call_factory(ref: str, params: dict[str, Any], fn: Any = None) -> Any:
     """What the factory named by `ref` (or `fn`, already loaded from it) returns for `params`; TaskError
     if it raises."""
-    fn = fn if fn is not None else _load_callable(ref)
+    fn = fn if fn is not None else load_callable(ref)
     try:
         return fn(dict(params))
     except Exception as exc:
