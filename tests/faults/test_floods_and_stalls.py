@@ -92,9 +92,14 @@ def last_checkpoint_epoch(sup: Supervisor, name: str) -> int:
 
 
 async def test_a_flood_and_a_kill_mid_write_leave_the_other_channels_alone(tmp_path):
-    # The victim is caught while still training; "flood" floods just as long and "calm" takes longer.
-    config = faulty_config(tmp_path, [{"name": "flood", **LONG_FLOOD}, {"name": "victim", **LONG_FLOOD},
-                                      {"name": "calm", "params": {"samples": 256, "delay": 0.006}}],
+    # The victim is caught while still training; "flood" and "calm" wait at a gate until it has been killed,
+    # however long catching it takes on a loaded machine, so both are still running when it dies.
+    gate = tmp_path / "victim-killed"
+    config = faulty_config(tmp_path, [{"name": "flood", **LONG_FLOOD,
+                                       "params": {**LONG_FLOOD["params"], "gate_file": str(gate), "gate_at_call": 2000}},
+                                      {"name": "victim", **LONG_FLOOD},
+                                      {"name": "calm", "params": {"samples": 256, "delay": 0.002,
+                                                                  "gate_file": str(gate), "gate_at_call": 3}}],
                            defaults={"max_epochs": 3}, devices={"cpu_slots": 3}, restart={"min_uptime": 0.0})
     sup, launcher = supervisor(config)
     async with supervised(sup) as stream:
@@ -104,6 +109,7 @@ async def test_a_flood_and_a_kill_mid_write_leave_the_other_channels_alone(tmp_p
         os.kill(victim.pid, signal.SIGKILL)
         killed = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == "victim")
         assert killed.signal == "SIGKILL"
+        gate.touch()
         statuses = await finish(sup, timeout=120)
     assert statuses == {"flood": "completed", "victim": "completed", "calm": "completed"}
     events = run_events(sup)

@@ -9,6 +9,8 @@ Params (all optional):
   ignore_sigterm              set SIGTERM to SIG_IGN in the worker and in its DataLoader workers
   ballast_mb                  a buffer of this many MiB in the state dict: big, slow checkpoints
   disk_full_file              while this path exists, torch.save writes a little and fails with ENOSPC
+  gate_file, gate_at_call     at forward call `gate_at_call` the worker waits until `gate_file` exists, so a
+                              test can keep a pipeline running until it has done its part
 """
 import errno
 import os
@@ -46,11 +48,12 @@ class Slow(Dataset):
 
 
 class Faulty(nn.Module):
-    def __init__(self, fault, at_call, once_file, ballast_mb):
+    def __init__(self, fault, at_call, once_file, ballast_mb, gate=(None, None)):
         super().__init__()
         self.lin = nn.Linear(4, 1)
         self.calls = 0
         self.fault, self.at_call, self.once_file = fault, at_call, once_file
+        self.gate_file, self.gate_at_call = gate
         if ballast_mb:
             # Random, so nothing downstream can shortcut it; a buffer, so the optimizer ignores it.
             self.register_buffer("ballast", torch.rand(int(ballast_mb * 2**20 / 4)))
@@ -65,8 +68,16 @@ class Faulty(nn.Module):
         open(self.once_file, "w").close()
         return True
 
+    def _wait_at_gate(self) -> None:
+        if self.gate_file is None or self.calls != self.gate_at_call:
+            return
+        deadline = time.monotonic() + 300.0  # bounded: a test that never opens it fails, it does not hang
+        while not os.path.exists(self.gate_file) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def forward(self, x):
         self.calls += 1
+        self._wait_at_gate()
         if self._fire():
             if self.fault == "raise":
                 raise RuntimeError("faulty task exploded on purpose")
@@ -107,7 +118,8 @@ def build(params):
     if params.get("disk_full_file"):
         _fail_saves_while(params["disk_full_file"])
     model = Faulty(params.get("fault"), params.get("fault_at_call"), params.get("once_file"),
-                   float(params.get("ballast_mb", 0)))
+                   float(params.get("ballast_mb", 0)),
+                   gate=(params.get("gate_file"), params.get("gate_at_call")))
     data = Slow(int(params.get("samples", 256)), float(params.get("delay", 0.0)), int(params.get("seed", 1)),
                 ignore_sigterm=ignore)
     val = Slow(64, 0.0, 2)
