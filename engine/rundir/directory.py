@@ -6,6 +6,7 @@ Layout: `<runs_dir>/<run-id>/` with `config.toml` (as written), `config.json`
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -119,6 +120,39 @@ def new_run_id(runs_dir: Path, name: str) -> str:
     return run_id
 
 
+class RunTaken(RuntimeError):
+    """The run directory is held by another live torchherd process."""
+
+
+def _hold(pid_file: Path) -> int:
+    """Lock `pid_file` (flock, exclusive) for as long as this process writes the run, and write our pid in
+    it. The kernel drops the lock when the process dies however it dies, so a held lock means a live owner."""
+    fd = os.open(pid_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunTaken(f"{pid_file.parent}: another torchherd process is running this run") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def run_held(run_dir: Path) -> bool:
+    """Whether a live torchherd process holds `run_dir` (its supervisor.pid is locked)."""
+    try:
+        fd = os.open(Path(run_dir) / PID_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 class RunDirectory:
     """Writes one run's files. Not thread-safe: used from the supervisor's event loop."""
 
@@ -126,7 +160,7 @@ class RunDirectory:
         self.path = path
         self.resuming = False  # a resumed run: config.json already holds its configs
         path.mkdir(parents=True, exist_ok=True)
-        (path / PID_FILE).write_text(f"{os.getpid()}\n")
+        self._owner = _hold(path / PID_FILE)
         self._events: IO[str] = open(path / "events.jsonl", "a", encoding="utf-8")
         self._metrics: dict[str, IO[str]] = {}
 
@@ -168,8 +202,14 @@ class RunDirectory:
         for fh in self._metrics.values():
             fh.flush()
 
+    def written(self) -> int:
+        """Bytes of events.jsonl on disk, after writing out what is buffered."""
+        self.flush()
+        return os.fstat(self._events.fileno()).st_size
+
     def close(self) -> None:
         (self.path / PID_FILE).unlink(missing_ok=True)
+        os.close(self._owner)  # the lock goes with it
         self.flush()
         self._events.close()
         for fh in self._metrics.values():
@@ -255,7 +295,7 @@ def summarize(run_dir: Path) -> RunSummary | None:
     else:
         status = "unfinished"
     return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,
-                      pipelines=pipelines, statuses=statuses, live=owner_alive(run_dir))
+                      pipelines=pipelines, statuses=statuses, live=run_held(run_dir))
 
 
 

@@ -45,11 +45,17 @@ class EventBus:
         self._history: deque[Event] = deque(maxlen=history)
         self._subscribers: list[asyncio.Queue] = []
         self._sinks: list[Callable[[Event], None]] = []
+        self._taps: list[Callable[[Event, bool], None]] = []
         self.closed = False
 
     def add_sink(self, sink: Callable[[Event], None]) -> None:
         """Call `sink(event)` for every event published from now on, until the bus closes."""
         self._sinks.append(sink)
+
+    def add_tap(self, tap: Callable[[Event, bool], None]) -> None:
+        """Call `tap(event, kept)` for every event from now on, kept or transient, right after the sinks
+        (so a tap that reads the sinks' files sees the event written); for the control socket's fan-out."""
+        self._taps.append(tap)
 
     def publish(self, event: Event) -> None:
         self._history.append(event)
@@ -57,12 +63,16 @@ class EventBus:
             return
         for sink in self._sinks:
             sink(event)
+        for tap in self._taps:
+            tap(event, True)
         for queue in self._subscribers:
             queue.put_nowait(event)
 
     def publish_transient(self, event: Event) -> None:
         """To subscribers only: not kept, not written (telemetry has its own file)."""
         if not self.closed:
+            for tap in self._taps:
+                tap(event, False)
             for queue in self._subscribers:
                 queue.put_nowait(event)
 
@@ -83,5 +93,6 @@ class EventBus:
             return
         self.closed = True
         self._sinks.clear()
+        self._taps.clear()
         for queue in self._subscribers:
             queue.put_nowait(None)

@@ -141,6 +141,18 @@ class Supervisor:
         """A stream of every event from now on (and, with `replay`, those already emitted)."""
         return self._bus.subscribe(replay)
 
+    def tap(self, fn) -> None:
+        """Call `fn(event, kept)` with every event as it is published, kept (written) or transient."""
+        self._bus.add_tap(fn)
+
+    def record(self, event: Event) -> None:
+        """Publish an event from outside the engine (a client's command): written, and seen by all."""
+        self._emit(event)
+
+    def events_written(self) -> int:
+        """Bytes of events.jsonl on disk now, every event published so far included."""
+        return self._rundir.written() if self._rundir is not None else 0
+
     def views(self) -> list[PipelineView]:
         """Every pipeline, in the order they were added."""
         return [view_of(r, self.run_dir) for r in self._runs.values()]

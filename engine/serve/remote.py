@@ -1,0 +1,226 @@
+"""A client of a live run: its whole history from events.jsonl, then its live events from the control socket,
+as one stream (what `Supervisor.subscribe` gives in-process), and requests the supervisor answers.
+
+`RemoteRun` has the surface of `Supervisor` that the app and the headless printer use, so either drives them.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from pathlib import Path
+
+from ..protocol.control import Action, Hello, Reply, Request, Welcome
+from ..protocol.messages import Event, Notice, PipelineFinished, WorkerStateChanged
+from ..protocol.states import WorkerState
+from ..rundir.directory import run_held
+from ..rundir.history import read_history
+from ..supervise.bus import EventStream
+from .runtime import clean_stale, read_control
+from .wire import FrameError, FrameReader, encode
+
+
+class NotLive(RuntimeError):
+    """The run has no live supervisor to attach to."""
+
+
+def live_socket(run_dir: Path) -> Path:
+    """The control socket of a live run; NotLive (after cleaning up what a dead supervisor left) if none."""
+    control = read_control(run_dir)
+    if not run_held(run_dir):
+        clean_stale(run_dir)
+        raise NotLive(f"{run_dir}: no torchherd supervisor is running it")
+    if control is None or not control.socket.exists():
+        raise NotLive(f"{run_dir}: its supervisor serves no control socket (an older torchherd, or starting)")
+    return control.socket
+
+
+class RemoteRun:
+    """One connection to a live run's supervisor."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, welcome: Welcome,
+                 frames: FrameReader, read_only: bool):
+        self.welcome = welcome
+        self.run_id = welcome.run_id
+        self.run_dir = Path(welcome.run_dir)
+        self.read_only = read_only
+        self.statuses = dict(welcome.statuses)
+        self.history: list[Event] = []
+        self._reader, self._writer, self._frames = reader, writer, frames
+        self._queues: list[asyncio.Queue] = []
+        self._backlog: list[Event] = []  # live events before the first subscriber
+        self._replies: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._ended = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    @classmethod
+    async def connect(cls, run_dir: Path, *, read_only: bool = False, live: bool = True,
+                      history: bool = True) -> "RemoteRun":
+        """Attach to the live run in `run_dir` (NotLive if it has none), with its history read when asked."""
+        sock = live_socket(Path(run_dir))
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(sock), limit=1 << 20)
+        except (ConnectionRefusedError, FileNotFoundError) as exc:
+            raise NotLive(f"{run_dir}: its control socket does not answer ({exc.strerror})") from None
+        writer.write(encode(Hello(pid=os.getpid(), read_only=read_only, live=live)))
+        frames = FrameReader()
+        welcome, rest = await _first(reader, frames)
+        run = cls(reader, writer, welcome, frames, read_only)
+        if history:
+            run.history = await asyncio.to_thread(read_history, Path(run_dir), welcome.events_bytes)
+        run._task = asyncio.get_running_loop().create_task(run._read(rest))
+        return run
+
+    # ------------------------------------------------------------ the Supervisor surface
+    def subscribe(self, replay: bool = True) -> EventStream:
+        queue: asyncio.Queue = asyncio.Queue()
+        for event in (self.history if replay else []):
+            queue.put_nowait(event)
+        if not self._queues:
+            for event in self._backlog:
+                queue.put_nowait(event)
+            self._backlog.clear()
+        if self._ended.is_set():
+            queue.put_nowait(None)
+        self._queues.append(queue)
+        return EventStream(queue)
+
+    @property
+    def alive(self) -> bool:
+        """Some pipeline has not reached a final state (as far as this client has heard)."""
+        return not self._ended.is_set() and any(not WorkerState(s).final for s in self.statuses.values())
+
+    @property
+    def ended(self) -> bool:
+        """The connection is over: the run finished, the supervisor died, or this client was dropped."""
+        return self._ended.is_set()
+
+    def stop(self, name: str | None = None, reason: str = "requested") -> None:
+        self.send(Action.STOP, name or "", reason=reason)
+
+    def kill(self, name: str) -> None:
+        self.send(Action.KILL, name)
+
+    def restart(self, name: str) -> None:
+        self.send(Action.RESTART, name)
+
+    def pause(self, name: str) -> None:
+        self.send(Action.PAUSE, name)
+
+    def resume(self, name: str) -> None:
+        self.send(Action.RESUME, name)
+
+    def checkpoint(self, name: str) -> None:
+        self.send(Action.CHECKPOINT, name)
+
+    async def add_config_file(self, path: Path) -> list[str]:
+        reply = await self.request(Action.ADD_CONFIG, path=str(Path(path).resolve()))
+        if not reply.ok:
+            raise RuntimeError(reply.text)
+        return reply.text.removeprefix("added ").split(", ")
+
+    async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
+        """Stop (gracefully) or kill every pipeline, and wait (bounded) for the run to end."""
+        if not self._ended.is_set():
+            await self.request(Action.STOP if graceful else Action.KILL)
+            try:
+                await asyncio.wait_for(self._ended.wait(), timeout + 10.0)
+            except asyncio.TimeoutError:
+                pass
+        await self.close()
+
+    async def wait(self) -> dict[str, str]:
+        """Wait until the connection ends; the pipelines' statuses as last heard."""
+        await self._ended.wait()
+        return dict(self.statuses)
+
+    # ------------------------------------------------------------ requests
+    def send(self, action: Action, pipeline: str = "", reason: str = "") -> None:
+        """Ask without waiting; a refusal arrives in the stream as a warning Notice."""
+        asyncio.get_running_loop().create_task(self._send_and_report(action, pipeline, reason))
+
+    async def request(self, action: Action, pipeline: str = "", path: str = "", reason: str = "") -> Reply:
+        """Ask and wait for the answer (a refused Reply when the connection has ended)."""
+        if self._ended.is_set():
+            return Reply(id=0, ok=False, text="the run is no longer live")
+        rid = next(self._ids)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._replies[rid] = future
+        self._writer.write(encode(Request(id=rid, action=action, pipeline=pipeline, path=path, reason=reason)))
+        return await future
+
+    async def _send_and_report(self, action: Action, pipeline: str, reason: str) -> None:
+        reply = await self.request(action, pipeline, reason=reason)
+        if not reply.ok:
+            self._deliver(Notice(pipeline=pipeline, level="warning", text=f"{action} refused: {reply.text}"))
+
+    async def detach(self) -> None:
+        """Leave the run going and end this connection."""
+        if not self._ended.is_set():
+            await self.request(Action.DETACH)
+        await self.close()
+
+    async def close(self) -> None:
+        self._writer.close()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, 5.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        self._end()
+
+    # ------------------------------------------------------------ internals
+    async def _read(self, rest: list) -> None:
+        try:
+            for msg in rest:
+                self._take(msg)
+            while data := await self._reader.read(1 << 20):
+                for msg in self._frames.feed(data):
+                    self._take(msg)
+        except (ConnectionError, FrameError, OSError):
+            pass
+        finally:
+            self._end()
+
+    def _take(self, msg) -> None:
+        if isinstance(msg, Reply):
+            future = self._replies.pop(msg.id, None)
+            if future is not None and not future.done():
+                future.set_result(msg)
+        elif isinstance(msg, Event):
+            if isinstance(msg, WorkerStateChanged):
+                self.statuses[msg.pipeline] = msg.state
+            elif isinstance(msg, PipelineFinished):
+                self.statuses[msg.pipeline] = msg.status
+            self._deliver(msg)
+
+    def _deliver(self, event: Event) -> None:
+        if not self._queues:
+            self._backlog.append(event)
+        for queue in self._queues:
+            queue.put_nowait(event)
+
+    def _end(self) -> None:
+        if self._ended.is_set():
+            return
+        self._ended.set()
+        for future in self._replies.values():
+            if not future.done():
+                future.set_result(Reply(id=0, ok=False, text="the run is no longer live"))
+        for queue in self._queues:
+            queue.put_nowait(None)
+
+
+async def _first(reader: asyncio.StreamReader, frames: FrameReader) -> tuple[Welcome, list]:
+    """Read until the Welcome; returns it and whatever frames came with it."""
+    while True:
+        data = await reader.read(1 << 16)
+        if not data:
+            raise NotLive("the supervisor closed the connection before welcoming it")
+        messages = frames.feed(data)
+        if messages:
+            first, *rest = messages
+            if not isinstance(first, Welcome):
+                raise NotLive(f"expected a welcome, got {first.type}")
+            return first, rest

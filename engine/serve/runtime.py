@@ -1,0 +1,90 @@
+"""Where a live run's control socket lives: a folder only this user can enter, and `control.json` in the run
+directory that names the socket and the supervisor's pid, so `torchherd attach RUN` can find it.
+
+The socket lives outside the run directory because an AF_UNIX path holds at most 107 bytes and runs
+directories can be deep, and because a run directory may sit on a shared file system.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+CONTROL_FILE = "control.json"
+MAX_SOCKET_PATH = 107  # bytes, sun_path less its terminating NUL
+
+
+class UnsafeRuntimeDir(RuntimeError):
+    """The runtime folder exists but another user owns it or others can enter it."""
+
+
+def runtime_dir() -> Path:
+    """This user's private folder for sockets: $XDG_RUNTIME_DIR/torchherd, else /tmp/torchherd-<uid>;
+    made mode 0700 and refused (UnsafeRuntimeDir) when someone else owns it or can enter it."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(xdg) if xdg and Path(xdg).is_dir() else None
+    path = base / "torchherd" if base is not None else Path("/tmp") / f"torchherd-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise UnsafeRuntimeDir(f"{path}: not a folder of this user's (uid {os.getuid()}); remove it or "
+                               f"set XDG_RUNTIME_DIR to a private folder")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)  # ours, but too open: close it before anything is put in it
+    return path
+
+
+def socket_path(run_dir: Path) -> Path:
+    """The control socket for `run_dir`: named by the run, short enough for AF_UNIX."""
+    folder = runtime_dir()
+    tag = hashlib.blake2b(str(Path(run_dir).resolve()).encode(), digest_size=6).hexdigest()
+    name = f"{Path(run_dir).name[:40]}-{tag}.sock"
+    path = folder / name
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        path = folder / f"{tag}.sock"
+    return path
+
+
+@dataclass(frozen=True)
+class Control:
+    """What control.json says: where the socket is and who serves it."""
+
+    socket: Path
+    pid: int
+
+
+def publish(run_dir: Path, sock: Path) -> None:
+    """Write control.json (atomically): clients find the socket through it."""
+    tmp = Path(run_dir) / f".{CONTROL_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps({"socket": str(sock), "pid": os.getpid()}) + "\n")
+    os.replace(tmp, Path(run_dir) / CONTROL_FILE)
+
+
+def withdraw(run_dir: Path, sock: Path) -> None:
+    """Remove the socket and control.json (the run is no longer served)."""
+    Path(sock).unlink(missing_ok=True)
+    (Path(run_dir) / CONTROL_FILE).unlink(missing_ok=True)
+
+
+def read_control(run_dir: Path) -> Control | None:
+    """The run's control.json, or None when it has none (never served, or finished)."""
+    try:
+        data = json.loads((Path(run_dir) / CONTROL_FILE).read_text())
+        return Control(Path(data["socket"]), int(data["pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def clean_stale(run_dir: Path) -> bool:
+    """Remove the socket and control.json of a run whose supervisor is gone; True if there were some."""
+    control = read_control(run_dir)
+    if control is None:
+        return False
+    withdraw(run_dir, control.socket)
+    return True

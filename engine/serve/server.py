@@ -1,0 +1,173 @@
+"""A live run's control socket, served by its supervisor: every connection is checked by its peer
+credentials, welcomed with the run and the size of events.jsonl, then sent every later event; its
+requests are carried out and recorded. A client that falls too far behind is dropped, never waited for.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from ..config.load import load_config
+from ..config.problems import ConfigError
+from ..protocol.control import Action, ClientCommand, ClientRefused, Hello, Reply, Request, Welcome
+from ..protocol.messages import Event, Message, Notice
+from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
+
+MAX_BACKLOG = 16 << 20  # bytes a client may leave unread before it is dropped (it can attach again)
+
+
+class _Connection(asyncio.Protocol):
+    """One client: its credentials, its frames in, and the events it has yet to be sent."""
+
+    def __init__(self, server: "ControlServer"):
+        self.server = server
+        self.transport: Any = None
+        self.pid = 0
+        self.read_only = True
+        self.pending = bytearray()  # frames since the last flush
+        self._frames = FrameReader()
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        pid, uid, _ = peer_credentials(transport.get_extra_info("socket"))
+        self.pid = pid
+        if not same_user(uid):
+            self.server.refuse(self, uid)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self._frames.feed(data)
+        except FrameError:
+            self.transport.abort()  # not a torchherd client
+            return
+        for msg in messages:
+            self.server.handle(self, msg)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.forget(self)
+
+
+class ControlServer:
+    """Serves one supervisor on an AF_UNIX socket at `path` (mode 0600, in a folder only the user enters)."""
+
+    def __init__(self, sup: Any, path: Path, max_backlog: int = MAX_BACKLOG):
+        self.sup = sup
+        self.path = Path(path)
+        self.max_backlog = max_backlog
+        self.clients: list[_Connection] = []  # those taking the live stream
+        self.dropped = 0  # clients dropped for falling behind
+        self._server: asyncio.AbstractServer | None = None
+        self._flush_soon = False
+
+    async def start(self) -> None:
+        self.path.unlink(missing_ok=True)
+        old = os.umask(0o177)  # the socket is born 0600: no moment when others could connect
+        try:
+            self._server = await asyncio.get_running_loop().create_unix_server(
+                lambda: _Connection(self), path=str(self.path))
+        finally:
+            os.umask(old)
+        self.sup.tap(self._on_event)
+
+    async def close(self) -> None:
+        """Send what is pending, end every connection and remove the socket."""
+        self._flush()
+        for conn in list(self.clients):
+            conn.transport.close()  # after its buffer is written, where the peer still reads
+        if self._server is not None:
+            self._server.close()
+        self.path.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------ connections
+    def refuse(self, conn: _Connection, uid: int) -> None:
+        conn.transport.abort()
+        self.sup.record(ClientRefused(pid=conn.pid, uid=uid, reason="another user's process"))
+
+    def forget(self, conn: _Connection) -> None:
+        if conn in self.clients:
+            self.clients.remove(conn)
+
+    def handle(self, conn: _Connection, msg: Message) -> None:
+        if isinstance(msg, Hello):
+            conn.read_only = msg.read_only
+            self._welcome(conn, live=msg.live)
+        elif isinstance(msg, Request):
+            ok, text = self._carry_out(conn, msg)
+            conn.transport.write(encode(Reply(id=msg.id, ok=ok, text=text)))
+        else:
+            conn.transport.abort()
+
+    def _welcome(self, conn: _Connection, live: bool) -> None:
+        # No await from here on: the size read now and the events queued from now on meet exactly.
+        statuses = {v.name: v.state.value for v in self.sup.views()}
+        conn.transport.write(encode(Welcome(
+            run_id=self.sup.run_id, run_dir=str(self.sup.run_dir), supervisor_pid=os.getpid(),
+            events_bytes=self.sup.events_written(), pipelines=tuple(statuses), statuses=statuses)))
+        if live and conn not in self.clients:
+            self.clients.append(conn)
+
+    def _carry_out(self, conn: _Connection, req: Request) -> tuple[bool, str]:
+        if req.action == Action.DETACH:
+            return True, "detached"
+        if conn.read_only:
+            ok, text = False, "this client is read-only"
+        else:
+            try:
+                ok, text = True, self._act(req)
+            except (KeyError, ValueError, RuntimeError, ConfigError) as exc:
+                ok, text = False, str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+        self.sup.record(ClientCommand(action=req.action, pipeline=req.pipeline, client_pid=conn.pid, ok=ok,
+                                      text=text))
+        return ok, text
+
+    def _act(self, req: Request) -> str:
+        sup, name = self.sup, req.pipeline
+        match req.action:
+            case Action.STOP:
+                sup.stop(name or None, reason=req.reason or "requested")
+            case Action.KILL:
+                for target in ([name] if name else [v.name for v in sup.views() if not v.state.final]):
+                    sup.kill(target)
+            case Action.RESTART:
+                sup.restart(name)
+            case Action.PAUSE:
+                sup.pause(name)
+            case Action.RESUME:
+                sup.resume(name)
+            case Action.CHECKPOINT:
+                sup.checkpoint(name)
+            case Action.ADD_CONFIG:
+                return "added " + ", ".join(sup.add_config(load_config(req.path)))
+            case _:
+                raise ValueError(f"unknown action {req.action!r}")
+        return f"{req.action} {name or 'every pipeline'}"
+
+    # ------------------------------------------------------------ the live stream
+    def _on_event(self, event: Event, kept: bool) -> None:
+        if not self.clients:
+            return
+        frame = encode(event)
+        for conn in self.clients:
+            conn.pending += frame
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """One write per client per burst of events; a client whose unread bytes pass the bound is dropped."""
+        self._flush_soon = False
+        for conn in list(self.clients):
+            if conn.pending:
+                conn.transport.write(bytes(conn.pending))
+                conn.pending.clear()
+            if conn.transport.get_write_buffer_size() > self.max_backlog:
+                self._drop(conn)
+
+    def _drop(self, conn: _Connection) -> None:
+        self.clients.remove(conn)
+        conn.transport.abort()
+        self.dropped += 1
+        self.sup.record(Notice(level="warning", text=f"client pid {conn.pid} fell more than "
+                               f"{self.max_backlog >> 20} MiB behind and was dropped; it can attach again"))

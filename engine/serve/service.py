@@ -1,0 +1,124 @@
+"""A run's supervisor as a service: `spawn` starts `python -m torchherd.engine.serve.service` in a session of
+its own (no terminal, immune to SIGHUP) and returns once it serves its control socket; the service runs
+the run to its end, writing nothing anywhere but the run directory.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+READY = "torchherd-service-ready "  # the line that says the service serves, then its details as JSON
+LOG = "supervisor.log"  # the service's own stdout and stderr, in the run directory
+
+
+class ServiceFailed(RuntimeError):
+    """The service did not start; the message is what it printed (the config's problems, a traceback)."""
+
+
+@dataclass(frozen=True)
+class Started:
+    run_dir: Path
+    socket: Path
+    pid: int
+
+
+def spawn(config: Path | None = None, runs_dir: Path | None = None, resume: Path | None = None,
+          only: list[str] | None = None) -> Started:
+    """Start the service for a config (or to resume a run) and wait until it serves (blocking)."""
+    args = ["--resume", str(resume)] if resume is not None else ["--config", str(config)]
+    if runs_dir is not None:
+        args += ["--runs-dir", str(runs_dir)]
+    for name in only or []:
+        args += ["--only", name]
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "torchherd.engine.serve.service", *args],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, close_fds=True)
+    assert proc.stdout is not None
+    out = proc.stdout.read().decode(errors="replace")  # ends when it serves (its output moves) or exits
+    proc.stdout.close()
+    for line in out.splitlines():
+        if line.startswith(READY):
+            info = json.loads(line[len(READY):])
+            proc.returncode = 0  # it goes on without us: no zombie to reap, no warning at exit
+            return Started(Path(info["run_dir"]), Path(info["socket"]), proc.pid)
+    proc.wait()
+    raise ServiceFailed(out.strip() or f"the torchherd service exited with status {proc.returncode}")
+
+
+def _supervisor(args: argparse.Namespace):
+    from ..config.load import load_config
+    from ..supervise.supervisor import Supervisor
+
+    if args.resume:
+        return Supervisor.resume_run(args.resume, only=args.only or None)
+    return Supervisor(load_config(args.config), runs_dir=args.runs_dir)
+
+
+def _to_log(run_dir: Path) -> None:
+    """From now on stdout and stderr go to the run's supervisor.log (the spawner's pipe closes)."""
+    fd = os.open(run_dir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from ..config.problems import ConfigError
+    from ..rundir.directory import RunTaken
+    from .runtime import publish, socket_path, withdraw
+    from .server import ControlServer
+
+    try:
+        sup = _supervisor(args)
+        await sup.start()
+    except (ConfigError, RunTaken, OSError, ValueError) as exc:
+        print(f"torchherd: {exc}", flush=True)
+        return 2
+    sock = socket_path(sup.run_dir)
+    server = ControlServer(sup, sock)
+    await server.start()
+    publish(sup.run_dir, sock)
+    print(READY + json.dumps({"run_dir": str(sup.run_dir), "socket": str(sock)}), flush=True)
+    _to_log(sup.run_dir)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: sup.stop(reason="SIGTERM"))
+    try:
+        await sup.wait()
+        await sup.shutdown(graceful=True)
+    finally:
+        await server.close()
+        withdraw(sup.run_dir, sock)
+        await _drained(server, loop.time() + 5.0)
+    return 0
+
+
+async def _drained(server, deadline: float) -> None:
+    """Give clients a moment to read the last events before the process ends."""
+    loop = asyncio.get_running_loop()
+    while any(c.transport.get_write_buffer_size() for c in server.clients) and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torchherd.engine.serve.service")
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--runs-dir", type=Path)
+    parser.add_argument("--resume", type=Path)
+    parser.add_argument("--only", action="append")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal is ours; a hangup is none of our business
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the clients, which ask us to stop
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
