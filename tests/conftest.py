@@ -47,6 +47,12 @@ def children() -> list[psutil.Process]:
         return []
 
 
+def service_of(run_dir: Path) -> psutil.Process:
+    """The torchherd service supervising `run_dir` (its supervisor.pid): a process of its own session, not the
+    CLI's child, since runs outlive the terminal."""
+    return psutil.Process(int((Path(run_dir) / "supervisor.pid").read_text().split()[0]))
+
+
 def still_alive(pids: list[int], timeout: float = 5.0) -> list[int]:
     """The pids among `pids` still running (zombies excluded) after waiting up to `timeout` seconds."""
     procs = []

@@ -12,7 +12,7 @@ import pytest
 
 from torchherd.engine.protocol.messages import PipelineFinished, Resumed, TrainingStarted
 from torchherd.engine.rundir.directory import list_runs, read_events, read_records
-from tests.conftest import TASKS, children, still_alive
+from tests.conftest import TASKS, service_of, still_alive
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,10 +62,13 @@ def test_killed_run_is_listed_resumable_and_resume_finishes_it(tmp_path):
                 any(r.get("type") == "pipeline_finished" and r.get("pipeline") == "quick"
                     for r in read_records(found[0]))
         wait_until(slow_checkpointed)
-        workers = [c.pid for c in children()]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        service = service_of(next(runs.iterdir()))
+        workers = [c.pid for c in service.children(recursive=True)]
+        assert workers
+        service.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == 1  # the attached CLI says the run was cut short
         assert still_alive(workers) == []  # workers die with their supervisor
+        assert "cut short" in proc.stdout.read()
     finally:
         if proc.poll() is None:
             proc.kill()

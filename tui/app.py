@@ -37,8 +37,10 @@ class TorchherdApp(App[int]):
     def __init__(self, target: Path | None = None, runs_dir: Path | None = None, *,
                  factory: SupervisorFactory | None = None, refresh_hz: float = 2.0,
                  clock: Callable[[], float] = time.time,
-                 launch: bool = False, only: list[str] | None = None):
+                 launch: bool = False, only: list[str] | None = None,
+                 attach: Path | None = None, read_only: bool = False):
         super().__init__()
+        self.attach_to, self.read_only = attach, read_only  # a live run to open at once
         self.launch = launch  # start the target (a config, or an unfinished run to resume) at once
         self.only = only  # resuming: only these pipelines
         target = Path(target) if target is not None else Path("sample_configs")
@@ -51,11 +53,14 @@ class TorchherdApp(App[int]):
         self.dashboard: DashboardScreen | None = None
         self.stopping = ""  # "graceful" or "kill" once quitting has begun
         self.hung_up = False  # SIGHUP: the terminal went away
+        self.detached = False  # quit leaving the runs going
 
     # ------------------------------------------------------------ lifecycle
     def on_mount(self) -> None:
         self.install_signal_handlers()
-        if self.launch and self.target.is_file():
+        if self.attach_to is not None:
+            self.call_later(self._attach, self.attach_to, self.read_only)
+        elif self.launch and self.target.is_file():
             self.call_later(self._picked, ("launch", self.target))
         elif self.launch and self.target.is_dir():
             self.directory = Path("sample_configs")
@@ -75,6 +80,9 @@ class TorchherdApp(App[int]):
     def _on_signal(self, sig: int) -> None:
         if sig == signal.SIGHUP:
             self.hung_up = True
+            if self.bridge.remote:  # the run has a service of its own: only this client ends
+                self.call_later(self._detach_and_exit)
+                return
         self.call_later(self._stop_and_exit, True)
 
     def _leave(self, code: int) -> None:
@@ -85,7 +93,9 @@ class TorchherdApp(App[int]):
         self.exit(code)
 
     async def on_unmount(self) -> None:
-        if self.bridge.live:  # an exit we did not plan (an exception): leave no worker behind
+        if self.bridge.remote:  # an exit we did not plan (an exception): the run's service goes on
+            await self.bridge.detach()
+        elif self.bridge.live:  # the run lives in this process: leave no worker behind
             await self.bridge.shutdown(graceful=False, timeout=5.0)
 
     def _picker(self, adding: bool) -> PickerScreen:
@@ -98,6 +108,9 @@ class TorchherdApp(App[int]):
         kind, path = result
         if kind == "open":
             self._replay(path)
+            return
+        if kind == "attach":
+            await self._attach(path)
             return
         adding = self.bridge.live
         try:
@@ -121,6 +134,15 @@ class TorchherdApp(App[int]):
             self.notify(f"added {', '.join(names)}", timeout=4)
         else:
             self._show_dashboard(self.bridge.state)
+
+    async def _attach(self, run_dir: Path, read_only: bool = False) -> None:
+        try:
+            await self.bridge.attach(run_dir, read_only=read_only)
+        except Exception as exc:  # not live any more, or its socket refused us: say so, stay usable
+            self.notify(f"{exc}", title="cannot attach", severity="error", timeout=10)
+            self.push_screen(self._picker(adding=False), self._picked)
+            return
+        self._show_dashboard(self.bridge.state)
 
     def _show_dashboard(self, state: RunState) -> None:
         self.dashboard = DashboardScreen(state, self.refresh_hz, self.clock)
@@ -197,8 +219,16 @@ class TorchherdApp(App[int]):
         async def answered(choice: str | None) -> None:
             if choice == "stop":
                 await self._stop_and_exit(True)
+            elif choice == "detach":
+                await self._detach_and_exit()
 
-        self.push_screen(QuitScreen(running), answered)
+        self.push_screen(QuitScreen(running, can_detach=self.bridge.remote), answered)
+
+    async def _detach_and_exit(self) -> None:
+        """Leave the runs going in their service; say how to come back."""
+        await self.bridge.detach()
+        self.detached = True
+        self._leave(0)
 
     async def _stop_and_exit(self, graceful: bool) -> None:
         if self.bridge.alive:
@@ -217,11 +247,11 @@ class TorchherdApp(App[int]):
 
 
 def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bool = False,
-            only: list[str] | None = None) -> int:
+            only: list[str] | None = None, attach: Path | None = None, read_only: bool = False) -> int:
     """Open the app on a config directory (or one config); with `launch`, start the config (or resume
     the run directory, `only` some of its pipelines) at once. Returns the exit status: with `launch`, 0 only
     if every pipeline completed."""
-    app = TorchherdApp(target, runs_dir, launch=launch, only=only)
+    app = TorchherdApp(target, runs_dir, launch=launch, only=only, attach=attach, read_only=read_only)
     app.run()
     return report_runs(app, launch)
 
@@ -229,6 +259,11 @@ def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bo
 def report_runs(app: TorchherdApp, launch: bool) -> int:
     """After the app has exited: say how each run of its session ended and where it is. Returns the exit
     status: with `launch`, 0 only if every pipeline completed."""
+    if app.detached:
+        for run_dir in app.bridge.run_dirs:
+            print(f"torchherd: left run {run_dir.name} going\n  run directory: {run_dir}\n"
+                  f"  watch it: torchherd attach {run_dir}\n  stop it: torchherd stop {run_dir}")
+        return 0
     ends = [run_end(run_dir) for run_dir in app.bridge.run_dirs]
     for end in ends:  # the terminal is ours again
         print("\n".join(end.lines))

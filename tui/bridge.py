@@ -16,14 +16,14 @@ from ..engine.config.load import load_config
 from ..engine.config.schema import RunConfig
 from .commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop
 from .runstate import RunState
+from .sessions import ServiceSession, Session
 
-SupervisorFactory = Callable[[RunConfig, "Path | None"], Any]
+SupervisorFactory = Callable[[RunConfig, "Path | None"], Any]  # a Session, or a Supervisor to run in-process
 
 
-def real_supervisor(config: RunConfig, runs_dir: Path | None) -> Any:
-    from ..engine.supervise.supervisor import Supervisor
-
-    return Supervisor(config, runs_dir=runs_dir)
+def service_session(config: RunConfig, runs_dir: Path | None) -> Session:
+    """The default: the run in a torchherd service of its own, which outlives the app."""
+    return ServiceSession(Path(config.source), runs_dir)
 
 
 # ------------------------------------------------------------ blocking loaders
@@ -138,8 +138,8 @@ class Bridge:
         self.on_change = on_change  # called on the event loop after each batch of events
         self.runs_dir = runs_dir
         self.state = RunState()
-        self._factory = factory or real_supervisor
-        self._sup: Any = None
+        self._factory = factory or service_session
+        self._sup: Session | None = None
         self._consumer: asyncio.Task | None = None
         self._closed = False
         self._signalled = False  # a change signal is scheduled
@@ -153,36 +153,53 @@ class Bridge:
     @property
     def alive(self) -> bool:
         """Some worker process exists."""
-        return self.live and bool(self._sup.alive)
+        return self.live and self._sup.alive
+
+    @property
+    def remote(self) -> bool:
+        """The session's run lives in a service of its own: the app can leave it running."""
+        return self.live and self._sup.remote
 
     async def launch(self, path: Path) -> list[str]:
         """Start a session with this config, or add it to the running one; raises ConfigError."""
         config = load_config(path)
         if self.live:
-            return list(self._sup.add_config(config))
+            return await self._sup.add_config(config)
         if self._closed:
             raise RuntimeError("the session has ended")
-        sup = self._factory(config, self.runs_dir)
-        await self._start(sup, RunState(metric=config.validation.metric, metric_mode=config.validation.metric_mode))
+        made = self._factory(config, self.runs_dir)
+        session = made if isinstance(made, Session) else Session(made)
+        await self._start(session, RunState(metric=config.validation.metric,
+                                            metric_mode=config.validation.metric_mode))
         return [p.name for p in config.pipelines]
 
     async def resume(self, run_dir: Path, only: list[str] | None = None) -> None:
         """Carry on a run's pipelines that did not complete (or those in `only`) from their checkpoints,
-        showing its history so far."""
-        from ..engine.supervise.supervisor import Supervisor
-
+        in a service of its own; its history comes first, as an attach's does."""
         if self.live or self._closed:
             raise RuntimeError("a session is already running")
-        state = await asyncio.to_thread(replay_run, run_dir)  # the curves so far
-        state.read_only = False
-        await self._start(Supervisor.resume_run(run_dir, only=only), state)
+        await self._start(ServiceSession(resume=run_dir, only=only), RunState())
 
-    async def _start(self, sup: Any, state: RunState) -> None:
+    async def attach(self, run_dir: Path, read_only: bool = False) -> None:
+        """Watch (and, unless `read_only`, steer) a run that is already live: its history, then live events."""
+        if self.live or self._closed:
+            raise RuntimeError("a session is already running")
+        await self._start(ServiceSession(attach=run_dir, read_only=read_only), RunState(read_only=read_only))
+
+    async def detach(self) -> None:
+        """Leave a remote session's run going and end this app's part in it."""
+        if self.live:
+            await self._sup.detach()
+        self._closed = True
+        if self._consumer is not None:
+            self._consumer.cancel()
+
+    async def _start(self, session: Session, state: RunState) -> None:
         self.state = state
-        await sup.start()  # spawns processes: must run on this loop's thread
-        self._sup = sup
-        self.run_dirs.append(Path(sup.run_dir).resolve())
-        self._consumer = asyncio.get_running_loop().create_task(self._consume(sup.subscribe()))
+        await session.start()  # spawns processes: must run on this loop's thread
+        self._sup = session
+        self.run_dirs.append(session.run_dir.resolve())
+        self._consumer = asyncio.get_running_loop().create_task(self._consume(session.subscribe()))
 
     def show(self, state: RunState) -> None:
         """Show a replayed run (only when no live session)."""
@@ -193,7 +210,7 @@ class Bridge:
         """Carry out a command; raises KeyError for an unknown pipeline, RuntimeError when read-only."""
         if not self.live:
             raise RuntimeError("this run is read-only" if self.state.read_only else "no run is active")
-        sup, name = self._sup, command.pipeline
+        sup, name = self._sup.sup, command.pipeline
         match command:
             case Kill():
                 sup.kill(name)

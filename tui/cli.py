@@ -14,16 +14,26 @@ from pathlib import Path
 from typing import Any
 
 USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR]
-       torchherd run CONFIG [--headless] [--runs-dir DIR]
+       torchherd run CONFIG [--headless] [--detach] [--runs-dir DIR]
+       torchherd attach [RUN] [--headless] [--read-only] [--from-start] [--runs-dir DIR]
+       torchherd ls [--runs-dir DIR] [--json]
+       torchherd stop|kill RUN [NAME]
+       torchherd pause|resume-pipeline|checkpoint|restart RUN NAME
        torchherd resume RUN_DIR [--headless] [--only NAME]
        torchherd check CONFIG [--probe]"""
 
 COMMANDS = """commands:
-  run CONFIG        run a config: the dashboard, or with --headless one line per event
+  run CONFIG        run a config in a supervisor of its own (it outlives this terminal) and watch it:
+                    the dashboard, or with --headless one line per event; --detach returns at once
+  attach [RUN]      watch a live run (default: the newest under --runs-dir): the dashboard, or --headless
+  ls                list runs: live, finished, or cut short and resumable
+  stop|kill RUN [NAME]             stop gracefully (checkpoint first) or kill one pipeline, or all
+  pause|resume-pipeline|checkpoint|restart RUN NAME   act on one pipeline of a live run
   resume RUN_DIR    carry on every pipeline of a run that did not complete, from its checkpoints
   check CONFIG      validate a config and say what would launch where (exit 2 if it cannot run)
 
-`torchherd COMMAND -h` shows a command's options."""
+RUN is a run directory or a run id under --runs-dir (default ./runs). `torchherd COMMAND -h` shows a
+command's options."""
 
 
 def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -44,6 +54,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "3 stopped before completing.")
     run.add_argument("config", metavar="CONFIG", help="the TOML config to run")
     run.add_argument("--headless", action="store_true", help="no screen: print one line per event")
+    run.add_argument("--detach", action="store_true",
+                     help="start the run and return at once (exit 0), printing how to attach and stop it")
     run.add_argument("--runs-dir", metavar="DIR",
                      help="where the run directory goes (overrides the config's runs_dir)")
 
@@ -63,7 +75,37 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "builds every task in a fresh process, as `torchherd run` does.")
     check.add_argument("config", metavar="CONFIG", help="the TOML config to check")
     check.add_argument("--probe", action="store_true", help="also build every task in a fresh process")
-    return app, {"run": run, "resume": resume, "check": check}
+    return app, {"run": run, "resume": resume, "check": check, **_client_parsers()}
+
+
+def _client_parsers() -> dict[str, argparse.ArgumentParser]:
+    """attach, ls and the commands that act on a live run."""
+    from .control import ACTIONS, NEEDS_NAME
+
+    runs_dir = {"metavar": "DIR", "default": "runs", "help": "where runs are found (default: ./runs)"}
+    attach = argparse.ArgumentParser(
+        prog="torchherd attach", description="Watch a live run: its whole history, then live events. Several "
+        "clients may watch one run; each command a client sends is recorded in events.jsonl with its pid.")
+    attach.add_argument("run", nargs="?", metavar="RUN", help="run directory or run id (default: newest live run)")
+    attach.add_argument("--headless", action="store_true", help="print one line per event, from now on")
+    attach.add_argument("--from-start", action="store_true", help="with --headless: from the run's beginning")
+    attach.add_argument("--read-only", action="store_true", help="watch only: commands are refused")
+    attach.add_argument("--runs-dir", **runs_dir)
+    ls = argparse.ArgumentParser(prog="torchherd ls", description="List runs, newest first: live, finished, "
+                                 "or cut short and resumable.")
+    ls.add_argument("--runs-dir", **runs_dir)
+    ls.add_argument("--json", action="store_true", help="one JSON array, for scripts")
+    parsers = {"attach": attach, "ls": ls}
+    for verb in ACTIONS:
+        one = verb in NEEDS_NAME
+        act = argparse.ArgumentParser(
+            prog=f"torchherd {verb}", description=f"{verb} {'a pipeline' if one else 'a pipeline (or all)'} "
+            "of a live run. Exit status: 0 it took, 1 the run is not live or refused, 2 bad input.")
+        act.add_argument("run", metavar="RUN", help="run directory or run id")
+        act.add_argument("name", nargs=None if one else "?", metavar="NAME", help="the pipeline")
+        act.add_argument("--runs-dir", **runs_dir)
+        parsers[verb] = act
+    return parsers
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -86,6 +128,10 @@ def _run(args: argparse.Namespace) -> int:
         print(report.render(), file=sys.stderr)
         return EXIT_CONFIG
     assert report.config is not None
+    if args.detach:
+        from .attach import run_detached
+
+        return run_detached(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)
     if not args.headless:
         return run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)
     return check_and_run(report.config, args.runs_dir, start=started)
@@ -135,8 +181,6 @@ def run_app_checked(config: Path, runs_dir: Path | None) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from ..engine.rundir.directory import summarize
-    from ..engine.supervise.supervisor import Supervisor
-    from .headless import run_headless
 
     run_dir = Path(args.run_dir)
     summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
@@ -160,7 +204,41 @@ def _resume(args: argparse.Namespace) -> int:
         from .app import run_app
 
         return run_app(run_dir, None, launch=True, only=only or None)
-    return asyncio.run(run_headless(None, supervisor=Supervisor.resume_run(run_dir, only=only or None)))
+    from ..engine.serve.service import ServiceFailed, spawn
+    from .attach import follow_run
+    from .headless import LinePrinter
+
+    try:
+        started = spawn(resume=run_dir, only=only or None)
+    except ServiceFailed as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return asyncio.run(follow_run(started.run_dir, LinePrinter(sys.stdout), from_start=True, owner=True))
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from .control import BadRun, resolve_run
+
+    try:
+        run_dir = resolve_run(args.run, Path(args.runs_dir))
+    except BadRun as exc:
+        print(f"torchherd: {exc}", file=sys.stderr)
+        return 2
+    if args.headless:
+        from .attach import follow_run
+        from .headless import LinePrinter
+
+        return asyncio.run(follow_run(run_dir, LinePrinter(sys.stdout), from_start=args.from_start,
+                                      read_only=args.read_only))
+    from .app import run_app
+
+    return run_app(None, Path(args.runs_dir), attach=run_dir, read_only=args.read_only)
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from .control import list_command
+
+    return list_command(Path(args.runs_dir), args.json)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,7 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     app_parser, commands = _parsers()
     if argv and argv[0] in commands:
         args = commands[argv[0]].parse_args(argv[1:])
-        return {"run": _run, "check": _check, "resume": _resume}[argv[0]](args)
+        handlers = {"run": _run, "check": _check, "resume": _resume, "attach": _attach, "ls": _ls}
+        if argv[0] in handlers:
+            return handlers[argv[0]](args)
+        from .control import act_command
+
+        return act_command(argv[0], args.run, args.name, Path(args.runs_dir))
     args = app_parser.parse_args(argv)
     from .app import run_app
 

@@ -11,9 +11,11 @@ import asyncio
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from ..engine.config.schema import RunConfig
+from ..engine.protocol.control import ClientCommand
 from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
                              RunFinished, RunStarted, SnapshotSkipped, ValidatorStarted, ValResult, WorkerError,
                              TrainingStarted, WorkerExited, WorkerRestarting, WorkerStarted)
@@ -155,6 +157,10 @@ class LinePrinter:
         reason = f" ({ev.reason})" if ev.reason else ""
         self.line(f"{ev.pipeline}: {ev.status}{reason}")
 
+    def _client_command(self, ev: ClientCommand) -> None:
+        what = f"{ev.action} {ev.pipeline}" if ev.pipeline else f"{ev.action} every pipeline"
+        self.line(f"client pid {ev.client_pid}: {what}" + ("" if ev.ok else f" refused: {ev.text}"))
+
     def _run_finished(self, ev: RunFinished) -> None:
         summary = ", ".join(f"{k} {v}" for k, v in ev.statuses.items())
         self.line(f"run finished: {summary}")
@@ -177,6 +183,7 @@ _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     Notice: LinePrinter._notice,
     PipelineFinished: LinePrinter._pipeline_finished,
     RunFinished: LinePrinter._run_finished,
+    ClientCommand: LinePrinter._client_command,
 }
 
 
@@ -216,7 +223,9 @@ def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = 
         err.flush()
         return EXIT_CONFIG
     printer.line(f"{noun} built in {took:.1f}s")
-    return asyncio.run(run_headless(config, runs_dir, out, printer=printer))
+    from .attach import run_service_headless
+
+    return run_service_headless(Path(config.source), Path(runs_dir) if runs_dir else None, printer)
 
 
 async def run_headless(config: RunConfig | None, runs_dir: str | None = None, out: TextIO = sys.stdout,

@@ -166,9 +166,19 @@ class HeadlessCli:
             return predicate(self.records())
         return poll_until(check, timeout, what)
 
+    def service(self) -> psutil.Process | None:
+        """The run's supervisor: a service in a session of its own, not a child of the CLI."""
+        d = self.run_dir()
+        try:
+            return psutil.Process(int((d / "supervisor.pid").read_text().split()[0])) if d is not None else None
+        except (OSError, ValueError, IndexError, psutil.NoSuchProcess):
+            return None
+
     def remember(self) -> None:
         seen = {p.pid for p in self.known}
-        self.known += [p for p in tree(self.proc.pid)[1:] if p.pid not in seen]
+        service = self.service()
+        found = tree(self.proc.pid)[1:] + (tree(service.pid) if service is not None else [])
+        self.known += [p for p in found if p.pid not in seen]
 
     def text(self) -> str:
         try:
@@ -179,8 +189,17 @@ class HeadlessCli:
     def signal(self, sig: int) -> None:
         os.kill(self.proc.pid, sig)
 
+    def kill_supervisor(self) -> None:
+        """SIGKILL the run's supervisor (its service); the attached CLI then ends, saying the run was cut short."""
+        self.remember()
+        service = self.service()
+        assert service is not None, "the run has no live supervisor"
+        service.send_signal(signal.SIGKILL)
+        assert self.proc.wait(30) == 1, self.text()
+
     def cleanup(self) -> list[str]:
         """Kill what is left (the CLI's session and every descendant seen); returns what had been left."""
+        self.remember()
         left = [p for p in self.known if is_alive(p)]
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):

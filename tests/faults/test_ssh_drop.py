@@ -1,18 +1,21 @@
 """Fault: the SSH session drops (SIGHUP) or the run is told to end (SIGTERM) while the headless CLI trains.
 
-Every pipeline stops gracefully with a 'stop' checkpoint, events.jsonl ends with
-run_finished whose statuses are all 'stopped', and the CLI exits 3.
+SIGHUP ends only the CLI: the run's supervisor is a service of its own and training goes on, to be
+attached to and stopped from another shell. SIGTERM to the CLI that started the run stops every pipeline
+gracefully ('stop' checkpoints, run_finished all 'stopped', exit 3).
 """
 from __future__ import annotations
 
 import os
 import pty
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from tests.faults.support import FAULTY, HeadlessCli, write_toml
+from tests.faults.support import FAULTY, REPO, HeadlessCli, poll_until, wait_gone, write_toml
 
 pytestmark = pytest.mark.slow
 
@@ -67,33 +70,62 @@ def assert_stopped_gracefully(cli: HeadlessCli, signame: str) -> None:
         assert finished[0]["status"] == "stopped" and finished[0]["reason"] == signame
 
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
-def test_signal_stops_every_pipeline_gracefully(tmp_path, sig):
+def torchherd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torchherd", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+def steps(cli: HeadlessCli) -> int:
+    return sum(r["type"] == "step" for r in cli.records())
+
+
+def assert_goes_on_then_stops(cli: HeadlessCli) -> None:
+    """The CLI has gone; the run trains on, `torchherd stop` from another shell stops it gracefully."""
+    service = cli.service()
+    assert service is not None and service.is_running()
+    before = steps(cli)
+    poll_until(lambda: steps(cli) > before + 20, 60, "steps after the hangup")
+    stopped = torchherd("stop", str(cli.run_dir()))
+    assert stopped.returncode == 0, stopped.stderr
+    assert not wait_gone([service], 60), "the service did not end after the stop"
+    assert_stopped_gracefully(cli, "requested")
+
+
+def test_sighup_ends_only_the_client_and_training_goes_on(tmp_path):
     cli = start_and_wait_for_training(tmp_path)
     try:
-        cli.signal(sig)
-        code = cli.proc.wait(60)
-        assert code == 3, cli.text()
-        assert_stopped_gracefully(cli, sig.name)
-        assert f"{sig.name}: stopping every pipeline gracefully" in cli.text()
+        cli.signal(signal.SIGHUP)
+        assert cli.proc.wait(30) == 0, cli.text()
+        assert_goes_on_then_stops(cli)
     finally:
         leftovers = cli.cleanup()
     assert not leftovers
 
 
-def test_sighup_with_the_terminal_gone_still_stops_gracefully(tmp_path):
-    # A real SSH drop: the pty's master side goes away, then the session gets SIGHUP.
-    # Every later write to the terminal fails with EIO. Regression: the printer's OSError used to end
-    # run_headless early, and its shutdown(graceful=False) killed the workers instead of stopping them.
+def test_sigterm_to_the_client_that_started_the_run_stops_it_gracefully(tmp_path):
+    cli = start_and_wait_for_training(tmp_path)
+    try:
+        cli.signal(signal.SIGTERM)
+        code = cli.proc.wait(60)
+        assert code == 3, cli.text()
+        assert_stopped_gracefully(cli, "SIGTERM")
+        assert "stopping every pipeline gracefully (SIGTERM)" in cli.text()
+    finally:
+        leftovers = cli.cleanup()
+    assert not leftovers
+
+
+def test_sighup_with_the_terminal_gone_leaves_the_run_going(tmp_path):
+    # A real SSH drop: the pty's master side goes away, then the session gets SIGHUP; every later write to
+    # the terminal fails with EIO. The client ends and the run, in its own session, trains on.
     master, slave = pty.openpty()
     cli = start_and_wait_for_training(tmp_path, stdout=slave)
     try:
         os.close(slave)
         os.close(master)
         cli.signal(signal.SIGHUP)
-        code = cli.proc.wait(60)
-        assert_stopped_gracefully(cli, "SIGHUP")
-        assert code == 3
+        cli.proc.wait(30)
+        assert_goes_on_then_stops(cli)
     finally:
         leftovers = cli.cleanup()
     assert not leftovers

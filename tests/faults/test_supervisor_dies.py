@@ -1,16 +1,28 @@
 """Fault: the supervisor process dies (SIGKILL): every worker follows it within 5 s, their DataLoader workers soon after.
 
-Workers ask for a parent-death signal and also exit on the control pipe's EOF; the
-headless CLI runs in a session of its own here, as it would under nohup or tmux.
+Workers ask for a parent-death signal and also exit on the control pipe's EOF. The supervisor is the run's
+service, in a session of its own; both clients attached to it say the run was cut short, `torchherd ls`
+says it is resumable, and its control socket is cleaned up.
 """
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.faults.support import FAULTY, HeadlessCli, is_alive, tree, write_toml
+from torchherd.engine.serve.runtime import read_control
+from tests.faults.support import FAULTY, REPO, HeadlessCli, is_alive, tree, write_toml
+
+
+def torchherd(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torchherd", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), **kw)
 
 pytestmark = pytest.mark.slow
 
@@ -56,16 +68,25 @@ def test_sigkilled_supervisor_takes_every_worker_and_loader_with_it(tmp_path):
         # Training has begun once a step is reported; by then the DataLoader worker exists.
         cli.wait_records(lambda recs: {r["pipeline"] for r in recs if r["type"] == "step"} >= {"loader", "plain"},
                          60, "both pipelines to report a step")
-        procs = tree(cli.proc.pid)[1:]
+        service = cli.service()
+        procs = tree(service.pid)[1:]
         pids = {p.pid for p in procs}
-        assert set(started.values()) <= pids, f"workers {started} are not all under the CLI: {pids}"
+        assert set(started.values()) <= pids, f"workers {started} are not all under the supervisor: {pids}"
         loader_children = [p for p in tree(started["loader"])[1:]]
         assert loader_children, "the num_workers=1 pipeline has no DataLoader worker"
         cli.known = procs
+        run_dir = cli.run_dir()
+        control = read_control(run_dir)
+        assert control is not None and control.socket.exists()
+        second = torchherd("attach", str(run_dir), "--headless", "--from-start")
+        first_line = second.stdout.readline()  # the run's first event, once it has attached
+        assert first_line.startswith("[") and " run " in first_line, first_line
 
-        cli.signal(signal.SIGKILL)
-        cli.proc.wait(10)
+        service.send_signal(signal.SIGKILL)
         died = time.monotonic()
+        for client in (cli.proc, second):
+            assert client.wait(30) == 1
+        assert "the run was cut short" in cli.text() and "the run was cut short" in second.stdout.read()
         loaders = {p.pid for p in loader_children}
         for group, deadline in (([p for p in procs if p.pid not in loaders], DEADLINE),
                                 (loader_children, LOADER_DEADLINE)):
@@ -75,6 +96,11 @@ def test_sigkilled_supervisor_takes_every_worker_and_loader_with_it(tmp_path):
                 left = [p for p in left if is_alive(p)]
             described = [f"{p.pid} {' '.join(p.cmdline()[:3])}" for p in left if is_alive(p)]
             assert not described, f"still alive {deadline:g}s after the supervisor died: {described}"
+        listed = subprocess.run([sys.executable, "-m", "torchherd", "ls", "--json", "--runs-dir", str(cli.runs_dir)],
+                                capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        [run] = json.loads(listed.stdout)
+        assert (run["live"], run["state"], run["resumable"]) == (False, "cut short, resumable", True)
+        assert not control.socket.exists() and read_control(run_dir) is None  # cleaned up on sight
     finally:
         leftovers = cli.cleanup()
     assert not leftovers

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
 
 import pytest
@@ -27,8 +26,7 @@ def test_sigkilled_supervisor_leaves_no_process_of_its_private_ray(tmp_path, mon
         cli.wait_records(lambda recs: any(r["type"] == "step" for r in recs), 120, "a step")
         cli.remember()
         assert any("raylet" in " ".join(p.cmdline()) for p in cli.known if is_alive(p))
-        cli.signal(signal.SIGKILL)
-        cli.proc.wait(10)
+        cli.kill_supervisor()
         poll_until(lambda: not [p for p in cli.known if is_alive(p)], 20, "every Ray process to end")
     finally:
         left = cli.cleanup()

@@ -5,7 +5,6 @@ disconnects; each child follows its actor by its parent-death signal.
 """
 from __future__ import annotations
 
-import signal
 
 import pytest
 
@@ -27,8 +26,7 @@ def test_sigkilled_supervisor_leaves_no_actor_and_no_child(tmp_path, cluster):
                          120, "both pipelines to report a step")
         assert len(ours_alive()) == 4  # two actors, two children
         assert len(our_actors()) == 2
-        cli.signal(signal.SIGKILL)
-        cli.proc.wait(10)
+        cli.kill_supervisor()
         poll_until(lambda: not ours_alive(), 15, "the actors and their children to end")
         poll_until(lambda: not our_actors(), 15, "the cluster to forget the actors")
     finally:

@@ -28,7 +28,8 @@ HELP = """\
   escape  back to the picker; a live run keeps going
           (escape there returns), a finished one closes
   ?       this help
-  q       quit; with runs alive it asks to stop them
+  q       quit; with runs alive it asks: leave them
+          running (detach), stop them, or cancel
 
 [b]Table columns[/b]
   try     which start of the worker this is: 1 first,
@@ -79,31 +80,40 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class QuitScreen(ModalScreen[str]):
-    """Live runs are still going: stop them gracefully and quit ("stop"), or not ("cancel")."""
+    """Live runs are still going: leave them running ("detach", where their service allows), stop them
+    gracefully and quit ("stop"), or not ("cancel")."""
 
     CSS_PATH = "dialogs.tcss"
-    BINDINGS = [Binding("s,enter", "answer('stop')", "stop and quit"),
+    BINDINGS = [Binding("d", "answer('detach')", "detach"),
+                Binding("s,enter", "answer('stop')", "stop and quit"),
                 Binding("c,n,escape", "answer('cancel')", "cancel")]
 
-    def __init__(self, running: list[str]) -> None:
+    def __init__(self, running: list[str], can_detach: bool = False) -> None:
         super().__init__()
         self.running = running
+        self.can_detach = can_detach
+
+    def action_answer(self, value: str) -> None:
+        if value == "detach" and not self.can_detach:
+            return  # this run lives in the app's process
+        self.dismiss(value)
 
     def compose(self) -> ComposeResult:
         names = ", ".join(self.running[:6]) + (" …" if len(self.running) > 6 else "")
         count = len(self.running)
         with Vertical(classes="dialog"):
             yield Static(f"[b]{count} pipeline{'s are' if count != 1 else ' is'} still running[/b]\n{names}\n\n"
-                         "Stop them gracefully (each writes a checkpoint) and quit?", classes="question")
+                         + ("Leave them running (attach again with `torchherd attach`), or stop them "
+                            "gracefully (each writes a checkpoint) and quit?" if self.can_detach else
+                            "Stop them gracefully (each writes a checkpoint) and quit?"), classes="question")
             with Horizontal(classes="buttons"):
+                if self.can_detach:
+                    yield Button("Detach (d)", id="detach", variant="primary")
                 yield Button("Stop & quit (s)", id="stop", variant="warning")
                 yield Button("Cancel (c)", id="cancel")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id or "cancel")
-
-    def action_answer(self, value: str) -> None:
-        self.dismiss(value)
 
 
 class HelpScreen(ModalScreen[None]):

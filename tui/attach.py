@@ -1,0 +1,126 @@
+"""Headless clients of a live run: `torchherd run --headless` (start the run as a service, then follow it)
+and `torchherd attach --headless` (follow a run that is already going), printing one line per event.
+
+Ctrl-C asks the run to stop gracefully (twice: kill); SIGTERM too when this client started the run;
+SIGHUP (the terminal went away) only ends this client, and the run goes on.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from ..engine.protocol.messages import RunFinished
+from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, LinePrinter, exit_status
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def attach_command(run_dir: Path) -> str:
+    return f"torchherd attach {run_dir}"
+
+
+def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr):
+    """Spawn the run's service (blocking); None, with the reasons on `err`, when it did not start."""
+    from ..engine.serve.service import ServiceFailed, spawn
+
+    try:
+        return spawn(config=config, runs_dir=runs_dir)
+    except ServiceFailed as exc:
+        err.write(f"{exc}\n")
+        err.flush()
+        return None
+
+
+def run_detached(config: Path, runs_dir: Path | None, out: TextIO = sys.stdout) -> int:
+    """`torchherd run CONFIG --detach`: start the service and return at once, saying where to find it."""
+    started = start_service(config, runs_dir)
+    if started is None:
+        return EXIT_CONFIG
+    out.write(f"torchherd: run started in the background (supervisor pid {started.pid})\n"
+              f"  run directory: {started.run_dir}\n  watch it: {attach_command(started.run_dir)}\n"
+              f"  stop it: torchherd stop {started.run_dir}\n")
+    return EXIT_OK
+
+
+def run_service_headless(config: Path, runs_dir: Path | None, printer: LinePrinter) -> int:
+    """`torchherd run CONFIG --headless`, once the tasks built: start the service, follow it from the start."""
+    started = start_service(config, runs_dir)
+    if started is None:
+        return EXIT_CONFIG
+    return asyncio.run(follow_run(started.run_dir, printer, from_start=True, owner=True))
+
+
+async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, owner: bool = False,
+                     read_only: bool = False) -> int:
+    """Print a live run's events until it finishes (its exit status), the terminal goes away or the run
+    is cut short (EXIT_FAILED)."""
+    from ..engine.serve.remote import NotLive, RemoteRun
+
+    try:
+        run = await RemoteRun.connect(run_dir, read_only=read_only, history=from_start)
+    except NotLive as exc:
+        printer.write(f"torchherd: {exc}\n")
+        return EXIT_FAILED
+    loop = asyncio.get_running_loop()
+    hung_up = asyncio.Event()
+    interrupts = 0
+
+    def on_signal(sig: signal.Signals) -> None:
+        nonlocal interrupts
+        if sig == signal.SIGHUP or (sig == signal.SIGTERM and not owner) or read_only:
+            printer.gone = sig == signal.SIGHUP  # the terminal may be gone: print nothing more
+            hung_up.set()
+            return
+        interrupts += 1
+        if interrupts == 1:
+            run.stop(reason="interrupted" if sig == signal.SIGINT else sig.name)
+            printer.write("\nstopping every pipeline gracefully" +
+                          (" (Ctrl-C again to kill)\n" if sig == signal.SIGINT else f" ({sig.name})\n"))
+        elif sig == signal.SIGINT:
+            run.send("kill")
+            printer.write("\nkilling every pipeline\n")
+
+    for sig in SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    finished = False
+    try:
+        stream = run.subscribe(replay=from_start)
+        # A resumed run's history holds its earlier sessions, run_finished and all: the one that ends this
+        # client comes live, and its owner prints from the current session's start.
+        old = len(run.history) if from_start else 0
+        ends = [i for i, e in enumerate(run.history) if isinstance(e, RunFinished)]
+        skip = ends[-1] + 1 if owner and ends else 0
+        reading = asyncio.ensure_future(_print(stream, printer, old, skip))
+        hangup = asyncio.ensure_future(hung_up.wait())
+        await asyncio.wait({reading, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        hangup.cancel()
+        finished = reading.done() and reading.result()
+        reading.cancel()
+    finally:
+        for sig in SIGNALS:
+            loop.remove_signal_handler(sig)
+        await (run.close() if finished else run.detach())
+    if finished:
+        printer.write(f"run directory: {run.run_dir}\n")
+        return exit_status(run.statuses)
+    if hung_up.is_set():
+        return EXIT_OK
+    printer.write(f"torchherd: the run was cut short: its supervisor is gone. Carry it on with "
+                  f"`torchherd resume {run.run_dir}`\n")
+    return EXIT_FAILED
+
+
+async def _print(stream, printer: LinePrinter, old: int = 0, skip: int = 0) -> bool:
+    """Print (all but the first `skip` events) until a RunFinished after the first `old` (True), or until the
+    stream ends without one (False)."""
+    seen = 0
+    async for event in stream:
+        seen += 1
+        if seen > skip:
+            printer.handle(event)
+        if isinstance(event, RunFinished) and seen > old:
+            return True
+    return False

@@ -1,0 +1,110 @@
+"""Live runs from any shell: `torchherd ls` lists runs and their state, and `torchherd stop|kill|pause|
+resume-pipeline|checkpoint|restart RUN [NAME]` asks a live run's supervisor over its control socket.
+
+Exit status: 0 the run took the request, 1 the run is not live or refused it, 2 bad input.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from ..engine.protocol.control import Action
+
+EXIT_TOOK, EXIT_REFUSED, EXIT_BAD = 0, 1, 2
+ACTIONS = {"stop": Action.STOP, "kill": Action.KILL, "pause": Action.PAUSE, "resume-pipeline": Action.RESUME,
+           "checkpoint": Action.CHECKPOINT, "restart": Action.RESTART}
+NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart"}  # stop and kill default to every pipeline
+
+
+class BadRun(ValueError):
+    """RUN names no run directory."""
+
+
+def resolve_run(run: str | None, runs_dir: Path, live_only: bool = False) -> Path:
+    """RUN as a run directory: a path, a run id under `runs_dir`, or (None) the newest live run there."""
+    from ..engine.rundir.directory import list_runs
+
+    if run is None:
+        live = [r.path for r in list_runs(runs_dir) if r.live]
+        if not live:
+            raise BadRun(f"{runs_dir}: no live run (start one with `torchherd run CONFIG --detach`)")
+        return live[0]
+    for path in (Path(run), runs_dir / run):
+        if (path / "events.jsonl").exists():
+            return path
+    raise BadRun(f"{run}: no such run (neither a run directory nor a run id under {runs_dir})")
+
+
+def state_of(summary) -> str:
+    """live, finished (how), or cut short and resumable."""
+    if summary.live:
+        return "live"
+    if summary.resumable:
+        return "cut short, resumable" if summary.status == "unfinished" else f"{summary.status}, resumable"
+    return summary.status
+
+
+def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int:
+    """`torchherd ls`: every run under `runs_dir`, newest first, with its state; stale sockets cleaned."""
+    from ..engine.rundir.directory import list_runs
+    from ..engine.serve.runtime import clean_stale
+
+    runs = list_runs(runs_dir)
+    for r in runs:
+        if not r.live:
+            clean_stale(r.path)  # a supervisor that died (SIGKILL, reboot) left its socket behind
+    if as_json:
+        json.dump([{"run_id": r.run_id, "path": str(r.path), "state": state_of(r), "live": r.live,
+                    "resumable": r.resumable, "status": r.status, "started": r.started,
+                    "statuses": r.statuses} for r in runs], out, indent=2)
+        out.write("\n")
+        return EXIT_TOOK
+    if not runs:
+        out.write(f"no runs under {runs_dir}\n")
+        return EXIT_TOOK
+    width = max(len(r.run_id) for r in runs)
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started))
+        out.write(f"{r.run_id:<{width}}  {started}  {state_of(r):<24} {', '.join(r.pipelines)}\n")
+    return EXIT_TOOK
+
+
+def act_command(verb: str, run: str, name: str | None, runs_dir: Path, out: TextIO = sys.stdout,
+                err: TextIO = sys.stderr) -> int:
+    """`torchherd VERB RUN [NAME]`: ask the live run; say what it answered."""
+    if verb in NEEDS_NAME and not name:
+        err.write(f"torchherd {verb}: name the pipeline (torchherd {verb} RUN NAME)\n")
+        return EXIT_BAD
+    try:
+        run_dir = resolve_run(run, runs_dir)
+    except BadRun as exc:
+        err.write(f"torchherd: {exc}\n")
+        return EXIT_BAD
+    return asyncio.run(_ask(run_dir, ACTIONS[verb], name or "", out, err))
+
+
+async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextIO) -> int:
+    from ..engine.serve.remote import NotLive, RemoteRun
+
+    try:
+        run = await RemoteRun.connect(run_dir, live=False, history=False)
+    except NotLive as exc:
+        err.write(f"torchherd: {exc}\n")
+        return EXIT_REFUSED
+    try:
+        if name and name not in run.welcome.pipelines:
+            err.write(f"torchherd: {run_dir}: no pipeline named {name!r} (it has "
+                      f"{', '.join(run.welcome.pipelines)})\n")
+            return EXIT_BAD
+        reply = await run.request(action, name)
+    finally:
+        await run.close()
+    if not reply.ok:
+        err.write(f"torchherd: {run_dir}: refused: {reply.text}\n")
+        return EXIT_REFUSED
+    out.write(f"{run_dir.name}: {reply.text}\n")
+    return EXIT_TOOK

@@ -1,0 +1,76 @@
+"""The two kinds of session the app drives, behind one surface: a run served by a torchherd service of its
+own (the default: it outlives the app, other clients can attach), and a supervisor inside the app's
+process (what tests drive with scripted launchers).
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from ..engine.config.schema import RunConfig
+
+
+class Session:
+    """A live run the app watches and steers; `remote` sessions can be left running (detach)."""
+
+    remote = False
+
+    def __init__(self, sup: Any):
+        self.sup = sup  # a Supervisor, or a RemoteRun once a service session has started
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.sup.run_dir)
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.sup.alive)
+
+    async def start(self) -> None:
+        await self.sup.start()
+
+    async def add_config(self, config: RunConfig) -> list[str]:
+        return list(self.sup.add_config(config))
+
+    def subscribe(self):
+        return self.sup.subscribe()
+
+    async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
+        await self.sup.shutdown(graceful=graceful, timeout=timeout)
+
+    async def detach(self) -> None:
+        raise RuntimeError("this run lives in the app's process: it cannot be left running")
+
+
+class ServiceSession(Session):
+    """A run in a service of its own: started (or resumed) here, or one already live that the app attaches to."""
+
+    remote = True
+
+    def __init__(self, config: Path | None = None, runs_dir: Path | None = None, *, resume: Path | None = None,
+                 only: list[str] | None = None, attach: Path | None = None, read_only: bool = False):
+        super().__init__(None)
+        self._spawn = {"config": config, "runs_dir": runs_dir, "resume": resume, "only": only}
+        self._attach, self.read_only = attach, read_only
+
+    async def start(self) -> None:
+        """Spawn the service (unless attaching), then connect; raises ServiceFailed or NotLive."""
+        from ..engine.serve.remote import RemoteRun
+        from ..engine.serve.service import spawn
+
+        run_dir = self._attach
+        if run_dir is None:
+            run_dir = (await asyncio.to_thread(spawn, **self._spawn)).run_dir
+        self.sup = await RemoteRun.connect(run_dir, read_only=self.read_only)
+
+    async def add_config(self, config: RunConfig) -> list[str]:
+        return await self.sup.add_config_file(Path(config.source))
+
+    async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
+        if self.sup is not None:
+            await (self.sup.close() if self.read_only else self.sup.shutdown(graceful=graceful, timeout=timeout))
+
+    async def detach(self) -> None:
+        if self.sup is not None:
+            await self.sup.detach()
