@@ -71,6 +71,7 @@ class PastRun:
     pipelines: tuple[str, ...]
     resumable: bool = False  # some pipeline did not complete, and nobody runs it
     to_resume: tuple[str, ...] = ()  # the pipelines resuming would carry on
+    live: bool = False  # its supervisor runs now: enter attaches
 
 
 def list_past_runs(runs_dir: Path) -> list[PastRun]:
@@ -78,7 +79,7 @@ def list_past_runs(runs_dir: Path) -> list[PastRun]:
     from ..engine.rundir.directory import list_runs
 
     try:
-        return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines), r.resumable, r.to_resume)
+        return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines), r.resumable, r.to_resume, r.live)
                 for r in list_runs(runs_dir)]
     except OSError:
         return []

@@ -1,8 +1,8 @@
 """The config picker: configs from a directory and past runs, the selected config highlighted and checked.
 
 It dismisses with ("launch", path) for a config that passed the check, ("open", run_dir) for a past
-run, ("resume", run_dir) for an unfinished one, or None. The check is the one `torchherd run` makes:
-the config, then every task built once in a fresh process (cached until a file changes), so a config
+run, ("attach", run_dir) for a live one, ("resume", run_dir) for an unfinished one, or None. The check
+is the one `torchherd run` makes: the config, then every task built once in a fresh process (cached until a file changes), so a config
 `torchherd run` would refuse cannot be launched here either: enter says why.
 """
 from __future__ import annotations
@@ -149,7 +149,9 @@ class PickerScreen(Screen[PickerResult]):
             for i, run in enumerate(self.runs):
                 when = time.strftime("%m-%d %H:%M", time.localtime(run.started))
                 status = f"{run.status}: r resumes" if run.resumable else run.status
-                choices.add_option(Option(f"  {run.run_id}\n    [dim]{when} {status}[/dim]", id=f"run:{i}"))
+                line = f"[dim]{when}[/dim] [b green]live[/]" if run.live else \
+                    f"[dim]{when} {status}[/dim]"
+                choices.add_option(Option(f"  {run.run_id}\n    {line}", id=f"run:{i}"))
         first = 1
         resolved = [p.resolve() for p in self.configs]
         if self.initial is not None and self.initial.resolve() in resolved:
@@ -190,7 +192,7 @@ class PickerScreen(Screen[PickerResult]):
             return
         kind, item = chosen
         if kind == "run":
-            self.dismiss(("open", item.path))
+            self.dismiss(("attach" if item.live and not self.adding else "open", item.path))
             return
         check = self.checks.get(item)
         if check is None:
@@ -270,10 +272,13 @@ class PickerScreen(Screen[PickerResult]):
     def _show_run(self, run: PastRun) -> None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
         self.query_one("#source", Static).update(Text(
-            f"run {run.run_id}\nstarted {when}\nstatus {run.status}\npipelines: {', '.join(run.pipelines)}"))
+            f"run {run.run_id}\nstarted {when}\nstatus {'live' if run.live else run.status}\n"
+            f"pipelines: {', '.join(run.pipelines)}"))
         self.query_one("#source-scroll").border_title = "past run"
         hint = "enter opens it read-only in the dashboard"
-        if run.resumable and not self.adding:
+        if run.live and not self.adding:
+            hint = "live: enter attaches to it (its whole history, then live; quitting can leave it running)"
+        elif run.resumable and not self.adding:
             hint = (f"r resumes {', '.join(run.to_resume)} from their checkpoints (completed pipelines "
                     "stay as they are); enter opens it read-only")
         self.query_one("#verdict", Static).update(Text(hint, style="dim"))
