@@ -1,8 +1,8 @@
 """The torchherd Textual app: picker first, then the dashboard of one session; `run_app` is the entry point.
 
 The app owns a `Bridge` (the only holder of engine objects) and routes screen requests to it; quitting
-while workers are alive asks first, and the app never exits leaving them behind. Once the terminal is
-back, `run_app` prints where each run it started lies and how to carry it on.
+while workers are alive asks whether to leave them running in their service, or stop them. Once the
+terminal is back, `run_app` prints where each run lies and how to attach to it or carry it on.
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class TorchherdApp(App[int]):
         self.stopping = ""  # "graceful" or "kill" once quitting has begun
         self.hung_up = False  # SIGHUP: the terminal went away
         self.detached = False  # quit leaving the runs going
+        self.attached = False  # watching a run another command started: SIGTERM ends only this client
 
     # ------------------------------------------------------------ lifecycle
     def on_mount(self) -> None:
@@ -69,7 +70,8 @@ class TorchherdApp(App[int]):
             self.push_screen(self._picker(adding=False), self._picked)
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM and SIGHUP (the SSH session went away) stop the runs gracefully, then exit."""
+        """SIGHUP (the SSH session went away) ends only this client of a run that has a service of its own;
+        SIGTERM stops the runs this app started gracefully, then exits."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGHUP):
             try:
@@ -80,9 +82,9 @@ class TorchherdApp(App[int]):
     def _on_signal(self, sig: int) -> None:
         if sig == signal.SIGHUP:
             self.hung_up = True
-            if self.bridge.remote:  # the run has a service of its own: only this client ends
-                self.call_later(self._detach_and_exit)
-                return
+        if self.bridge.remote and (sig == signal.SIGHUP or self.attached):
+            self.call_later(self._detach_and_exit)  # the run has a service of its own: only this client ends
+            return
         self.call_later(self._stop_and_exit, True)
 
     def _leave(self, code: int) -> None:
@@ -136,6 +138,7 @@ class TorchherdApp(App[int]):
             self._show_dashboard(self.bridge.state)
 
     async def _attach(self, run_dir: Path, read_only: bool = False) -> None:
+        self.attached = True
         try:
             await self.bridge.attach(run_dir, read_only=read_only)
         except Exception as exc:  # not live any more, or its socket refused us: say so, stay usable

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,8 @@ def spawn(config: Path | None = None, runs_dir: Path | None = None, resume: Path
     for line in out.splitlines():
         if line.startswith(READY):
             info = json.loads(line[len(READY):])
-            proc.returncode = 0  # it goes on without us: no zombie to reap, no warning at exit
+            # It goes on without us; should it end while we still run, this reaps it (no zombie).
+            threading.Thread(target=proc.wait, name="torchherd-service-reaper", daemon=True).start()
             return Started(Path(info["run_dir"]), Path(info["socket"]), proc.pid)
     proc.wait()
     raise ServiceFailed(out.strip() or f"the torchherd service exited with status {proc.returncode}")

@@ -141,16 +141,13 @@ class Supervisor:
         """A stream of every event from now on (and, with `replay`, those already emitted)."""
         return self._bus.subscribe(replay)
 
-    def tap(self, fn) -> None:
-        """Call `fn(event, kept)` with every event as it is published, kept (written) or transient."""
+    def tap(self, fn) -> None:  # fn(event, kept) on every event as it is published, kept (written) or not
         self._bus.add_tap(fn)
 
-    def record(self, event: Event) -> None:
-        """Publish an event from outside the engine (a client's command): written, and seen by all."""
+    def record(self, event: Event) -> None:  # an event from outside the engine (a client's command)
         self._emit(event)
 
-    def events_written(self) -> int:
-        """Bytes of events.jsonl on disk now, every event published so far included."""
+    def events_written(self) -> int:  # bytes of events.jsonl on disk, every event published so far in them
         return self._rundir.written() if self._rundir is not None else 0
 
     def views(self) -> list[PipelineView]:
@@ -166,8 +163,7 @@ class Supervisor:
         return any(r.handle is not None for r in self._runs.values())
 
     @property
-    def validator_pid(self) -> int | None:
-        """The background validator's pid while it runs."""
+    def validator_pid(self) -> int | None:  # the background validator's, while it runs
         return self._validation.pid
 
     @property

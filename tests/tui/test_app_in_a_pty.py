@@ -1,0 +1,97 @@
+"""The app in a real terminal (a pty) whose SSH session drops: SIGHUP to the terminal's process group ends
+the app, and the run, whose supervisor is a service of its own, trains on until it is stopped from
+another shell."""
+from __future__ import annotations
+
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+
+import psutil
+import pytest
+
+from torchherd.engine.rundir.directory import read_records, run_held
+from tests.conftest import TASKS
+from tests.faults.support import REPO, poll_until, wait_gone
+
+pytestmark = pytest.mark.slow
+
+CONFIG = f"""
+[defaults]
+task = "{TASKS / 'faulty.py'}:build"
+max_epochs = 100
+batch_size = 32
+params = {{ samples = 256, delay = 0.002 }}
+
+[[pipelines]]
+name = "long"
+
+[devices]
+placement = "cpu"
+cpu_slots = 1
+
+[telemetry]
+enabled = false
+"""
+
+
+def steps(run_dir) -> int:
+    return sum(r.get("type") == "step" for r in read_records(run_dir / "events.jsonl"))
+
+
+def test_sighup_to_the_apps_terminal_leaves_the_run_training(tmp_path):
+    config = tmp_path / "long.toml"
+    config.write_text(CONFIG)
+    runs = tmp_path / "runs"
+    master, slave = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(REPO), TERM="xterm-256color", COLUMNS="120", LINES="40")
+    app = subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(config), "--runs-dir", str(runs)],
+                           stdin=slave, stdout=slave, stderr=slave, start_new_session=True, cwd=tmp_path, env=env)
+    os.close(slave)
+    screen = bytearray()
+
+    def drain() -> None:  # a terminal reads what the app draws, or the app blocks on a full pty
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            screen.extend(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    service = None
+    try:
+        run_dir = poll_until(lambda: next(iter(runs.glob("*/events.jsonl")), None), 120, "the run to start").parent
+        poll_until(lambda: steps(run_dir) > 20, 120, "training steps")
+        service = psutil.Process(int((run_dir / "supervisor.pid").read_text().split()[0]))
+        assert os.getsid(service.pid) != os.getsid(app.pid)  # a session of its own: the hangup is not its
+
+        os.killpg(app.pid, signal.SIGHUP)  # what the kernel does when the SSH session's terminal goes away
+        os.close(master)
+        assert app.wait(30) is not None
+        before = steps(run_dir)
+        poll_until(lambda: steps(run_dir) > before + 20, 60, "steps after the hangup")
+        assert run_held(run_dir) and service.is_running()
+
+        stop = subprocess.run([sys.executable, "-m", "torchherd", "stop", str(run_dir)], capture_output=True,
+                              text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert not wait_gone([service], 60)
+        records = read_records(run_dir / "events.jsonl")
+        assert records[-1]["type"] == "run_finished" and records[-1]["statuses"] == {"long": "stopped"}
+        assert any(r["type"] == "checkpoint_saved" and r["reason"] == "stop" for r in records)
+        commands = [r for r in records if r["type"] == "client_command"]
+        assert [(c["action"], c["ok"]) for c in commands] == [("stop", True)]
+    finally:
+        if app.poll() is None:
+            os.killpg(app.pid, signal.SIGKILL)
+            app.wait(10)
+        if service is not None and service.is_running():
+            for p in [service] + service.children(recursive=True):
+                p.kill()
