@@ -287,8 +287,12 @@ async def test_an_unmodified_ddp_script_runs_as_a_gang_as_under_torchrun(tmp_pat
     sup = Supervisor(cfg, inventory=inventory())
     assert await run_to_end(sup) == {"s": "completed"}
     events = read_events(sup.run_dir)
-    ends = [e for e in events if isinstance(e, EpochEnd)]
-    assert len(ends) == 2 and ends[1].train_loss < ends[0].train_loss  # rank 0's lines only, once each
+    # On a busy shared machine another process can take the rendezvous port between our look and rank 0's
+    # bind; the gang then comes back and the script, which does not resume, trains again from the start.
+    starts = [i for i, e in enumerate(events) if isinstance(e, WorkerStarted)]
+    ends = [e for e in events[starts[-1]:] if isinstance(e, EpochEnd)]
+    exits = [(e.rank, e.reason, e.exit_code) for e in events if isinstance(e, WorkerExited)]
+    assert len(ends) == 2 and ends[1].train_loss < ends[0].train_loss, exits  # rank 0's lines only, once each
     sums = checksums(sup.run_dir, "s")
     assert set(sums) == {0, 1} and sums[0][1] == sums[1][1]
 
@@ -451,8 +455,7 @@ enabled = false
         cli.wait_records(lambda recs: any(r["type"] == "step" for r in recs), 120, "a step")
         ranks = [p for p in cli.known if p.pid in started["pids"]]
         assert len(ranks) == 2
-        cli.signal(signal.SIGKILL)
-        cli.proc.wait(10)
+        cli.kill_supervisor()
         assert not still_alive([p.pid for p in ranks], timeout=5.0)
         assert not [p for p in ranks if is_alive(p)]
     finally:

@@ -175,10 +175,11 @@ class HeadlessCli:
             return None
 
     def remember(self) -> None:
-        seen = {p.pid for p in self.known}
-        service = self.service()
+        service = self.service()  # a child of the CLI that started it, or of nobody once that CLI is gone
         found = tree(self.proc.pid)[1:] + (tree(service.pid) if service is not None else [])
-        self.known += [p for p in found if p.pid not in seen]
+        for p in found:
+            if p.pid not in {k.pid for k in self.known}:
+                self.known.append(p)
 
     def text(self) -> str:
         try:

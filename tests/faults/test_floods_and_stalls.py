@@ -174,9 +174,13 @@ def torn_batch_at_end(handle) -> bool:
     finally:
         os.close(r)
         os.close(w)
+    # The supervisor may have taken the first part of a batch before it stopped reading, so the head of
+    # the pipe can be mid-frame: a header that makes no sense then means "cannot tell", and we try again.
     i = 0
     while i + 4 <= len(data):
         (size,) = struct.unpack("!i", data[i:i + 4])  # multiprocessing.connection's frame header
+        if not 0 < size < 1 << 24:
+            return False
         if i + 4 + size > len(data):
             return True
         i += 4 + size
