@@ -128,13 +128,9 @@ def _run(args: argparse.Namespace) -> int:
         print(report.render(), file=sys.stderr)
         return EXIT_CONFIG
     assert report.config is not None
-    if args.detach:
-        from .attach import run_detached
-
-        return run_detached(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)
-    if not args.headless:
+    if not args.headless and not args.detach:
         return run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)
-    return check_and_run(report.config, args.runs_dir, start=started)
+    return check_and_run(report.config, args.runs_dir, start=started, detach=args.detach)
 
 
 def check_then_launch_app(config: Path, runs_dir: Path | None = None, **kwargs: Any) -> Any:

@@ -198,8 +198,9 @@ def exit_status(statuses: dict[str, str]) -> int:
 
 
 def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = sys.stdout,
-                  err: TextIO = sys.stderr, start: float | None = None) -> int:
-    """Build every task of `config` once in a fresh process, then run it; returns the exit status.
+                  err: TextIO = sys.stderr, start: float | None = None, detach: bool = False) -> int:
+    """Build every task of `config` once in a fresh process, then run it (and follow it, unless `detach`);
+    returns the exit status.
 
     A task that does not build launches nothing: the problems go to `err` and the status is EXIT_CONFIG.
     Lines show seconds since `start` (time.monotonic(); default now), when the command began.
@@ -223,8 +224,10 @@ def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = 
         err.flush()
         return EXIT_CONFIG
     printer.line(f"{noun} built in {took:.1f}s")
-    from .attach import run_service_headless
+    from .attach import run_detached, run_service_headless
 
+    if detach:
+        return run_detached(Path(config.source), Path(runs_dir) if runs_dir else None, out)
     return run_service_headless(Path(config.source), Path(runs_dir) if runs_dir else None, printer)
 
 
