@@ -108,8 +108,7 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
         return exit_status(run.statuses)
     if hung_up.is_set():
         return EXIT_OK
-    printer.write(f"torchherd: the run was cut short: its supervisor is gone. Carry it on with "
-                  f"`torchherd resume {run.run_dir}`\n")
+    printer.write(f"torchherd: {await run.why_ended()}\n")
     return EXIT_FAILED
 
 

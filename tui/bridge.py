@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ..engine.config.load import load_config
 from ..engine.config.schema import RunConfig
+from ..engine.protocol.messages import Notice
 from .commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop
 from .runstate import RunState
 from .sessions import ServiceSession, Session
@@ -196,6 +197,7 @@ class Bridge:
             self._consumer.cancel()
 
     async def _start(self, session: Session, state: RunState) -> None:
+        state.live = True
         self.state = state
         await session.start()  # spawns processes: must run on this loop's thread
         self._sup = session
@@ -262,6 +264,9 @@ class Bridge:
             burst += 1
             if burst % 2000 == 0:
                 await asyncio.sleep(0)  # a very long burst must not starve keys and redraws
+        if self.remote and not self.state.finished:  # the connection ended under a run still going
+            self.state.apply(Notice(level="error", text=await self._sup.sup.why_ended()))
+            self.state.live = False
         self._signal()
 
     def _signal(self) -> None:

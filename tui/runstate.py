@@ -49,6 +49,7 @@ class RunState:
     run_id: str = ""
     run_dir: Path | None = None
     read_only: bool = False
+    live: bool = False  # events still come from a supervisor (a replayed past run: False)
     finished: bool = False
     rows: dict[str, PipelineProgress] = field(default_factory=dict)
     series: dict[str, LossSeries] = field(default_factory=dict)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 from pathlib import Path
 
 from ..protocol.control import Action, Hello, Reply, Request, Welcome
@@ -65,7 +66,11 @@ class RemoteRun:
             raise NotLive(f"{run_dir}: its control socket does not answer ({exc.strerror})") from None
         writer.write(encode(Hello(pid=os.getpid(), read_only=read_only, live=live)))
         frames = FrameReader()
-        welcome, rest = await _first(reader, frames)
+        try:
+            welcome, rest = await _first(reader, frames)
+        except ConnectionError as exc:  # refused by its peer check: the supervisor aborts the connection
+            writer.close()
+            raise NotLive(f"{run_dir}: the supervisor refused this connection ({exc.strerror or exc})") from None
         run = cls(reader, writer, welcome, frames, read_only)
         if history:
             run.history = await asyncio.to_thread(read_history, Path(run_dir), welcome.events_bytes)
@@ -90,6 +95,22 @@ class RemoteRun:
     def alive(self) -> bool:
         """Some pipeline has not reached a final state (as far as this client has heard)."""
         return not self._ended.is_set() and any(not WorkerState(s).final for s in self.statuses.values())
+
+    async def why_ended(self, settle: float = 3.0) -> str:
+        """Why the connection ended without the run finishing, for people: this client was dropped (the run
+        goes on) or the supervisor is gone (the run was cut short).
+
+        A dying supervisor's socket can close a moment before its run lock is let go: a lock still held
+        after `settle` seconds is a supervisor that lives on."""
+        deadline = time.monotonic() + settle
+        while run_held(self.run_dir) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if run_held(self.run_dir):
+            return (f"this view fell too far behind and the supervisor dropped it; the run goes on: "
+                    f"`torchherd attach {self.run_dir}`")
+        if _finished(self.run_dir):
+            return "this view was dropped and the run has finished since: `torchherd ls` says how"
+        return f"the run was cut short: its supervisor is gone. Carry it on with `torchherd resume {self.run_dir}`"
 
     @property
     def ended(self) -> bool:
@@ -224,3 +245,14 @@ async def _first(reader: asyncio.StreamReader, frames: FrameReader) -> tuple[Wel
             if not isinstance(first, Welcome):
                 raise NotLive(f"expected a welcome, got {first.type}")
             return first, rest
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether events.jsonl ends with the run's run_finished record."""
+    try:
+        with open(Path(run_dir) / "events.jsonl", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            last = f.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    except OSError:
+        return False
+    return last.startswith(b'{"type":"run_finished"')

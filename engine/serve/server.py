@@ -170,4 +170,4 @@ class ControlServer:
         conn.transport.abort()
         self.dropped += 1
         self.sup.record(Notice(level="warning", text=f"client pid {conn.pid} fell more than "
-                               f"{self.max_backlog >> 20} MiB behind and was dropped; it can attach again"))
+                               f"{self.max_backlog / (1 << 20):g} MiB behind and was dropped; it can attach again"))

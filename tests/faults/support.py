@@ -202,6 +202,8 @@ class HeadlessCli:
         """Kill what is left (the CLI's session and every descendant seen); returns what had been left."""
         self.remember()
         left = [p for p in self.known if is_alive(p)]
+        if self.proc.poll() is not None:  # a run that ended: its service and workers finish within seconds
+            left = psutil.wait_procs(left, timeout=15)[1]
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)

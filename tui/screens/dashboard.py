@@ -99,7 +99,7 @@ class DashboardScreen(Screen[None]):
             self.call_later(self.redraw)
 
     def _tick(self) -> None:
-        if self.state.alive_count and not self.state.read_only:
+        if self.state.alive_count and self.state.live:  # a read-only attach ticks too; a past run does not
             self._seen = (-1, self._seen[1], self._seen[2])
             self.data_changed()
 
@@ -162,7 +162,9 @@ class DashboardScreen(Screen[None]):
     def _request(self, command: PipelineCommand) -> None:
         """Post the command, or say why it would do nothing to the pipeline as it is."""
         if self.state.read_only:
-            self.notify("a past run is read-only: nothing can be changed", severity="warning", timeout=4)
+            self.notify("this view is read-only (attach without --read-only to steer): nothing can be changed"
+                        if self.state.live else "a past run is read-only: nothing can be changed",
+                        severity="warning", timeout=4)
             return
         why = refusal(command, self._state_of(command.pipeline))
         if why is not None:
