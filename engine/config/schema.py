@@ -208,7 +208,7 @@ class RestartConfig(_Strict):
     hang_timeout: float | None = Field(None, gt=0, description=(
         "Seconds without a training step after which a running worker is declared hung: its stack goes to "
         "its log, it is killed and the restart policy applies. Must exceed the slowest step or validation; "
-        "building the task may take three times as long. Unset: never."))
+        "building the task and the first step may take three times as long. Unset: never."))
     stop_timeout: float = Field(120.0, gt=0, description=(
         "Seconds a graceful stop may take (finish the step, checkpoint) before the worker is killed."))
 

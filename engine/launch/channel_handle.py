@@ -42,6 +42,11 @@ class FrameReader:
             out.append(bytes(self._buf[start:start + size]))
             del self._buf[:start + size]
 
+    @property
+    def held(self) -> bytes:
+        """The start of a message read but not yet whole."""
+        return bytes(self._buf)
+
 
 class ChannelHandle(Handle):
     """A handle whose child's events arrive framed on a status connection and whose commands go down a
@@ -79,6 +84,11 @@ class ChannelHandle(Handle):
         """The file descriptor the child's events arrive on (for tests that look at what is unread)."""
         assert self._status is not None, "the child's channel is not open yet"
         return self._status.fileno()
+
+    @property
+    def status_held(self) -> bytes:
+        """What was read of the channel's next batch, not yet whole (tests: where the unread bytes begin)."""
+        return self._frames.held
 
     def send(self, command: Command) -> bool:
         if self._closed:

@@ -170,7 +170,9 @@ class Lifecycle:
         attempt = run.current
         if timeout is None or attempt is None:
             return False
-        if run.state == S.STARTING:  # building the task: data loading gets three times as long
+        if run.state == S.STARTING or (run.state == S.RUNNING and not attempt.stepped):
+            # building the task, and the first step (a gang's first collective, compilation, autotuning)
+            # get three times as long
             return now - attempt.last_progress > 3 * timeout
         return run.state == S.RUNNING and now - attempt.last_progress > timeout
 

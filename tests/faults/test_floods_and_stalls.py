@@ -174,13 +174,13 @@ def torn_batch_at_end(handle) -> bool:
     finally:
         os.close(r)
         os.close(w)
-    # The supervisor may have taken the first part of a batch before it stopped reading, so the head of
-    # the pipe can be mid-frame: a header that makes no sense then means "cannot tell", and we try again.
+    # The supervisor may have read the start of a batch before it stopped reading: the pipe's bytes
+    # carry on from what it holds.
+    data = handle.status_held + data
     i = 0
     while i + 4 <= len(data):
         (size,) = struct.unpack("!i", data[i:i + 4])  # multiprocessing.connection's frame header
-        if not 0 < size < 1 << 24:
-            return False
+        assert 0 < size < 1 << 24, f"a frame header of {size} bytes: the stream is misread"
         if i + 4 + size > len(data):
             return True
         i += 4 + size
