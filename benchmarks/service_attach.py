@@ -1,0 +1,644 @@
+"""What running the supervisor as a detached service costs: attaching to a long run, fanning its events out
+to attached clients, and training under it.
+
+1. Attach. A run directory of 8 pipelines x 100k step reports (plus epoch ends), written by the engine's own
+   RunDirectory. read_history (what an attach reads) in events/s, and against read_events (the full
+   json.loads + from_record decode); the fold of that history into the app's RunState; then the real app
+   attaching: a stand-in supervisor holds the directory and serves it on a real ControlServer, and
+   TorchherdApp(attach=...) runs headless (Textual's run_test) in a process of its own, timed from the
+   attach to its data model holding every event and to the first dashboard redraw with all of it.
+   Goal: a full screen within 1 s.
+2. Fan-out. A real Supervisor (its fold, events.jsonl, bus) over 4 flood workers that each send N step
+   reports as fast as they can in batches of at most 250 (a real worker's queue is bounded): step events/s
+   delivered to 4 RemoteRun clients, each in a process of its own, over the same delivered to 4 in-process
+   subscribers (the slowest reader of each). Goal >= 0.9. Then once unpaced (one batch may hold tens of
+   thousands of reports): how many attached clients are dropped for lag. Goal: none.
+3. The supervising process's CPU (time.process_time, from the flood's start to its last event sent) with
+   those 4 clients attached over the same served run with none attached. Goal <= 1.1.
+4. Training. Steps/s of a small regression task, from its step reports' own timestamps in events.jsonl
+   (median over the intervals between reports), under a spawned service over an in-process Supervisor,
+   the two run side by side so that the machine's other load slows both alike; median of the rounds'
+   ratios. Goal >= 0.98.
+
+Absolute times on a shared machine are noise: read the ratios (and the CPU seconds next to the wall ones).
+Usage: python benchmarks/service_attach.py [--quick] [--rounds 3] [--train-rounds 5] [--only attach,fanout,training]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+READY, RESULT = "bench-ready ", "bench-result "
+SECTIONS = ("attach", "fanout", "training")
+PACED = 250  # step reports per batch a fan-out worker sends at most (0: unpaced)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, 2 rounds (the 1 s goal is for 8 x 100k)")
+    ap.add_argument("--rounds", type=int, help="alternating rounds of the fan-out (default 3, quick 2)")
+    ap.add_argument("--train-rounds", type=int, help="alternating rounds of training (default 5, quick 2)")
+    ap.add_argument("--only", default=",".join(SECTIONS), help="sections to run: " + ",".join(SECTIONS))
+    ap.add_argument("--pipelines", type=int, default=8)
+    ap.add_argument("--steps", type=int, help="step reports per pipeline in the attached run (default 100000)")
+    ap.add_argument("--count", type=int, help="step reports per flood worker (default 25000)")
+    ap.add_argument("--epochs", type=int, help="epochs of the training run (default 4)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--gate", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=PACED, help=argparse.SUPPRESS)
+    ns = ap.parse_args(argv)
+    ns.rounds = ns.rounds or (2 if ns.quick else 3)
+    ns.train_rounds = ns.train_rounds or (2 if ns.quick else 5)
+    ns.steps = ns.steps or (10_000 if ns.quick else 100_000)
+    ns.count = ns.count or (10_000 if ns.quick else 25_000)
+    ns.epochs = ns.epochs or (2 if ns.quick else 4)
+    return ns
+
+
+def cpu() -> float:
+    return time.process_time()  # this process, every thread
+
+
+def read_tagged(proc: subprocess.Popen, tag: str) -> dict:
+    """The JSON after `tag` on the child's next line that has it (other lines are skipped)."""
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait()
+            raise RuntimeError(f"{proc.args[2:5]} exited ({proc.returncode}) before saying {tag.strip()!r}")
+        if line.startswith(tag):
+            return json.loads(line[len(tag):])
+
+
+def child(*args: str, stdin=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, __file__, *args], stdin=stdin, stdout=subprocess.PIPE,
+                            text=True, env=ENV)
+
+
+# ============================================================ 1. attach
+
+
+STEPS_PER_EPOCH = 10_000
+
+
+def write_run(run_dir: Path, pipelines: int, steps: int) -> int:
+    """A live-looking run, through the engine's own writer: started, training, `steps` step reports per
+    pipeline interleaved as they would arrive, an epoch end every STEPS_PER_EPOCH. Returns the events written."""
+    from torchherd.engine.protocol import messages as m
+    from torchherd.engine.rundir.directory import RunDirectory
+
+    names = [f"p{i}" for i in range(pipelines)]
+    epochs = max(1, math.ceil(steps / STEPS_PER_EPOCH))
+    t0 = time.time() - steps * 0.05
+    out = RunDirectory(run_dir)
+    n = 0
+
+    def put(event) -> None:
+        nonlocal n
+        out.write(event)
+        n += 1
+    put(m.RunStarted(run_id=run_dir.name, run_dir=str(run_dir), config_path="bench.toml", pipelines=tuple(names),
+                     time=t0))
+    for k, name in enumerate(names):
+        put(m.PipelineQueued(pipeline=name, priority=0, position=0, time=t0))
+        put(m.WorkerStarted(pipeline=name, pid=10_000 + k, device="cpu", attempt=1, time=t0))
+        put(m.WorkerStateChanged(pipeline=name, state="starting", previous="queued", time=t0))
+        put(m.TrainingStarted(pipeline=name, epoch=0, step=0, epochs_total=epochs, steps_per_epoch=STEPS_PER_EPOCH,
+                              device="cpu", parameters=123_456, time=t0 + 1))
+        put(m.WorkerStateChanged(pipeline=name, state="running", previous="starting", time=t0 + 1))
+    for i in range(1, steps + 1):
+        at = t0 + 1 + i * 0.05
+        epoch = (i - 1) // STEPS_PER_EPOCH
+        for k, name in enumerate(names):
+            loss = 2.0 * math.exp(-i / (20_000 + 3_000 * k)) + 0.1 + 0.03 * math.sin(i / 170)
+            put(m.StepMetrics(pipeline=name, epoch=epoch, step=i, loss=loss, lr=0.01, samples_per_s=1280.0,
+                              time=at))
+            if i % STEPS_PER_EPOCH == 0 or i == steps:
+                put(m.EpochEnd(pipeline=name, epoch=epoch, step=i, train_loss=loss, duration=500.0,
+                               samples_per_s=1280.0, epochs_total=epochs, steps_per_epoch=STEPS_PER_EPOCH, time=at))
+    out.close()
+    return n
+
+
+class HeldRun:
+    """The part of a Supervisor a ControlServer uses, for a run directory this process holds (its lock
+    taken: the run is live to clients) but does not train: the stand-in that lets a real attach happen."""
+
+    def __init__(self, run_dir: Path, names: list[str]):
+        from torchherd.engine.rundir.directory import RunDirectory
+
+        self.run_dir, self.run_id, self.names = run_dir, run_dir.name, names
+        self._dir = RunDirectory(run_dir)  # opens events.jsonl for appending; writes nothing here
+
+    def tap(self, fn) -> None:
+        pass  # no live events: the attach reads the whole history
+
+    def record(self, event) -> None:
+        pass
+
+    def events_written(self) -> int:
+        return self._dir.written()
+
+    def views(self) -> list:
+        from types import SimpleNamespace
+
+        from torchherd.engine.protocol.states import WorkerState
+
+        return [SimpleNamespace(name=n, state=WorkerState.RUNNING) for n in self.names]
+
+    def close(self) -> None:
+        self._dir.close()
+
+
+async def serve_held(run_dir: Path) -> None:
+    """Child: serve `run_dir` on a real control socket until stdin closes."""
+    from torchherd.engine.serve.runtime import publish, socket_path, withdraw
+    from torchherd.engine.serve.server import ControlServer
+
+    names = sorted(p.name for p in run_dir.iterdir() if p.is_dir())
+    held = HeldRun(run_dir, names)
+    sock = socket_path(run_dir)
+    server = ControlServer(held, sock)
+    await server.start()
+    publish(run_dir, sock)
+    print(READY + json.dumps({"socket": str(sock)}), flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    await server.close()
+    withdraw(run_dir, sock)
+    held.close()
+
+
+def complete(state, pipelines: int, steps: int, epochs: int) -> bool:
+    rows = state.rows
+    return len(rows) == pipelines and all(r.step == steps and r.epoch == epochs for r in rows.values())
+
+
+async def app_attach(run_dir: Path, pipelines: int, steps: int) -> dict:
+    """Child: the app attaching to the served run, headless; seconds (wall and CPU) to each mark."""
+    from torchherd.tui.app import TorchherdApp
+    from torchherd.tui.screens.dashboard import DashboardScreen
+
+    epochs = max(1, math.ceil(steps / STEPS_PER_EPOCH))
+    marks: dict[str, tuple[float, float]] = {}
+
+    def mark(name: str) -> None:
+        marks.setdefault(name, (time.perf_counter(), cpu()))
+
+    class TimedDashboard(DashboardScreen):
+        CSS_PATH = str(Path(sys.modules[DashboardScreen.__module__].__file__).with_name(DashboardScreen.CSS_PATH))
+
+        def redraw(self) -> None:
+            super().redraw()
+            s = self.state
+            if "state" in marks and self.drawn_versions == (s.rows_version, s.series_version, s.telemetry_version):
+                mark("redrawn")
+
+    class TimedApp(TorchherdApp):
+        async def _attach(self, run_dir: Path, read_only: bool = False) -> None:
+            mark("attach")
+            await super()._attach(run_dir, read_only)
+            mark("connected")  # RemoteRun.connect returned: history read, events queued for the fold
+
+        def _show_dashboard(self, state) -> None:
+            self.dashboard = TimedDashboard(state, self.refresh_hz, self.clock)
+            self.push_screen(self.dashboard)
+
+        def on_run_changed(self, message) -> None:
+            if "state" not in marks and complete(self.bridge.state, pipelines, steps, epochs):
+                mark("state")
+            super().on_run_changed(message)
+
+    app = TimedApp(ROOT / "sample_configs", attach=run_dir, read_only=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        deadline = time.monotonic() + 300
+        while "redrawn" not in marks and app.return_code is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if "redrawn" not in marks:
+            raise RuntimeError(f"the dashboard never showed the whole history (marks: {sorted(marks)})")
+        await pilot.pause()  # let Textual lay out and paint what the redraw changed
+        mark("painted")
+        app.exit(0)
+    import resource
+
+    t0, c0 = marks["attach"]
+    out: dict = {k: (t - t0, c - c0) for k, (t, c) in marks.items()}
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return out
+
+
+def fold_cost(run_dir: Path) -> tuple[float, float, int]:
+    """read_history + RunState.apply of every event (the Bridge's fold without the app): wall, CPU, events."""
+    from torchherd.engine.rundir.history import read_history
+    from torchherd.tui.runstate import RunState
+
+    t, c = time.perf_counter(), cpu()
+    events = read_history(run_dir)
+    state = RunState(read_only=True)
+    for event in events:
+        state.apply(event)
+    return time.perf_counter() - t, cpu() - c, len(events)
+
+
+def attach_section(args: argparse.Namespace, tmp: Path) -> None:
+    from torchherd.engine.rundir.directory import read_events
+    from torchherd.engine.rundir.history import read_history
+
+    run_dir = tmp / "runs" / "attach-bench"
+    t = time.perf_counter()
+    n = write_run(run_dir, args.pipelines, args.steps)
+    size = (run_dir / "events.jsonl").stat().st_size
+    print(f"attach: {args.pipelines} pipelines x {args.steps:,} steps: {n:,} events, {size / 2**20:.0f} MiB "
+          f"of events.jsonl written by RunDirectory in {time.perf_counter() - t:.0f} s")
+
+    def timed(fn) -> tuple[float, float]:
+        t, c = time.perf_counter(), cpu()
+        got = fn(run_dir)
+        assert len(got) == n, (len(got), n)
+        return time.perf_counter() - t, cpu() - c
+    fast = min(timed(read_history) for _ in range(3))
+    slow = timed(read_events)  # the slow reference: once
+    print(f"  read_history: {n / fast[0]:,.0f} events/s ({fast[0]:.2f} s wall, {fast[1]:.2f} s CPU; best of 3)")
+    print(f"  read_events:  {n / slow[0]:,.0f} events/s ({slow[0]:.2f} s wall, {slow[1]:.2f} s CPU): "
+          f"read_history is {slow[0] / fast[0]:.1f}x faster ({slow[1] / fast[1]:.1f}x in CPU)")
+    wall, used, _ = fold_cost(run_dir)
+    print(f"  read_history + RunState fold, in-process: {wall:.2f} s wall, {used:.2f} s CPU "
+          f"({1e6 * used / n:.1f} us CPU/event)")
+    server = child("--child", "serve", "--run-dir", str(run_dir), stdin=subprocess.PIPE)
+    try:
+        read_tagged(server, READY)
+        app = child("--child", "app", "--run-dir", str(run_dir), "--steps", str(args.steps),
+                    "--pipelines", str(args.pipelines))
+        marks = read_tagged(app, RESULT)
+        app.wait()
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+    conn, state, drawn, painted = (marks.get(k, (math.nan, math.nan)) for k in
+                                   ("connected", "state", "redrawn", "painted"))
+    print(f"  the app attached (real socket, headless Textual 120x40): history read and queued {conn[0]:.2f} s, "
+          f"data model complete {state[0]:.2f} s, dashboard redrawn with all of it {drawn[0]:.2f} s, "
+          f"painted {painted[0]:.2f} s (CPU {painted[1]:.2f} s); the app's peak RSS {marks['peak_rss_mib']:,.0f} MiB")
+    met = "met" if painted[0] <= 1.0 else "MISSED"
+    met_cpu = "met" if painted[1] <= 1.0 else "missed"
+    print(f"full screen after attach: {painted[0]:.2f} s wall, {painted[1]:.2f} s CPU for {args.pipelines} x "
+          f"{args.steps:,} (goal <= 1 s: {met}; on CPU time alone {met_cpu})")
+
+
+# ============================================================ 2 + 3. fan-out and the supervisor's CPU
+
+
+def flood_worker(spec_path: Path) -> None:
+    """A worker for the fan-out: waits at the gate, then sends `count` step reports as fast as it can through a
+    real StatusSender (as benchmarks/_flood_worker.py does). Paced (`batch` > 0): it waits for its queue to be
+    shipped after every `batch` reports, so batches stay as small as a real worker's, whose queue is bounded,
+    yet no report is lost; unpaced (0): one batch may hold tens of thousands."""
+    from multiprocessing.connection import Connection
+
+    from torchherd.engine.protocol.channel import StatusSender
+    from torchherd.engine.protocol.messages import StepMetrics
+    from torchherd.engine.protocol.spec import read_spec
+
+    spec, transport = read_spec(spec_path)
+    params, name = spec.pipeline["params"], spec.name
+    count, gate, batch = params["count"], Path(params["gate"]), params["batch"]
+    sender = StatusSender(Connection(transport.status_fd, readable=False), flush_interval=0.005 if batch else 0.05,
+                          max_pending=10 * count)
+    (gate / f"ready-{name}").touch()
+    while not (gate / "go").exists():
+        time.sleep(0.005)
+    for i in range(count):
+        sender.step(StepMetrics(pipeline=name, epoch=0, step=i + 1, loss=0.5, lr=0.1, samples_per_s=1000.0))
+        if batch and (i + 1) % batch == 0:
+            while sender._queue:  # what it holds is private; this is only a benchmark's worker
+                time.sleep(0.0002)
+    sender.close(timeout=300)
+
+
+async def supervise(args: argparse.Namespace) -> None:
+    """Child: a real Supervisor over 4 flood workers; `mode` inproc (4 in-process subscribers), served
+    (a ControlServer, whoever attaches). Prints its CPU and rates from the go to the last event sent."""
+    import dataclasses
+
+    from torchherd.engine.config.load import parse_config
+    from torchherd.engine.hardware.devices import Inventory
+    from torchherd.engine.launch.process import ProcessLauncher
+    from torchherd.engine.protocol.messages import RunFinished, StepMetrics
+    from torchherd.engine.serve.runtime import publish, socket_path, withdraw
+    from torchherd.engine.serve.server import ControlServer
+    from torchherd.engine.supervise.supervisor import Supervisor
+
+    class FloodLauncher(ProcessLauncher):
+        def launch(self, spec):
+            return super().launch(dataclasses.replace(spec, module="benchmarks.service_attach",
+                                                      env={**spec.env, "PYTHONPATH": str(ROOT)}))
+
+    workers = 4
+    gate = args.gate
+    data = {"runs_dir": str(gate / "runs"),
+            "pipelines": [{"name": f"w{i}", "task": "regression", "params": {"count": args.count, "gate": str(gate),
+                                                                        "batch": args.batch}}
+                          for i in range(workers)],
+            "devices": {"placement": "cpu", "cpu_slots": workers, "threads_per_worker": 1},
+            "validation": {"mode": "off"}, "telemetry": {"enabled": False}, "restart": {"max_restarts": 0}}
+    config = parse_config(data, str(gate / "flood.toml"), gate)
+    sup = Supervisor(config, launcher=FloodLauncher(), inventory=Inventory(cpu_count=workers))
+    published = {"n": 0, "first": 0.0, "last": 0.0}
+
+    def count_published(event, kept) -> None:
+        if isinstance(event, StepMetrics):
+            now = time.time()
+            published["n"] += 1
+            published["first"] = published["first"] or now
+            published["last"] = now
+    sup.tap(count_published)
+
+    async def subscriber(stream) -> dict:
+        n, first, last = 0, 0.0, 0.0
+        async for event in stream:
+            if isinstance(event, StepMetrics):
+                now = time.time()
+                n += 1
+                first, last = first or now, now
+            elif isinstance(event, RunFinished):
+                break
+        return {"n": n, "first": first, "last": last}
+    subs = [asyncio.ensure_future(subscriber(sup.subscribe(replay=False)))
+            for _ in range(4 if args.mode == "inproc" else 0)]
+    await sup.start()
+    server = sock = None
+    if args.mode == "served":
+        sock = socket_path(sup.run_dir)
+        server = ControlServer(sup, sock)
+        await server.start()
+        publish(sup.run_dir, sock)
+    print(READY + json.dumps({"run_dir": str(sup.run_dir)}), flush=True)
+    while not (gate / "go").exists():
+        await asyncio.sleep(0.002)
+    c0 = cpu()
+    await sup.wait()
+    got = await asyncio.gather(*subs)
+    if server is not None:  # until what the clients have not read yet has left this process
+        while any(c.pending or c.transport.get_write_buffer_size() for c in server.clients):
+            await asyncio.sleep(0.002)
+    used = cpu() - c0
+    clients, dropped = (len(server.clients), server.dropped) if server is not None else (0, 0)
+    await sup.shutdown()
+    if server is not None:
+        await server.close()
+        withdraw(sup.run_dir, sock)
+    print(RESULT + json.dumps({"cpu": used, "published": published, "subscribers": got, "clients": clients,
+                               "dropped": dropped}), flush=True)
+
+
+async def remote_client(run_dir: Path) -> None:
+    """Child: one attached client, counting the live step events until the run finishes."""
+    from torchherd.engine.protocol.messages import RunFinished, StepMetrics
+    from torchherd.engine.serve.remote import RemoteRun
+
+    run = await RemoteRun.connect(run_dir, read_only=True, history=False)
+    stream = run.subscribe(replay=False)
+    print(READY + "{}", flush=True)
+    n, first, last = 0, 0.0, 0.0
+    c0 = cpu()
+    async for event in stream:
+        if isinstance(event, StepMetrics):
+            now = time.time()
+            n += 1
+            first, last = first or now, now
+        elif isinstance(event, RunFinished):
+            break
+    used = cpu() - c0
+    await run.close()
+    print(RESULT + json.dumps({"n": n, "first": first, "last": last, "cpu": used}), flush=True)
+
+
+def rate(r: dict) -> float:
+    return r["n"] / (r["last"] - r["first"]) if r["last"] > r["first"] else math.nan
+
+
+def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PACED) -> dict:
+    gate = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp))
+    sup = child("--child", "supervise", "--mode", mode, "--count", str(count), "--gate", str(gate),
+                "--batch", str(batch))
+    procs = []
+    try:
+        run_dir = read_tagged(sup, READY)["run_dir"]
+        procs = [child("--child", "client", "--run-dir", run_dir) for _ in range(clients)]
+        for p in procs:
+            read_tagged(p, READY)
+        deadline = time.monotonic() + 180
+        while len(list(gate.glob("ready-*"))) < 4:
+            if time.monotonic() > deadline or sup.poll() is not None:
+                raise RuntimeError(f"the flood workers did not start: see the logs under {gate}")
+            time.sleep(0.02)
+        (gate / "go").touch()
+        out = read_tagged(sup, RESULT)
+        out["remote"] = [read_tagged(p, RESULT) for p in procs]
+    finally:
+        for p in [sup, *procs]:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    total = 4 * count
+    assert out["published"]["n"] == total, (out["published"], total)
+    readers = out["subscribers"] + out["remote"]
+    out["short"] = [r["n"] for r in readers if r["n"] != total]  # readers that missed events: dropped clients
+    out["delivered"] = min(rate(r) for r in readers) if readers and not out["short"] else math.nan
+    out["pushed"] = rate(out["published"])
+    return out
+
+
+def fanout_section(args: argparse.Namespace, tmp: Path) -> None:
+    total = 4 * args.count
+    runs: dict[str, list[dict]] = {"inproc": [], "none": [], "clients": []}
+    for i in range(args.rounds):  # alternate, so drift on a shared machine hits each alike
+        runs["inproc"].append(fanout_round(tmp, "inproc", args.count, 0))
+        runs["none"].append(fanout_round(tmp, "served", args.count, 0))
+        runs["clients"].append(fanout_round(tmp, "served", args.count, 4))
+        a, b, c = runs["inproc"][-1], runs["none"][-1], runs["clients"][-1]
+        lost = f", {c['dropped']} client(s) DROPPED (got {c['short']})" if c["short"] else ""
+        print(f"round {i + 1}: in-process subscribers {a['delivered']:,.0f} events/s each (supervisor CPU "
+              f"{a['cpu']:.2f} s); served, none attached: CPU {b['cpu']:.2f} s; served, 4 clients "
+              f"{c['delivered']:,.0f} events/s each (CPU {c['cpu']:.2f} s){lost}")
+    whole = [r for r in runs["clients"] if not r["short"]]  # rounds where every client got every event
+    inproc = max(r["delivered"] for r in runs["inproc"])
+    remote = max((r["delivered"] for r in whole), default=math.nan)
+    print(f"fan-out: 4 workers x {args.count:,} step events in batches of <= {PACED}; slowest of 4 readers, best of "
+          f"{args.rounds}: in-process {inproc:,.0f} events/s, attached clients {remote:,.0f} events/s, "
+          f"ratio clients/in-process {remote / inproc:.3f} (goal >= 0.9)"
+          + ("" if len(whole) == len(runs["clients"]) else f"; {len(runs['clients']) - len(whole)} round(s) lost "
+             "clients and are left out"))
+    pushed = {k: max(r["pushed"] for r in v) for k, v in runs.items()}
+    print(f"  the supervisor published {pushed['inproc']:,.0f} (4 in-process subscribers) / {pushed['none']:,.0f} "
+          f"(served, none attached) / {pushed['clients']:,.0f} (4 attached) step events/s")
+    if whole:
+        client_cpu = statistics.median(r["cpu"] for c in whole for r in c["remote"])
+        print(f"  each client process: {1e6 * client_cpu / total:.1f} us CPU per event received (median)")
+    none = min(r["cpu"] for r in runs["none"])
+    four = min((r["cpu"] for r in whole), default=math.nan)
+    base = min(r["cpu"] for r in runs["inproc"])
+    print(f"supervisor CPU: {1e6 * none / total:.1f} us/event served with none attached, {1e6 * four / total:.1f} "
+          f"with 4 clients ({1e6 * base / total:.1f} with 4 in-process subscribers); ratio 4 clients/none "
+          f"{four / none:.3f} (goal <= 1.1; least of {args.rounds})")
+    burst = fanout_round(tmp, "served", 2 * args.count, 4, batch=0)
+    print(f"burst: the same with 4 x {2 * args.count:,} reports unpaced (a worker's batch may hold all it has "
+          f"queued): {burst['dropped']} of 4 attached clients dropped for lag"
+          + (f" (they got {', '.join(f'{n:,}' for n in burst['short'])} of {8 * args.count:,} events, using "
+             f"{max(r['cpu'] for r in burst['remote']):.2f} s CPU at most)" if burst["short"] else
+             f", {burst['delivered']:,.0f} events/s each") + " (goal: none dropped)")
+
+
+# ============================================================ 4. training under the service
+
+
+TRAIN_CONFIG = """
+[defaults]
+task = "regression"
+max_epochs = {epochs}
+batch_size = 64
+log_every_n_steps = 10
+params = {{ samples = {samples}, features = 64, hidden = 256, lr = 0.01 }}
+
+[[pipelines]]
+name = "bench"
+
+[devices]
+placement = "cpu"
+cpu_slots = 1
+threads_per_worker = 1
+
+[validation]
+mode = "off"
+
+[telemetry]
+enabled = false
+"""
+
+
+def steps_per_s(run_dir: Path) -> tuple[float, float, int]:
+    """Optimizer steps per second from the step reports' own timestamps: the median over the intervals between
+    consecutive reports (robust to a moment's contention on a shared machine), and first to last report."""
+    from torchherd.engine.protocol.messages import PipelineFinished, StepMetrics
+    from torchherd.engine.rundir.history import read_history
+
+    events = read_history(run_dir)
+    steps = [e for e in events if isinstance(e, StepMetrics)]
+    finished = [e.status for e in events if isinstance(e, PipelineFinished)]
+    assert finished == ["completed"], f"{run_dir}: {finished}"
+    rates = [(b.step - a.step) / (b.time - a.time) for a, b in itertools.pairwise(steps) if b.time > a.time]
+    first, last = steps[0], steps[-1]
+    return statistics.median(rates), (last.step - first.step) / (last.time - first.time), last.step
+
+
+async def in_process(config_path: Path, runs: Path) -> Path:
+    from torchherd.engine.config.load import load_config
+    from torchherd.engine.supervise.supervisor import Supervisor
+
+    sup = Supervisor(load_config(config_path), runs_dir=runs)
+    stream = sup.subscribe()
+    await sup.start()
+
+    async def drain() -> None:  # as the app in the same process would
+        async for _ in stream:
+            pass
+    reader = asyncio.ensure_future(drain())
+    await sup.wait()
+    await sup.shutdown()
+    await reader
+    return sup.run_dir
+
+
+async def detached(config_path: Path, runs: Path) -> Path:
+    from torchherd.engine.rundir.directory import run_held
+    from torchherd.engine.serve.service import spawn
+
+    started = await asyncio.to_thread(spawn, config=config_path, runs_dir=runs)
+    deadline = time.monotonic() + 600
+    while run_held(started.run_dir) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return started.run_dir
+
+
+async def side_by_side(config: Path, tmp: Path, i: int) -> tuple[Path, Path]:
+    """The same training under a spawned service and under a Supervisor in this process, at the same time:
+    whatever else the shared machine runs meanwhile slows both alike."""
+    service, inproc = await asyncio.gather(detached(config, tmp / f"train-svc-{i}"),
+                                           in_process(config, tmp / f"train-in-{i}"))
+    return inproc, service
+
+
+def training_section(args: argparse.Namespace, tmp: Path) -> None:
+    config = tmp / "train.toml"
+    config.write_text(TRAIN_CONFIG.format(epochs=args.epochs, samples=20_000 if args.quick else 40_000))
+    inproc, service = [], []
+    for i in range(args.train_rounds):
+        a, b = asyncio.run(side_by_side(config, tmp, i))
+        inproc.append(steps_per_s(a))
+        service.append(steps_per_s(b))
+        print(f"round {i + 1}: in-process {inproc[-1][0]:,.1f} steps/s (first to last {inproc[-1][1]:,.1f}), "
+              f"detached service {service[-1][0]:,.1f} steps/s (first to last {service[-1][1]:,.1f}), side by side; "
+              f"{inproc[-1][2]:,} steps each")
+    paired = statistics.median(b[0] / a[0] for a, b in zip(inproc, service))
+    a, b = max(r[0] for r in inproc), max(r[0] for r in service)
+    print(f"training speed: ratio detached/in-process {paired:.3f}, median of {args.train_rounds} side-by-side rounds "
+          f"(goal >= 0.98); best of each: in-process {a:,.1f} steps/s, detached {b:,.1f} steps/s, ratio {b / a:.3f} "
+          f"(steps/s: median interval between step reports, from their own timestamps)")
+
+
+# ============================================================ entry
+
+
+def main() -> int:
+    if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):  # launched as a flood worker
+        flood_worker(Path(sys.argv[1]))
+        return 0
+    args = parse_args()
+    if args.child == "serve":
+        asyncio.run(serve_held(args.run_dir))
+        return 0
+    if args.child == "app":
+        marks = asyncio.run(app_attach(args.run_dir, args.pipelines, args.steps))
+        print(RESULT + json.dumps(marks), flush=True)
+        return 0
+    if args.child == "supervise":
+        asyncio.run(supervise(args))
+        return 0
+    if args.child == "client":
+        asyncio.run(remote_client(args.run_dir))
+        return 0
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(only) - set(SECTIONS)
+    if unknown:
+        print(f"unknown sections: {', '.join(sorted(unknown))} (choose from {', '.join(SECTIONS)})", file=sys.stderr)
+        return 2
+    print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start")
+    with tempfile.TemporaryDirectory(prefix="service-attach-") as tmpdir:
+        tmp = Path(tmpdir)
+        for name, section in (("attach", attach_section), ("fanout", fanout_section),
+                              ("training", training_section)):
+            if name in only:
+                t = time.perf_counter()
+                section(args, tmp)
+                print(f"  ({name}: {time.perf_counter() - t:.0f} s; load average {os.getloadavg()[0]:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
