@@ -215,7 +215,8 @@ async def test_silent_script_is_hung_and_a_killed_script_leaves_no_children(tmp_
         {"name": "silent", "script": PLAIN, "args": ["--silent-hang"], "metrics": EPOCH_LOSS},
         {"name": "parent", "script": PLAIN, "args": ["--epochs", "10000", "--delay", "0.2", "--children", "2"],
          "metrics": EPOCH_LOSS},
-    ], restart={"max_restarts": 0, "hang_timeout": 5.0}, validation={"mode": "off"})  # seconds; starting gets 3x
+    ], restart={"max_restarts": 0, "hang_timeout": 5.0, "start_timeout": 20.0},  # silent never steps: start_timeout
+       validation={"mode": "off"})
     sup = Supervisor(config)
     stream = sup.subscribe()
     await sup.start()

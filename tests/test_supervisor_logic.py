@@ -146,10 +146,10 @@ async def test_unknown_pipeline_name_is_a_key_error(tmp_path, launcher):
 
 async def test_a_silent_worker_is_declared_hung_dumped_killed_and_restarted(tmp_path, launcher):
     sup = make(tmp_path, [{"name": "a"}], launcher,
-               restart={"hang_timeout": 0.05, "min_uptime": 0.0, "backoff": 0.01})
+               restart={"hang_timeout": 0.05, "start_timeout": 0.1, "min_uptime": 0.0, "backoff": 0.01})
     await sup.start()
     await until(lambda: launcher.handles)
-    launcher.handles[0].started("a")  # RUNNING, then silence
+    launcher.handles[0].started("a")  # RUNNING, then silence (before its first step: start_timeout)
     await until(lambda: len(launcher.handles) == 2, timeout=10)
     first = launcher.handles[0]
     assert signal.SIGUSR1 in first.signals and signal.SIGTERM in first.signals
@@ -202,7 +202,7 @@ async def test_a_result_that_overtakes_its_hand_off_report_still_finishes_the_ru
 async def test_a_worker_stuck_building_its_task_is_declared_hung_too(tmp_path, launcher):
     # Regression: hang_timeout only watched RUNNING, so a task build stuck on a dead mount held its slot for ever.
     sup = make(tmp_path, [{"name": "a"}], launcher,
-               restart={"hang_timeout": 0.02, "min_uptime": 0.0, "backoff": 0.01})
+               restart={"hang_timeout": 0.02, "start_timeout": 0.05, "min_uptime": 0.0, "backoff": 0.01})
     await sup.start()
     await until(lambda: len(launcher.handles) == 2, timeout=10)  # never reported TrainingStarted
     assert signal.SIGUSR1 in launcher.handles[0].signals

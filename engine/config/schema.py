@@ -208,7 +208,11 @@ class RestartConfig(_Strict):
     hang_timeout: float | None = Field(None, gt=0, description=(
         "Seconds without a training step after which a running worker is declared hung: its stack goes to "
         "its log, it is killed and the restart policy applies. Must exceed the slowest step or validation; "
-        "building the task and the first step may take three times as long. Unset: never."))
+        "building the task and the first step get `start_timeout`. Unset: never."))
+    start_timeout: float | None = Field(None, gt=0, description=(
+        "With `hang_timeout` set: seconds a worker may take to build its task and make its first step before "
+        "it is declared hung (imports, data loading, a gang's first collective, compilation). "
+        "Default: three times `hang_timeout`, and at least 60."))
     stop_timeout: float = Field(120.0, gt=0, description=(
         "Seconds a graceful stop may take (finish the step, checkpoint) before the worker is killed."))
 

@@ -171,9 +171,9 @@ class Lifecycle:
         if timeout is None or attempt is None:
             return False
         if run.state == S.STARTING or (run.state == S.RUNNING and not attempt.stepped):
-            # building the task, and the first step (a gang's first collective, compilation, autotuning)
-            # get three times as long
-            return now - attempt.last_progress > 3 * timeout
+            # building the task and the first step (a gang's first collective, compilation, autotuning)
+            start = run.plan.run_config.restart.start_timeout
+            return now - attempt.last_progress > (start if start is not None else max(3 * timeout, 60.0))
         return run.state == S.RUNNING and now - attempt.last_progress > timeout
 
     def exited(self, run: PipelineRun, code: int) -> None:

@@ -17,8 +17,8 @@ from tests.faults.support import faulty_config, finish, of, run_events, supervis
 
 pytestmark = pytest.mark.slow
 
-# seconds; a worker still building its task gets three times as long, and the restarted attempt must
-# not be taken for hung: at 3 s (9 s to start) it was, on a loaded 2-core machine where starting a
+# seconds; a worker still building its task gets start_timeout (default 3x, at least 60 s), and the restarted
+# attempt must not be taken for hung: at 3 s (9 s to start) it was, on a loaded 2-core machine where starting a
 # worker (importing torch, resuming) took 6 to 12 s
 HANG_TIMEOUT = 8.0
 
