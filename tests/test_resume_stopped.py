@@ -12,7 +12,7 @@ import pytest
 from torchherd.engine.protocol.messages import PipelineFinished, Resumed, RunFinished, StepMetrics, TrainingStarted
 from torchherd.engine.rundir.directory import list_runs, read_events
 from torchherd.engine.supervise.supervisor import Supervisor
-from tests.conftest import make_config, wait_for
+from tests.conftest import TASKS, make_config, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -22,10 +22,14 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 async def stopped_run(tmp_path: Path) -> Path:
-    """A run of three pipelines on two slots, stopped gracefully mid-epoch: a and b stopped, c never started."""
+    """A run of three pipelines on two slots, stopped gracefully mid-epoch: a and b stopped, c never started.
+    Each waits at its sixth step until the stop is asked for, so on a loaded machine a cannot finish before b
+    has started."""
+    gate = tmp_path / "stop-asked"
     config = make_config(tmp_path, [{"name": "a"}, {"name": "b"}, {"name": "c"}],
-                         defaults={"max_epochs": 2, "params": {"delay": 0.002}}, validation={"mode": "inline"},
-                         telemetry={"enabled": False})
+                         defaults={"max_epochs": 2, "task": f"{TASKS / 'faulty.py'}:build",
+                                   "params": {"gate_file": str(gate), "gate_at_call": 6}},
+                         validation={"mode": "inline"}, telemetry={"enabled": False})
     sup = Supervisor(config)
     stream = sup.subscribe()
     await sup.start()
@@ -38,6 +42,7 @@ async def stopped_run(tmp_path: Path) -> Path:
             return seen == {"a", "b"}
         await wait_for(stream, both_training)
         sup.stop()
+        gate.touch()
         statuses = await asyncio.wait_for(sup.wait(), 60)
     finally:
         await sup.shutdown(graceful=False)
