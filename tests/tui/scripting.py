@@ -81,7 +81,7 @@ def scripted_config(config: RunConfig, **restart) -> RunConfig:
 class Session:
     """The app's supervisor factory, and what the test needs to script the sessions it builds."""
 
-    def __init__(self, clock: FrozenTime, run_id: str = RUN_ID, cpu_count: int = 2, tick: float = 0.005,
+    def __init__(self, clock: FrozenTime, run_id: str = RUN_ID, cpu_count: int = 2, tick: float = 0.05,
                  **restart):
         self.clock, self.run_id, self.cpu_count, self.restart = clock, run_id, cpu_count, restart
         self.tick = tick  # seconds between supervision passes: short, so tests see exits at once
