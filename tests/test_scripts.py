@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import json
+import re
 from pathlib import Path
 
 import psutil
@@ -15,8 +16,8 @@ import pytest
 
 from torchherd.engine.preflight.check import check_config
 from torchherd.engine.hardware.devices import Inventory
-from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, StepMetrics, ValResult,
-                                       WorkerError, WorkerExited, WorkerStarted)
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed, StepMetrics,
+                                                ValResult, WorkerError, WorkerExited, WorkerStarted)
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.runners.script.events import ScriptEvents
 from torchherd.engine.supervise.supervisor import Supervisor
@@ -83,8 +84,12 @@ def write_config(tmp_path: Path, pipeline: str, extra: str = "") -> Path:
     ('script = "train.py"\nvalidate = "val.py:build"', '[validation]\nmode = "background"',
      "pipelines[0].validate", "never calls herd.hand_off(model)"),
     ('task = "digits"\nmetrics = "(?P<loss>\\\\S+)"', "", "pipelines[0].metrics", "only applies to a `script`"),
+    ('script = "train.py"\nargs = ["--out={chekpoint_dir}"]', "", "pipelines[0].args",
+     "[0] '--out={chekpoint_dir}': unknown placeholder {chekpoint_dir}; torchherd fills in {checkpoint_dir}"),
+    ('script = "train.py"\ncwd = "nowhere"', "", "pipelines[0].cwd", "nowhere"),
+    ('task = "digits"\nresume_args = ["--resume"]', "", "pipelines[0].resume_args", "only applies to a `script`"),
 ], ids=["script_and_task", "missing_script", "regex_does_not_compile", "regex_without_group",
-        "validate_without_hand_off", "metrics_on_a_task"])
+        "validate_without_hand_off", "metrics_on_a_task", "unknown_placeholder", "missing_cwd", "resume_args_on_a_task"])
 def test_bad_script_pipeline_is_one_clear_problem(tmp_path, pipeline, extra, key, message):
     report = check_config(write_config(tmp_path, pipeline, extra), inventory=NO_GPU)
     assert not report.ok
@@ -98,6 +103,41 @@ def test_script_pipeline_check_says_what_would_run(tmp_path):
     report = check_config(config, inventory=NO_GPU)
     assert report.ok, report.render()
     assert any(line.startswith("a: script train.py --lr 0.1, validate val.py:build -> cpu0") for line in report.lines)
+
+
+def test_args_are_filled_in_and_resume_args_added_once_the_script_has_saved(tmp_path):
+    from torchherd.engine.config.load import load_config
+    from torchherd.engine.runners.registry import runner_for
+    from torchherd.engine.runners.script.arguments import command_line
+
+    config = write_config(tmp_path, 'script = "train.py"\nargs = ["--out_dir={checkpoint_dir}", "--seed={rank}", '
+                          '"--json={{\\"r\\": {restart}}}"]\nresume_args = ["--init_from=resume"]')
+    [pipe] = load_config(config).pipelines
+    pipe_dir = tmp_path / "runs" / "r1" / "a"
+    argv, found = command_line(pipe, pipe_dir, rank=1, world_size=2, restart=3)
+    assert argv == [str(tmp_path / "train.py"), f"--out_dir={pipe_dir / 'checkpoints'}", "--seed=1",
+                    '--json={"r": 3}'] and found is None
+    assert runner_for(pipe.kind).resumes_from(pipe, pipe_dir / "checkpoints") == "from scratch (no checkpoint yet)"
+    (pipe_dir / "checkpoints").mkdir(parents=True)
+    (pipe_dir / "checkpoints" / ".ckpt.pt.tmp").write_text("half")  # a save in progress is no checkpoint
+    assert command_line(pipe, pipe_dir, 0, 1, 0)[1] is None
+    (pipe_dir / "checkpoints" / "ckpt.pt").write_text("saved")
+    argv, found = command_line(pipe, pipe_dir, 0, 1, 0)
+    assert argv[-1] == "--init_from=resume" and found == pipe_dir / "checkpoints" / "ckpt.pt"
+    assert runner_for(pipe.kind).resumes_from(pipe, pipe_dir / "checkpoints").startswith(
+        "with --init_from=resume (ckpt.pt, 0 s ago)")
+    no_flag = pipe.model_copy(update={"resume_args": []})
+    assert "no `resume_args` tell the script to resume" in runner_for(pipe.kind).resumes_from(
+        no_flag, pipe_dir / "checkpoints")
+
+
+def test_a_script_error_is_the_exception_its_traceback_ends_in_rank_prefixes_stripped():
+    from torchherd.engine.runners.script.runner import error_line
+
+    assert error_line(["[rank1]: Traceback (most recent call last):", '[rank1]:   File "train.py", line 3',
+                       "[rank1]: ValueError: bad shape", "W1125 11:00:00 torch/distributed/elastic: ...",
+                       ""]) == "ValueError: bad shape"
+    assert error_line(["iter 3: loss 0.5"]) == ""
 
 
 def test_run_with_a_bad_script_pipeline_launches_nothing(tmp_path):
@@ -201,7 +241,8 @@ async def test_unmodified_scripts_report_epochs_restart_after_a_crash_and_stop_o
     assert [e.loss for e in of(events, StepMetrics, "plain")] == [1.0, 0.5, 0.3333]  # what the chart plots
     log = (sup.run_dir / "plain" / "log.txt").read_text()
     assert "Epoch 3, Loss: 0.3333" in log
-    assert "RANK=0 WORLD_SIZE=1 MASTER_PORT=" in log and f"restart=0 cwd={tmp_path}" in log
+    # what `python plain_loop.py` sees: no torchrun variables for one process, and the script's own folder
+    assert "RANK=None WORLD_SIZE=None MASTER_PORT=None" in log and f"restart=0 cwd={SCRIPTS}" in log
     [error] = of(events, WorkerError, "crashy")
     assert error.error.startswith("RuntimeError: plain_loop crashed on purpose") and "Traceback" in error.traceback
     assert sup.view("crashy").restarts == 1 and "restart=1" in (sup.run_dir / "crashy" / "log.txt").read_text()
@@ -272,3 +313,83 @@ async def test_client_script_pauses_stops_with_its_checkpoint_resumes_and_is_val
     assert of(events, EpochEnd, "c")[0].step > stopped.step  # carried on, not from step 0
     scored = [e for e in of(events, ValResult, "c") if not e.error]
     assert scored and scored[-1].mode == "background" and scored[-1].metrics["val_loss"] < 1.0
+
+
+# ------------------------------------------------------------ an unchanged GPT-style script: resume and stop
+
+GPT = str(SCRIPTS / "gpt_like.py")
+ITER = r"iter (?P<step>\d+): loss (?P<loss>[-+.\deE]+)"
+EVAL = 20  # the script's checkpoint interval, in iterations
+
+
+def gpt_pipeline(name: str, ranks: int) -> dict:
+    return {"name": name, "script": GPT, "ranks": ranks, "metrics": ITER,
+            "args": ["--out_dir={checkpoint_dir}", "--max_iters=160", f"--eval_interval={EVAL}", "--delay=0.08"],
+            "resume_args": ["--init_from=resume"], "stop_mode": "after_checkpoint"}
+
+
+def resumed_from(log: Path) -> list[int]:
+    return [int(line.rsplit(" ", 1)[1]) for line in log.read_text().splitlines()
+            if line.startswith("gpt_like: resuming from iter")]
+
+
+def ckpt_iter(run_dir: Path, name: str) -> int:
+    import torch
+    return torch.load(run_dir / name / "checkpoints" / "ckpt.pt", map_location="cpu")["iter_num"]
+
+
+@pytest.mark.slow
+async def test_an_unchanged_gpt_script_resumes_after_a_kill_stops_after_its_checkpoint_and_resumes_again(tmp_path):
+    # Regression: a script that resumes only with a flag restarted from iteration 0 and overwrote its good
+    # checkpoint; its checkpoints landed beside the config; a one-rank script took its DDP branch on RANK=0;
+    # a graceful stop (Ctrl-C) threw away everything since its last save.
+    config = make_config(tmp_path, [gpt_pipeline("solo", 1), gpt_pipeline("gang", 2)], devices={"cpu_slots": 3},
+                         validation={"mode": "off"}, restart={"min_uptime": 0.0, "stop_timeout": 60})
+    sup = Supervisor(config, inventory=NO_GPU)
+    stream = sup.subscribe()
+    await sup.start()
+    names = ("solo", "gang")
+    last: dict[str, int] = {}
+    try:
+        def past(step: int, since: dict[str, int] | None = None):
+            def seen(e) -> bool:
+                if isinstance(e, StepMetrics) and e.pipeline in names:
+                    last[e.pipeline] = e.step
+                return all(last.get(n, -1) >= step + (since or {}).get(n, 0) for n in names)
+            return seen
+        await wait_for(stream, past(2 * EVAL + 5), timeout=120)
+        killed_at = dict(last)
+        for name in names:  # SIGKILL the script itself (rank 0's in the gang), not its worker
+            worker = psutil.Process(sup.view(name).pid)
+            [script] = [p for p in worker.children() if "gpt_like.py" in " ".join(p.cmdline())]
+            script.kill()
+        notices = []
+        await wait_for(stream, lambda e: isinstance(e, Notice) and e.pipeline in names and "resuming" in e.text
+                       and notices.append(e.pipeline) is None and set(notices) == set(names), timeout=120)
+        last.clear()
+        await wait_for(stream, past(0), timeout=120)  # each prints where it resumed before its first iteration
+        resumed = {n: resumed_from(sup.run_dir / n / "log.txt") for n in names}
+        for name in names:
+            [start] = resumed[name]  # from its last checkpoint: at most one interval lost
+            assert start % EVAL == 0 and killed_at[name] - EVAL <= start <= killed_at[name], (name, start, killed_at)
+        await wait_for(stream, past(EVAL + 5, since={n: resumed[n][0] for n in names}), timeout=120)
+        sup.stop()
+        statuses = await asyncio.wait_for(sup.wait(), 120)
+    finally:
+        await sup.shutdown(graceful=False)
+    assert statuses == {"solo": "stopped", "gang": "stopped"}
+    run_dir = sup.run_dir
+    saved = {n: ckpt_iter(run_dir, n) for n in names}
+    for name in names:
+        log = (run_dir / name / "log.txt").read_text()
+        assert f"cwd={SCRIPTS}" in log and f"ddp={name == 'gang'}" in log
+        printed = [int(m) for m in re.findall(r"^iter (\d+):", log, re.M)]
+        # the waiting stop signalled it just after a save: only the steps in the moment after it are lost
+        assert saved[name] > resumed[name][0] and printed[-1] - saved[name] < EVAL // 2, (name, saved, printed[-1])
+    proc = subprocess.run([sys.executable, "-m", "torchherd", "resume", str(run_dir), "--headless"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "solo with --init_from=resume (ckpt.pt," in proc.stdout
+    for name in names:
+        assert resumed_from(run_dir / name / "log.txt")[-1] == saved[name]
+        assert re.findall(r"^iter (\d+):", (run_dir / name / "log.txt").read_text(), re.M)[-1] == "160"

@@ -138,7 +138,10 @@ def resolve_kind(model: Pipeline, own: dict[str, Any], i: int, file: str,
     path = path if path.is_absolute() else (base_dir / path).resolve()
     if not path.is_file():
         problems.append(Problem(file, where("script"), f"script not found: {path}"))
-    update = {"script_ref": str(path), "workdir": str(base_dir.resolve())}
+    workdir = path.parent if model.cwd is None else (base_dir / model.cwd).resolve()
+    if model.cwd is not None and not workdir.is_dir():
+        problems.append(Problem(file, where("cwd"), f"not a folder: {display_path(workdir)}"))
+    update = {"script_ref": str(path), "workdir": str(workdir)}
     if model.validate_factory is not None:
         ref, err = resolve_task(model.validate_factory, base_dir)
         update["validate_ref"] = ref

@@ -71,8 +71,30 @@ class PipelineSettings(_Strict):
     # A training script of the user's own, run as it is (engine/runners/script/runner.py).
     script: str | None = Field(None, description=(
         "Instead of `task`: a training script to run as it is, 'path/to/train.py' (relative to the config "
-        "file, which is also its working directory), with this Python."))
-    args: list[str] = Field(default_factory=list, description="Command-line arguments for `script`.")
+        "file), with this Python, in `cwd`."))
+    args: list[str] = Field(default_factory=list, description=(
+        "Command-line arguments for `script`. torchherd fills in {checkpoint_dir} (the pipeline's checkpoints/ "
+        "folder in the run directory), {pipeline_dir}, {run_dir} (absolute paths), {rank}, {world_size} and "
+        "{restart} (0 on the first attempt); {{ and }} are literal braces."))
+    resume_args: list[str] = Field(default_factory=list, description=(
+        "For `script`: arguments added after `args` when an attempt starts with files in {checkpoint_dir} "
+        "(a restart, or `torchherd resume`), e.g. ['--init_from=resume']; placeholders as in `args`."))
+    cwd: str | None = Field(None, description=(
+        "For `script`: its working directory, relative to the config file. Default: the script's own folder, "
+        "as `cd path/to && python train.py` would run it."))
+    torchrun_env: bool = Field(False, description=(
+        "For a one-rank `script`: set torchrun's variables (RANK=0, WORLD_SIZE=1, MASTER_ADDR, ...) as a "
+        "one-process torchrun would. Off, it sees the environment `python train.py` would; a gang "
+        "(ranks > 1) always gets them."))
+    stop_signal: Literal["SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT"] = Field(
+        "SIGINT", description=(
+            "For `script` without torchherd.client: the signal a graceful stop sends it (Ctrl-C's SIGINT by "
+            "default); use the one your script catches to save."))
+    stop_mode: Literal["signal", "after_checkpoint"] = Field("signal", description=(
+        "For `script` without torchherd.client: 'signal' sends `stop_signal` at once; 'after_checkpoint' "
+        "waits (up to three quarters of restart.stop_timeout) for the script's next file in {checkpoint_dir} "
+        "and sends it once that file is written, so a script that cannot save on demand loses only the "
+        "moment after its save."))
     metrics: str | None = Field(None, description=(
         "A regular expression matched against every line `script` prints; named groups `step`, `epoch` and "
         "`loss` (and `lr`) become step or epoch reports, any other named group a metric of the report, e.g. 'Epoch (?P<epoch>\\d+), Loss: (?P<loss>\\S+)'."))
@@ -97,8 +119,24 @@ class PipelineSettings(_Strict):
     def _metrics_regex(cls, v: str | None) -> str | None:
         return v if v is None else check_metrics_regex(v)
 
+    @field_validator("args", "resume_args")
+    @classmethod
+    def _placeholders(cls, v: list[str]) -> list[str]:
+        for i, arg in enumerate(v):
+            for name in re.findall(PLACEHOLDER, arg):
+                if name and name not in PLACEHOLDERS:
+                    raise ValueError(f"[{i}] {arg!r}: unknown placeholder {{{name}}}; torchherd fills in "
+                                     + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
+                                     + f" (write {{{{{name}}}}} for literal braces)")
+        return v
 
-SCRIPT_ONLY = ("args", "metrics", "validate")  # keys that mean nothing without `script`
+
+SCRIPT_ONLY = ("args", "metrics", "validate", "resume_args", "cwd", "torchrun_env", "stop_signal",
+               "stop_mode")  # keys that mean nothing without `script`
+# In a script's args, read left to right as str.format would: {{ and }} are braces, {name} a placeholder
+# (filled in by engine/runners/script/arguments.py).
+PLACEHOLDER = r"\{\{|\}\}|\{([A-Za-z_]\w*)\}"
+PLACEHOLDERS = ("checkpoint_dir", "pipeline_dir", "run_dir", "rank", "world_size", "restart")
 
 
 def check_metrics_regex(pattern: str) -> str:
@@ -120,7 +158,7 @@ class Pipeline(PipelineSettings):
     task_ref: str = Field("", description="The task as resolved (absolute file path); filled in by the loader.")
     script_ref: str = Field("", description="The script as resolved (absolute path); filled in by the loader.")
     validate_ref: str = Field("", description="`validate` as resolved; filled in by the loader.")
-    workdir: str = Field("", description="The script's working directory (the config's folder); from the loader.")
+    workdir: str = Field("", description="The script's working directory (`cwd` resolved); from the loader.")
 
     @field_validator("name")
     @classmethod

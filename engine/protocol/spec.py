@@ -32,6 +32,7 @@ class WorkerSpec:
     rank: int = 0  # of a gang (torch.distributed's RANK); 0 alone
     world_size: int = 1  # ranks in the gang
     collective_timeout: float = 300.0  # seconds a rank waits in a collective before it gives up
+    stop_timeout: float = 120.0  # seconds a graceful stop may take before the supervisor kills the worker
 
     @property
     def name(self) -> str:

@@ -97,6 +97,13 @@ class Runner(ABC):
         """The file name of the pipeline's `which` checkpoint ("last", "prev" or "best")."""
         return f"{which}{cls.checkpoint_suffix}"
 
+    def resumes_from(self, pipe: Pipeline, checkpoints: Path) -> str:
+        """Where its next attempt starts given its `checkpoints` folder, for the resume plan people read
+        ("from its last checkpoint"). Default: from `last` or `prev` when one of them is there."""
+        if any((checkpoints / self.checkpoint_name(w)).exists() for w in ("last", "prev")):
+            return "from its last checkpoint"
+        return "from scratch (no checkpoint yet)"
+
 
 def set_up_torch(spec: WorkerSpec, pipe: Pipeline) -> None:
     """Threads, matmul precision, seed and memory cap for this slot: for the runners that train in the worker's

@@ -50,12 +50,13 @@ class AttemptLauncher:
                              validation={**plan.run_config.validation.model_dump(mode="json"),
                                          "mode": plan.validation.mode},
                              device=slot.device, threads=slot.threads,
-                             pipeline_dir=str(self._rundir.pipeline_dir(run.name)), attempt=run.attempts,
+                             pipeline_dir=str(self._rundir.pipeline_dir(run.name).absolute()), attempt=run.attempts,
                              # rank 0 alone hands snapshots to the validator (its node's, on a cluster)
                              snapshot_dir=str(self._validation.hand_off_dir(run.name, slot.node))
                              if plan.background and rank == 0 else "",
                              snapshot_seq=self._validation.ledger(run.name).seq_max,
                              rank=rank, world_size=len(run.slots),
-                             collective_timeout=max(COLLECTIVE_TIMEOUT, 4 * hang) if hang else COLLECTIVE_TIMEOUT),
+                             collective_timeout=max(COLLECTIVE_TIMEOUT, 4 * hang) if hang else COLLECTIVE_TIMEOUT,
+                             stop_timeout=plan.run_config.restart.stop_timeout),
             log_path=self._rundir.log_path(run.name, rank),
             gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node)

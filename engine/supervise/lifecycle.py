@@ -243,8 +243,8 @@ class Lifecycle:
         run.last_failure = failure
         if failure is not None and failure == previous:
             error, step = failure
-            self.finish(run, S.FAILED, f"the same error at step {step} twice in a row, so a restart "
-                                       f"cannot fix it: {error}")
+            at = f"at step {step}" if step >= 0 else "before its first step"
+            self.finish(run, S.FAILED, f"the same error {at} twice in a row, so a restart cannot fix it: {error}")
             return
         self.after_crash(run, uptime, exit_desc, stepped=run.current.stepped)
 

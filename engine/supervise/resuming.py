@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..config.schema import Pipeline
 from ..protocol.messages import PipelineFinished
 from ..rundir.directory import read_events
-from ..worker import checkpoint as ckpt
-
-# torchherd's own .pt, or the .ckpt of a Lightning pipeline
-CHECKPOINTS = (ckpt.LAST, ckpt.PREV, "last.ckpt", "prev.ckpt")
+from ..runners.registry import runner_for
 
 
 def finished_before(run_dir: Path) -> dict[str, str]:
@@ -25,11 +23,9 @@ def kept_on_resume(done: dict[str, str], names: list[str], only: set[str] | None
             (only is not None and n not in only)}
 
 
-def resume_line(run_dir: Path, name: str, kept: dict[str, str]) -> str:
+def resume_line(run_dir: Path, pipe: Pipeline, kept: dict[str, str]) -> str:
     """What resuming does with one pipeline, for people."""
+    name = pipe.name
     if name in kept:
         return f"{name} {'done' if kept[name] == 'completed' else f'left {kept[name]}'}"
-    checkpoints = run_dir / name / "checkpoints"
-    if any((checkpoints / f).exists() for f in CHECKPOINTS):
-        return f"{name} from its last checkpoint"
-    return f"{name} from scratch (no checkpoint yet)"
+    return f"{name} {runner_for(pipe.kind).resumes_from(pipe, run_dir / name / 'checkpoints')}"

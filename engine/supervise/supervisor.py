@@ -111,7 +111,7 @@ class Supervisor:
         kept = kept_on_resume(done, names, self._resume_only) if resuming else {}
         if resuming:
             self._emit(Notice(level="info", text=f"resuming run {self.run_id}: " + ", ".join(
-                resume_line(self.run_dir, n, kept) for n in names)))
+                resume_line(self.run_dir, self._runs[n].plan.config, kept) for n in names)))
         self._emit(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir), config_path=self.config.source,
                               pipelines=tuple(names)))
         for name, status in kept.items():  # nothing to train: they keep how they had ended

@@ -57,6 +57,20 @@ class ScriptRunner(Runner):
             text += f", validate {pipe.validate_factory}"
         return text + (f", max {pipe.max_time:g}s" if pipe.max_time else "")
 
+    def resumes_from(self, pipe, checkpoints: Path) -> str:
+        """The script's own checkpoint, as `resume_args` pass it on: the newest file in its checkpoints/."""
+        import shlex
+
+        from .arguments import describe_checkpoint, newest_checkpoint
+
+        found = newest_checkpoint(checkpoints)
+        if found is None:
+            return "from scratch (no checkpoint yet)"
+        if not pipe.resume_args:
+            return (f"from the start of its script: checkpoints/ holds {describe_checkpoint(found)}, "
+                    "but no `resume_args` tell the script to resume")
+        return f"with {shlex.join(pipe.resume_args)} ({describe_checkpoint(found)})"
+
     def run(self, spec, pipe, validation, sender, control) -> int:
         from .runner import run_script
 

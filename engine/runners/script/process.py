@@ -1,10 +1,10 @@
 """A training script's process as the script runner holds it: started, signalled, measured.
 
 The script runs as `python train.py ARGS` in the worker's process group (so the
-supervisor's kill reaches it and whatever it starts), with torchrun's environment
-for a single process, its output on one pipe, and death with the worker. Signals
-the runner sends (SIGINT to stop, SIGSTOP/SIGCONT to pause) go to the script and
-its descendants only, never to the worker that shares their group.
+supervisor's kill reaches it and whatever it starts), with its output on one pipe,
+and death with the worker. Signals the runner sends (its stop signal, SIGSTOP/SIGCONT
+to pause) go to the script and its descendants only, never to the worker that shares
+their group.
 """
 from __future__ import annotations
 
@@ -32,16 +32,19 @@ def free_port() -> int:
 
 
 def script_environment(attempt: int, device: str, threads: int, extra: dict[str, str],
-                       world_size: int = 1) -> dict[str, str]:
-    """The worker's environment (CUDA_VISIBLE_DEVICES, thread counts) plus torchrun's for one process.
+                       world_size: int = 1, torchrun_env: bool = False) -> dict[str, str]:
+    """The worker's environment (CUDA_VISIBLE_DEVICES, thread counts) and TORCHHERD_RESTART_COUNT.
 
-    A rank of a gang already has torchrun's variables for its rank from the launcher.
+    A rank of a gang already has torchrun's variables for its rank from the launcher; a one-process
+    script gets them only with `torchrun_env`, since scripts that find RANK set take their
+    distributed branch (and on a CPU box fail where `python train.py` works).
     """
     env = dict(os.environ)
     if world_size == 1:
-        env.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                   TORCHHERD_RESTART_COUNT=str(max(attempt - 1, 0)))
+        env["TORCHHERD_RESTART_COUNT"] = str(max(attempt - 1, 0))
+        if torchrun_env:
+            env.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     env.update(PYTHONUNBUFFERED="1", **extra)
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(threads))

@@ -30,16 +30,28 @@ from ...protocol.names import PipelineKind, ValidationMode
 from ...worker.control import HEARTBEAT_INTERVAL
 from ...worker.handoff import announce_snapshot, snapshot_meta
 from .events import ScriptEvents, parse_number
+from .arguments import command_line, describe_checkpoint, newest_checkpoint
 from .process import ScriptProcess, script_environment
 from .validation import InlineScorer
 
 TICK = 0.05  # seconds between looks at the control pipe and the script
 CPU_ALIVE = 0.02  # seconds of CPU in a heartbeat interval that count as life for a silent script
 KILL_AFTER = 5.0  # seconds between SIGTERM and SIGKILL when a NaN policy ends the script
+SAVE_SETTLE = 0.25  # seconds a new checkpoint file stays untouched before a waiting stop signals the script
 OUTPUT_JOIN = 2.0  # seconds to wait for the output after exit (a grandchild may still hold the pipe)
 MAX_LINE = 1 << 16  # bytes of one line kept for matching; a longer one is matched on its end
 TAIL_LINES = 60  # lines of output kept to explain a crash
 ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b")
+RANK_PREFIX = re.compile(r"^\[(rank|default)\d+\]:\s?")  # what torch.distributed puts before a rank's lines
+
+
+def error_line(lines: list[str]) -> str:
+    """The exception a traceback ends in ('ValueError: bad shape'), rank prefixes stripped; "" if none."""
+    for line in reversed(lines):
+        line = RANK_PREFIX.sub("", line.strip())
+        if ERROR_LINE.match(line):
+            return line
+    return ""
 
 
 def run_script(spec, pipe, validation, sender, control) -> int:
@@ -53,7 +65,7 @@ class ScriptAttempt:
     def __init__(self, spec, pipe, validation, sender, control):
         self.spec, self.pipe, self.validation, self.sender, self.control = spec, pipe, validation, sender, control
         self.name = pipe.name
-        self.dir = Path(spec.pipeline_dir)
+        self.dir = Path(spec.pipeline_dir).absolute()  # the script runs elsewhere: its paths must not be relative
         self.ckpt_dir = self.dir / "checkpoints"
         self.state_path = self.dir / "script_state.json"  # what later attempts need: see _save_state
         try:
@@ -77,6 +89,9 @@ class ScriptAttempt:
         self.inline_dir: str | None = None
         self.inline: InlineScorer | None = None
         self.told_no_client = False
+        self.stop_signal = signal.Signals[pipe.stop_signal]
+        self.signal_at: float | None = None  # stop_mode "after_checkpoint": when to signal at the latest
+        self.stop_after: float | None = None  # ... once a checkpoint newer than this mtime appears
 
     # ------------------------------------------------------------ start
 
@@ -93,15 +108,19 @@ class ScriptAttempt:
                 dir=directory, mode=str(v.mode), slots=v.slots, policy=v.policy, checksum=v.checksum,
                 seq=self.spec.snapshot_seq, meta=meta).to_env()
         return script_environment(self.spec.attempt, self.spec.device, self.spec.threads, extra,
-                                  self.spec.world_size)
+                                  self.spec.world_size, self.pipe.torchrun_env)
 
     def run(self) -> int:
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair()
         self.sock = ours
         env = self._environment(theirs.fileno())
-        script = [self.pipe.script_ref, *self.pipe.args]
+        script, found = command_line(self.pipe, self.dir, self.spec.rank, self.spec.world_size,
+                                     max(self.spec.attempt - 1, 0))
         cwd = self.pipe.workdir or str(Path(self.pipe.script_ref).parent)
+        if found is not None and self.spec.rank == 0:
+            self.sender.send(Notice(pipeline=self.name, level="info", text=(
+                f"resuming: {shlex.join(self.pipe.resume_args)} ({describe_checkpoint(found)} in checkpoints/)")))
         print(f"torchherd: running {shlex.join([Path(sys.executable).name, *script])} in {cwd}", flush=True)
         threads = []
         try:
@@ -157,6 +176,9 @@ class ScriptAttempt:
             code = self.proc.poll()
             if code is not None:
                 return code
+            if self.signal_at is not None and (now >= self.signal_at or self._checkpoint_since_stop()):
+                self.signal_at = None
+                self.proc.signal(self.stop_signal)
             if self.kill_at is not None and now >= self.kill_at:
                 self.proc.signal_tree(signal.SIGKILL)
                 self.kill_at = None
@@ -173,10 +195,27 @@ class ScriptAttempt:
         if self.fail_code is not None:
             self.proc.signal_tree(signal.SIGTERM)
             self.kill_at = now + KILL_AFTER
+        elif not self.polls_stop and self.pipe.stop_mode == "after_checkpoint" and not self.limit:
+            # It cannot save on demand: let it reach its next checkpoint, then signal it. Signalled at
+            # the latest with a quarter of stop_timeout left, so it is not killed mid-save.
+            newest = newest_checkpoint(self.ckpt_dir)
+            self.stop_after = newest.stat().st_mtime if newest is not None else 0.0
+            self.signal_at = now + 0.75 * self.spec.stop_timeout
         elif not self.polls_stop:
-            # No client that looks for it: Ctrl-C, as a person at a terminal would (a script may catch
-            # KeyboardInterrupt to save). The supervisor's stop_timeout, then kill_grace, escalate.
-            self.proc.signal(signal.SIGINT)
+            # No client that looks for it: its stop signal (Ctrl-C's SIGINT unless the config says
+            # otherwise; a script may catch KeyboardInterrupt to save). The supervisor's stop_timeout,
+            # then kill_grace, escalate.
+            self.proc.signal(self.stop_signal)
+
+    def _checkpoint_since_stop(self) -> bool:
+        """Whether the script wrote a checkpoint since the stop was asked for (stop_mode after_checkpoint)."""
+        newest = newest_checkpoint(self.ckpt_dir)
+        try:
+            mtime = newest.stat().st_mtime if newest is not None else 0.0
+        except OSError:
+            return False
+        # untouched for a moment: the script has finished writing it (a signal mid-save would spoil it)
+        return mtime > (self.stop_after or 0.0) and time.time() - mtime >= SAVE_SETTLE
 
     def _set_paused(self, paused: bool) -> None:
         self.paused = paused
@@ -225,9 +264,11 @@ class ScriptAttempt:
         else:
             how = f"exited with code {code}"
         lines = list(self.tail)
-        error = next((line.strip() for line in reversed(lines) if ERROR_LINE.match(line.strip())), "")
-        error = f"{error} (the script {how})" if error else f"the script {how}"
-        self.sender.send(WorkerError(pipeline=self.name, error=error, traceback="\n".join(lines), where="train"))
+        error = error_line(lines)
+        who = f"rank {self.spec.rank} of the script" if self.spec.world_size > 1 else "the script"
+        error = f"{error} ({who} {how})" if error else f"{who} {how}"
+        self.sender.send(WorkerError(pipeline=self.name, error=error, traceback="\n".join(lines), where="train",
+                                     rank=self.spec.rank, step=self.events.step or -1))
         return EXIT_ERROR
 
     # ------------------------------------------------------------ the script's output
