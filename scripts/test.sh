@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole suite: every test but Ray's on two xdist workers, then the Ray tests one file at a time (each
+# starts a cluster of its own). Both tiers always run; exits with the first tier's failure code, else the
+# second's, so a failure in either fails the command. Extra arguments go to both pytest runs.
+cd "$(dirname "$0")/.."
+python -m pytest -q -n 2 --dist loadfile -m "not ray" "$@"
+first=$?
+python -m pytest -q -m ray "$@"
+second=$?
+if [ "$first" -ne 0 ]; then exit "$first"; fi
+exit "$second"
