@@ -131,6 +131,18 @@ def test_args_are_filled_in_and_resume_args_added_once_the_script_has_saved(tmp_
         no_flag, pipe_dir / "checkpoints")
 
 
+def test_own_validation_lines_become_val_results_and_metrics_takes_a_list(tmp_path):
+    events = ScriptEvents("p", epochs_total=1)
+    events.from_match({"step": "7", "loss": "1.0"})
+    val = events.val_from_match({"loss": "2.5", "acc": "0.9", "val_ppl": "3"})
+    assert (val.step, val.metrics) == (7, {"val_loss": 2.5, "val_acc": 0.9, "val_ppl": 3.0})
+    assert events.val_from_match({"step": "10", "loss": "-"}) is None
+    report = check_config(write_config(tmp_path, 'script = "train.py"\nmetrics = ["(?P<loss>\\\\S+)", "nogroup"]'),
+                          inventory=NO_GPU)
+    assert [(p.key, p.message.startswith("[1] has no named group")) for p in report.problems] == [
+        ("pipelines[0].metrics", True)], report.problems
+
+
 def test_a_script_error_is_the_exception_its_traceback_ends_in_rank_prefixes_stripped():
     from torchherd.engine.runners.script.runner import error_line
 
@@ -319,11 +331,12 @@ async def test_client_script_pauses_stops_with_its_checkpoint_resumes_and_is_val
 
 GPT = str(SCRIPTS / "gpt_like.py")
 ITER = r"iter (?P<step>\d+): loss (?P<loss>[-+.\deE]+)"
+VAL = r"step (?P<step>\d+): train loss [-+.\deE]+, val loss (?P<loss>[-+.\deE]+)"
 EVAL = 20  # the script's checkpoint interval, in iterations
 
 
 def gpt_pipeline(name: str, ranks: int) -> dict:
-    return {"name": name, "script": GPT, "ranks": ranks, "metrics": ITER,
+    return {"name": name, "script": GPT, "ranks": ranks, "metrics": [ITER], "val_metrics": VAL,
             "args": ["--out_dir={checkpoint_dir}", "--max_iters=160", f"--eval_interval={EVAL}", "--delay=0.08"],
             "resume_args": ["--init_from=resume"], "stop_mode": "after_checkpoint"}
 
@@ -380,6 +393,10 @@ async def test_an_unchanged_gpt_script_resumes_after_a_kill_stops_after_its_chec
     assert statuses == {"solo": "stopped", "gang": "stopped"}
     run_dir = sup.run_dir
     saved = {n: ckpt_iter(run_dir, n) for n in names}
+    events = read_events(run_dir)
+    for name in names:  # its own validation lines are val_results at the step it printed
+        vals = of(events, ValResult, name)
+        assert vals and all(v.step % EVAL == 0 and set(v.metrics) == {"val_loss"} for v in vals)
     for name in names:
         log = (run_dir / name / "log.txt").read_text()
         assert f"cwd={SCRIPTS}" in log and f"ddp={name == 'gang'}" in log

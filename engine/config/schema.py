@@ -95,9 +95,14 @@ class PipelineSettings(_Strict):
         "waits (up to three quarters of restart.stop_timeout) for the script's next file in {checkpoint_dir} "
         "and sends it once that file is written, so a script that cannot save on demand loses only the "
         "moment after its save."))
-    metrics: str | None = Field(None, description=(
-        "A regular expression matched against every line `script` prints; named groups `step`, `epoch` and "
-        "`loss` (and `lr`) become step or epoch reports, any other named group a metric of the report, e.g. 'Epoch (?P<epoch>\\d+), Loss: (?P<loss>\\S+)'."))
+    metrics: str | list[str] | None = Field(None, description=(
+        "A regular expression (or a list of them) matched against every line `script` prints; named groups "
+        "`step`, `epoch` and `loss` (and `lr`) become step or epoch reports, any other named group a metric "
+        "of the report, e.g. 'Epoch (?P<epoch>\\d+), Loss: (?P<loss>\\S+)'."))
+    val_metrics: str | list[str] | None = Field(None, description=(
+        "For `script`: a regular expression (or a list) matching the lines where the script reports its own "
+        "validation; named groups become a val_result's metrics (`loss` as val_loss, others prefixed val_), "
+        "`step` or `epoch` say which weights, and [validation] `metric` and `patience` apply (best, early stop)."))
     # Named `validate` in TOML; that name would shadow pydantic's BaseModel.validate.
     validate_factory: str | None = Field(None, alias="validate", description=(
         "For `script`: 'path/to/file.py:build' or 'package.module:build', a factory returning "
@@ -114,10 +119,15 @@ class PipelineSettings(_Strict):
     def _precision_from_int(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
-    @field_validator("metrics")
+    @field_validator("metrics", "val_metrics")
     @classmethod
-    def _metrics_regex(cls, v: str | None) -> str | None:
-        return v if v is None else check_metrics_regex(v)
+    def _metrics_regex(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for i, pattern in enumerate(patterns(v)):
+            try:
+                check_metrics_regex(pattern)
+            except ValueError as exc:
+                raise ValueError(f"[{i}] {exc}" if isinstance(v, list) else str(exc)) from None
+        return v
 
     @field_validator("args", "resume_args")
     @classmethod
@@ -131,8 +141,13 @@ class PipelineSettings(_Strict):
         return v
 
 
-SCRIPT_ONLY = ("args", "metrics", "validate", "resume_args", "cwd", "torchrun_env", "stop_signal",
+SCRIPT_ONLY = ("args", "metrics", "val_metrics", "validate", "resume_args", "cwd", "torchrun_env", "stop_signal",
                "stop_mode")  # keys that mean nothing without `script`
+
+
+def patterns(value: str | list[str] | None) -> list[str]:
+    """A `metrics` or `val_metrics` value as a list of patterns."""
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
 # In a script's args, read left to right as str.format would: {{ and }} are braces, {name} a placeholder
 # (filled in by engine/runners/script/arguments.py).
 PLACEHOLDER = r"\{\{|\}\}|\{([A-Za-z_]\w*)\}"

@@ -53,6 +53,8 @@ class ScriptRunner(Runner):
         text = "script " + shlex.join([pipe.script, *pipe.args])
         if pipe.metrics:
             text += ", metrics from its output"
+        if pipe.val_metrics:
+            text += ", its own validation from its output"
         if pipe.validate_factory:
             text += f", validate {pipe.validate_factory}"
         return text + (f", max {pipe.max_time:g}s" if pipe.max_time else "")

@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Any
 
-from ...protocol.messages import EpochEnd, Event, StepMetrics
+from ...protocol.messages import EpochEnd, Event, StepMetrics, ValResult
+from ...protocol.names import ValidationMode
 
 
 def parse_number(text: Any) -> float | None:
@@ -113,6 +114,20 @@ class ScriptEvents:
             self._loss_sum = self._samples = 0.0
             self._losses = 0
             return event
+
+
+    def val_from_match(self, groups: dict[str, Any]) -> ValResult | None:
+        """A `val_metrics` match: the script's own validation of its weights at `step` (else the step it has
+        reached), as a val_result; None when it captured no number."""
+        values = {k: v for k, v in ((k, parse_number(v)) for k, v in groups.items()) if v is not None}
+        with self._lock:
+            step = int(values.pop("step")) if "step" in values else self.step
+            epoch = self.printed_epoch(values.pop("epoch")) if "epoch" in values else self.epoch
+        metrics = {"val_loss" if k == "loss" else k if k.startswith("val_") else f"val_{k}": v
+                   for k, v in values.items() if k != "lr"}
+        if not metrics:
+            return None
+        return ValResult(pipeline=self.name, epoch=epoch, step=step, metrics=metrics, mode=ValidationMode.INLINE)
 
 
 def _others(values: dict[str, float]) -> dict[str, float]:

@@ -25,7 +25,10 @@ from pathlib import Path
 
 from .... import client_frames as wire
 from ...protocol.channel import EXIT_COMPLETED, EXIT_ERROR, EXIT_STOPPED
-from ...protocol.messages import CheckpointSaved, Event, Notice, Resumed, StepMetrics, TrainingStarted, WorkerError
+from ...config.schema import patterns
+from ...protocol.messages import (CheckpointSaved, Event, Notice, Resumed, StepMetrics, TrainingStarted, ValResult,
+                                  WorkerError)
+from ...protocol.progress import better, metric_value
 from ...protocol.names import PipelineKind, ValidationMode
 from ...worker.control import HEARTBEAT_INTERVAL
 from ...worker.handoff import announce_snapshot, snapshot_meta
@@ -73,7 +76,10 @@ class ScriptAttempt:
         except (OSError, ValueError):
             self.state = {}
         self.events = ScriptEvents(self.name, pipe.max_epochs, self.state.get("epoch_base"))
-        self.regex = re.compile(pipe.metrics) if pipe.metrics else None
+        self.regexes = [re.compile(p) for p in patterns(pipe.metrics)]
+        self.val_regexes = [re.compile(p) for p in patterns(pipe.val_metrics)]
+        self.best: float | None = None  # of the script's own validation, for `patience`
+        self.since_best = 0
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.proc: ScriptProcess | None = None
         self.sock: socket.socket | None = None
@@ -298,14 +304,33 @@ class ScriptAttempt:
         if not line.strip():
             return
         self.tail.append(line)
-        if self.regex is None:
+        for regex in self.val_regexes:
+            if (match := regex.search(line)) is not None:
+                self._own_validation(self.events.val_from_match(match.groupdict()))
+                break
+        for regex in self.regexes:
+            if (match := regex.search(line)) is not None:
+                groups = match.groupdict()
+                for event in self.events.from_match(groups):
+                    self._emit(event, parse_number(groups.get("loss")))
+                break
+
+    def _own_validation(self, result: ValResult | None) -> None:
+        """A validation the script printed: sent, and judged against the best so far for `patience`."""
+        if result is None or self.spec.rank:
             return
-        match = self.regex.search(line)
-        if match is None:
+        self.sender.send(result)
+        v = self.validation
+        value = metric_value(result.metrics, v.metric)
+        if value is None:
             return
-        groups = match.groupdict()
-        for event in self.events.from_match(groups):
-            self._emit(event, parse_number(groups.get("loss")))
+        if better(value, self.best, v.metric_mode):
+            self.best, self.since_best = value, 0
+            return
+        self.since_best += 1
+        if v.patience is not None and self.since_best >= v.patience:
+            self._early_stop(f"early stopping: {v.metric} did not improve on {self.best:.6g} "
+                             f"in {v.patience} validations")
 
     def _emit(self, event: Event, loss: float | None) -> None:
         """Send a step or epoch event; a `loss` the script reported that is NaN or infinite meets the NaN policy."""
