@@ -1,9 +1,11 @@
-"""What headless prints: each distinct traceback once, and one epoch numbering for people in every line."""
+"""What headless prints: each distinct traceback once, one epoch numbering for people in every line, and step
+lines for a pipeline that has not ended an epoch."""
 from __future__ import annotations
 
 import io
 
-from torchherd.engine.protocol.messages import CheckpointSaved, EpochEnd, ValResult, WorkerError
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, StepMetrics, TrainingStarted, ValResult,
+                                                WorkerError)
 from torchherd.tui.headless import LinePrinter
 
 TB = 'Traceback (most recent call last):\n  File "task.py", line 3, in loss\nValueError: shapes differ\n'
@@ -36,3 +38,24 @@ def test_validation_checkpoint_and_epoch_lines_agree_on_the_epoch():
         CheckpointSaved(pipeline="n", path="last.pt", epoch=2, step=2600, reason="request"))
     assert "validated epoch 2 step 2500" in text and "epoch 2/8" in text
     assert "(after epoch 2, step 2,500)" in text and "(in epoch 3, step 2,600)" in text
+
+
+def test_a_script_that_counts_iterations_gets_a_step_line_now_and_then_until_it_ends_an_epoch(monkeypatch):
+    # Regression: headless printed nothing between a step-based script's start and "completed".
+    import torchherd.tui.headless as headless
+    monkeypatch.setattr(headless, "STEP_LINE_EVERY", 0.0)  # the first line is due as soon as it steps
+    text = printed(
+        TrainingStarted(pipeline="s", epoch=0, step=0, epochs_total=1, steps_per_epoch=5000, device="cpu",
+                        parameters=0),
+        StepMetrics(pipeline="s", epoch=0, step=10, loss=2.5, lr=0.0, samples_per_s=0.0),
+        StepMetrics(pipeline="s", epoch=0, step=20, loss=2.25, lr=0.0, samples_per_s=0.0),
+        ValResult(pipeline="s", epoch=0, step=20, metrics={"val_loss": 2.0}, mode="inline"))
+    assert "s: step 10/5,000 train 2.5000 val -" in text and "s: step 20/5,000 train 2.2500 val -" in text
+    text = printed(TrainingStarted(pipeline="t", epoch=0, step=0, epochs_total=2, steps_per_epoch=50, device="cpu",
+                                   parameters=10), StepMetrics(pipeline="t", epoch=0, step=10, loss=1.0, lr=0.0,
+                                                               samples_per_s=0.0))
+    assert "t: step" in text
+    text = printed(EpochEnd(pipeline="e", epoch=0, step=8, train_loss=0.4, duration=1.0, samples_per_s=10.0,
+                            epochs_total=2, steps_per_epoch=8),
+                   StepMetrics(pipeline="e", epoch=1, step=10, loss=0.3, lr=0.0, samples_per_s=0.0))
+    assert "e: step" not in text  # its epoch lines say enough

@@ -17,7 +17,8 @@ from typing import Any, Callable, TextIO
 from ..engine.config.schema import RunConfig
 from ..engine.protocol.control import ClientCommand
 from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
-                             RunFinished, RunStarted, SnapshotSkipped, ValidatorStarted, ValResult, WorkerError,
+                             RunFinished, RunStarted, SnapshotSkipped, StepMetrics, ValidatorStarted, ValResult,
+                             WorkerError,
                              TrainingStarted, WorkerExited, WorkerRestarting, WorkerStarted)
 from ..engine.protocol.names import ExitReason, ValidationMode
 from ..engine.protocol.states import WorkerState
@@ -27,6 +28,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # some pipeline failed or was killed
 EXIT_CONFIG = 2  # the config is invalid; nothing launched
 EXIT_STOPPED = 3  # stopped before every pipeline completed (Ctrl-C, SIGTERM, SIGHUP)
+STEP_LINE_EVERY = 10.0  # seconds between the step lines of a pipeline that has not ended an epoch yet
 
 
 def _fmt(value: float | None, spec: str = ".4f") -> str:
@@ -45,6 +47,9 @@ class LinePrinter:
         self.start = time.monotonic() if start is None else start  # time.monotonic() seconds
         self.per_epoch: dict[str, int] = {}  # steps per epoch, once a pipeline has said
         self.tracebacks: set[str] = set()  # printed already: a crash loop prints its traceback once
+        self.totals: dict[str, int] = {}  # steps in all, once a pipeline has said (0: unknown)
+        self.epochs_seen: set[str] = set()  # pipelines that ended an epoch: their epoch lines say enough
+        self.step_line_at: dict[str, float] = {}
 
     def where(self, pipeline: str, epoch: int, step: int) -> str:
         """A saved state's place as people count epochs: 'after epoch 2' or 'in epoch 3, step 2,600'."""
@@ -90,9 +95,25 @@ class LinePrinter:
 
     def _training_started(self, ev: TrainingStarted) -> None:
         self.per_epoch[ev.pipeline] = ev.steps_per_epoch
+        self.totals[ev.pipeline] = ev.epochs_total * ev.steps_per_epoch
+        self.step_line_at[ev.pipeline] = time.monotonic()  # the first line 10 s in: short epochs print none
+
+    def _step(self, ev: StepMetrics) -> None:
+        """Before its first epoch ends (a script that counts iterations never ends one), a line now and then;
+        only where the length in steps is known (a script that prints epochs reports a step with each)."""
+        now = time.monotonic()
+        total = self.totals.get(ev.pipeline, 0)
+        if not total or ev.pipeline in self.epochs_seen or \
+                now - self.step_line_at.get(ev.pipeline, -STEP_LINE_EVERY) < STEP_LINE_EVERY:
+            return
+        self.step_line_at[ev.pipeline] = now
+        val = self.val.get(ev.pipeline)
+        self.line(f"{ev.pipeline}: step {ev.step:,}/{total:,} train {ev.loss:.4f} "
+                  f"val {_fmt(val[1].get('val_loss') if val else None)}")
 
     def _epoch_end(self, ev: EpochEnd) -> None:
         self.per_epoch[ev.pipeline] = ev.steps_per_epoch
+        self.epochs_seen.add(ev.pipeline)
         val = self.val.get(ev.pipeline)
         val_text = "val -"
         if val is not None:
@@ -171,6 +192,7 @@ _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     WorkerStarted: LinePrinter._worker_started,
     Resumed: LinePrinter._resumed,
     TrainingStarted: LinePrinter._training_started,
+    StepMetrics: LinePrinter._step,
     EpochEnd: LinePrinter._epoch_end,
     ValResult: LinePrinter._val_result,
     SnapshotSkipped: LinePrinter._snapshot_skipped,
@@ -210,20 +232,21 @@ def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = 
     printer = LinePrinter(out, config.validation.metric, start)
     tasks = len(plan_jobs(config))
     noun = f"{tasks} task{'s' if tasks != 1 else ''}"
-    printer.line(f"checking {noun}: building each once in a fresh process ...")
-    try:
-        problems = probe_tasks(config)
-    except KeyboardInterrupt:  # the probe's process is gone already
-        printer.write("\ninterrupted while checking the tasks; nothing launched\n")
-        return EXIT_STOPPED
-    took = time.monotonic() - printer.start
-    if problems:
-        printer.line(f"checking failed after {took:.1f}s: nothing launched")
-        count = len(problems)
-        err.write(f"{count} problem{'s' if count != 1 else ''}:\n" + "".join(f"{p}\n" for p in problems))
-        err.flush()
-        return EXIT_CONFIG
-    printer.line(f"{noun} built in {took:.1f}s")
+    if tasks:  # scripts only: nothing to build (their files were checked with the config)
+        printer.line(f"checking {noun}: building each once in a fresh process ...")
+        try:
+            problems = probe_tasks(config)
+        except KeyboardInterrupt:  # the probe's process is gone already
+            printer.write("\ninterrupted while checking the tasks; nothing launched\n")
+            return EXIT_STOPPED
+        took = time.monotonic() - printer.start
+        if problems:
+            printer.line(f"checking failed after {took:.1f}s: nothing launched")
+            count = len(problems)
+            err.write(f"{count} problem{'s' if count != 1 else ''}:\n" + "".join(f"{p}\n" for p in problems))
+            err.flush()
+            return EXIT_CONFIG
+        printer.line(f"{noun} built in {took:.1f}s")
     from .attach import run_detached, run_service_headless
 
     if detach:

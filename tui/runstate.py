@@ -128,7 +128,11 @@ class RunState:
             self.note("info", ev.pipeline, f"{ev.previous} -> {ev.state}", at=ev.time)
 
     def _training_started(self, ev: m.TrainingStarted, _) -> None:
-        size = f"{ev.epochs_total} epochs of {ev.steps_per_epoch:,} steps, {ev.parameters:,} parameters"
+        # a script's own loop tells neither its steps nor its parameters: say only what is known
+        parts = [f"{ev.epochs_total} epochs of {ev.steps_per_epoch:,} steps" if ev.steps_per_epoch else
+                 f"{ev.epochs_total} epochs"] if ev.epochs_total else []
+        parts += [f"{ev.parameters:,} parameters"] if ev.parameters else []
+        size = ", ".join(parts) or "its own loop"
         where = f"from {self._epoch(ev.pipeline, ev.epoch)}, step {ev.step:,}" if ev.step else "training"
         self.note("info", ev.pipeline, f"{where} ({size})", at=ev.time)
 

@@ -1,6 +1,6 @@
 """The entry of every supervised child: `python -P -m torchherd.engine.launch.child SPEC.json`.
 
-It reads the spec, dies with the supervisor, dumps stacks on a crash or on SIGUSR1,
+It reads the spec, dies with the supervisor (and takes its process group along), dumps stacks on a crash or on SIGUSR1,
 ignores the terminal's Ctrl-C (the supervisor decides when to stop), runs the
 worker or the validator by the spec's role, ships every queued event and exits
 with the body's code.
@@ -12,6 +12,7 @@ import faulthandler
 import os
 import signal
 import sys
+import threading
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -23,15 +24,36 @@ from ..protocol.spec import ValidatorSpec, read_spec
 PR_SET_PDEATHSIG = 1
 
 
+PARENT_GONE = signal.SIGUSR2  # the parent-death signal; children unblock it (runners/script/process.py)
+
+
 def die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL us when the supervisor dies; the control pipe's EOF is the fallback."""
+    """When the supervisor dies, take this child's whole process group with it: the worker, a script and what
+    the script started, DataLoader workers. Linux sends PARENT_GONE; it is blocked in every thread but one
+    that waits for it, so it is handled at once even while the main thread is stuck in C (a collective, a
+    kernel), and that thread SIGKILLs the group. The control pipe's EOF is the fallback."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {PARENT_GONE})  # before any other thread exists
+        threading.Thread(target=_kill_group_when_parent_dies, name="torchherd-parent-watch", daemon=True).start()
+        libc.prctl(PR_SET_PDEATHSIG, PARENT_GONE, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux
         return
     if parent_pid and os.getppid() != parent_pid:  # it died before prctl took effect
-        os._exit(EXIT_ORPHANED)
+        _kill_group()
+
+
+def _kill_group_when_parent_dies() -> None:
+    signal.sigwait({PARENT_GONE})
+    _kill_group()
+
+
+def _kill_group() -> None:
+    try:
+        if os.getpgrp() == os.getpid():  # a group of its own (every local child): everything it started too
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+    finally:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,8 @@
-"""Fault: the supervisor process dies (SIGKILL): every worker follows it within 5 s, their DataLoader workers soon after.
+"""Fault: the supervisor process dies (SIGKILL): every worker, with its DataLoader workers, its script and
+whatever the script started, follows it within seconds.
 
-Workers ask for a parent-death signal and also exit on the control pipe's EOF. The supervisor is the run's
+Workers ask for a parent-death signal, on which they kill their process group, and also exit on the control
+pipe's EOF. The supervisor is the run's
 service, in a session of its own; both clients attached to it say the run was cut short, `torchherd ls`
 says it is resumable, and its control socket is cleaned up.
 """
@@ -27,7 +29,7 @@ def torchherd(*args: str, **kw) -> subprocess.Popen:
 pytestmark = pytest.mark.slow
 
 CONFIG = f"""
-# Two long pipelines; "loader" has a DataLoader worker process of its own.
+# Two long pipelines; "loader" has a DataLoader worker process of its own, "plain" a script with children.
 [defaults]
 task = "{FAULTY.replace(chr(92), '/')}"
 max_epochs = 100
@@ -39,7 +41,10 @@ name = "loader"
 num_workers = 1
 
 [[pipelines]]
-name = "plain"
+name = "plain"  # a script of the user's own that starts two long-lived processes of its own
+script = "{(REPO / 'tests' / 'tasks' / 'scripts' / 'plain_loop.py').as_posix()}"
+args = ["--epochs", "100000", "--delay", "0.05", "--children", "2"]
+metrics = 'Epoch (?P<epoch>\\d+), Loss: (?P<loss>[-+.\\deE]+)'
 
 [devices]
 placement = "cpu"
@@ -74,6 +79,7 @@ def test_sigkilled_supervisor_takes_every_worker_and_loader_with_it(tmp_path):
         assert set(started.values()) <= pids, f"workers {started} are not all under the supervisor: {pids}"
         loader_children = [p for p in tree(started["loader"])[1:]]
         assert loader_children, "the num_workers=1 pipeline has no DataLoader worker"
+        assert len(tree(started["plain"])) >= 4, "the script and its two children are not under its worker"
         cli.known = procs
         run_dir = cli.run_dir()
         control = read_control(run_dir)

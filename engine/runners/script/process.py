@@ -15,9 +15,10 @@ import sys
 from typing import Any
 
 # Runs between fork and the script: Ctrl-C back to its default (the worker ignores it, and an
-# ignored SIGINT would survive exec), death with the worker, then the script itself in this pid.
+# ignored SIGINT would survive exec), SIGUSR2 unblocked (the worker blocks it), death with the worker, then the script itself in this pid.
 _EXEC = ("import ctypes, os, signal, sys\n"
          "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+         "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})\n"  # the worker's parent-death signal
          "try:\n    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
          "except (OSError, AttributeError):\n    pass\n"
          "if os.getppid() != int(sys.argv[1]):\n    os._exit(13)\n"

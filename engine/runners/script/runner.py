@@ -135,8 +135,8 @@ class ScriptAttempt:
             for target in (self._pump_output, self._read_client):
                 threads.append(threading.Thread(target=target, name=f"torchherd-{target.__name__}", daemon=True))
                 threads[-1].start()
-            self.sender.send(TrainingStarted(pipeline=self.name, epoch=0, step=0, epochs_total=self.pipe.max_epochs,
-                                             steps_per_epoch=0, device=self.spec.device, parameters=0))
+            self.sender.send(TrainingStarted(pipeline=self.name, epoch=0, step=0, device=self.spec.device,
+                                             parameters=0, **self._length()))
             code = self._supervise()
             for thread in threads:  # the last lines and frames it sent, before the exit is reported
                 thread.join(OUTPUT_JOIN)
@@ -150,6 +150,14 @@ class ScriptAttempt:
             if self.inline_dir:
                 shutil.rmtree(self.inline_dir, ignore_errors=True)
             self._save_state()
+
+    def _length(self) -> dict[str, int]:
+        """How long it trains, as far as the config tells: with max_steps, one stretch of max_steps (so
+        progress and ETA fill in for a script that counts iterations); else max_epochs of unknown length."""
+        pipe = self.pipe
+        if pipe.max_steps is not None:
+            return {"epochs_total": 1, "steps_per_epoch": pipe.max_steps}
+        return {"epochs_total": pipe.max_epochs, "steps_per_epoch": 0}
 
     # ------------------------------------------------------------ supervise
 
