@@ -407,6 +407,9 @@ async def test_an_unchanged_gpt_script_resumes_after_a_kill_stops_after_its_chec
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "solo with --init_from=resume (ckpt.pt," in proc.stdout
+    events = read_events(run_dir)
     for name in names:
         assert resumed_from(run_dir / name / "log.txt")[-1] == saved[name]
+        # killed, restarted, stopped, resumed: attempts (and TORCHHERD_RESTART_COUNT) count on across resume
+        assert [e.attempt for e in of(events, WorkerStarted, name)] == [1, 2, 3]
         assert re.findall(r"^iter (\d+):", (run_dir / name / "log.txt").read_text(), re.M)[-1] == "160"

@@ -6,18 +6,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config.schema import Pipeline
-from ..protocol.messages import PipelineFinished
+from ..protocol.messages import PipelineFinished, WorkerStarted
 from ..rundir.directory import read_events
 from ..runners.registry import runner_for
 
 
-def finished_before(run_dir: Path) -> dict[str, str]:
-    """{pipeline: final status} of the pipelines that had ended when the run was cut short."""
-    return {e.pipeline: e.status for e in read_events(run_dir) if isinstance(e, PipelineFinished)}
+def history_before(run_dir: Path) -> tuple[dict[str, str], dict[str, int]]:
+    """({pipeline: final status} of the pipelines that had ended when the run was cut short, {pipeline:
+    attempts started}), so a resumed pipeline's attempts (and TORCHHERD_RESTART_COUNT) count on."""
+    done: dict[str, str] = {}
+    attempts: dict[str, int] = {}
+    for e in read_events(run_dir):
+        if isinstance(e, PipelineFinished):
+            done[e.pipeline] = e.status
+        elif isinstance(e, WorkerStarted):
+            attempts[e.pipeline] = max(attempts.get(e.pipeline, 0), e.attempt)
+    return done, attempts
 
 
 def kept_on_resume(done: dict[str, str], names: list[str], only: set[str] | None) -> dict[str, str]:
-    """{pipeline: status} of those resuming leaves as they ended (`done`: `finished_before`): the completed
+    """{pipeline: status} of those resuming leaves as they ended (`done`: from `history_before`): the completed
     ones, and those not in `only` when it is given (they keep their final status, or read as stopped)."""
     return {n: done.get(n, "stopped") for n in names if done.get(n) == "completed" or
             (only is not None and n not in only)}

@@ -27,7 +27,7 @@ from .commands import LIVE
 from .lifecycle import Lifecycle
 from .pipeline import PipelineRun, PipelineView, Plan, view_of
 from .policy import RestartPolicy
-from .resuming import finished_before, kept_on_resume, resume_line
+from .resuming import history_before, kept_on_resume, resume_line
 from .scheduler import Scheduler
 from .telemetry_feed import TelemetryFeed, gpu_note
 from .validation_service import SESSION_ENDED, ValidationService
@@ -99,7 +99,7 @@ class Supervisor:
         if self._rundir is not None:
             raise RuntimeError("supervisor already started")
         resuming = self._resume_configs is not None
-        done = finished_before(self.run_dir) if resuming else {}  # read before the run directory reopens
+        done, attempts = history_before(self.run_dir) if resuming else ({}, {})  # before the directory reopens
         self._rundir = RunDirectory(self.run_dir)
         self._attempts = AttemptLauncher(self._backend, self._rundir, self._validation, self.run_id)
         self._rundir.resuming = resuming
@@ -109,6 +109,8 @@ class Supervisor:
         for config in (self._resume_configs or [])[1:]:
             names += self._add(config)
         kept = kept_on_resume(done, names, self._resume_only) if resuming else {}
+        for name in names:
+            self._runs[name].attempts = attempts.get(name, 0)  # attempt numbers count on across resumes
         if resuming:
             self._emit(Notice(level="info", text=f"resuming run {self.run_id}: " + ", ".join(
                 resume_line(self.run_dir, self._runs[n].plan.config, kept) for n in names)))

@@ -79,6 +79,11 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(value)
 
 
+# What a graceful stop keeps, truthfully for every kind: a script without torchherd.client saves only if it
+# catches its stop signal or waits for its own save (stop_mode); the event log says which, per pipeline.
+GRACEFUL = "a task checkpoints; a script gets its stop signal and keeps what it saves"
+
+
 class QuitScreen(ModalScreen[str]):
     """Live runs are still going: leave them running ("detach", where their service allows), stop them
     gracefully and quit ("stop"), or not ("cancel")."""
@@ -104,8 +109,8 @@ class QuitScreen(ModalScreen[str]):
         with Vertical(classes="dialog"):
             yield Static(f"[b]{count} pipeline{'s are' if count != 1 else ' is'} still running[/b]\n{names}\n\n"
                          + ("Leave them running (attach again with `torchherd attach`), or stop them "
-                            "gracefully (each writes a checkpoint) and quit?" if self.can_detach else
-                            "Stop them gracefully (each writes a checkpoint) and quit?"), classes="question")
+                            f"gracefully ({GRACEFUL}) and quit?" if self.can_detach else
+                            f"Stop them gracefully ({GRACEFUL}) and quit?"), classes="question")
             with Horizontal(classes="buttons"):
                 if self.can_detach:
                     yield Button("Detach (d)", id="detach", variant="primary")

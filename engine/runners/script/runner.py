@@ -215,11 +215,22 @@ class ScriptAttempt:
             newest = newest_checkpoint(self.ckpt_dir)
             self.stop_after = newest.stat().st_mtime if newest is not None else 0.0
             self.signal_at = now + 0.75 * self.spec.stop_timeout
+            self._tell(f"stopping after its next save in checkpoints/ (waiting up to "
+                       f"{0.75 * self.spec.stop_timeout:.0f} s), then {self.stop_signal.name}")
         elif not self.polls_stop:
             # No client that looks for it: its stop signal (Ctrl-C's SIGINT unless the config says
             # otherwise; a script may catch KeyboardInterrupt to save). The supervisor's stop_timeout,
             # then kill_grace, escalate.
             self.proc.signal(self.stop_signal)
+            if not self.limit:
+                newest = newest_checkpoint(self.ckpt_dir)
+                since = f"its last save ({describe_checkpoint(newest)})" if newest is not None else "it started"
+                self._tell(f"stopping with {self.stop_signal.name}: unless the script saves on it, what it "
+                           f"trained since {since} is lost (stop_mode = \"after_checkpoint\" waits for a save)")
+
+    def _tell(self, text: str) -> None:
+        if not self.spec.rank:  # rank 0 speaks for a gang
+            self.sender.send(Notice(pipeline=self.name, level="info", text=text))
 
     def _checkpoint_since_stop(self) -> bool:
         """Whether the script wrote a checkpoint since the stop was asked for (stop_mode after_checkpoint)."""
