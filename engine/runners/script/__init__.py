@@ -55,6 +55,12 @@ class ScriptRunner(Runner):
             text += ", metrics from its output"
         if pipe.val_metrics:
             text += ", its own validation from its output"
+        if pipe.resume_args:
+            text += f", resumes with {shlex.join(pipe.resume_args)}"
+        if pipe.stop_mode == "after_checkpoint":
+            text += ", stops after its next save"
+        if pipe.cwd is not None:
+            text += f", in {pipe.workdir}"
         if pipe.validate_factory:
             text += f", validate {pipe.validate_factory}"
         return text + (f", max {pipe.max_time:g}s" if pipe.max_time else "")
