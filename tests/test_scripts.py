@@ -228,25 +228,31 @@ def test_client_coalesces_reports_and_pause_holds_report_until_resume():
 # ------------------------------------------------------------ real processes
 
 @pytest.mark.slow
-async def test_unmodified_scripts_report_epochs_restart_after_a_crash_and_stop_on_ctrl_c(tmp_path):
-    marker, saved = tmp_path / "crashed-once", tmp_path / "saved-on-ctrl-c"
+async def test_unmodified_scripts_report_epochs_restart_after_a_crash_and_stop_on_their_signal(tmp_path):
+    marker, saved, termed = tmp_path / "crashed-once", tmp_path / "saved-on-ctrl-c", tmp_path / "saved-on-sigterm"
     config = make_config(tmp_path, [
         {"name": "plain", "script": PLAIN, "args": ["--epochs", "3"], "metrics": EPOCH_LOSS},
         {"name": "crashy", "script": PLAIN, "args": ["--epochs", "3", "--crash-once", str(marker)],
          "metrics": EPOCH_LOSS},
         {"name": "ctrl-c", "script": PLAIN, "args": ["--epochs", "10000", "--delay", "0.2", "--on-interrupt",
                                                      str(saved)], "metrics": EPOCH_LOSS},
-    ], devices={"cpu_slots": 3}, restart={"min_uptime": 0.0}, validation={"mode": "off"})
+        # ignores Ctrl-C, saves on SIGTERM: stop_signal says so
+        {"name": "sigterm", "script": PLAIN, "args": ["--epochs", "10000", "--delay", "0.2", "--on-sigterm",
+                                                      str(termed)], "metrics": EPOCH_LOSS, "stop_signal": "SIGTERM"},
+    ], devices={"cpu_slots": 4}, restart={"min_uptime": 0.0}, validation={"mode": "off"})
     sup = Supervisor(config)
     stream = sup.subscribe()
     await sup.start()
     try:
-        await wait_for(stream, lambda e: isinstance(e, EpochEnd) and e.pipeline == "ctrl-c")
+        seen = set()
+        await wait_for(stream, lambda e: isinstance(e, EpochEnd) and seen.add(e.pipeline) is None
+                       and {"ctrl-c", "sigterm"} <= seen)
         sup.stop("ctrl-c")
+        sup.stop("sigterm")
         statuses = await asyncio.wait_for(sup.wait(), 120)
     finally:
         await sup.shutdown(graceful=False)
-    assert statuses == {"plain": "completed", "crashy": "completed", "ctrl-c": "stopped"}
+    assert statuses == {"plain": "completed", "crashy": "completed", "ctrl-c": "stopped", "sigterm": "stopped"}
     events = read_events(sup.run_dir)
     ends = of(events, EpochEnd, "plain")
     assert [(e.epoch, e.train_loss) for e in ends] == [(0, 1.0), (1, 0.5), (2, 0.3333)]
@@ -260,6 +266,8 @@ async def test_unmodified_scripts_report_epochs_restart_after_a_crash_and_stop_o
     assert sup.view("crashy").restarts == 1 and "restart=1" in (sup.run_dir / "crashy" / "log.txt").read_text()
     assert saved.read_text().startswith("interrupted at epoch")  # the script caught KeyboardInterrupt and saved
     assert [e.exit_code for e in of(events, WorkerExited, "ctrl-c")] == [10]
+    assert termed.read_text().startswith("sigterm at epoch")  # it got its own stop signal, at once
+    assert [e.exit_code for e in of(events, WorkerExited, "sigterm")] == [10]
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """An unmodified training loop for tests: prints `Epoch N, Loss: L` and knows nothing of torchherd.
 
-Knobs make it crash once, go silent for ever, start children of its own, or save on Ctrl-C.
+Knobs make it crash once, go silent for ever, start children of its own, or save on Ctrl-C (or on
+SIGTERM, ignoring Ctrl-C).
 Pure Python: no torch import, so it starts in milliseconds.
 """
 import argparse
@@ -16,7 +17,19 @@ parser.add_argument("--crash-once", default="")  # marker file: crash at epoch 2
 parser.add_argument("--silent-hang", action="store_true")  # after the first epoch, sleep for ever printing nothing
 parser.add_argument("--children", type=int, default=0)  # start this many long-lived children first
 parser.add_argument("--on-interrupt", default="")  # file written when Ctrl-C arrives, before exiting
+parser.add_argument("--on-sigterm", default="")  # ignore Ctrl-C; write this file and exit 0 on SIGTERM
 args = parser.parse_args()
+if args.on_sigterm:
+    import signal
+
+    def saved_and_gone(signum, frame):
+        with open(args.on_sigterm, "w") as fh:
+            fh.write(f"sigterm at epoch {epoch}\n")
+        print("plain_loop: SIGTERM, saved", flush=True)
+        sys.exit(0)
+    epoch = 0
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, saved_and_gone)
 
 print(f"plain_loop: RANK={os.environ.get('RANK')} WORLD_SIZE={os.environ.get('WORLD_SIZE')} "
       f"MASTER_PORT={os.environ.get('MASTER_PORT')} restart={os.environ.get('TORCHHERD_RESTART_COUNT')} "
