@@ -137,7 +137,11 @@ class RunState:
         self.note("info", ev.pipeline, f"{where} ({size})", at=ev.time)
 
     def _step(self, ev: m.StepMetrics, _) -> None:
-        self.series[ev.pipeline].append(ev.step, ev.time, ev.loss)
+        series = self.series[ev.pipeline]
+        if len(series.steps) and ev.step < series.steps[-1]:
+            self.note("info", ev.pipeline, f"went back from step {int(series.steps[-1]):,} to step {ev.step:,}: "
+                      "trained again from there (↺ on the chart)", at=ev.time)
+        series.append(ev.step, ev.time, ev.loss)
         self.series_version += 1
 
     def _epoch_end(self, ev: m.EpochEnd, _) -> None:

@@ -128,6 +128,7 @@ class LossSeries:
         self.loss = array("d")
         self.smooth = array("d")
         self.val: list[tuple[float, float, float]] = []  # (step, time, value)
+        self.restarts: list[tuple[float, float]] = []  # (step, time) where the steps went back
         self.bins = BinnedSeries()
         self.x_mode = "step"  # or "time"
         self.smoothed = False
@@ -135,6 +136,8 @@ class LossSeries:
         self._ema = math.nan
 
     def append(self, step: float, t: float, loss: float) -> None:
+        if len(self.steps) and step < self.steps[-1]:
+            self.restarts.append((step, t))  # a restart went back to an earlier checkpoint (or to the start)
         if math.isfinite(loss):
             self._ema = loss if self._ema != self._ema else EMA_ALPHA * loss + (1 - EMA_ALPHA) * self._ema
         self.steps.append(step)
@@ -165,6 +168,11 @@ class LossSeries:
         """(x, value) of the validation results on the current x axis."""
         k = 1 if self.x_mode == "time" else 0
         return [(p[k], p[2]) for p in self.val]
+
+    def restart_points(self) -> list[float]:
+        """x of each point where a restart went back to an earlier step, on the current x axis."""
+        k = 1 if self.x_mode == "time" else 0
+        return [p[k] for p in self.restarts]
 
     def __len__(self) -> int:
         return len(self.loss)

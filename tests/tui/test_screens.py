@@ -12,7 +12,7 @@ from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.dialogs import HelpScreen
 from torchherd.tui.screens.log_view import LogScreen
 from torchherd.tui.widgets.log_views import EventLog
-from torchherd.tui.widgets.loss_chart import GLYPHS, GUTTER, MARKER, LossChart
+from torchherd.tui.widgets.loss_chart import GLYPHS, GUTTER, MARKER, RESTART, LossChart
 from torchherd.tui.widgets.pipeline_table import PipelineTable
 from tests.tui.conftest import CONFIGS
 from tests.tui.pilots import launch, lines_of, settled, wait_for
@@ -123,6 +123,26 @@ async def test_a_loss_metric_keeps_its_markers_on_the_loss_axis(make_app, sessio
         assert not any("┼" in row for row in rows)
         assert sum(row.count(MARKER) for row in rows) >= 3  # markers may share a cell
         assert "val loss" in app.screen.query_one(PipelineTable).render_line(0).text
+
+
+async def test_a_restart_that_goes_back_is_marked_on_the_chart_and_said_in_the_log(make_app, session):
+    # Regression: after a restart the step axis jumped back without a word.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        session.train("alpha", 120, val=False)
+        session.train("alpha", 60, start=60, val=False)  # back to its checkpoint at step 60, and on
+        await wait_for(pilot, lambda: any("went back from step 120 to step 70" in t for t in log_texts(app)),
+                       what="the note")
+        await settled(pilot)
+        chart = app.screen.query_one(LossChart)
+        rows = chart_rows(chart)
+        assert rows[-1].count(RESTART) == 1 and "went back" in chart.legend.plain
+        session.train("beta", 50, val=False)
+        await pilot.press("down")  # beta never went back: no mark
+        await wait_for(pilot, lambda: app.screen.selected == "beta", what="beta selected")
+        await settled(pilot)
+        assert RESTART not in chart_rows(chart)[-1] and "went back" not in chart.legend.plain
 
 
 async def test_overlay_has_a_legend_with_a_glyph_per_pipeline(make_app, session, monkeypatch):

@@ -28,6 +28,7 @@ GUTTER = 9  # cells for the y labels and the axis
 # Braille dot bits by (row in cell 0-3, column in cell 0-1).
 DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
 MARKER = "◆"  # a validation result of the one pipeline shown
+RESTART = "↺"  # on the x axis: where a restart of the one pipeline shown went back to an earlier step
 NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 TICKS = (1.0, 2.0, 2.5, 5.0, 10.0)
 
@@ -127,7 +128,9 @@ class LossChart(Widget):
     def _legend(self) -> Text:
         val = f"val {metric_label(self.metric)}" + ("" if self.metric_is_loss else " (strip)")
         if not self.overlay:
-            return Text.assemble(("⠤⠒ ", "cyan"), "train loss  ", (MARKER, "bold yellow"), f" {val}")
+            shown = self.series.get(self.selected or "")
+            restarted = ("  ", (RESTART, "bold magenta"), " went back") if shown is not None and shown.restarts else ()
+            return Text.assemble(("⠤⠒ ", "cyan"), "train loss  ", (MARKER, "bold yellow"), f" {val}", *restarted)
         out = Text()
         for name, _, index in self._visible():
             out.append(GLYPHS[index], style=f"bold {PALETTE[index]}")
@@ -173,7 +176,9 @@ class LossChart(Widget):
         lines = self._plot_lines(ph, pw, canvas.masks, canvas.colours, canvas.glyphs, (y_lo, y_hi))
         if strip:
             lines += self._strip_lines(strip, pw, visible, x_lo, x_scale)
-        lines.append(self._x_axis(width, pw, x_lo, x_hi, origin))
+        restarts = [x for _, s, _ in visible for x in s.restart_points()] if not self.overlay else []
+        lines.append(self._x_axis(width, pw, x_lo, x_hi, origin, [int((x - x_lo) * x_scale + 0.5) >> 1
+                                                                  for x in restarts if x_lo <= x <= x_hi]))
         keys = [tuple((seg.text, str(seg.style)) for seg in line) for line in lines]
         return keys, [Strip(line, width) for line in lines]
 
@@ -256,11 +261,18 @@ class LossChart(Widget):
             out.append(_runs(line))
         return out
 
-    def _x_axis(self, width: int, pw: int, x_lo: float, x_hi: float, origin: float) -> list[Segment]:
+    def _x_axis(self, width: int, pw: int, x_lo: float, x_hi: float, origin: float,
+                restarts: list[int] = ()) -> list[Segment]:
+        """The x axis: its two ends, and RESTART under each column where a restart went back."""
         left, right = _fmt_x(x_lo, self.x_mode, origin), _fmt_x(x_hi, self.x_mode, origin)
         gap = max(1, pw - len(left) - len(right))
-        bottom = (" " * (GUTTER - 1) + "└" + left + " " * gap + right)[:width].ljust(width)
-        return [Segment(bottom, self.rich_style + Style(dim=True))]
+        bottom = list((" " * (GUTTER - 1) + "└" + left + " " * gap + right)[:width].ljust(width))
+        for column in restarts:
+            if 0 <= GUTTER + column < width:
+                bottom[GUTTER + column] = RESTART
+        dim = self.rich_style + Style(dim=True)
+        return _runs([(ch, self.rich_style + Style(color="magenta", bold=True) if ch == RESTART else dim)
+                      for ch in bottom])
 
     def _empty(self, width: int, height: int, why: str) -> tuple[list[tuple], list[Strip]]:
         keys, lines = [], []
