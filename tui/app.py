@@ -261,7 +261,7 @@ def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bo
 
 def report_runs(app: TorchherdApp, launch: bool) -> int:
     """After the app has exited: say how each run of its session ended and where it is. Returns the exit
-    status: with `launch`, 0 only if every pipeline completed."""
+    status: with `launch`, headless's for the same outcome (0 all completed, 1 failed or killed, 3 stopped)."""
     if app.detached:
         for run_dir in app.bridge.run_dirs:
             print(f"torchherd: left run {run_dir.name} going\n  run directory: {run_dir}\n"
@@ -272,6 +272,7 @@ def report_runs(app: TorchherdApp, launch: bool) -> int:
         print("\n".join(end.lines))
     if app.return_code:
         return app.return_code
-    if launch:
-        return 0 if ends and all(end.completed for end in ends) else 1
+    if launch:  # as headless would: 1 if any run failed or was killed, 3 if any was stopped, else 0
+        codes = {end.status for end in ends} or {1}
+        return 1 if 1 in codes else 3 if 3 in codes else 0
     return 0

@@ -111,22 +111,26 @@ class RunEnd:
 
     completed: bool  # every pipeline trained to its limits
     lines: list[str]  # outcome, run directory, and how to carry it on when it can be
+    status: int = 1  # the exit status headless gives a run that ended so (tui/headless.py exit_status)
 
 
 def run_end(run_dir: Path) -> RunEnd:
     """How the run in `run_dir` ended, where it is, how to carry it on (blocking: reads events.jsonl)."""
     from ..engine.rundir.directory import summarize
 
+    from .headless import EXIT_FAILED, exit_status
+
     summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
     if summary is None:
-        return RunEnd(False, [f"torchherd: run directory {run_dir}"])
+        return RunEnd(False, [f"torchherd: run directory {run_dir}"], EXIT_FAILED)
     lines = [f"torchherd: run {summary.run_id} {summary.status}"]
     if summary.statuses:
         lines.append("  " + ", ".join(f"{name} {status}" for name, status in summary.statuses.items()))
     lines.append(f"  run directory: {run_dir}")
     if summary.resumable:
         lines.append(f"  carry it on from its checkpoints: torchherd resume {run_dir}")
-    return RunEnd(summary.status == "completed", lines)
+    return RunEnd(summary.status == "completed", lines,
+                  exit_status(summary.statuses) if summary.statuses else EXIT_FAILED)
 
 
 # ------------------------------------------------------------ the live session

@@ -2,6 +2,8 @@
 the picker, launching, launch more, past runs, escape, quitting, and a flood of step events."""
 from __future__ import annotations
 
+import asyncio
+
 import time
 
 import pytest
@@ -206,6 +208,32 @@ async def test_run_app_prints_the_run_directory_after_exit(monkeypatch, capsys, 
     out = capsys.readouterr().out.splitlines()
     assert out == ["torchherd: run 20231114-220000-old failed", "  alpha failed", f"  run directory: {run_dir}",
                    f"  carry it on from its checkpoints: torchherd resume {run_dir}"]  # a failed run resumes too
+
+
+async def test_the_app_exits_as_headless_would_after_a_user_stop(monkeypatch, capsys, runs_dir, clock):
+    # Regression: the app exited 1 after a user stop, where headless exits 3 for the same run.
+    from tests.conftest import make_config
+    from tests.tui.scripting import Session, until
+    from torchherd.tui import app as app_module
+    from torchherd.tui.headless import EXIT_STOPPED, exit_status
+
+    session = Session(clock, run_id="20231114-230000-stopped")
+    sup = session(make_config(runs_dir.parent, [{"name": "alpha"}], name="stopped"), runs_dir)
+    await sup.start()
+    await until(lambda: session.launcher.handles, what="the worker to start")
+    session.start_training("alpha")
+    session.train("alpha", 50)
+    sup.stop()
+    statuses = await asyncio.wait_for(sup.wait(), 30)
+    await sup.shutdown()
+    assert exit_status(statuses) == EXIT_STOPPED
+
+    def fake_run(self) -> None:  # the app ran that session and was quit
+        self.bridge.run_dirs.append(sup.run_dir)
+
+    monkeypatch.setattr(app_module.TorchherdApp, "run", fake_run)
+    assert app_module.run_app(CONFIGS / "good.toml", launch=True) == EXIT_STOPPED
+    assert "torchherd: run 20231114-230000-stopped stopped" in capsys.readouterr().out
 
 
 async def test_torchherd_run_in_the_app_reports_its_run_after_exit(monkeypatch, capsys, runs_dir, clock):
