@@ -76,6 +76,9 @@ class PipelineSettings(_Strict):
         "Command-line arguments for `script`. torchherd fills in {checkpoint_dir} (the pipeline's checkpoints/ "
         "folder in the run directory), {pipeline_dir}, {run_dir} (absolute paths), {rank}, {world_size} and "
         "{restart} (0 on the first attempt); {{ and }} are literal braces."))
+    samples_per_step: int | None = Field(None, ge=1, description=(
+        "For `script`: samples (or tokens) one of its steps trains, e.g. batch size x gradient accumulation x "
+        "block size; samples/s then follows from the steps its `metrics` lines report."))
     resume_args: list[str] = Field(default_factory=list, description=(
         "For `script`: arguments added after `args` when an attempt starts with files in {checkpoint_dir} "
         "(a restart, or `torchherd resume`), e.g. ['--init_from=resume']; placeholders as in `args`."))
@@ -142,7 +145,7 @@ class PipelineSettings(_Strict):
 
 
 SCRIPT_ONLY = ("args", "metrics", "val_metrics", "validate", "resume_args", "cwd", "torchrun_env", "stop_signal",
-               "stop_mode")  # keys that mean nothing without `script`
+               "stop_mode", "samples_per_step")  # keys that mean nothing without `script`
 
 
 def patterns(value: str | list[str] | None) -> list[str]:

@@ -31,8 +31,11 @@ def parse_number(text: Any) -> float | None:
 class ScriptEvents:
     """A script's progress (step, epoch in progress, this epoch's losses) and the events it reports."""
 
-    def __init__(self, name: str, epochs_total: int, epoch_base: int | None = None):
+    def __init__(self, name: str, epochs_total: int, epoch_base: int | None = None,
+                 samples_per_step: int | None = None):
         self.name = name
+        self.samples_per_step = samples_per_step  # from the config: samples/s follows from printed steps
+        self._rate_mark: tuple[float, int] | None = None  # (monotonic time, step) of the last printed step
         self.epochs_total = epochs_total
         self.epoch_base = epoch_base  # how the script's printed epochs count: from 0 or 1; None until seen
         self.epoch = 0  # the epoch in progress, 0-based
@@ -69,8 +72,20 @@ class ScriptEvents:
             return events + [self.epoch_end(epoch, values.get("loss"), _others(values))]
         epoch = self.printed_epoch(values["epoch"]) if "epoch" in values else None
         step = int(values["step"]) if "step" in values else None
-        event = self.step_report(step, epoch, values.get("loss"), values.get("lr"), metrics=_others(values))
+        samples, seconds = self._samples_since(step)
+        event = self.step_report(step, epoch, values.get("loss"), values.get("lr"), samples, seconds,
+                                 metrics=_others(values))
         return [event] if event is not None else []
+
+    def _samples_since(self, step: int | None) -> tuple[float, float]:
+        """(samples trained, seconds) since the last printed step, from samples_per_step; (0, 0) unknown."""
+        if not self.samples_per_step or step is None:
+            return 0.0, 0.0
+        now, mark = time.monotonic(), self._rate_mark
+        self._rate_mark = (now, step)
+        if mark is None or step <= mark[1]:
+            return 0.0, 0.0  # the first, or a restart that went back
+        return float((step - mark[1]) * self.samples_per_step), now - mark[0]
 
     def step_report(self, step: int | None, epoch: int | None, loss: float | None, lr: float | None = None,
                     samples: float = 0.0, seconds: float = 0.0, weight: int = 1,

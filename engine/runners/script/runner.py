@@ -75,7 +75,7 @@ class ScriptAttempt:
             self.state = json.loads(self.state_path.read_text())
         except (OSError, ValueError):
             self.state = {}
-        self.events = ScriptEvents(self.name, pipe.max_epochs, self.state.get("epoch_base"))
+        self.events = ScriptEvents(self.name, pipe.max_epochs, self.state.get("epoch_base"), pipe.samples_per_step)
         self.regexes = [re.compile(p) for p in patterns(pipe.metrics)]
         self.val_regexes = [re.compile(p) for p in patterns(pipe.val_metrics)]
         self.best: float | None = None  # of the script's own validation, for `patience`
