@@ -352,10 +352,10 @@ VAL = r"step (?P<step>\d+): train loss [-+.\deE]+, val loss (?P<loss>[-+.\deE]+)
 EVAL = 20  # the script's checkpoint interval, in iterations
 
 
-def gpt_pipeline(name: str, ranks: int) -> dict:
+def gpt_pipeline(name: str, ranks: int, *extra: str, **keys) -> dict:
     return {"name": name, "script": GPT, "ranks": ranks, "metrics": [ITER], "val_metrics": VAL,
-            "args": ["--out_dir={checkpoint_dir}", "--max_iters=160", f"--eval_interval={EVAL}", "--delay=0.08"],
-            "resume_args": ["--init_from=resume"], "stop_mode": "after_checkpoint"}
+            "args": ["--out_dir={checkpoint_dir}", "--max_iters=160", f"--eval_interval={EVAL}", "--delay=0.08",
+                     *extra], "resume_args": ["--init_from=resume"], "stop_mode": "after_checkpoint", **keys}
 
 
 def resumed_from(log: Path) -> list[int]:
@@ -373,12 +373,15 @@ async def test_an_unchanged_gpt_script_resumes_after_a_kill_stops_after_its_chec
     # Regression: a script that resumes only with a flag restarted from iteration 0 and overwrote its good
     # checkpoint; its checkpoints landed beside the config; a one-rank script took its DDP branch on RANK=0;
     # a graceful stop (Ctrl-C) threw away everything since its last save.
-    config = make_config(tmp_path, [gpt_pipeline("solo", 1), gpt_pipeline("gang", 2)], devices={"cpu_slots": 3},
-                         validation={"mode": "off"}, restart={"min_uptime": 0.0, "stop_timeout": 60})
+    config = make_config(tmp_path, [gpt_pipeline("solo", 1), gpt_pipeline("gang", 2),
+                                    # ignores Ctrl-C: its stop signal is SIGTERM
+                                    gpt_pipeline("stubborn", 1, "--ignore_sigint", stop_signal="SIGTERM")],
+                         devices={"cpu_slots": 4}, validation={"mode": "off"},
+                         restart={"min_uptime": 0.0, "stop_timeout": 60})
     sup = Supervisor(config, inventory=NO_GPU)
     stream = sup.subscribe()
     await sup.start()
-    names = ("solo", "gang")
+    names = ("solo", "gang", "stubborn")
     last: dict[str, int] = {}
     try:
         def past(step: int, since: dict[str, int] | None = None):
@@ -407,7 +410,7 @@ async def test_an_unchanged_gpt_script_resumes_after_a_kill_stops_after_its_chec
         statuses = await asyncio.wait_for(sup.wait(), 120)
     finally:
         await sup.shutdown(graceful=False)
-    assert statuses == {"solo": "stopped", "gang": "stopped"}
+    assert statuses == {"solo": "stopped", "gang": "stopped", "stubborn": "stopped"}
     run_dir = sup.run_dir
     saved = {n: ckpt_iter(run_dir, n) for n in names}
     events = read_events(run_dir)

@@ -3,7 +3,7 @@
 It reads RANK to decide whether it is distributed (DDP over gloo on CPU), resumes only when told
 `--init_from=resume`, writes its own checkpoint `ckpt.pt` into `--out_dir` every `--eval_interval`
 iterations (after printing `step N: train loss X, val loss Y`), prints `iter N: loss X` as it trains,
-and does not catch Ctrl-C.
+and does not catch Ctrl-C (or, with --ignore_sigint, ignores it).
 """
 import argparse
 import os
@@ -18,7 +18,11 @@ parser.add_argument("--init_from", default="scratch", choices=["scratch", "resum
 parser.add_argument("--max_iters", type=int, default=200)
 parser.add_argument("--eval_interval", type=int, default=20)
 parser.add_argument("--delay", type=float, default=0.02)  # seconds per iteration: a workload knob
+parser.add_argument("--ignore_sigint", action="store_true")  # Ctrl-C does nothing (SIGTERM still ends it)
 args = parser.parse_args()
+if args.ignore_sigint:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 ddp = int(os.environ.get("RANK", -1)) != -1  # is this a ddp run?
 if ddp:
