@@ -39,3 +39,26 @@ def test_check_good_config_says_ok(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "ok"
     assert "digits-only" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["under_a_file", "read_only_folder"])
+def test_run_refuses_a_runs_folder_it_cannot_write_and_builds_nothing(tmp_path: Path, how: str):
+    # Regression: check said ok, then headless printed a raw PermissionError traceback and exited 1.
+    import os
+
+    if how == "under_a_file":
+        (tmp_path / "taken").write_text("a file where the runs folder would go")
+        runs = tmp_path / "taken" / "runs"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root may write any folder")
+        shared = tmp_path / "shared"
+        shared.mkdir(mode=0o555)
+        runs = shared / "runs"
+    config = CONFIGS / "good" / "validation_off.toml"
+    proc = torchherd("run", str(config), "--headless", "--runs-dir", str(runs), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = [line for line in proc.stderr.splitlines() if ": runs_dir: " in line]
+    assert line.startswith(f"{config}: runs_dir: cannot create run directories in ") and "--runs-dir" in line
+    assert "checking" not in proc.stdout and "Traceback" not in proc.stderr  # no task built, no traceback

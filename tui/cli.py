@@ -123,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
 
     # The fast check first (milliseconds); building every task comes next, with progress shown:
     # headless prints a line at once, the app opens on a checking screen.
-    report = check_config(args.config)
+    report = check_config(args.config, runs_dir=args.runs_dir)
     if not report.ok:
         print(report.render(), file=sys.stderr)
         return EXIT_CONFIG

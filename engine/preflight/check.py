@@ -8,6 +8,7 @@ interpreter, which catches factories that raise or return the wrong thing.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,14 +38,16 @@ class CheckReport:
         return f"{count} problem{'s' if count != 1 else ''}:\n" + "\n".join(str(p) for p in self.problems)
 
 
-def check_config(path: str | Path, probe: bool = False, inventory: Inventory | None = None) -> CheckReport:
-    """Validate `path`; never raises for a bad config."""
+def check_config(path: str | Path, probe: bool = False, inventory: Inventory | None = None,
+                 runs_dir: str | Path | None = None) -> CheckReport:
+    """Validate `path` (its runs go to `runs_dir`, default the config's); never raises for a bad config."""
     try:
         config = load_config(path)
     except ConfigError as exc:
         return CheckReport(False, None, exc.problems)
     inventory = inventory if inventory is not None else discover_devices()
     slots, problems = plan_slots(config.devices, inventory, display_path(path))
+    problems += runs_dir_problems(config, runs_dir)
     problems += gang_problems(config, slots) if slots else []
     problems += static_task_problems(config)
     if not problems:
@@ -56,6 +59,21 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
         return CheckReport(False, config, problems)
     lines = describe_plan(config, slots, inventory)
     return CheckReport(True, config, [], _say_lightning(config, lines, background) if probe else lines)
+
+
+def runs_dir_problems(config: RunConfig, runs_dir: str | Path | None = None) -> list[Problem]:
+    """The runs folder, if this user cannot create run directories in it (checked before anything is built)."""
+    target = Path(runs_dir if runs_dir is not None else config.runs_dir).expanduser().absolute()
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return []
+    why = "is not a folder" if not existing.is_dir() else "is not writable by you"
+    where = "" if existing == target else f" ({display_path(existing)} {why})"
+    return [Problem(display_path(config.source), "runs_dir",
+                    f"cannot create run directories in {display_path(target)}{where if where else ': it ' + why}; "
+                    "set runs_dir in the config or pass --runs-dir")]
 
 
 def static_task_problems(config: RunConfig) -> list[Problem]:
