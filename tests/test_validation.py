@@ -64,8 +64,11 @@ async def test_policy_latest_skips_stale_snapshots_and_always_scores_the_newest(
 
 
 async def test_killed_validator_is_restarted_and_training_completes(tmp_path):
-    config = make_config(tmp_path, [{"name": "a", "params": {"delay": 0.004}}], defaults={"max_epochs": 6},
-                         validation=background())
+    # Training waits at its 12th step (in epoch 2) until the validator is back: on a loaded machine the
+    # first result could otherwise come after training had ended, when no validator is needed again.
+    gate = tmp_path / "validator-back"
+    config = make_config(tmp_path, [{"name": "a", "params": {"gate_file": str(gate), "gate_at_call": 12}}],
+                         defaults={"max_epochs": 6, "task": f"{TASKS / 'faulty.py'}:build"}, validation=background())
     sup = Supervisor(config)
     stream = sup.subscribe()
     await sup.start()
@@ -74,6 +77,7 @@ async def test_killed_validator_is_restarted_and_training_completes(tmp_path):
         await wait_for(stream, lambda e: isinstance(e, ValResult))
         os.kill(first.pid, signal.SIGKILL)
         second = await wait_for(stream, lambda e: isinstance(e, ValidatorStarted))
+        gate.touch()
         assert second.attempt == 2 and second.pid != first.pid
         after = await wait_for(stream, lambda e: isinstance(e, ValResult))
         assert after.seq > 0
