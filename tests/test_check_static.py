@@ -143,3 +143,34 @@ def test_a_cancelled_probe_kills_its_process(project: Path):
     gone, alive = psutil.wait_procs(seen, timeout=10)
     assert alive == []
     assert len(pending_jobs(config)) == 1  # nothing cached from a cancelled probe
+
+
+# Regression: a missing task file in one pipeline hid an undefined factory in another until the first was fixed; check now reports every problem in one pass.
+def test_check_reports_every_problem_at_once(project: Path):
+    config = write(project / "run.toml", """
+        [[pipelines]]
+        name = "a"
+        task = "missing.py:build"
+
+        [[pipelines]]
+        name = "b"
+        task = "task.py:biuld"
+
+        [[pipelines]]
+        name = "c"
+        task = "task.py:build"
+        lr = "fast"
+        """)
+    report = check_config(config, inventory=NO_GPU)
+    assert [str(p) for p in report.problems] == [
+        "run.toml: pipelines[0].task: task file not found: missing.py",
+        "run.toml: pipelines[2].lr: unknown key (task parameters go in the pipeline's params table)",
+        "run.toml: pipelines[1].task: task.py has no 'biuld' (did you mean 'build'?)"]
+
+
+def test_a_bad_defaults_task_beside_a_bad_key_is_still_one_problem(project: Path):
+    config = write(project / "run.toml", '[defaults]\ntask = "task.py:biuld"\n' + TWO_PIPELINES
+                   + '\n[[pipelines]]\nname = "c"\nepochs = 3\n')
+    problems = [str(p) for p in check_config(config, inventory=NO_GPU).problems]
+    assert "run.toml: defaults.task: task.py has no 'biuld' (did you mean 'build'?)" in problems
+    assert not [p for p in problems if ".task:" in p and "defaults" not in p]

@@ -148,3 +148,12 @@ def test_telemetry_interval_problem_names_its_key(tmp_path):
     found = problems({"telemetry": {"interval": 0}, "pipelines": [{"name": "a", "task": "regression"}]},
                      tmp_path)
     assert [p.key for p in found] == ["telemetry.interval"]
+
+
+# Regression: `cpu_slots = "two"` gave two lines for one mistake, one per branch of `int | "auto"`.
+def test_a_value_no_branch_of_a_union_takes_is_one_problem(tmp_path):
+    found = problems({"devices": {"cpu_slots": "two"}, "pipelines": [{"name": "a", "task": "regression"}]},
+                     tmp_path)
+    assert [str(p) for p in found] == [
+        f"{display_path(tmp_path / 'c.toml')}: devices.cpu_slots: "
+        "Input should be a valid integer or 'auto' (got 'two')"]

@@ -77,7 +77,26 @@ def _problems(exc: ValidationError, file: str, model: type[BaseModel], prefix: t
         if (p.key, p.message) not in seen:
             seen.add((p.key, p.message))
             unique.append(p)
-    return unique
+    return _one_per_union(unique)
+
+
+def _one_per_union(problems: list[Problem]) -> list[Problem]:
+    """A value no branch of a union accepts is one problem ("Input should be a valid integer or 'auto' (got
+    'two')"), not one per branch."""
+    out: list[Problem] = []
+    for p in problems:
+        prev = out[-1] if out else None
+        head, _, got = p.message.partition(" (got ")
+        if prev and prev.key == p.key and head.startswith(SHOULD) and prev.message.startswith(SHOULD) \
+                and prev.message.endswith(f" (got {got}"):
+            prev_head = prev.message[:-len(f" (got {got}")]
+            out[-1] = Problem(p.file, p.key, f"{prev_head} or {head[len(SHOULD):]} (got {got}")
+        else:
+            out.append(p)
+    return out
+
+
+SHOULD = "Input should be "
 
 
 def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
@@ -162,7 +181,7 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
                  for i, pipe in enumerate(raw_pipelines)]
     top = _parse_top(data, shown, problems)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(problems, _sound(pipelines, problems), _defaults_task(raw_defaults, problems))
     assert top is not None
     return top.model_copy(update={
         "name": top.name or Path(file).stem,
@@ -170,6 +189,18 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
         "pipelines": pipelines,
         "source": str(Path(file).resolve()) if os.path.exists(file) else file,
     })
+
+
+def _sound(pipelines: list[Pipeline | None], problems: list[Problem]) -> dict[int, Pipeline]:
+    """The pipelines, by index, that parsed with no problem of their own."""
+    own = {p.key.split(".", 1)[0].split("[", 1)[-1].rstrip("]") for p in problems if p.key.startswith("pipelines[")}
+    return {i: p for i, p in enumerate(pipelines) if p is not None and str(i) not in own}
+
+
+def _defaults_task(raw_defaults: dict[str, Any], problems: list[Problem]) -> str | None:
+    """[defaults] task as written, unless [defaults] itself has a problem with it."""
+    task = raw_defaults.get("task")
+    return task if isinstance(task, str) and not any(p.key == "defaults.task" for p in problems) else None
 
 
 def _defaults_table(data: dict[str, Any], shown: str, problems: list[Problem]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 def display_path(path: str | os.PathLike[str]) -> str:
@@ -31,8 +32,15 @@ class Problem:
 
 
 class ConfigError(Exception):
-    """A config that cannot be run; `problems` lists every reason."""
+    """A config that cannot be run; `problems` lists every reason.
 
-    def __init__(self, problems: list[Problem]):
+    `sound` holds the pipelines (by index) that parsed with no problem of their own, and `defaults_task` the
+    [defaults] task as written, so a check can still read their task files and report those problems too.
+    """
+
+    def __init__(self, problems: list[Problem], sound: dict[int, Any] | None = None,
+                 defaults_task: str | None = None):
         self.problems = problems
+        self.sound = sound or {}
+        self.defaults_task = defaults_task
         super().__init__("\n".join(str(p) for p in problems))

@@ -19,7 +19,7 @@ from ..hardware.devices import Inventory, discover_devices
 from ..hardware.placement import describe_plan, gang_problems, plan_slots, plan_validation
 from ..protocol.names import ValidationMode
 from ..runners.registry import runner_for
-from .probe import lightning_factories, probe_tasks, task_problems
+from .probe import grouped_task_problems, lightning_factories, probe_tasks, task_problems
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,15 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     try:
         config = load_config(path)
     except ConfigError as exc:
-        return CheckReport(False, None, exc.problems)
+        return CheckReport(False, None, exc.problems + sound_task_problems(exc))
     inventory = inventory if inventory is not None else discover_devices()
     slots, problems = plan_slots(config.devices, inventory, display_path(path))
     problems += runs_dir_problems(config, runs_dir)
     problems += gang_problems(config, slots) if slots else []
     problems += static_task_problems(config)
-    if not problems:
-        problems = runner_problems(config, plan_validation(config, slots, inventory).mode)
+    if slots:
+        problems += runner_problems(config, plan_validation(config, slots, inventory).mode,
+                                    skip={_index(p) for p in problems})
     background = plan_validation(config, slots, inventory).mode == ValidationMode.BACKGROUND
     if probe and not problems:
         problems = _probe_tasks(config, background)
@@ -79,20 +80,36 @@ def runs_dir_problems(config: RunConfig, runs_dir: str | Path | None = None) -> 
 def static_task_problems(config: RunConfig) -> list[Problem]:
     """Task files that do not parse or do not define the factory the config names, read without importing
     (each kind's runner reads what its pipelines name: engine/runners/base.py `Runner.scan`)."""
-    errors = {}
-    for i, pipe in enumerate(config.pipelines):
-        error = runner_for(pipe.kind).scan(pipe)
-        if error:
-            errors[i] = error
-    return task_problems(config, errors)
+    return task_problems(config, _scan(dict(enumerate(config.pipelines))))
 
 
-def runner_problems(config: RunConfig, validation_mode: str) -> list[Problem]:
-    """What each kind's runner finds wrong with its pipelines once the config is otherwise sound (a script's
-    `validate` factory whose script never hands its weights off, say): `Runner.check`."""
+def sound_task_problems(exc: ConfigError) -> list[Problem]:
+    """`static_task_problems` for the pipelines of a config that failed to load but parsed on their own,
+    so one pipeline's missing file does not hide another's undefined factory."""
+    file = exc.problems[0].file if exc.problems else ""
+    tasks = {i: p.task for i, p in exc.sound.items()}
+    found = grouped_task_problems(file, exc.defaults_task, tasks, _scan(exc.sound))
+    return [p for p in found if p not in exc.problems]
+
+
+def _scan(pipelines: dict) -> dict[int, str]:
+    """Each pipeline's runner reading its factory without importing it: index -> what is wrong."""
+    errors = {i: runner_for(pipe.kind).scan(pipe) for i, pipe in pipelines.items()}
+    return {i: error for i, error in errors.items() if error}
+
+
+def runner_problems(config: RunConfig, validation_mode: str, skip: set[int | None] = frozenset()) -> list[Problem]:
+    """What each kind's runner finds wrong with its pipelines, but those in `skip` (a script's `validate`
+    factory whose script never hands its weights off, say): `Runner.check`."""
     file = display_path(config.source)
     return [Problem(file, f"pipelines[{i}].{key}", message) for i, p in enumerate(config.pipelines)
-            for key, message in runner_for(p.kind).check(p, validation_mode)]
+            if i not in skip for key, message in runner_for(p.kind).check(p, validation_mode)]
+
+
+def _index(problem: Problem) -> int | None:
+    """The pipeline a problem is about (None for the config as a whole or [defaults])."""
+    head = problem.key.split(".", 1)[0]
+    return int(head[len("pipelines["):-1]) if head.startswith("pipelines[") and head.endswith("]") else None
 
 
 def _say_lightning(config: RunConfig, lines: list[str], background: bool) -> list[str]:

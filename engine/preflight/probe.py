@@ -106,8 +106,14 @@ def task_problems(config: RunConfig, errors: dict[int, str]) -> list[Problem]:
     problem, at `defaults.task`, not one per pipeline.
     """
     file = display_path(config.source) if config.source else ""
-    inherited = [i for i, p in enumerate(config.pipelines)
-                 if config.defaults.task is not None and p.task == config.defaults.task]
+    tasks = {i: p.task for i, p in enumerate(config.pipelines)}
+    return grouped_task_problems(file, config.defaults.task, tasks, errors)
+
+
+def grouped_task_problems(file: str, defaults_task: str | None, tasks: dict[int, str | None],
+                          errors: dict[int, str]) -> list[Problem]:
+    """`task_problems` for some pipelines only (`tasks`: index -> its task as written)."""
+    inherited = [i for i, task in tasks.items() if defaults_task is not None and task == defaults_task]
     messages = {errors.get(i) for i in inherited}
     once: set[int] = set()
     out = []
