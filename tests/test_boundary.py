@@ -134,3 +134,12 @@ def test_importing_torchherd_does_not_load_torch():
     code = "import sys, torchherd, torchherd.engine; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_no_module_grows_past_400_lines():
+    """A module past 400 lines is two modules (the script runner reached 452 before its client half moved out)."""
+    import torchherd.tui
+    tree = [*ENGINE.rglob("*.py"), *Path(torchherd.tui.__path__[0]).rglob("*.py"),
+            *Path(torchherd.__path__[0]).glob("*.py")]
+    long = {str(p): n for p in tree if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"split these: {long}"

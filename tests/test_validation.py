@@ -5,6 +5,7 @@ import asyncio
 import os
 import signal
 
+import psutil
 import pytest
 import torch
 
@@ -30,6 +31,14 @@ async def run_to_end(sup: Supervisor, timeout: float = 120.0):
     finally:
         await sup.shutdown(graceful=False)
     return read_events(sup.run_dir)
+
+
+def ended(pid: int) -> None:
+    """Returns once process `pid` has ended."""
+    try:
+        psutil.Process(pid).wait()
+    except psutil.NoSuchProcess:
+        pass
 
 
 def of(events, cls, pipeline="a"):
@@ -142,3 +151,23 @@ async def test_a_restarted_worker_keeps_the_unread_snapshots_of_its_previous_att
     assert found is not None and found[1] == 1
     loaded = reader.load_into(build({}).model, found[0])
     assert loaded is not None and (loaded.epoch, loaded.step) == (3, 30)
+
+
+# Regression: after a run finished, with the app still open, the validator was alive minutes later (on a
+# GPU it would hold a CUDA context on a shared card). It ends with the run, and a restart starts it again.
+async def test_the_validator_ends_with_the_run_and_comes_back_for_a_restart(tmp_path):
+    config = make_config(tmp_path, [{"name": "a"}], defaults={"max_epochs": 2}, validation=background())
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        first = await wait_for(stream, lambda e: isinstance(e, ValidatorStarted))
+        await wait_for(stream, lambda e: isinstance(e, RunFinished))
+        await asyncio.wait_for(asyncio.to_thread(ended, first.pid), 30)  # gone, the session still open
+        sup.restart("a")
+        second = await wait_for(stream, lambda e: isinstance(e, ValidatorStarted))
+        assert second.pid != first.pid
+        await wait_for(stream, lambda e: isinstance(e, RunFinished))
+        await asyncio.wait_for(asyncio.to_thread(ended, second.pid), 30)
+    finally:
+        await sup.shutdown(graceful=False)

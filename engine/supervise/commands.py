@@ -89,3 +89,15 @@ def end_at_shutdown(lifecycle: Lifecycle, run: PipelineRun) -> None:
         if run.state != S.KILLING:
             lifecycle.set_state(run, S.KILLING)  # alive -> KILLING
         run.handle.kill()
+
+
+def settle_unreaped(lifecycle: Lifecycle, run: PipelineRun) -> None:
+    """The session has ended and `run` has no process, yet no final state: it ends killed (stopped if asked)."""
+    if not run.state.final and run.handle is None:
+        lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else S.STOPPED, run.finish_reason or "session ended")
+
+
+def keep_ended(lifecycle: Lifecycle, run: PipelineRun, status: str) -> None:
+    """A resumed run's pipeline that has nothing to train keeps how it had ended (QUEUED -> that state)."""
+    run.finish_reason = f"{status} before the run was resumed"
+    lifecycle.set_state(run, WorkerState(status))

@@ -117,9 +117,7 @@ class Supervisor:
         self._emit(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir), config_path=self.config.source,
                               pipelines=tuple(names)))
         for name, status in kept.items():  # nothing to train: they keep how they had ended
-            run = self._runs[name]
-            run.finish_reason = f"{status} before the run was resumed"
-            self._lifecycle.set_state(run, WorkerState(status))  # QUEUED -> its earlier final state
+            commands.keep_ended(self._lifecycle, self._runs[name], status)
         self._announce_queued(names)
         self._schedule()
         loop = asyncio.get_running_loop()
@@ -232,9 +230,7 @@ class Supervisor:
             self._tick()
             await asyncio.sleep(0.02)
         for run in self._runs.values():
-            if not run.state.final and run.handle is None:
-                self._lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else S.STOPPED,
-                                       run.finish_reason or "session ended")
+            commands.settle_unreaped(self._lifecycle, run)
         self._check_finished()
         await asyncio.to_thread(self._feed.stop)
         if self._tick_task is not None:
@@ -388,6 +384,8 @@ class Supervisor:
             self._emit(RunFinished(ok=all(s == "completed" for s in statuses.values()), statuses=statuses))
             self._rundir.flush()
             self._finished.set()
+            if not self._closing:  # the session stays open (an app, a service): no validator idles in it
+                self._validation.rest_soon()
 
     def _emit(self, event: Event) -> None:
         self._bus.publish(event)

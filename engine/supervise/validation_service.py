@@ -88,6 +88,7 @@ class Validator:
         self.failures = 0  # deaths in a row (one after a healthy run counts 1); sets the backoff
         self.started_mono = 0.0
         self.announced = False  # validator_started went out for this attempt
+        self.resting = False  # ended because no live pipeline needed it; started again on demand
 
 
 class ValidationService:
@@ -107,6 +108,7 @@ class ValidationService:
         self.drain_start: float | None = None  # when training ended with results still to come
         self.stopping = False  # stop() is delivering the validators' last results
         self.closed = False  # stopped for good: never restarted
+        self._resting: asyncio.Task | None = None  # ending the validators of a finished run
 
     # ------------------------------------------------------------ pipelines
 
@@ -131,6 +133,8 @@ class ValidationService:
         if self.plan is not None and not self.closed and key not in self.validators:
             self.validators[key] = Validator(key, self.root_for(key))
             self._launch(self.validators[key])
+        elif key in self.validators and self.validators[key].resting and not self.closed:
+            self._launch(self.validators[key])  # work again after the run had finished
         return self.root_for(key) / name
 
     def _key(self, node: str) -> str:
@@ -209,6 +213,8 @@ class ValidationService:
         if self.plan is None or self.closed:
             return
         for v in list(self.validators.values()):  # one whose node left is dropped
+            if v.resting:
+                continue
             if v.handle is not None:
                 code = v.handle.poll()
                 self._announce(v, force=code is not None)
@@ -223,6 +229,28 @@ class ValidationService:
         None is restarted afterwards; the snapshot roots on other nodes are removed.
         """
         self.closed = True
+        if self._resting is not None:
+            await self._resting  # their ending had begun when the run finished
+        await self._end_running(timeout)
+        remote = {v.node: str(v.root) for v in self.validators.values() if v.node}
+        if remote:  # a cluster's: a task on each node
+            await asyncio.to_thread(self._backend.remove_roots, remote)
+
+    def rest_soon(self) -> None:
+        """`rest` as a task of the running loop (`stop` waits for it)."""
+        self._resting = asyncio.get_running_loop().create_task(self.rest())
+
+    async def rest(self, timeout: float = 5.0) -> None:
+        """No live pipeline needs a validator (the run finished): end them, so none holds a core or a CUDA
+        context while the app stays open; the next validated worker placed (a restart) starts its node's again."""
+        if self.closed or self.plan is None:
+            return
+        for v in self.validators.values():
+            v.resting, v.restart_at = True, None
+        await self._end_running(timeout)
+
+    async def _end_running(self, timeout: float) -> None:
+        """Stop every running validator (a Stop, then up to `timeout` s), delivering its last results."""
         running = [v for v in self.validators.values() if v.handle is not None]
         self.stopping = True
         try:
@@ -238,16 +266,13 @@ class ValidationService:
                 v.handle = None
         finally:
             self.stopping = False
-        remote = {v.node: str(v.root) for v in self.validators.values() if v.node}
-        if remote:  # a cluster's: a task on each node
-            await asyncio.to_thread(self._backend.remove_roots, remote)
 
     def _launch(self, v: Validator) -> None:
         assert self.plan is not None
         if v.attempt == 0 and not v.node:
             claim_root(v.root)  # on another node, the actor that first needs it there makes it
         v.attempt += 1
-        v.restart_at = None
+        v.restart_at, v.resting = None, False
         # a label may be "host/id" when hosts share a name: one folder per node, never nested
         directory = self.run_dir / ("validator" if not v.node else
                                     "validator-" + re.sub(r"[^\w.-]", "-", self._label(v.node)))

@@ -26,13 +26,14 @@ from pathlib import Path
 from .... import client_frames as wire
 from ...protocol.channel import EXIT_COMPLETED, EXIT_ERROR, EXIT_STOPPED
 from ...config.schema import patterns
-from ...protocol.messages import (CheckpointSaved, Event, Notice, Resumed, StepMetrics, TrainingStarted, ValResult,
+from ...protocol.messages import (Event, Notice, StepMetrics, TrainingStarted, ValResult,
                                   WorkerError)
 from ...protocol.progress import better, metric_value
 from ...protocol.names import PipelineKind, ValidationMode
 from ...worker.control import HEARTBEAT_INTERVAL
-from ...worker.handoff import announce_snapshot, snapshot_meta
+from ...worker.handoff import snapshot_meta
 from .events import ScriptEvents, parse_number
+from .frames import ClientFrames
 from .arguments import command_line, describe_checkpoint, newest_checkpoint
 from .process import ScriptProcess, script_environment
 from .validation import InlineScorer
@@ -62,7 +63,7 @@ def run_script(spec, pipe, validation, sender, control) -> int:
     return ScriptAttempt(spec, pipe, validation, sender, control).run()
 
 
-class ScriptAttempt:
+class ScriptAttempt(ClientFrames):
     """One attempt of a script pipeline: the script process, its output, its client and its commands."""
 
     def __init__(self, spec, pipe, validation, sender, control):
@@ -358,84 +359,6 @@ class ScriptAttempt:
             if code is not None and self.fail_code is None:
                 self.fail_code = code  # the supervise loop ends the script
         (self.sender.step if isinstance(event, StepMetrics) else self.sender.send)(event)
-
-    # ------------------------------------------------------------ the client
-
-    def _frame(self, frame: wire.Frame) -> None:
-        if not self.client or self.sock is None:
-            return
-        try:
-            with self._sock_lock:
-                self.sock.sendall(wire.encode(frame))
-        except OSError:
-            pass
-
-    def _read_client(self) -> None:
-        buf = b""
-        while True:
-            try:
-                chunk = self.sock.recv(1 << 16)
-            except OSError:
-                return
-            if not chunk:
-                return
-            lines, buf = wire.split_lines(buf, chunk)
-            for line in lines:
-                frame = wire.decode(line, wire.TO_RUNNER)
-                if frame is not None:
-                    self._on_frame(frame)
-
-    def _on_frame(self, frame: wire.Frame) -> None:
-        self.client_seen = True
-        if isinstance(frame, wire.Hello):
-            self.client = True
-            if self.paused and not self.stopped_by_signal:
-                self._frame(wire.PauseRequest())
-            if self.stopping:
-                self._frame(wire.StopRequest())
-        elif isinstance(frame, wire.PollsStop):
-            self.polls_stop = True
-        elif isinstance(frame, wire.Beat):
-            self.client_beats = True
-        elif isinstance(frame, wire.StepReport):
-            self.client_beats = True
-            values = frame.metrics or {}
-            event = self.events.step_report(frame.step, frame.epoch, frame.loss, values.get("lr"),
-                                            frame.samples or 0.0, frame.seconds or 0.0, max(int(frame.n or 1), 1),
-                                            metrics={k: v for k, v in values.items() if k != "lr"})
-            if event is not None:
-                self._emit(event, frame.loss)
-        elif isinstance(frame, wire.EpochDone):
-            self._emit(self.events.epoch_end(int(frame.epoch), frame.loss), frame.loss)
-        elif isinstance(frame, wire.Saved):
-            self.state.setdefault("checkpoints", {})[frame.path] = [frame.epoch, frame.step]
-            self._save_state()
-            self.sender.send(CheckpointSaved(pipeline=self.name, path=frame.path, epoch=frame.epoch,
-                                             step=frame.step, reason=frame.reason))
-        elif isinstance(frame, wire.ResumedFrom):
-            epoch, step = self.state.get("checkpoints", {}).get(frame.path, [0, 0])
-            self.events.resume(epoch, step)
-            self.sender.send(Resumed(pipeline=self.name, path=frame.path, epoch=epoch, step=step))
-        elif isinstance(frame, wire.Snapshot):
-            self._snapshot(frame)
-
-    def _snapshot(self, frame: wire.Snapshot) -> None:
-        if not frame.wait:
-            announce_snapshot(self.sender, self.name, frame.epoch, frame.step, frame.info(), self.validation.slots,
-                              f"at step {frame.step}")
-            return
-        try:
-            if self.inline is None:
-                self.inline = InlineScorer(self.name, Path(self.inline_dir), self.spec.device, self.sender,
-                                           self._early_stop)
-            self.scoring = True  # the script waits for the ack meanwhile: that is no hang
-            self.inline.score()
-        finally:
-            self.scoring = False
-            self._frame(wire.Ack())
-
-    def _early_stop(self, reason: str) -> None:
-        self.control.stop_reason = reason  # inline patience ran out: stop as the stop key would
 
     # ------------------------------------------------------------ state
 
