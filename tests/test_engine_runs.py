@@ -52,6 +52,16 @@ async def test_run_completes_and_loss_goes_down(tmp_path):
         assert "type" in json.loads(line) and "time" in json.loads(line)
 
 
+# Regression: `task = "regression"` with no params (SGD, lr 0.05, momentum 0.9, batch 32) diverged to NaN at step
+# 90 of its first epoch, so a newcomer's first config failed.
+async def test_the_builtin_regression_task_trains_with_its_defaults(tmp_path):
+    config = make_config(tmp_path, [{"name": "a", "task": "regression"}], defaults={"max_epochs": 3})
+    sup = Supervisor(config)
+    assert await run_to_end(sup) == {"a": "completed"}
+    epochs = [e for e in read_events(sup.run_dir) if isinstance(e, EpochEnd)]
+    assert epochs[-1].train_loss < epochs[0].train_loss
+
+
 async def test_sigkilled_worker_restarts_and_resumes_from_checkpoint(tmp_path):
     config = make_config(tmp_path, [{"name": "a", "params": {"delay": 0.004}}],
                          defaults={"max_epochs": 4}, restart={"min_uptime": 0.0})

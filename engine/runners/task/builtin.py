@@ -10,10 +10,10 @@ from typing import Any
 from .api import Task
 
 
-def _optimizer(params: dict[str, Any], model):
+def _optimizer(params: dict[str, Any], model, lr: float = 0.05):
     import torch
 
-    lr = float(params.get("lr", 0.05))
+    lr = float(params.get("lr", lr))
     name = str(params.get("optimizer", "sgd")).lower()
     if name == "adam":
         return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=float(params.get("weight_decay", 0.0)))
@@ -44,7 +44,8 @@ def regression(params: dict[str, Any]) -> Task:
     split = int(samples * 0.8)
     torch.manual_seed(int(params.get("init_seed", 0)))
     model = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-    return Task(model=model, optimizer=_optimizer(params, model),
+    # lr 0.01 by default: SGD with momentum at 0.05 diverged to NaN within an epoch at the default batch size
+    return Task(model=model, optimizer=_optimizer(params, model, lr=0.01),
                 train_data=TensorDataset(x[:split], y[:split]), val_data=TensorDataset(x[split:], y[split:]),
                 loss_fn=nn.functional.mse_loss)
 
@@ -66,6 +67,7 @@ def digits(params: dict[str, Any]) -> Task:
     torch.manual_seed(int(params.get("init_seed", 0)))
     model = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(float(params.get("dropout", 0.1))),
                           nn.Linear(hidden, 10))
-    return Task(model=model, optimizer=_optimizer(params, model),
+    # lr 0.01 by default: SGD with momentum at 0.05 diverged to NaN within an epoch at the default batch size
+    return Task(model=model, optimizer=_optimizer(params, model, lr=0.01),
                 train_data=TensorDataset(x[:split], y[:split]), val_data=TensorDataset(x[split:], y[split:]),
                 loss_fn=nn.functional.cross_entropy, metrics_fn=_accuracy)
