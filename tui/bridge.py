@@ -125,7 +125,7 @@ def run_end(run_dir: Path) -> RunEnd:
         return RunEnd(False, [f"torchherd: run directory {run_dir}"], EXIT_FAILED)
     lines = [f"torchherd: run {summary.run_id} {summary.status}"]
     if summary.statuses:
-        lines.append("  " + ", ".join(f"{name} {status}" for name, status in summary.statuses.items()))
+        lines.append("  " + ", ".join(f"{name} {label}" for name, label in summary.labels.items()))
     lines.append(f"  run directory: {run_dir}")
     if summary.resumable:
         lines.append(f"  carry it on from its checkpoints: torchherd resume {run_dir}")

@@ -21,7 +21,7 @@ from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Ev
                              WorkerError,
                              TrainingStarted, WorkerExited, WorkerRestarting, WorkerStarted)
 from ..engine.protocol.names import ExitReason, ValidationMode
-from ..engine.protocol.states import WorkerState
+from ..engine.protocol.states import WorkerState, ended_label
 from ..engine.supervise.supervisor import Supervisor
 
 EXIT_OK = 0
@@ -50,6 +50,7 @@ class LinePrinter:
         self.totals: dict[str, int] = {}  # steps in all, once a pipeline has said (0: unknown)
         self.epochs_seen: set[str] = set()  # pipelines that ended an epoch: their epoch lines say enough
         self.step_line_at: dict[str, float] = {}
+        self.ended: dict[str, str] = {}  # each ended pipeline's state as people read it ('early stop', ...)
 
     def where(self, pipeline: str, epoch: int, step: int) -> str:
         """A saved state's place as people count epochs: 'after epoch 2' or 'in epoch 3, step 2,600'."""
@@ -176,14 +177,15 @@ class LinePrinter:
 
     def _pipeline_finished(self, ev: PipelineFinished) -> None:
         reason = f" ({ev.reason})" if ev.reason else ""
-        self.line(f"{ev.pipeline}: {ev.status}{reason}")
+        self.ended[ev.pipeline] = ended_label(ev.status, ev.reason)
+        self.line(f"{ev.pipeline}: {self.ended[ev.pipeline]}{reason}")
 
     def _client_command(self, ev: ClientCommand) -> None:
         what = f"{ev.action} {ev.pipeline}" if ev.pipeline else f"{ev.action} every pipeline"
         self.line(f"client pid {ev.client_pid}: {what}" + ("" if ev.ok else f" refused: {ev.text}"))
 
     def _run_finished(self, ev: RunFinished) -> None:
-        summary = ", ".join(f"{k} {v}" for k, v in ev.statuses.items())
+        summary = ", ".join(f"{k} {self.ended.get(k, v)}" for k, v in ev.statuses.items())
         self.line(f"run finished: {summary}")
 
 

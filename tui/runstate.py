@@ -16,7 +16,7 @@ from pathlib import Path
 from ..engine.protocol import messages as m
 from ..engine.protocol.names import ExitReason
 from ..engine.protocol.progress import PipelineProgress, apply as fold
-from ..engine.protocol.states import WorkerState
+from ..engine.protocol.states import WorkerState, ended_label
 from .formats import epoch_label, finish_text, fmt_num, is_loss_metric
 from .series import LossSeries
 
@@ -204,8 +204,9 @@ class RunState:
     def _run_finished(self, ev: m.RunFinished, _) -> None:
         self.finished = True
         self.rows_version += 1
+        labels = {k: ended_label(v, self.rows[k].finish_reason if k in self.rows else "") for k, v in ev.statuses.items()}
         self.note("info" if ev.ok else "error", "", "run finished: " +
-                  ", ".join(f"{k} {v}" for k, v in ev.statuses.items()), at=ev.time)
+                  ", ".join(f"{k} {v}" for k, v in labels.items()), at=ev.time)
 
     def _telemetry(self, ev: m.TelemetrySnapshot, _) -> None:
         self.telemetry = ev

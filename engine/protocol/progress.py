@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, replace
 
 from . import messages as m
-from .states import WorkerState
+from .states import EARLY_STOP, WorkerState
 
 
 def better(value: float, best: float | None, mode: str) -> bool:
@@ -24,6 +24,12 @@ def better(value: float, best: float | None, mode: str) -> bool:
     if best is None or not math.isfinite(best):
         return True
     return value > best if mode == "max" else value < best
+
+
+def early_stop_reason(metric: str, best: float | None, patience: int) -> str:
+    """Why `patience` validations without a better `metric` stopped a pipeline (begins with EARLY_STOP)."""
+    since = f"on {best:.6g} " if best is not None else ""
+    return f"{EARLY_STOP}: {metric} did not improve {since}in {patience} validations"
 
 
 def metric_value(metrics: dict[str, float], metric: str) -> float | None:

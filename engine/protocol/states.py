@@ -78,6 +78,22 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
 }
 
 
+# How the engine words the reasons that a final state alone does not tell apart.
+EARLY_STOP = "early stopping"  # begins the reason of a pipeline its validation stopped (`patience`)
+BEFORE_START = "before it started"  # ends the reason of a pipeline that ended without ever running
+
+
+def ended_label(state: WorkerState | str, reason: str = "") -> str:
+    """A final state as people read it: 'early stop' and 'never ran' are told apart from a stop on request
+    (the state itself stays 'stopped' or 'killed' in the records); any other state is its own name."""
+    value = WorkerState(state).value
+    if value in ("stopped", "killed") and reason.endswith(BEFORE_START):
+        return "never ran"
+    if value == "stopped" and reason.startswith(EARLY_STOP):
+        return "early stop"
+    return value
+
+
 class IllegalTransition(RuntimeError):
     """A state change the lifecycle does not allow."""
 

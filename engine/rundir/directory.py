@@ -14,7 +14,7 @@ import secrets
 import shutil
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,7 +22,7 @@ from ..config.schema import RunConfig
 from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
                                 StepMetrics, ValResult)
 from ..protocol.records import from_record, to_record
-from ..protocol.states import WorkerState
+from ..protocol.states import WorkerState, ended_label
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
 PID_FILE = "supervisor.pid"  # the pid of the torchherd process writing a run (or snapshot folder)
@@ -231,6 +231,13 @@ class RunSummary:
     pipelines: tuple[str, ...]
     statuses: dict[str, str]
     live: bool = False  # a torchherd process is still running it
+    reasons: dict[str, str] = field(default_factory=dict)  # why each pipeline ended
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Each ended pipeline's state as people read it ('early stop', 'never ran', 'completed', ...)."""
+        order = [*self.pipelines, *(n for n in self.statuses if n not in self.pipelines)]  # the config's order
+        return {n: ended_label(self.statuses[n], self.reasons.get(n, "")) for n in order if n in self.statuses}
 
     @property
     def to_resume(self) -> tuple[str, ...]:
@@ -280,9 +287,10 @@ def summarize(run_dir: Path) -> RunSummary | None:
     if started is None:
         return None
     statuses: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     for r in records:
         if r.get("type") == PipelineFinished.type:
-            statuses[r["pipeline"]] = r["status"]
+            statuses[r["pipeline"]], reasons[r["pipeline"]] = r["status"], r.get("reason", "")
     finished = [r for r in records if r.get("type") == RunFinished.type]
     pipelines = tuple(started.get("pipelines", ()))
     for r in records:
@@ -295,7 +303,7 @@ def summarize(run_dir: Path) -> RunSummary | None:
     else:
         status = "unfinished"
     return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,
-                      pipelines=pipelines, statuses=statuses, live=run_held(run_dir))
+                      pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons)
 
 
 

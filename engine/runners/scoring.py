@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from ..protocol.channel import StatusSender
 from ..protocol.messages import EarlyStop, Notice
-from ..protocol.progress import better
+from ..protocol.progress import better, early_stop_reason
 
 
 def open_pipeline(scorer: Any, name: str, directory: Path) -> None:
@@ -55,6 +55,5 @@ def keep_best(scorer: Any, sender: StatusSender, value: float, save: Callable[[]
         return
     scorer.since_best += 1
     if v.patience is not None and scorer.since_best >= v.patience:
-        sender.send(EarlyStop(pipeline=scorer.name, reason=(
-            f"early stopping: {v.metric} did not improve on {scorer.best:.6g} in {v.patience} validations")))
+        sender.send(EarlyStop(pipeline=scorer.name, reason=early_stop_reason(v.metric, scorer.best, v.patience)))
         scorer.since_best = 0

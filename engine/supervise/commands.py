@@ -10,7 +10,7 @@ import time
 
 from ..protocol.messages import CheckpointNow, Pause, Resume
 from ..protocol.names import Intent
-from ..protocol.states import WorkerState
+from ..protocol.states import BEFORE_START, WorkerState
 from .lifecycle import Lifecycle
 from .pipeline import PipelineRun
 
@@ -21,7 +21,7 @@ LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
 def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str) -> None:
     """Gracefully stop: finish the step, checkpoint, exit (or end now what has nothing to save)."""
     if run.state in (S.QUEUED, S.BACKOFF):
-        why = "stopped before it started" if run.state == S.QUEUED else "stopped"
+        why = f"stopped {BEFORE_START}" if run.state == S.QUEUED else "stopped"
         lifecycle.finish(run, S.STOPPED, why)  # QUEUED/BACKOFF -> STOPPED
     elif run.state in LIVE and run.current.start_step is None:
         # Still building its task: it hears no Stop until it trains, and it has trained
@@ -94,7 +94,8 @@ def end_at_shutdown(lifecycle: Lifecycle, run: PipelineRun) -> None:
 def settle_unreaped(lifecycle: Lifecycle, run: PipelineRun) -> None:
     """The session has ended and `run` has no process, yet no final state: it ends killed (stopped if asked)."""
     if not run.state.final and run.handle is None:
-        lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else S.STOPPED, run.finish_reason or "session ended")
+        why = run.finish_reason or ("session ended" + (f" {BEFORE_START}" if run.state == S.QUEUED else ""))
+        lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else S.STOPPED, why)
 
 
 def keep_ended(lifecycle: Lifecycle, run: PipelineRun, status: str) -> None:

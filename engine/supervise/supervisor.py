@@ -17,7 +17,7 @@ from ..hardware.placement import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
 from ..protocol.messages import (EarlyStop, Event, Heartbeat, Notice, PipelineQueued, RunFinished, RunStarted,
-                                 SnapshotTaken, TelemetrySnapshot, TrainingStarted, ValResult, WorkerError)
+                                 SnapshotTaken, TelemetrySnapshot, TrainingStarted, WorkerError)
 from ..protocol.states import WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
 from . import commands
@@ -66,8 +66,8 @@ class Supervisor:
         self._generation = 0  # of the cluster's nodes the slots were planned for (backend.follow)
         self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
                                     self._on_worker_events, lambda run: gpu_note(run, self.telemetry))
-        self._validation = ValidationService(self._backend, self._emit_validation, self.run_dir,
-                                             self.snapshot_root, self._on_val_result, self._on_early_stop)
+        self._validation = ValidationService(self._backend, self._emit_validation, self.run_dir, self.snapshot_root,
+                                             lambda _, ev: self._emit_validation(ev), self._on_early_stop)
         self._runs: dict[str, PipelineRun] = {}
         self._order = 0
         self._rundir: RunDirectory | None = None
@@ -330,14 +330,14 @@ class Supervisor:
                 for out in self._validation.on_snapshot(run.name, event):
                     self._emit(out)
                 continue
+            if isinstance(event, EarlyStop):  # inline validation's patience ran out
+                self._on_early_stop(run.name, event)
+                continue
             if isinstance(event, TrainingStarted) and run.state == S.STARTING:
                 self._lifecycle.set_state(run, S.RUNNING)  # STARTING -> RUNNING
             elif isinstance(event, WorkerError):
                 run.last_error, run.last_traceback = event.error, event.traceback
             self._emit(event)
-
-    def _on_val_result(self, name: str, event: ValResult) -> None:
-        self._emit_validation(event)
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
         self._emit_validation(event)

@@ -28,9 +28,10 @@ from . import LightningRunner
 from .data import ResumableSampler, resumable
 from .support import (PREPARED, LightningTask, build_for, monitors_problem,
                                                 prepare_once, val_monitors)
-from ...protocol.messages import CheckpointSaved, EpochEnd, Notice, Resumed, TrainingStarted, ValResult, WorkerError
+from ...protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult,
+                                  WorkerError)
 from ...protocol.names import PipelineKind, ValidationMode
-from ...protocol.progress import better
+from ...protocol.progress import better, early_stop_reason
 from ...worker.handoff import HandOff, snapshot_meta
 from ...worker.reporting import ReportWindow
 
@@ -85,6 +86,7 @@ class HerdHooks:
         self.r = runner
         self.batches = 0  # batches of the current epoch trained
         self.best: float | None = None
+        self.since_best = 0  # inline validations since the best, for `patience`
         self.stopping = False
         self.exit_code: int | None = None
         self._step = -1  # global_step at the last report check
@@ -187,10 +189,18 @@ class HerdHooks:
                    if v is not self._val_before.get(k) and (not torch.is_tensor(v) or v.numel() == 1)}
         r.send(ValResult(pipeline=r.name, epoch=trainer.current_epoch, step=trainer.global_step, metrics=metrics,
                          latency=time.monotonic() - self._val_start, mode=ValidationMode.INLINE))
-        value = metrics.get(r.validation.metric)
-        if value is not None and better(value, self.best, r.validation.metric_mode):
-            self.best = value
+        v = r.validation
+        value = metrics.get(v.metric)
+        if value is None:
+            return
+        if better(value, self.best, v.metric_mode):
+            self.best, self.since_best = value, 0
             r.save(trainer, "best", BEST)
+            return
+        self.since_best += 1
+        if v.patience is not None and self.since_best >= v.patience:  # the supervisor stops it, saying why
+            r.send(EarlyStop(pipeline=r.name, reason=early_stop_reason(v.metric, self.best, v.patience)))
+            self.since_best = 0
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         if self.stopping or self.exit_code is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .... import client_frames as wire
-from ...protocol.messages import CheckpointSaved, Resumed
+from ...protocol.messages import CheckpointSaved, EarlyStop, Resumed
 from ...worker.handoff import announce_snapshot
 from .validation import InlineScorer
 
@@ -90,5 +90,5 @@ class ClientFrames:
             self._frame(wire.Ack())
 
     def _early_stop(self, reason: str) -> None:
-        self.control.stop_reason = reason  # inline patience ran out: stop as the stop key would
+        self.sender.send(EarlyStop(pipeline=self.name, reason=reason))  # the supervisor stops it, saying why
 

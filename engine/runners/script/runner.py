@@ -28,7 +28,7 @@ from ...protocol.channel import EXIT_COMPLETED, EXIT_ERROR, EXIT_STOPPED
 from ...config.schema import patterns
 from ...protocol.messages import (Event, Notice, StepMetrics, TrainingStarted, ValResult,
                                   WorkerError)
-from ...protocol.progress import better, metric_value
+from ...protocol.progress import better, early_stop_reason, metric_value
 from ...protocol.names import PipelineKind, ValidationMode
 from ...worker.control import HEARTBEAT_INTERVAL
 from ...worker.handoff import snapshot_meta
@@ -349,8 +349,7 @@ class ScriptAttempt(ClientFrames):
             return
         self.since_best += 1
         if v.patience is not None and self.since_best >= v.patience:
-            self._early_stop(f"early stopping: {v.metric} did not improve on {self.best:.6g} "
-                             f"in {v.patience} validations")
+            self._early_stop(early_stop_reason(v.metric, self.best, v.patience))
 
     def _emit(self, event: Event, loss: float | None) -> None:
         """Send a step or epoch event; a `loss` the script reported that is NaN or infinite meets the NaN policy."""

@@ -18,9 +18,9 @@ import torch
 from ...worker import checkpoint as ckpt
 from ...protocol.channel import EXIT_COMPLETED, EXIT_STOPPED, StatusSender
 from ...config.schema import Pipeline, ValidationConfig
-from ...protocol.messages import CheckpointSaved, EpochEnd, Notice, Resumed, TrainingStarted, ValResult
+from ...protocol.messages import CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult
 from ...protocol.names import PipelineKind, ValidationMode
-from ...protocol.progress import better
+from ...protocol.progress import better, early_stop_reason
 from ...worker.control import WorkerControl
 from ...worker.data import make_loader
 from ...worker.evaluate import evaluate
@@ -66,6 +66,7 @@ class Trainer:
         self.batch_in_epoch = 0  # micro-batches of `epoch` already trained
         self.trained_time = 0.0  # seconds of training in earlier attempts
         self.best: float | None = None
+        self.since_best = 0  # inline validations since the best, for `patience`
         self.epoch_loss = torch.zeros((), device=self.device)
         self.epoch_batches = 0
         self._start: float | None = None  # monotonic time training began in this attempt
@@ -362,5 +363,10 @@ class Trainer:
         if value is None:
             return
         if better(value, self.best, v.metric_mode):
-            self.best = value
+            self.best, self.since_best = value, 0
             self.save("best", ckpt.BEST)
+            return
+        self.since_best += 1
+        if v.patience is not None and self.since_best >= v.patience:  # the supervisor stops it, saying why
+            self.sender.send(EarlyStop(pipeline=self.name, reason=early_stop_reason(v.metric, self.best, v.patience)))
+            self.since_best = 0

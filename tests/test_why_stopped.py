@@ -1,0 +1,85 @@
+"""Why a pipeline stopped, in the table, the summary and headless: an early stop, a stop on request and a
+pipeline that never ran read differently; inline validation's `patience` stops a Task pipeline early."""
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+
+from torchherd.engine.protocol.messages import EarlyStop, PipelineFinished, RunFinished, TrainingStarted
+from torchherd.engine.protocol.states import ended_label
+from torchherd.engine.rundir.directory import read_events, summarize
+from torchherd.engine.supervise.supervisor import Supervisor
+from torchherd.tui.bridge import run_end
+from torchherd.tui.headless import LinePrinter
+from tests.conftest import make_config, wait_for
+
+
+@pytest.mark.parametrize("status, reason, label", [
+    ("stopped", "early stopping: val_loss did not improve on 0.5 in 2 validations", "early stop"),
+    ("stopped", "stopped before it started", "never ran"),
+    ("killed", "session ended before it started", "never ran"),
+    ("stopped", "requested", "stopped"),
+    ("killed", "killed on request", "killed"),
+    ("completed", "trained to its limits", "completed"),
+    ("failed", "restart budget of 3 used up", "failed"),
+])
+def test_each_way_of_ending_reads_as_itself(status, reason, label):
+    assert ended_label(status, reason) == label
+
+
+def printed(*events) -> str:
+    out = io.StringIO()
+    printer = LinePrinter(out, start=0.0)
+    for event in events:
+        printer.handle(event)
+    return out.getvalue()
+
+
+# Regression: early-stopped, user-stopped and never-started pipelines all read `stopped`.
+def test_headless_says_why_each_stopped():
+    text = printed(
+        PipelineFinished(pipeline="a", status="stopped", reason="early stopping: val_loss did not improve"),
+        PipelineFinished(pipeline="b", status="stopped", reason="requested"),
+        PipelineFinished(pipeline="c", status="stopped", reason="stopped before it started"),
+        RunFinished(ok=False, statuses={"a": "stopped", "b": "stopped", "c": "stopped"}))
+    assert "run finished: a early stop, b stopped, c never ran" in text
+
+
+@pytest.mark.slow
+async def test_inline_patience_stops_a_task_pipeline_early(tmp_path):
+    # Regression: `patience` was only heard from the background validator; inline, a Task pipeline whose
+    # validation never improved trained all its epochs.
+    config = make_config(tmp_path, [{"name": "a", "task": "regression", "params": {"lr": 0.0}}],
+                         defaults={"max_epochs": 30}, validation={"mode": "inline", "patience": 2})
+    sup = Supervisor(config)
+    await sup.start()
+    try:
+        await asyncio.wait_for(sup.wait(), 120)
+    finally:
+        await sup.shutdown(graceful=False)
+    events = read_events(sup.run_dir)
+    assert [e for e in events if isinstance(e, EarlyStop)]
+    finished = [e for e in events if isinstance(e, PipelineFinished)][-1]
+    assert finished.status == "stopped" and finished.reason.startswith("early stopping: val_loss did not improve")
+    assert finished.epoch < 30
+    assert summarize(sup.run_dir).labels == {"a": "early stop"}
+
+
+@pytest.mark.slow
+async def test_a_queued_pipeline_stopped_with_the_run_never_ran(tmp_path):
+    # Regression: the quit summary said `b stopped` for a pipeline that was only queued.
+    config = make_config(tmp_path, [{"name": "a"}, {"name": "b"}], defaults={"max_epochs": 50},
+                         devices={"cpu_slots": 1})
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        await wait_for(stream, lambda e: isinstance(e, TrainingStarted))
+        sup.stop()
+        await asyncio.wait_for(sup.wait(), 120)
+    finally:
+        await sup.shutdown(graceful=False)
+    assert summarize(sup.run_dir).labels == {"a": "stopped", "b": "never ran"}
+    assert "  a stopped, b never ran" in run_end(sup.run_dir).lines
