@@ -240,3 +240,33 @@ async def test_a_failure_reason_reads_without_brackets_in_brackets(make_app, ses
         want = "finished failed: restart budget of 0 used up: ZeroDivisionError: float division by zero"
         await wait_for(pilot, lambda: want in log_texts(app), what="the failure line")
         assert not any("))" in text for text in log_texts(app))
+
+
+# Regression: at 80x24 the table dropped the device and try columns (which GPU, how many restarts spent) but
+# kept elapsed; with 12 pipelines 4 rows showed and nothing said there were 8 more.
+async def test_at_80_columns_the_table_keeps_device_and_try_and_says_how_many_rows_are_hidden():
+    from textual.app import App
+
+    from torchherd.engine.protocol.progress import PipelineProgress
+
+    class TableOnly(App):
+        CSS = "PipelineTable { max-height: 7; }"
+
+        def compose(self):
+            yield PipelineTable()
+
+    app = TableOnly()
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.query_one(PipelineTable)
+        rows = [PipelineProgress(f"p{i}", device=f"cuda:{i % 8}") for i in range(12)]
+        table.update_rows(rows, now=0.0, terminal_width=80)
+        await pilot.pause()
+        keys = [c.key for c in table.visible_columns()]
+        assert "device" in keys and "attempt" in keys and "elapsed" not in keys
+        assert sum(c.width + 1 for c in table.visible_columns()) <= 78
+        assert table.border_subtitle == "rows 1-4 of 12 ↑↓"
+        await pilot.press("end")
+        assert table.border_subtitle == "rows 9-12 of 12 ↑↓"
+        table.styles.max_height = 20  # room for every row: nothing to say
+        await pilot.pause()
+        assert table.border_subtitle == ""

@@ -22,7 +22,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from ...engine.protocol.progress import PipelineProgress
-from ...engine.protocol.states import WorkerState
+from ...engine.protocol.states import WorkerState, ended_label
 from ..formats import fmt_count, fmt_device, fmt_duration, fmt_num, metric_label
 
 S = WorkerState
@@ -74,14 +74,16 @@ class Column:
     compact: bool
 
 
-# The widths plus a space each fit WIDE - 2 (the border); the compact ones fit 78 (80 columns).
+# The widths plus a space each fit WIDE - 2 (the border); the compact ones fit 78 (80 columns): what people act
+# on stays (which device, how many restarts spent, the state, where it is, its losses, when it ends); the
+# progress bar, best, samples/s and elapsed go.
 COLUMNS = (
     Column("name", "pipeline", 14, lambda r, now, w: r.name, True),
-    Column("device", "device", 6, lambda r, now, w: fmt_device(r.device, w), False),
-    Column("state", "state", 9, lambda r, now, w: r.state.value, True),
-    Column("attempt", "try", 7, lambda r, now, w: fmt_try(r, w), False),
+    Column("device", "device", 6, lambda r, now, w: fmt_device(r.device, w), True),
+    Column("state", "state", 10, lambda r, now, w: ended_label(r.state, r.finish_reason), True),
+    Column("attempt", "try", 7, lambda r, now, w: fmt_try(r, w), True),
     Column("step", "epoch step", 12, lambda r, now, w: fmt_epoch_step(r, w), True),
-    Column("progress", "progress", 10, lambda r, now, w: fmt_progress(r, w), True),
+    Column("progress", "progress", 10, lambda r, now, w: fmt_progress(r, w), False),
     Column("loss", "loss", 7, lambda r, now, w: fmt_num(r.train_loss, w), True),
     Column("val", "val", 8, lambda r, now, w: fmt_num(r.val_value, w), True),
     Column("best", "best", 8, lambda r, now, w: fmt_num(r.best, w), False),
@@ -168,6 +170,7 @@ class PipelineTable(Widget, can_focus=True):
                 self._refresh_cells(self.names.index(row.name), [k for k in values if values[k] != old[k]])
         if relayout:
             self.refresh(layout=True)
+        self._say_rows()
         if first and self.names:
             self.post_message(self.Selected(self.names[0]))
 
@@ -177,6 +180,19 @@ class PipelineTable(Widget, can_focus=True):
 
     def _visible_rows(self) -> int:
         return max(1, self.size.height - 1)
+
+    def _say_rows(self) -> None:
+        """'rows 5-8 of 12' under the table while some rows do not fit; nothing when all do."""
+        n, visible = len(self.names), self._visible_rows()
+        self.border_subtitle = f"rows {self.top + 1}-{min(n, self.top + visible)} of {n} ↑↓" \
+            if self.size.height and n > visible else ""
+
+    def on_resize(self) -> None:
+        visible = self._visible_rows()
+        self.top = max(0, min(self.top, len(self.names) - visible, self.cursor))  # keep the cursor in view
+        if self.cursor >= self.top + visible:
+            self.top = self.cursor - visible + 1
+        self._say_rows()
 
     def _refresh_cells(self, index: int, keys: list[str]) -> None:
         """Repaint just these cells of a row: the terminal then gets a few short spans, not the line."""
@@ -235,6 +251,7 @@ class PipelineTable(Widget, can_focus=True):
         if self.cursor < self.top or self.cursor >= self.top + visible:
             self.top = max(0, min(self.cursor, self.cursor - visible + 1))
             self.refresh()
+            self._say_rows()
         else:
             self._refresh_row(old)
             self._refresh_row(self.cursor)
