@@ -28,6 +28,9 @@ pytestmark = pytest.mark.slow
 
 FLOOD = {"batch_size": 1, "log_every_n_steps": 1, "params": {"samples": 1500}}  # a report per step, no delay
 LONG_FLOOD = {**FLOOD, "params": {"samples": 5000}}  # lasts while a test catches it mid-write
+# Longer still: catching a torn batch can take many tries on a loaded machine, and a victim that completed
+# first closed the very pipe the test was watching ("handle is closed").
+VICTIM = {**FLOOD, "params": {"samples": 20000}}
 CALM = {"params": {"samples": 256, "delay": 0.002}}
 
 
@@ -97,7 +100,7 @@ async def test_a_flood_and_a_kill_mid_write_leave_the_other_channels_alone(tmp_p
     gate = tmp_path / "victim-killed"
     config = faulty_config(tmp_path, [{"name": "flood", **LONG_FLOOD,
                                        "params": {**LONG_FLOOD["params"], "gate_file": str(gate), "gate_at_call": 2000}},
-                                      {"name": "victim", **LONG_FLOOD},
+                                      {"name": "victim", **VICTIM},
                                       {"name": "calm", "params": {"samples": 256, "delay": 0.002,
                                                                   "gate_file": str(gate), "gate_at_call": 3}}],
                            defaults={"max_epochs": 3}, devices={"cpu_slots": 3}, restart={"min_uptime": 0.0})
