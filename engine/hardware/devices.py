@@ -126,8 +126,8 @@ def discover_devices(nvml=None) -> Inventory:
     gpus = filter_visible([info for info, _ in found], visible)
     if gpus:
         note = "; ".join(skipped)  # GPUs that are usable, and any that were not
-    elif found and visible is not None:
-        note = "no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides them all); using CPU slots"
+    elif found and visible is not None:  # it may name a GPU that was skipped: say why that one was
+        note = "; ".join(skipped + ["no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides them all); using CPU slots"])
     else:
         note = "; ".join(skipped + ["no usable NVIDIA GPU; using CPU slots"])
     return Inventory(gpus=tuple(gpus), cpu_count=cpus, note=note, driver=driver, visible=visible)
