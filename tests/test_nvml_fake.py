@@ -21,7 +21,7 @@ from torchherd.engine.protocol.messages import OWNER_OTHER, GpuProcess
 from torchherd.engine.telemetry.sampler import TelemetrySampler
 from tests.conftest import make_config
 from tests.nvml_fake import (GPU_IS_LOST, NO_PERMISSION, NOT_SUPPORTED, UNINITIALIZED, FakeDriver, FakeGpu,
-                             GiB, uuid_of)
+                             GiB, bound_in_process, uuid_of)
 
 MiB = 1 << 20
 SAMPLE_CONFIGS = Path(__file__).resolve().parent.parent / "sample_configs"
@@ -62,6 +62,15 @@ def test_pynvml_binds_the_fake_and_gets_nvml_answers(fake_nvml: FakeDriver):
             pynvml.nvmlDeviceGetHandleByIndex(1)
     finally:
         pynvml.nvmlShutdown()
+
+
+def test_the_fake_is_unloaded_after_a_test_so_later_ones_meet_the_machine(fake_nvml_library, monkeypatch):
+    monkeypatch.delenv("FAKE_NVML_STATE", raising=False)
+    with bound_in_process(fake_nvml_library):
+        with pytest.raises(pynvml.NVMLError_DriverNotLoaded):  # no state file: a library without its driver
+            pynvml.nvmlInit()
+        assert str(fake_nvml_library) in Path("/proc/self/maps").read_text()
+    assert str(fake_nvml_library) not in Path("/proc/self/maps").read_text() and pynvml.nvmlLib is None
 
 
 # ------------------------------------------------------------------------------------------- discovery

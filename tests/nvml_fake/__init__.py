@@ -5,8 +5,9 @@ machine, down to the C calls, struct layouts and return codes. `FakeDriver` writ
 library re-reads on every call (so a GPU can fall off the bus mid-run) and reads back the calls it logged.
 
 In this process, `bound_in_process` loads the library by its path first: glibc then answers pynvml's
-`CDLL("libnvidia-ml.so.1")` with it, since a loaded library is matched by its SONAME. A subprocess finds
-it through LD_LIBRARY_PATH (`FakeDriver.env`).
+`CDLL("libnvidia-ml.so.1")` with it, since a loaded library is matched by its SONAME (on a machine whose
+driver's library an earlier test loaded, pynvml is handed the fake directly). A subprocess finds it
+through LD_LIBRARY_PATH (`FakeDriver.env`).
 """
 from __future__ import annotations
 
@@ -118,21 +119,17 @@ def _forget_library(pynvml) -> None:
 
 @contextmanager
 def bound_in_process(library: Path):
-    """pynvml in this process bound to the fake at `library` for the block, and forgetting it after.
-
-    Raises RuntimeError when another libnvidia-ml.so.1 (a real driver's) is already loaded here: glibc would
-    hand pynvml that one instead.
-    """
+    """pynvml in this process bound to the fake at `library` for the block; after it, unloaded and forgotten."""
     import pynvml
 
     _forget_library(pynvml)
     ours = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
     handles = [ours._handle]
     try:
-        pynvml._LoadNvmlLibrary()
+        pynvml._LoadNvmlLibrary()  # its CDLL("libnvidia-ml.so.1") is answered with the fake, matched by SONAME
         handles.append(pynvml.nvmlLib._handle)
         if not hasattr(pynvml.nvmlLib, "fakeNvmlIsFake"):
-            raise RuntimeError("a driver's libnvidia-ml.so.1 is already loaded in this process")
+            pynvml.nvmlLib = ours  # a driver's library was loaded here first, and glibc matched that one
         yield
     finally:
         _forget_library(pynvml)
