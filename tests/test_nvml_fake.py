@@ -5,6 +5,7 @@ writes, so the code paths here are the ones a GPU machine runs: nothing of pynvm
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,9 +18,12 @@ import pytest
 from torchherd.engine.config.schema import DevicesConfig
 from torchherd.engine.hardware.devices import GpuInfo, discover_devices
 from torchherd.engine.hardware.placement import describe_plan, plan_slots
-from torchherd.engine.protocol.messages import OWNER_OTHER, GpuProcess
+from torchherd.engine.protocol.messages import OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, TelemetrySnapshot, WorkerStarted
+from torchherd.engine.supervise.supervisor import Supervisor
 from torchherd.engine.telemetry.sampler import TelemetrySampler
 from tests.conftest import make_config
+from tests.conftest import wait_for as wait_for_event
+from tests.faults.support import faulty_config, finish, supervised
 from tests.nvml_fake import (GPU_IS_LOST, NO_PERMISSION, NOT_SUPPORTED, UNINITIALIZED, FakeDriver, FakeGpu,
                              GiB, bound_in_process, uuid_of)
 
@@ -262,6 +266,35 @@ def _function(call: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ subprocess
+
+@pytest.mark.slow
+async def test_a_supervisor_gives_its_training_worker_the_gpu_memory_nvml_lists_for_its_pid(fake_nvml: FakeDriver,
+                                                                                            tmp_path):
+    fake_nvml.gpus = gpus(2)
+    fake_nvml.write()
+    gate = tmp_path / "gate"
+    # CPU slots: this torch may have no CUDA; the fake GPUs are there to be sampled
+    config = faulty_config(tmp_path, [{"name": "a", "params": {"samples": 640, "gate_file": str(gate),
+                                                               "gate_at_call": 3}}],
+                           defaults={"max_epochs": 1}, devices={"placement": "cpu", "cpu_slots": 1},
+                           validation={"mode": "off"}, telemetry={"interval": 0.05, "persist_every": 0.05})
+    sup = Supervisor(config)
+    assert [g.uuid for g in sup.inventory.gpus] == [uuid_of(0), uuid_of(1)]
+    async with supervised(sup) as stream:
+        started = await wait_for_event(stream, lambda e: isinstance(e, WorkerStarted) and e.pipeline == "a")
+        fake_nvml.gpus[1].processes = [(started.pid, 2 * GiB), (1, 1 * GiB)]
+        fake_nvml.write()
+        snap = await wait_for_event(stream, lambda e: isinstance(e, TelemetrySnapshot) and e.processes and
+                                    e.processes[0].gpu_memory == 2 * GiB)
+        g0, g1 = snap.gpus
+        assert g0.processes == () and g1.mem_other == 1 * GiB
+        assert [(p.pid, p.owner) for p in g1.processes][0] == (started.pid, "a")
+        assert g1.processes[1].owner in (OWNER_OTHER, OWNER_UNKNOWN)  # unknown inside a container
+        gate.touch()
+        assert (await finish(sup))["a"] == "completed"
+    saved = [json.loads(line) for line in (sup.run_dir / "telemetry.jsonl").read_text().splitlines()]
+    assert any(p["gpu_memory"] == 2 * GiB for r in saved for p in r["processes"])
+
 
 @pytest.mark.slow
 def test_check_in_a_subprocess_plans_one_pipeline_per_fake_gpu(fake_nvml_library, tmp_path):
