@@ -3,15 +3,12 @@ from __future__ import annotations
 
 import os
 
-import pytest
 from textual.geometry import Region
 
 from torchherd.engine.telemetry.sampler import TelemetrySampler
-from torchherd.tui.widgets.device_pane import DevicePane
+from torchherd.tui.widgets.device_pane import DevicePane, describe
 from tests.nvml_fake import GPU_IS_LOST, FakeDriver, FakeGpu, GiB
 from tests.tui.pilots import launch, settled, wait_for
-
-pytestmark = pytest.mark.asyncio
 
 
 def shown(widget) -> list[str]:
@@ -51,3 +48,18 @@ async def test_the_devices_pane_shows_eight_gpus_at_80x24_and_one_that_is_lost(m
                 assert ("GPU is lost" in row) == (i == lost) and (f"{10 + i}.0/80.0 GiB" in row) == (i != lost)
             assert any(r.startswith("│ host ") for r in rows), "\n".join(rows)
     sampler.stop()
+
+
+# Regression: a GPU NVML could not open when sampling began (lost, no permission) was left out of the pane
+# without a word, the pane showing the sampler's note only when there was no GPU at all.
+def test_a_gpu_lost_before_sampling_began_is_named_in_the_pane(fake_nvml: FakeDriver):
+    fake_nvml.gpus = [FakeGpu() for _ in range(3)]
+    fake_nvml.gpus[1].fail = GPU_IS_LOST
+    fake_nvml.write()
+    sampler = TelemetrySampler(in_container=False)
+    snapshot = sampler.sample_once()
+    sampler.stop()
+    assert [g.index for g in snapshot.gpus] == [0, 2]
+    for width in (None, 26):
+        text = describe(snapshot, width).plain
+        assert "GPU0 " in text and "GPU2 " in text and "GPU 1 skipped" in text and "GPU is lost" in text

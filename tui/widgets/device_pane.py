@@ -6,6 +6,8 @@ still show at 80x24.
 """
 from __future__ import annotations
 
+import re
+
 from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
@@ -43,6 +45,11 @@ def _fit(parts: list[Part], width: int | None) -> list[Part]:
     return [part for i, part in enumerate(parts) if i in keep]
 
 
+def _short(note: str, width: int | None) -> str:
+    """`note` for a narrow pane: "GPU is lost", not "NVMLError_GpuIsLost: GPU is lost"."""
+    return note if width is None else re.sub(r"NVMLError_\w+: ", "", note)
+
+
 def describe(snapshot: TelemetrySnapshot | None, width: int | None = None) -> Text:
     """The pane's text for one snapshot (None: nothing sampled yet); with `width`, one row of it a line."""
     out = Text()
@@ -63,13 +70,14 @@ def describe(snapshot: TelemetrySnapshot | None, width: int | None = None) -> Te
         power = "n/a" if g.power_draw is None else \
             f"{g.power_draw:.0f}" + (f"/{g.power_limit:.0f}" if g.power_limit else "") + " W"
         owners = sorted({p.owner for p in g.processes or ()})
-        # one row: "GPU is lost", not "NVMLError_GpuIsLost: GPU is lost"
-        note = g.note if width is None else g.note.rpartition(": ")[2]
+        note = _short(g.note, width)
         lines.append([(f"{g.node}:GPU{g.index} " if g.node else f"GPU{g.index} ", "bold", 0),
                       (_bar(g.util_gpu), "green", 4), (f" {_na(g.util_gpu, 'd', '%'):>4}", "", 1),
                       (f" {mem}", "", 2), (f" {_na(g.temperature, 'd', '°C')}", "", 3), (f" {power}", "", 5),
                       (" " + ",".join(owners) if owners else "", "cyan", 6),
                       (f" {note}" if note else "", "yellow", 0)])
+    if snapshot.gpu_note and any(not g.node for g in snapshot.gpus):  # this machine's GPUs NVML could not open
+        lines.append([(_short(snapshot.gpu_note, width), "yellow", 0)])
     mem = "n/a" if snapshot.host_mem_used is None or snapshot.host_mem_total is None else \
         f"{snapshot.host_mem_used / GIB:.1f}/{snapshot.host_mem_total / GIB:.1f} GiB"
     lines.append([("host ", "bold", 0), (_bar(snapshot.host_cpu_percent), "green", 4),
