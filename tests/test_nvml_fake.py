@@ -21,8 +21,7 @@ from torchherd.engine.hardware.placement import describe_plan, plan_slots
 from torchherd.engine.protocol.messages import OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, TelemetrySnapshot, WorkerStarted
 from torchherd.engine.supervise.supervisor import Supervisor
 from torchherd.engine.telemetry.sampler import TelemetrySampler
-from tests.conftest import make_config
-from tests.conftest import wait_for as wait_for_event
+from tests.conftest import make_config, wait_for as wait_for_event
 from tests.faults.support import faulty_config, finish, supervised
 from tests.nvml_fake import (GPU_IS_LOST, NO_PERMISSION, NOT_SUPPORTED, UNINITIALIZED, FakeDriver, FakeGpu,
                              GiB, bound_in_process, uuid_of)
