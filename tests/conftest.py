@@ -91,3 +91,26 @@ def no_orphans():
         except psutil.NoSuchProcess:
             pass
     assert not names, f"child processes left behind: {names}"
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_library(tmp_path_factory) -> Path:
+    """The fake NVIDIA driver library (tests/nvml_fake/fake_nvml.c), built once per test session."""
+    from tests.nvml_fake import build, compiler
+
+    if compiler() is None:
+        pytest.skip("no C compiler (cc or gcc) to build the fake NVML library with")
+    return build(tmp_path_factory.mktemp("nvml"))
+
+
+@pytest.fixture
+def fake_nvml(fake_nvml_library: Path, tmp_path: Path, monkeypatch):
+    """A `FakeDriver` with no GPUs yet, that pynvml in this process is bound to for the test."""
+    from tests.nvml_fake import FakeDriver, bound_in_process
+
+    driver = FakeDriver(tmp_path / "fake-nvml", fake_nvml_library)
+    monkeypatch.setenv("FAKE_NVML_STATE", str(driver.state))
+    monkeypatch.setenv("FAKE_NVML_LOG", str(driver.log))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with bound_in_process(fake_nvml_library):
+        yield driver

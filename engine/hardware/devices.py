@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+NVML_ERROR_GPU_IS_LOST = 15  # pynvml's value
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -17,7 +19,7 @@ class GpuInfo:
     index: int
     name: str
     uuid: str
-    memory_total: int  # bytes
+    memory_total: int | None  # bytes; None where NVML does not say (unified memory: GB10, Jetson)
 
 
 @dataclass(frozen=True)
@@ -72,20 +74,29 @@ def list_gpus(nvml: Any) -> tuple[list[tuple[GpuInfo, Any]], list[str]]:
     """Every GPU an initialised NVML reports, with its handle, and one line per GPU it could not read.
 
     One bad GPU (lost, or not ours to open in a container) is skipped rather than
-    hiding the others; a failure to count them at all raises.
+    hiding the others; a failure to count them at all raises. Memory NVML will not
+    report (unified memory is "not supported") leaves the GPU in, its total unknown.
     """
     found, skipped = [], []
     for i in range(nvml.nvmlDeviceGetCount()):
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(i)
             info = GpuInfo(index=i, name=_text(nvml.nvmlDeviceGetName(handle)),
-                           uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-                           memory_total=int(nvml.nvmlDeviceGetMemoryInfo(handle).total))
+                           uuid=_text(nvml.nvmlDeviceGetUUID(handle)), memory_total=_memory_total(nvml, handle))
         except Exception as exc:  # NVMLError_GpuIsLost, NoPermission, ...
             skipped.append(f"GPU {i} skipped ({nvml_reason(exc)})")
             continue
         found.append((info, handle))
     return found, skipped
+
+
+def _memory_total(nvml: Any, handle: Any) -> int | None:
+    try:
+        return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except Exception as exc:
+        if gpu_is_lost(exc):
+            raise  # a lost GPU is skipped, not listed
+        return None
 
 
 def discover_devices(nvml=None) -> Inventory:
@@ -115,8 +126,8 @@ def discover_devices(nvml=None) -> Inventory:
     gpus = filter_visible([info for info, _ in found], visible)
     if gpus:
         note = "; ".join(skipped)  # GPUs that are usable, and any that were not
-    elif found and visible is not None:
-        note = "no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides them all); using CPU slots"
+    elif found and visible is not None:  # it may name a GPU that was skipped: say why that one was
+        note = "; ".join(skipped + ["no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides them all); using CPU slots"])
     else:
         note = "; ".join(skipped + ["no usable NVIDIA GPU; using CPU slots"])
     return Inventory(gpus=tuple(gpus), cpu_count=cpus, note=note, driver=driver, visible=visible)
@@ -124,6 +135,11 @@ def discover_devices(nvml=None) -> Inventory:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def gpu_is_lost(exc: BaseException) -> bool:
+    """NVML's "GPU is lost": the GPU fell off the bus and answers nothing until a reset."""
+    return getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST or "GpuIsLost" in type(exc).__name__
 
 
 def nvml_reason(exc: BaseException) -> str:

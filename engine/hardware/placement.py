@@ -98,7 +98,8 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
     lines = []
     if inventory.gpus:
         for g in inventory.gpus:
-            lines.append(f"GPU {g.index}: {g.name}, {g.memory_total / 2**30:.1f} GiB ({g.uuid})")
+            memory = "memory n/a" if g.memory_total is None else f"{g.memory_total / 2**30:.1f} GiB"
+            lines.append(f"GPU {g.index}: {g.name}, {memory} ({g.uuid})")
     else:
         lines.append(inventory.note or "no NVIDIA GPU; using CPU slots")
     lines.append(f"{len(slots)} slot{'s' if len(slots) != 1 else ''}: " + ", ".join(s.label for s in slots))

@@ -396,4 +396,4 @@ class TelemetrySnapshot(Event):
     host_mem_total: int | None = None  # bytes
     load1: float | None = None  # 1-minute load average
     sample_ms: float = 0.0  # milliseconds the pass took
-    gpu_note: str = ""  # one line on why there are no GPUs, when there are none
+    gpu_note: str = ""  # one line on why there are no GPUs, or which of this machine's NVML could not open

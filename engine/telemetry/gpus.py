@@ -10,10 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..hardware.devices import GpuInfo, filter_visible, list_gpus, nvml_reason, visible_from_env
+from ..hardware.devices import GpuInfo, filter_visible, gpu_is_lost, list_gpus, nvml_reason, visible_from_env
 from ..protocol.messages import GpuProcess, GpuSample
-
-NVML_ERROR_GPU_IS_LOST = 15  # pynvml's value; a lost GPU is not asked again
 
 
 @dataclass
@@ -106,7 +104,7 @@ class GpuReader:
                 return fn(gpu.handle, *args)
             except Exception as exc:  # NotSupported, NoPermission, GpuIsLost, ...
                 errors.append(exc)
-                if getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST or "GpuIsLost" in type(exc).__name__:
+                if gpu_is_lost(exc):
                     gpu.lost = nvml_reason(exc)
                 return None
 
