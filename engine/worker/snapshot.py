@@ -154,7 +154,7 @@ class SnapshotWriter:
         """
         start = time.perf_counter()
         self.seq += 1
-        busy = self.in_flight()
+        busy = self._flight is not None and self.in_flight()
         slot = None if busy else self._choose()[0]
         checksum = weights_checksum(self.model.state_dict()) if self.checksum else None
         if slot is None:
