@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -209,15 +210,23 @@ class Client:
         if self.writer is None or self.writer.model is not model:
             from torchherd.engine.worker.snapshot import SnapshotWriter
 
-            seq = self.writer.seq if self.writer is not None else snap.seq
-            self.writer = SnapshotWriter(Path(snap.dir), model, snap.slots, snap.policy, snap.checksum, snap.meta)
+            seq = snap.seq
+            if self.writer is not None:
+                seq = self.writer.seq
+                self.writer.close()  # its last copy lands before a new writer takes the slots
+            self.writer = SnapshotWriter(Path(snap.dir), model, snap.slots, snap.policy, snap.checksum, snap.meta,
+                                         staging=snap.staging)
             self.writer.seq = seq
+            for _, text in self.writer.opening_notices():
+                print(f"torchherd: {text}", file=sys.stderr, flush=True)
         with self.order:
             self.flush()
             epoch = epoch if epoch is not None else (self.epoch_done if self.epoch_done is not None else self.epoch)
             step = step if step is not None else self.step
             info = self.writer.hand_off(epoch, step)
             inline = snap.mode == "inline"
+            if inline:  # the runner scores the slot as soon as it hears of it: it must be published by then
+                self.writer.flush()
             self._acked.clear()
             self.send(wire.Snapshot(epoch=epoch, step=step, wait=inline, **info))
         if inline:  # validation runs in the worker now; the loop waits for it, as inline means

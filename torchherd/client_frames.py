@@ -105,12 +105,13 @@ class Snapshot(Frame):
     nbytes: int
     checksum: float | None = None
     dropped: bool = False
+    reason: str = ""
     wait: bool = False
 
     def info(self) -> dict[str, Any]:
         """What a SnapshotTaken event carries beyond the pipeline, epoch and step."""
         return {"seq": self.seq, "slot": self.slot, "stall_ms": self.stall_ms, "nbytes": self.nbytes,
-                "checksum": self.checksum, "dropped": self.dropped}
+                "checksum": self.checksum, "dropped": self.dropped, "reason": self.reason}
 
 
 # ------------------------------------------------------------ runner -> script
@@ -194,6 +195,7 @@ class SnapshotTarget:
     checksum: bool
     seq: int  # the newest seq an earlier attempt handed off: numbers keep rising
     meta: dict[str, Any]  # the snapshot meta the validator reads (worker/handoff.py: snapshot_meta)
+    staging: bool = True  # validation.handoff_staging: a CUDA hand-off goes through a device buffer
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))

@@ -249,6 +249,11 @@ class ValidationConfig(_Strict):
         "Stop a pipeline after this many validations without improving `metric` (early stopping)."))
     checksum: bool = Field(False, description=(
         "Record a checksum of every snapshot and of the weights validated (costs one pass over the weights)."))
+    handoff_staging: bool = Field(True, description=(
+        "On a GPU, a hand-off first copies the weights to a buffer on the same GPU (training waits only for "
+        "that on-device copy; the copy to shared memory runs beside training), which holds GPU memory the size "
+        "of the weights; false gives that memory back and copies straight to shared memory, so training's "
+        "next kernels wait for the copy over the bus."))
 
 
 class RestartConfig(_Strict):

@@ -187,7 +187,8 @@ class SnapshotTaken(Event):
     stall_ms: float  # how long training waited for the copy
     nbytes: int
     checksum: float | None = None  # sum of every weight, when validation.checksum is on
-    dropped: bool = False  # policy "all" and every slot unread: this snapshot was not kept
+    dropped: bool = False  # this snapshot was not kept (every slot unread under policy "all", or a copy in flight)
+    reason: str = ""  # why it was dropped
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

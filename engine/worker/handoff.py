@@ -2,8 +2,8 @@
 
 `HandOff` makes the `SnapshotWriter` once training starts, keeps the snapshot numbers
 rising across attempts, and reports each hand-off as `SnapshotTaken` (with a warning
-when policy 'all' dropped it). A script's hand-offs happen in its own process; its
-runner reports them with `announce_snapshot`. No torch is imported until a writer is made.
+when it was dropped). A script's hand-offs happen in its own process; its runner
+reports them with `announce_snapshot`. No torch is imported until a writer is made.
 """
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ def announce_snapshot(sender: StatusSender, name: str, epoch: int, step: int, in
     when it was dropped; `at` says where it was taken ("of epoch 2 step 40", "at step 40")."""
     sender.send(SnapshotTaken(pipeline=name, epoch=epoch, step=step, **info))
     if info["dropped"]:
-        sender.send(Notice(pipeline=name, level="warning", text=(
-            f"snapshot {at} dropped: all {slots} slots hold snapshots the validator has not read (policy 'all')")))
+        # A client older than `reason` only ever dropped for want of a slot.
+        reason = info.get("reason") or f"all {slots} slots hold snapshots the validator has not read (policy 'all')"
+        sender.send(Notice(pipeline=name, level="warning", text=f"snapshot {at} dropped: {reason}"))
 
 
 class HandOff:
@@ -54,8 +55,11 @@ class HandOff:
         from .snapshot import SnapshotWriter
 
         v = self.validation
-        self.writer = SnapshotWriter(self.directory, model, v.slots, v.policy, v.checksum, meta)
+        self.writer = SnapshotWriter(self.directory, model, v.slots, v.policy, v.checksum, meta,
+                                     staging=v.handoff_staging)
         self.writer.seq = self.seq
+        for level, text in self.writer.opening_notices():
+            self.sender.send(Notice(pipeline=self.name, level=level, text=text))
 
     def hand_off(self, epoch: int, step: int) -> None:
         """Copy the weights into a slot for the validator and carry on training."""
@@ -65,3 +69,9 @@ class HandOff:
         self.seq = info["seq"]
         announce_snapshot(self.sender, self.name, epoch, step, info, self.validation.slots,
                           f"of epoch {epoch + 1} step {step}")
+
+    def close(self) -> None:
+        """Publish the snapshot whose copy is still running (waiting for it) and release the slots' pinning:
+        before the worker exits, or the validator would wait for a snapshot that never comes."""
+        if self.writer is not None:
+            self.writer.close()

@@ -4,7 +4,8 @@ Each pipeline gets `slots` buffers the size of its weights, memory-mapped files
 under /dev/shm, plus a small header of int64 fields per slot. A slot is guarded
 by a sequence lock: the writer makes its version odd while copying and even when
 done, and a reader that sees the version change under it discards what it read,
-so neither side ever waits for the other.
+so neither side ever waits for the other. On a GPU the copy runs on after `hand_off` returns
+(worker/cuda_copy.py) and the slot is published once it has landed (worker/publisher.py).
 """
 from __future__ import annotations
 
@@ -12,14 +13,20 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .copy_engine import CopyEngine, engine_for
+from .publisher import Flight, Publisher
+
 # Header fields, one int64 each per slot.
 VERSION, SEQ, EPOCH, STEP, HANDOFF_NS, CONSUMED, FIELDS = 0, 1, 2, 3, 4, 5, 8
 ALIGN = 64  # bytes; each tensor starts on a cache line
+SLOTS_UNREAD = "all {slots} slots hold snapshots the validator has not read (policy 'all')"
+IN_FLIGHT = "the previous snapshot's copy off the GPU is still running"
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,15 @@ def weights_checksum(state: dict[str, torch.Tensor]) -> float:
 
 
 class SnapshotWriter:
-    """Worker side: copies the model's weights into a free slot and publishes it."""
+    """Worker side: copies the model's weights into a free slot and publishes it.
+
+    One copy at a time: a hand-off while the previous copy is still in flight is dropped (its `reason`
+    says so). `staging` lets a CUDA copy go through a device buffer (worker/cuda_copy.py); `make_engine`
+    replaces `engine_for` (tests drive the writer with a scripted engine).
+    """
 
     def __init__(self, directory: Path, model: torch.nn.Module, slots: int, policy: str, checksum: bool,
-                 meta: dict[str, Any]):
+                 meta: dict[str, Any], staging: bool = True, make_engine: Any = None):
         self.dir = directory
         self.model = model
         self.policy = policy
@@ -94,16 +106,34 @@ class SnapshotWriter:
             if new_slot or fresh:
                 buf.fill_(0)  # touch every page now, not during the first hand-off to this slot
                 self.header[i, :] = 0
+            elif self.header[i, VERSION] % 2:  # a predecessor died mid-copy: the slot's bytes are torn
+                self._abandon(i)
             self.slots.append(buf)
         # Typed views of each slot, one per tensor, so a hand-off is a single foreach copy.
         self.views = [[buf[e.offset:e.offset + e.nbytes].view(t.dtype).view(t.shape)
                        for e, t in zip(self.entries, self.tensors)] for buf in self.slots]
-        self.on_cpu = all(t.device.type == "cpu" for t in self.tensors)
+        self.engine: CopyEngine = (make_engine or partial(engine_for, staging=staging))(
+            self.tensors, self.slots, self.views)
+        self.notices = list(self.engine.notices)  # for the user, once (HandOff sends them)
+        self._publisher = Publisher()
+        self._flight: Flight | None = None  # the copy still running, if any: never two at once
+        self._closed = False
         self.seq = 0
-        meta = {**meta, "slots": slots, "nbytes": self.nbytes, "entries": [e.__dict__ for e in self.entries]}
+        meta = {**meta, "slots": slots, "nbytes": self.nbytes, "entries": [e.__dict__ for e in self.entries],
+                "copy": self.engine.name, "staging_bytes": self.engine.staging_bytes}
         tmp = directory / ".meta.json.tmp"
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, directory / "meta.json")  # last: the validator only looks once this exists
+
+    def opening_notices(self) -> list[tuple[str, str]]:
+        """(level, text) a person should read once about this writer: its staging memory, what its engine could
+        not do."""
+        notes = [("warning", text) for text in self.notices]
+        if self.engine.staging_bytes:
+            notes.insert(0, ("info", f"snapshot hand-off: {self.engine.staging_bytes / 2**20:.1f} MiB staging "
+                                     f"buffer on {self.tensors[0].device} (validation.handoff_staging = false gives "
+                                     "it back; training then waits longer per hand-off)"))
+        return notes
 
     def _choose(self) -> tuple[int | None, int]:
         """(slot to write, seq of the unread snapshot it overwrites or 0); slot None: drop (policy 'all')."""
@@ -118,26 +148,72 @@ class SnapshotWriter:
         return oldest, h[oldest][SEQ]
 
     def hand_off(self, epoch: int, step: int) -> dict[str, Any]:
-        """Copy the weights into a slot; returns what happened (for a SnapshotTaken event)."""
+        """Copy the weights into a slot; returns what happened (for a SnapshotTaken event).
+
+        Where the copy is still running when this returns (on a GPU), the slot is published once it lands.
+        """
         start = time.perf_counter()
         self.seq += 1
-        slot, _ = self._choose()
+        busy = self._flight is not None and self.in_flight()
+        slot = None if busy else self._choose()[0]
         checksum = weights_checksum(self.model.state_dict()) if self.checksum else None
         if slot is None:
+            reason = IN_FLIGHT if busy else SLOTS_UNREAD.format(slots=len(self.slots))
             return {"seq": self.seq, "slot": -1, "stall_ms": (time.perf_counter() - start) * 1e3,
-                    "nbytes": self.nbytes, "checksum": checksum, "dropped": True}
+                    "nbytes": self.nbytes, "checksum": checksum, "dropped": True, "reason": reason}
         h = self.header[slot]
         h[VERSION] += 1  # odd: a reader that started now will see the change and retry
-        with torch.no_grad():
-            if self.on_cpu:
-                torch._foreach_copy_(self.views[slot], self.tensors)
-            else:  # a device-to-host copy per tensor
-                for view, t in zip(self.views[slot], self.tensors):
-                    view.copy_(t)
-        h[SEQ], h[EPOCH], h[STEP], h[HANDOFF_NS] = self.seq, epoch, step, time.time_ns()
-        h[VERSION] += 1  # even: published
+        try:
+            with torch.no_grad():
+                copy = self.engine.start(slot)
+        except BaseException:
+            self._abandon(slot)
+            raise
+        if copy.done():
+            self._publish(slot, self.seq, epoch, step)
+        else:
+            self._flight = Flight(copy, partial(self._publish, slot, self.seq, epoch, step),
+                                  partial(self._abandon, slot))
+            self._publisher.submit(self._flight)
         return {"seq": self.seq, "slot": slot, "stall_ms": (time.perf_counter() - start) * 1e3,
-                "nbytes": self.nbytes, "checksum": checksum, "dropped": False}
+                "nbytes": self.nbytes, "checksum": checksum, "dropped": False, "reason": ""}
+
+    def _publish(self, slot: int, seq: int, epoch: int, step: int) -> None:
+        h = self.header[slot]
+        h[SEQ], h[EPOCH], h[STEP], h[HANDOFF_NS] = seq, epoch, step, time.time_ns()
+        h[VERSION] += 1  # even: published
+
+    def _abandon(self, slot: int) -> None:
+        """The copy into `slot` failed: the slot is free, and no reader takes its torn bytes (seq 0)."""
+        h = self.header[slot]
+        h[SEQ] = 0
+        h[VERSION] += 1
+
+    def in_flight(self) -> bool:
+        """Whether a copy is still running (never blocks); raises what the last one failed with, once."""
+        flight = self._flight
+        if flight is None:
+            return False
+        if not flight.landed.is_set():
+            return True
+        self._flight = None
+        if flight.error is not None:
+            raise RuntimeError(f"copying snapshot to shared memory failed: {flight.error}") from flight.error
+        return False
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the copy in flight, if any, is published; False if `timeout` (seconds) ran out first."""
+        flight = self._flight
+        return flight is None or flight.landed.wait(timeout)
+
+    def close(self) -> None:
+        """Publish the copy in flight (waiting for it), end the publisher, give back pinned pages and staging."""
+        if self._closed:
+            return
+        self._closed = True
+        self.flush()
+        self._publisher.stop()
+        self.engine.close()
 
 
 @dataclass(frozen=True)

@@ -339,7 +339,10 @@ class LightningAttempt:
                               note=note))
         callback = herd_callback(self)
         trainer = pl.Trainer(**self.trainer_args(task, callback))
-        trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None)
+        try:
+            trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None)
+        finally:
+            self.handoff.close()  # the last snapshot's copy may still be running
         if callback.exit_code is not None:
             return callback.exit_code
         if callback.stopping:

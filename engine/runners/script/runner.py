@@ -113,7 +113,7 @@ class ScriptAttempt(ClientFrames):
             meta = snapshot_meta(self.pipe, v, self.dir, None, PipelineKind.SCRIPT)
             extra[wire.ENV_SNAPSHOT] = wire.SnapshotTarget(
                 dir=directory, mode=str(v.mode), slots=v.slots, policy=v.policy, checksum=v.checksum,
-                seq=self.spec.snapshot_seq, meta=meta).to_env()
+                seq=self.spec.snapshot_seq, meta=meta, staging=v.handoff_staging).to_env()
         return script_environment(self.spec.attempt, self.spec.device, self.spec.threads, extra,
                                   self.spec.world_size, self.pipe.torchrun_env)
 

@@ -219,6 +219,12 @@ class Trainer:
         return f"epoch {self.epoch + 1} step {self.step} ({what})"
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.handoff.close()  # the last snapshot's copy may still be running
+
+    def _run(self) -> int:
         self.resume()
         per_epoch = self._batches_per_epoch()
         steps_per_epoch = per_epoch // self.pipe.accumulate_grad_batches if per_epoch else 0
