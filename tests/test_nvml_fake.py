@@ -18,7 +18,8 @@ import pytest
 from torchherd.engine.config.schema import DevicesConfig
 from torchherd.engine.hardware.devices import GpuInfo, discover_devices
 from torchherd.engine.hardware.placement import describe_plan, plan_slots
-from torchherd.engine.protocol.messages import OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, TelemetrySnapshot, WorkerStarted
+from torchherd.engine.protocol.messages import WorkerStarted
+from torchherd.engine.protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, TelemetrySnapshot
 from torchherd.engine.supervise.supervisor import Supervisor
 from torchherd.engine.telemetry.sampler import TelemetrySampler
 from tests.conftest import make_config, wait_for as wait_for_event

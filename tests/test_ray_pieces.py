@@ -14,7 +14,8 @@ from torchherd.engine.protocol.channel import StatusSender, decode_batch, dial_b
 from torchherd.engine.config.load import parse_config
 from torchherd.engine.config.problems import ConfigError
 from torchherd.engine.config.schema import DevicesConfig
-from torchherd.engine.protocol.messages import GpuSample, Notice, ProcessSample, TelemetrySnapshot
+from torchherd.engine.protocol.messages import Notice
+from torchherd.engine.protocol.telemetry import GpuSample, ProcessSample, TelemetrySnapshot
 from torchherd.engine.protocol.records import from_record, to_record
 from torchherd.engine.launch.ray.placement import NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, read_nodes
 from torchherd.engine.launch.ray.telemetry import RemoteTelemetry, merge
@@ -364,7 +365,7 @@ async def test_telemetry_samples_only_workers_on_this_machine(tmp_path):
     import os
 
     from torchherd.engine.hardware.devices import Inventory
-    from torchherd.engine.protocol.messages import TelemetrySnapshot
+    from torchherd.engine.protocol.telemetry import TelemetrySnapshot
     from torchherd.engine.supervise.supervisor import Supervisor
 
     launcher = ScriptedLauncher()

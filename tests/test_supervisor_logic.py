@@ -160,7 +160,7 @@ async def test_a_silent_worker_is_declared_hung_dumped_killed_and_restarted(tmp_
 
 async def test_a_crash_on_a_full_gpu_says_so(tmp_path, launcher):
     from torchherd.engine.hardware.devices import GpuInfo
-    from torchherd.engine.protocol.messages import GpuSample, TelemetrySnapshot
+    from torchherd.engine.protocol.telemetry import GpuSample, TelemetrySnapshot
 
     gpu = GpuInfo(index=0, name="Fake GPU", uuid="GPU-0", memory_total=80 * 2**30)
     config = make_config(tmp_path, [{"name": "a"}], devices={"placement": [0]}, telemetry={"enabled": False},

@@ -17,8 +17,9 @@ import psutil
 import pynvml
 import pytest
 
-from torchherd.engine.protocol.messages import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample, RunStarted,
-                                                TelemetrySnapshot, ValResult)
+from torchherd.engine.protocol.messages import RunStarted, ValResult
+from torchherd.engine.protocol.telemetry import (OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, GpuSample, ProcessSample,
+                                                 TelemetrySnapshot)
 from torchherd.engine.protocol.records import from_record, to_record
 from torchherd.engine.hardware.devices import discover_devices
 from torchherd.engine.telemetry.sampler import TelemetrySampler

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine.protocol import messages as m
+from ..engine.protocol import telemetry as t
 from ..engine.protocol.names import ExitReason
 from ..engine.protocol.progress import PipelineProgress, apply as fold
 from ..engine.protocol.states import WorkerState, ended_label
@@ -54,7 +55,7 @@ class RunState:
     rows: dict[str, PipelineProgress] = field(default_factory=dict)
     series: dict[str, LossSeries] = field(default_factory=dict)
     log: deque[LogEntry] = field(default_factory=lambda: deque(maxlen=LOG_KEEP))
-    telemetry: m.TelemetrySnapshot | None = None
+    telemetry: t.TelemetrySnapshot | None = None
     rows_version: int = 0
     series_version: int = 0
     telemetry_version: int = 0
@@ -208,7 +209,7 @@ class RunState:
         self.note("info" if ev.ok else "error", "", "run finished: " +
                   ", ".join(f"{k} {v}" for k, v in labels.items()), at=ev.time)
 
-    def _telemetry(self, ev: m.TelemetrySnapshot, _) -> None:
+    def _telemetry(self, ev: t.TelemetrySnapshot, _) -> None:
         self.telemetry = ev
         self.telemetry_version += 1
 
@@ -231,5 +232,5 @@ _HANDLERS = {
     m.EarlyStop: RunState._early_stop,
     m.Notice: RunState._notice,
     m.RunFinished: RunState._run_finished,
-    m.TelemetrySnapshot: RunState._telemetry,
+    t.TelemetrySnapshot: RunState._telemetry,
 }

@@ -17,7 +17,8 @@ from ..config.problems import Problem
 from ..config.schema import DevicesConfig, RunConfig
 from ..hardware.devices import Inventory, discover_devices
 from ..hardware.placement import Slot, ValidationPlan, plan_slots, plan_validation
-from ..protocol.messages import Command, Event, TelemetrySnapshot
+from ..protocol.messages import Command, Event
+from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.names import Intent
 from ..protocol.spec import CHILD_MODULE, ChildSpec
 from .ports import take_port

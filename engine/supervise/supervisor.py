@@ -17,13 +17,13 @@ from ..hardware.placement import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
 from ..protocol.messages import (EarlyStop, Event, Heartbeat, Notice, PipelineQueued, RunFinished, RunStarted,
-                                 SnapshotTaken, TelemetrySnapshot, TrainingStarted, WorkerError)
+                                 SnapshotTaken, TrainingStarted, WorkerError)
+from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
 from . import commands
 from .attempts import AttemptLauncher
 from .bus import EventBus, EventStream
-from .commands import LIVE
 from .lifecycle import Lifecycle
 from .pipeline import PipelineRun, PipelineView, Plan, view_of
 from .policy import RestartPolicy
@@ -341,7 +341,7 @@ class Supervisor:
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
         self._emit_validation(event)
-        if self._runs[name].state in LIVE:
+        if self._runs[name].state in commands.LIVE:
             self.stop(name, reason=event.reason)
 
     def on_telemetry(self, snapshot: TelemetrySnapshot) -> None:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..config.schema import TelemetryConfig
 from ..launch.backend import Backend, Handle
-from ..protocol.messages import TelemetrySnapshot
+from ..protocol.telemetry import TelemetrySnapshot
 from ..telemetry.sampler import TelemetrySampler
 from .pipeline import PipelineRun
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..hardware.devices import GpuInfo, filter_visible, gpu_is_lost, list_gpus, nvml_reason, visible_from_env
-from ..protocol.messages import GpuProcess, GpuSample
+from ..protocol.telemetry import GpuProcess, GpuSample
 
 
 @dataclass

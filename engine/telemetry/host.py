@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from ..protocol.messages import OWNER_OTHER, OWNER_UNKNOWN
+from ..protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN
 
 # CPU seconds (summed over cores) a host reading must span: five of /proc/stat's 10 ms ticks
 MIN_CPU_DELTA = 0.05

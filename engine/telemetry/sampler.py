@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..protocol.messages import ProcessSample, TelemetrySnapshot
+from ..protocol.telemetry import ProcessSample, TelemetrySnapshot
 from ..protocol.records import to_record
 from .gpus import GpuReader
 from .host import HostReader, ProcessTrees

@@ -14,9 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchherd.engine.protocol.messages import (CheckpointSaved, Notice, PipelineFinished, Resumed, RunFinished, StepMetrics,
-                                       TelemetrySnapshot,
-                                       TrainingStarted, WorkerExited, WorkerStarted, WorkerStateChanged)
+from torchherd.engine.protocol.messages import (CheckpointSaved, Notice, PipelineFinished, Resumed, RunFinished,
+                                                StepMetrics, TrainingStarted, WorkerExited, WorkerStarted,
+                                                WorkerStateChanged)
+from torchherd.engine.protocol.telemetry import TelemetrySnapshot
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import TASKS, wait_for

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from torchherd.engine.protocol import messages as m
+from torchherd.engine.protocol import telemetry as tm
 from torchherd.engine.protocol.channel import EXIT_ERROR, EXIT_STOPPED
 from torchherd.engine.config.schema import RunConfig
 from torchherd.engine.hardware.devices import Inventory
@@ -160,7 +161,7 @@ class Session:
                                       time=self.clock.now))
         self.launcher.handle(name).code = EXIT_ERROR
 
-    def show_telemetry(self, snapshot: m.TelemetrySnapshot) -> None:
+    def show_telemetry(self, snapshot: tm.TelemetrySnapshot) -> None:
         """Hand the supervisor a telemetry sample as its sampler thread would (the sampler is off in tests)."""
         self.sup.on_telemetry(snapshot)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import torchherd.engine.preflight.check
-from torchherd.engine.protocol import messages as m
+from torchherd.engine.protocol import telemetry as t
 from torchherd.engine.hardware.devices import Inventory
 from torchherd.tui.widgets.log_views import LogTail
 from tests.tui.conftest import CONFIGS
@@ -31,14 +31,14 @@ def fixed_machine(monkeypatch):
     monkeypatch.chdir(CONFIGS.parent)
 
 
-def telemetry() -> m.TelemetrySnapshot:
-    gpu = m.GpuSample(index=0, uuid="GPU-0", name="Test GPU", util_gpu=87, util_mem=40, mem_used=12 * GIB,
+def telemetry() -> t.TelemetrySnapshot:
+    gpu = t.GpuSample(index=0, uuid="GPU-0", name="Test GPU", util_gpu=87, util_mem=40, mem_used=12 * GIB,
                       mem_total=40 * GIB, temperature=65, power_draw=250.0, power_limit=400.0,
-                      processes=(m.GpuProcess(pid=10000, used_memory=6 * GIB, owner="alpha"),
-                                 m.GpuProcess(pid=10001, used_memory=5 * GIB, owner="beta")))
-    return m.TelemetrySnapshot(gpus=(gpu,), processes=(
-        m.ProcessSample(pipeline="alpha", pid=10000, cpu_percent=98.0, rss=int(1.5 * GIB), children=2),
-        m.ProcessSample(pipeline="beta", pid=10001, cpu_percent=95.0, rss=int(1.4 * GIB), children=0)),
+                      processes=(t.GpuProcess(pid=10000, used_memory=6 * GIB, owner="alpha"),
+                                 t.GpuProcess(pid=10001, used_memory=5 * GIB, owner="beta")))
+    return t.TelemetrySnapshot(gpus=(gpu,), processes=(
+        t.ProcessSample(pipeline="alpha", pid=10000, cpu_percent=98.0, rss=int(1.5 * GIB), children=2),
+        t.ProcessSample(pipeline="beta", pid=10001, cpu_percent=95.0, rss=int(1.4 * GIB), children=0)),
         host_cpu_percent=45.0, host_mem_used=12 * GIB, host_mem_total=64 * GIB, load1=3.5, time=T0 + 200)
 
 

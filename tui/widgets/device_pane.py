@@ -12,7 +12,7 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
 
-from ...engine.protocol.messages import TelemetrySnapshot
+from ...engine.protocol.telemetry import TelemetrySnapshot
 
 GIB = 2 ** 30  # bytes
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ...protocol.messages import TelemetrySnapshot
+from ...protocol.telemetry import TelemetrySnapshot
 
 # (node id -> {row label: pid}) of the workers on nodes other than this one
 RemotePids = dict[str, dict[str, int]]
