@@ -32,10 +32,20 @@ class LaunchSpec:
 
     child: ChildSpec
     log_path: Path
-    gpu_index: int | None  # physical GPU for CUDA_VISIBLE_DEVICES; None on CPU
+    gpu_index: int | None  # its own GPU (as CUDA counts on its machine); None on CPU
     env: dict[str, str] = field(default_factory=dict)
     module: str = CHILD_MODULE
     node: str = ""  # the cluster node the scheduler placed it on (its slot's node); "" for this machine
+    # A rank of a GPU gang: every rank's GPU, in rank order. Each rank sees them all, as under torchrun,
+    # and LOCAL_RANK picks its own. () for a child that runs alone.
+    gang_gpus: tuple[int, ...] = ()
+
+    @property
+    def visible_gpus(self) -> tuple[int, ...]:
+        """The GPUs its CUDA_VISIBLE_DEVICES names, in order: its gang's, else its own; () on CPU."""
+        if self.gang_gpus:
+            return self.gang_gpus
+        return () if self.gpu_index is None else (self.gpu_index,)
 
 
 class Handle(ABC):

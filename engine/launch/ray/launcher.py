@@ -278,7 +278,7 @@ class RayLauncher(Backend):
             if spec.node and not self.book.alive(node):
                 raise NoRoom(f"node {self.inventory.label(node)} has left the cluster")
             # its home GPU's index on its node (Ray's count there), or none
-            env = child_env(spec.env, child.threads, home[1] if home else None, pci_order=False)
+            env = child_env(spec.env, child.threads, (home[1],) if home else (), pci_order=False)
             # its own node's snapshot root; the one on this node is the supervisor's, made already
             return "cpu", 0, node, env, child.snapshot_root if spec.node else ""
         # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it
@@ -286,7 +286,7 @@ class RayLauncher(Backend):
         node = spec.node or self.book.choose(kind, amount, prefer=home[0] if home else "")
         if not self.book.alive(node):  # the scheduler's slot is on a node that just left
             raise NoRoom(f"node {self.inventory.label(node)} of its slot has left the cluster")
-        env = child_env(spec.env, child.threads, None, gpu_set_by_host=kind == "cuda")
+        env = child_env(spec.env, child.threads, (), gpu_set_by_host=kind == "cuda")
         # a worker may start on a node before that node's validator has made the root
         root = str(Path(child.snapshot_dir).parent) if child.snapshot_dir and spec.node else ""
         return kind, amount, node, env, root
