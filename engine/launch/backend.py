@@ -112,6 +112,20 @@ class Backend(ABC):
     def launch(self, spec: LaunchSpec) -> Handle:
         """Start one child; raises OSError if it cannot (the restart policy tries again later)."""
 
+    def launch_ranks(self, specs: list[LaunchSpec]) -> list[Handle]:
+        """Start every rank of one attempt of a gang, in rank order; if one cannot start, those already
+        started are closed and the error raised. Default: `launch` each in turn, as each spec says which GPUs
+        its rank sees (engine/launch/environment.py)."""
+        started: list[Handle] = []
+        try:
+            for spec in specs:
+                started.append(self.launch(spec))
+        except BaseException:  # whatever went wrong, no rank may be left running
+            for h in started:
+                h.close()
+            raise
+        return started
+
     @cached_property
     def inventory(self) -> Inventory:
         """The devices attempts can be given. Default: this machine's, read once."""

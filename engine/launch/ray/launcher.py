@@ -18,6 +18,7 @@ import socket
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Callable
 
 from ...config.problems import ConfigError, Problem
 from ...config.schema import ClusterConfig, DevicesConfig, RunConfig
@@ -25,7 +26,7 @@ from ...hardware.placement import Slot, ValidationPlan
 from ...protocol.messages import Event, Notice
 from ...protocol.names import Intent
 from ...protocol.spec import Transport, ValidatorSpec, write_spec
-from ..backend import Backend, LaunchSpec, RemotePids, TelemetryHook
+from ..backend import Backend, Handle, LaunchSpec, RemotePids, TelemetryHook
 from ..channel_handle import ChannelHandle
 from ..environment import child_env
 from .placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, \
@@ -235,6 +236,33 @@ class RayLauncher(Backend):
         return rendezvous(self._ray, self.inventory, self.driver_node, node)
 
     def launch(self, spec: LaunchSpec) -> RayHandle:
+        handle, start = self._create(spec)
+        start()
+        return handle
+
+    def launch_ranks(self, specs: list[LaunchSpec]) -> list[Handle]:
+        """A gang's ranks, an actor each on the gang's node. On GPUs Ray picks each rank actor's GPU and sets
+        its CUDA_VISIBLE_DEVICES; every rank's child then sees all of the gang's, in rank order, so its own
+        is cuda:LOCAL_RANK, as under torchrun. On CPUs each rank starts as `launch` starts it."""
+        if not any(spec.gang_gpus for spec in specs):
+            return super().launch_ranks(specs)
+        made: list[tuple[RayHandle, Callable[..., None]]] = []
+        try:
+            for spec in specs:
+                made.append(self._create(spec))
+        except BaseException:  # no actor may be left holding a GPU
+            for handle, _ in made:
+                handle.close()
+            raise
+        # Only each actor knows the GPU Ray gave it: each child's start waits (in its actor) for all of them.
+        gpus = [handle.actor.visible_gpus.remote() for handle, _ in made]
+        for _, start in made:
+            start(gpus)
+        return [handle for handle, _ in made]
+
+    def _create(self, spec: LaunchSpec) -> tuple[RayHandle, Callable[..., None]]:
+        """The actor of one attempt, created on its node and holding its room there, and the call that starts
+        its child: `start()`, or for a GPU gang's rank `start(refs)` with every rank actor's GPU."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._reap_ending()
@@ -258,13 +286,16 @@ class RayLauncher(Backend):
             self.listener.forget(handle.token)
             raise OSError(f"cannot start {key} on the cluster: {exc}") from None
         handle.actor = actor
+        self.book.hold(key, node, kind, amount)
         header = f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} on " \
                  f"{self.inventory.label(node)} (Ray) ====\n"
-        handle.started(actor.start.remote(spec.module, str(spec_path), str(spec.log_path), env, os.getcwd(),
-                                          header, root, isinstance(child, ValidatorSpec)),
-                       actor.wait.remote())
-        self.book.hold(key, node, kind, amount)
-        return handle
+
+        def start(gang_gpus: list | None = None) -> None:
+            handle.started(actor.start.remote(spec.module, str(spec_path), str(spec.log_path), env, os.getcwd(),
+                                              header, root, isinstance(child, ValidatorSpec), gang_gpus),
+                           actor.wait.remote())
+
+        return handle, start
 
     def _place(self, spec: LaunchSpec) -> tuple[str, int, str, dict[str, str], str]:
         """Where an attempt's actor goes and what it reserves there: (resource kind, amount, node id, the
@@ -281,7 +312,8 @@ class RayLauncher(Backend):
             env = child_env(spec.env, child.threads, (home[1],) if home else (), pci_order=False)
             # its own node's snapshot root; the one on this node is the supervisor's, made already
             return "cpu", 0, node, env, child.snapshot_root if spec.node else ""
-        # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it
+        # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it (a gang's ranks then see every
+        # rank's: launch_ranks)
         kind, amount = ("cuda", 1) if spec.gpu_index is not None else ("cpu", child.threads)
         node = spec.node or self.book.choose(kind, amount, prefer=home[0] if home else "")
         if not self.book.alive(node):  # the scheduler's slot is on a node that just left
