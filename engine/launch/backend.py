@@ -33,10 +33,20 @@ class LaunchSpec:
 
     child: ChildSpec
     log_path: Path
-    gpu_index: int | None  # physical GPU for CUDA_VISIBLE_DEVICES; None on CPU
+    gpu_index: int | None  # its own GPU (as CUDA counts on its machine); None on CPU
     env: dict[str, str] = field(default_factory=dict)
     module: str = CHILD_MODULE
     node: str = ""  # the cluster node the scheduler placed it on (its slot's node); "" for this machine
+    # A rank of a GPU gang: every rank's GPU, in rank order. Each rank sees them all, as under torchrun,
+    # and LOCAL_RANK picks its own. () for a child that runs alone.
+    gang_gpus: tuple[int, ...] = ()
+
+    @property
+    def visible_gpus(self) -> tuple[int, ...]:
+        """The GPUs its CUDA_VISIBLE_DEVICES names, in order: its gang's, else its own; () on CPU."""
+        if self.gang_gpus:
+            return self.gang_gpus
+        return () if self.gpu_index is None else (self.gpu_index,)
 
 
 class Handle(ABC):
@@ -102,6 +112,20 @@ class Backend(ABC):
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> Handle:
         """Start one child; raises OSError if it cannot (the restart policy tries again later)."""
+
+    def launch_ranks(self, specs: list[LaunchSpec]) -> list[Handle]:
+        """Start every rank of one attempt of a gang, in rank order; if one cannot start, those already
+        started are closed and the error raised. Default: `launch` each in turn, as each spec says which GPUs
+        its rank sees (engine/launch/environment.py)."""
+        started: list[Handle] = []
+        try:
+            for spec in specs:
+                started.append(self.launch(spec))
+        except BaseException:  # whatever went wrong, no rank may be left running
+            for h in started:
+                h.close()
+            raise
+        return started
 
     @cached_property
     def inventory(self) -> Inventory:

@@ -171,14 +171,11 @@ class GangHandle(Handle):
 
 def launch_gang(backend: Backend, specs: list[LaunchSpec], linger: float, grace: float,
                 on_close: Callable[[], None] = lambda: None) -> GangHandle:
-    """Start every rank; if one cannot start, those already started are ended and the error raised."""
-    started: list[Handle] = []
+    """Start every rank (the backend's `launch_ranks`); if one cannot start, those already started are ended
+    and the error raised."""
     try:
-        for spec in specs:
-            started.append(backend.launch(spec))
-    except BaseException:  # whatever went wrong, no rank may be left running and no port held
-        for h in started:
-            h.close()
+        ranks = backend.launch_ranks(specs)
+    except BaseException:  # the backend closed the ranks it started: no port may stay held either
         on_close()
         raise
-    return GangHandle(started, linger, grace, on_close)
+    return GangHandle(ranks, linger, grace, on_close)

@@ -13,13 +13,14 @@ import subprocess
 import sys
 import time
 from multiprocessing.connection import Connection
+from typing import Mapping
 
 from ..protocol.spec import Transport, write_spec
 from .backend import Backend, LaunchSpec
 from .channel_handle import ChannelHandle
 from .environment import child_env
 
-__all__ = ["LaunchSpec", "ProcessHandle", "ProcessLauncher", "python_module_command"]
+__all__ = ["LaunchSpec", "ProcessHandle", "ProcessLauncher", "local_env", "python_module_command"]
 
 
 def python_module_command(module: str) -> list[str]:
@@ -29,6 +30,12 @@ def python_module_command(module: str) -> list[str]:
     `torchherd.py`, `engine.py` or `tui.py`, and none of them may stand in for ours.
     """
     return [sys.executable, "-P", "-m", module]
+
+
+def local_env(spec: LaunchSpec, inherit: Mapping[str, str]) -> dict[str, str]:
+    """The environment a child of this machine starts with, from `inherit` (this process's): its GPUs by
+    NVML index (a gang's rank sees the gang's), its threads, its spec's own variables."""
+    return child_env(spec.env, spec.child.threads, spec.visible_gpus, inherit=inherit)
 
 
 class ProcessHandle(ChannelHandle):
@@ -93,7 +100,7 @@ class ProcessLauncher(Backend):
         child = spec.child
         transport = Transport(status_fd=status_w, control_fd=control_r, supervisor_pid=os.getpid())
         spec_path = write_spec(spec.log_path.parent / f"{child.stem}.json", child, transport)
-        env = child_env(spec.env, child.threads, spec.gpu_index, inherit=os.environ)
+        env = local_env(spec, os.environ)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(spec.log_path, "ab")
         log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} ====\n".encode())

@@ -23,7 +23,7 @@ class WorkerSpec:
     role: ClassVar[str] = "worker"
     pipeline: dict  # torchherd.engine.config.schema.Pipeline, dumped as JSON
     validation: dict  # torchherd.engine.config.schema.ValidationConfig, dumped, with the resolved mode
-    device: str  # "cpu" or "cuda" (CUDA_VISIBLE_DEVICES already narrows it to its GPU)
+    device: str  # "cpu", or "cuda:N" with N its LOCAL_RANK: its own GPU among those it sees (its gang's; alone, N = 0)
     threads: int  # torch threads for a CPU worker
     pipeline_dir: str
     attempt: int
@@ -50,7 +50,7 @@ class ValidatorSpec:
 
     role: ClassVar[str] = "validator"
     snapshot_root: str
-    device: str
+    device: str  # "cpu" or "cuda" (it sees its own GPU only)
     threads: int
     directory: str
     attempt: int

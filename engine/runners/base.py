@@ -114,5 +114,16 @@ def set_up_torch(spec: WorkerSpec, pipe: Pipeline) -> None:
         torch.set_num_threads(spec.threads)
     torch.set_float32_matmul_precision(pipe.float32_matmul_precision)
     torch.manual_seed(pipe.seed)
-    if spec.device.startswith("cuda") and pipe.gpu_memory_fraction is not None:
-        torch.cuda.set_per_process_memory_fraction(pipe.gpu_memory_fraction, 0)
+    if spec.device.startswith("cuda"):
+        # A gang's rank sees every GPU of its gang: its own is cuda:LOCAL_RANK, current from here on (so its
+        # CUDA context and memory cap land there, never on rank 0's GPU).
+        index = cuda_index(spec.device)
+        torch.cuda.set_device(index)
+        if pipe.gpu_memory_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(pipe.gpu_memory_fraction, index)
+
+
+def cuda_index(device: str) -> int:
+    """The index of a worker's own GPU among those it sees: "cuda:1" -> 1; "cuda" (one GPU seen) -> 0."""
+    _, _, index = device.partition(":")
+    return int(index) if index else 0

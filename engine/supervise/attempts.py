@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..launch import gang
 from ..launch.backend import Backend, Handle, LaunchSpec
-from ..launch.environment import rank_env
+from ..launch.environment import cuda_device, rank_env
 from ..launch.ports import release_port
 from .pipeline import PipelineRun
 from ..rundir.directory import RunDirectory
@@ -44,12 +44,16 @@ class AttemptLauncher:
     def spec_for(self, run: PipelineRun, rank: int, env: dict[str, str] | None = None) -> LaunchSpec:
         slot = run.slots[rank]
         plan = run.plan
+        # A GPU gang's ranks each see every GPU of the gang and use the one their LOCAL_RANK (the rank: the
+        # gang shares one node) indexes, as under torchrun; alone, a worker sees its own GPU as cuda:0.
+        gang_gpus = tuple(s.gpu.index for s in run.slots if s.gpu is not None) if len(run.slots) > 1 else ()
+        device = cuda_device(rank) if slot.device == "cuda" else slot.device
         hang = plan.run_config.restart.hang_timeout
         return LaunchSpec(
             child=WorkerSpec(pipeline=plan.config.model_dump(mode="json"),
                              validation={**plan.run_config.validation.model_dump(mode="json"),
                                          "mode": plan.validation.mode},
-                             device=slot.device, threads=slot.threads,
+                             device=device, threads=slot.threads,
                              pipeline_dir=str(self._rundir.pipeline_dir(run.name).absolute()), attempt=run.attempts,
                              # rank 0 alone hands snapshots to the validator (its node's, on a cluster)
                              snapshot_dir=str(self._validation.hand_off_dir(run.name, slot.node))
@@ -59,4 +63,5 @@ class AttemptLauncher:
                              collective_timeout=max(COLLECTIVE_TIMEOUT, 4 * hang) if hang else COLLECTIVE_TIMEOUT,
                              stop_timeout=plan.run_config.restart.stop_timeout),
             log_path=self._rundir.log_path(run.name, rank),
-            gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node)
+            gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node,
+            gang_gpus=gang_gpus)

@@ -1,6 +1,7 @@
 """A local multi-node Ray cluster for the Ray backend's tests, and configs that run on it.
 
-One cluster per test module (head with 2 CPUs, plus a node with 2 CPUs and a fake GPU),
+One cluster per test module (head with 2 CPUs, plus a node with 2 CPUs and a fake GPU, or what the
+module's own `local_cluster` asks for),
 its files under a per-user temporary folder (never /tmp/ray: the machine is shared), and
 ray.shutdown at the end. The root conftest's no-orphans check would see the cluster's own
 processes as orphans; here it checks what torchherd started instead: no actor of ours and
@@ -12,8 +13,9 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psutil
 import pytest
@@ -90,9 +92,9 @@ def no_orphans():
     assert not left, f"left running on the cluster: {left}"
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A head (2 CPUs) and a second node (2 CPUs, one fake GPU), joined by this test process."""
+@contextmanager
+def local_cluster(**node: Any) -> Iterator[Any]:
+    """A head (2 CPUs) and one more node (Ray's add_node arguments `node`), joined by this test process."""
     from ray.cluster_utils import Cluster
 
     # Short: Ray's unix sockets live under it and their paths may not exceed 107 bytes.
@@ -101,7 +103,7 @@ def cluster():
     os.environ["RAY_TMPDIR"] = tmp
     os.mkdir(os.path.join(tmp, "ray"))  # Ray writes ray_current_cluster there before creating it
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    c.add_node(num_cpus=2, num_gpus=1)
+    c.add_node(**node)
     c.wait_for_nodes()
     ray.init(address=c.address, namespace="torchherd", log_to_driver=False, include_dashboard=False)
     try:
@@ -114,3 +116,10 @@ def cluster():
         else:
             os.environ["RAY_TMPDIR"] = saved
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head (2 CPUs) and a second node (2 CPUs, one fake GPU), joined by this test process."""
+    with local_cluster(num_cpus=2, num_gpus=1) as c:
+        yield c

@@ -5,9 +5,10 @@
 in the pipeline's log, signals its process group when asked, and reports its exit
 status. The actor itself only waits: training runs in the child, so Ray's worker
 threads, signal handling and stdout never touch it, and a signal reaches its
-DataLoader workers as it does locally. The actor is async so that every method runs
-on one long-lived thread: the child's parent-death signal is tied to the thread
-that forked it (the actor dying takes the child with it).
+DataLoader workers as it does locally. A rank of a GPU gang starts its child once every
+rank's actor has named the GPU Ray gave it, and the child sees them all. The actor is
+async so that every method runs on one long-lived thread: the child's parent-death
+signal is tied to the thread that forked it (the actor dying takes the child with it).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from ..environment import visible_devices
+
 POLL = 0.05  # seconds between looks at the child's exit status
 
 
@@ -27,11 +30,21 @@ class ChildHost:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
+        self.peers_lost: BaseException | None = None  # a GPU gang's peer actor died before naming its GPU
+
+    async def visible_gpus(self) -> str:
+        """The GPU Ray gave this actor, as its CUDA_VISIBLE_DEVICES names it ("" for none)."""
+        import ray
+
+        if "CUDA_VISIBLE_DEVICES" in os.environ:
+            return os.environ["CUDA_VISIBLE_DEVICES"]
+        return visible_devices(ray.get_gpu_ids())  # a cluster that asked Ray not to set it
 
     async def start(self, module: str, spec_path: str, log_path: str, env: dict[str, str], cwd: str,
-                    header: str, snapshot_root: str = "", own_root: bool = False) -> dict:
+                    header: str, snapshot_root: str = "", own_root: bool = False, gang_gpus: list | None = None) -> dict:
         """Start the child (first making `snapshot_root` on this node, when given, and with `own_root`
-        owning it); returns its pid and where it runs."""
+        owning it); returns its pid and where it runs. `gang_gpus`, for a rank of a GPU gang: every rank
+        actor's `visible_gpus` (object refs, in rank order); the child sees them all, as under torchrun."""
         import ray
 
         if snapshot_root:  # snapshots stay in this node's shared memory, for this node's validator
@@ -43,6 +56,12 @@ class ChildHost:
         for key in [k for k in full if k.startswith("RAY_")]:
             del full[key]  # the child is no Ray worker: nothing of the actor's session leaks into it
         full.update(env)
+        if gang_gpus:  # Ray set this actor's GPU alone; its peers' are on this node too
+            try:
+                full["CUDA_VISIBLE_DEVICES"] = visible_devices([await ref for ref in gang_gpus])
+            except Exception as exc:  # wait() ends the attempt: no child will come
+                self.peers_lost = exc
+                raise
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         with open(log_path, "ab") as log:
             log.write(header.encode())
@@ -58,6 +77,8 @@ class ChildHost:
     async def wait(self) -> int:
         """The child's exit status once it exits (negative: the signal that ended it)."""
         while self.proc is None or self.proc.poll() is None:
+            if self.peers_lost is not None:
+                raise RuntimeError(f"a rank of its gang was lost before it started: {self.peers_lost!r}")
             await asyncio.sleep(POLL)
         return self.proc.returncode
 

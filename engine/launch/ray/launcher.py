@@ -6,28 +6,25 @@ node of the spec's slot, which runs the same child a local run does, and returns
 the scheduler chooses the node; `follow` tells the supervisor when nodes join or leave. The child dials back to this process
 (engine/launch/ray/transport.py) with its attempt's token; status and commands then flow
 over that connection with the framing of the local pipes, read on the event loop by
-the code `ProcessHandle` reads pipes with. Actors get no Ray-level restarts (the
+the code `ProcessHandle` reads pipes with (`RayHandle`, engine/launch/ray/handle.py). Actors get no Ray-level restarts (the
 restart policy is torchherd's) and, owned by this process, die with it.
 """
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import socket
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Callable
 
 from ...config.problems import ConfigError, Problem
 from ...config.schema import ClusterConfig, DevicesConfig, RunConfig
 from ...hardware.placement import Slot, ValidationPlan
-from ...protocol.messages import Event, Notice
 from ...protocol.names import Intent
 from ...protocol.spec import Transport, ValidatorSpec, write_spec
-from ..backend import Backend, LaunchSpec, RemotePids, TelemetryHook
-from ..channel_handle import ChannelHandle
+from ..backend import Backend, Handle, LaunchSpec, RemotePids, TelemetryHook
 from ..environment import child_env
+from .handle import RayHandle
 from .placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, \
     plan_cluster_validation, read_nodes
 from .rundir import check_shared, remove_roots
@@ -56,116 +53,6 @@ def connect(cluster: ClusterConfig) -> None:
         from .reaper import start_reaper
 
         start_reaper()
-
-
-class RayHandle(ChannelHandle):
-    """One attempt running as a Ray actor's child, as the supervisor sees it.
-
-    Until the child dials back, commands wait here (as they would in a pipe) and there is nothing
-    to read; from then on the connection is read exactly as a local worker's pipe is.
-    """
-
-    def __init__(self, launcher: RayLauncher, key: str, name: str, actor, node_id: str, label: str):
-        super().__init__()  # no channel yet: see `connected`
-        self._launcher, self.key, self.name, self.actor = launcher, key, name, actor
-        self._node_id = node_id
-        self.label = launcher.inventory.label(node_id)
-        self.node = label  # "" when it runs on this machine's node
-        self.pid = 0  # known once the actor has started the child
-        self.actor_pid = 0
-        self.token = ""
-        self._start_ref = self._exit_ref = None
-        self._code: int | None = None
-        self.cause: Intent | None = None  # NODE_LEFT: classified by the lifecycle (BY_INTENT), not a crash
-        self._lost = ""  # why the actor died under us, for people
-
-    @property
-    def node_id(self) -> str:
-        """Ray's id of the node it runs on: telemetry asks that node's sampler for its processes."""
-        return self._node_id
-
-    def started(self, start_ref, exit_ref) -> None:
-        self._start_ref, self._exit_ref = start_ref, exit_ref
-
-    # ------------------------------------------------------------ channel
-
-    def connected(self, sock: socket.socket) -> None:
-        """The child dialled back with our token: the connection becomes its status and control channel."""
-        if self._closed:
-            sock.close()
-            return
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        fd = sock.detach()
-        # Both ends share one non-blocking file description: a stuck child never blocks the loop.
-        self.open_channel(Connection(fd, writable=False), Connection(os.dup(fd), readable=False))
-        if self._on_events is not None:  # where it runs, for people (the launch said only which slot)
-            self._on_events([Notice(pipeline="" if self.name == "validator" else self.name, level="info",
-                                    text=f"{self.name} runs on node {self.label} (Ray)")])
-        self._readable()  # it may have written before we looked
-
-    def drain(self) -> list[Event]:
-        events = super().drain()
-        if self._lost:
-            events.append(Notice(pipeline=self.name if self.name != "validator" else "", level="error",
-                                 text=self._lost))
-            self._lost = ""
-        return events
-
-    # ------------------------------------------------------------ the actor
-
-    def _resolve_start(self) -> None:
-        import ray
-
-        if self.pid or self._start_ref is None or not ray.wait([self._start_ref], timeout=0)[0]:
-            return
-        try:
-            info = ray.get(self._start_ref)
-        except Exception:  # the actor died or start failed: poll() reports it from the exit ref
-            self._start_ref = None
-            return
-        self.pid, self.actor_pid = info["pid"], info["actor_pid"]
-
-    @property
-    def pids(self) -> tuple[int, ...]:
-        self._resolve_start()
-        return (self.pid,) if self.pid else ()
-
-    def poll(self) -> int | None:
-        import ray
-
-        if self._code is not None:
-            return self._code
-        self._resolve_start()
-        if not ray.wait([self._exit_ref], timeout=0)[0]:
-            return None
-        try:
-            self._code = int(ray.get(self._exit_ref))
-        except ray.exceptions.RayActorError as exc:
-            self._code = -signal.SIGKILL  # its process (or its node) is gone: the child went with it
-            self._lost = self._launcher.why_lost(self, exc)
-        except ray.exceptions.RayTaskError as exc:
-            self._code = 1
-            self._lost = f"could not start on {self.node or 'this node'}: {exc.cause!r}"
-        return self._code
-
-    def _signal(self, sig: int, group: bool = True) -> None:
-        if not self._closed and self._code is None:
-            self.actor.signal.remote(int(sig), group)  # fire and forget: a round trip costs milliseconds
-
-    def terminate(self) -> None:
-        self._signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self._signal(signal.SIGKILL)
-
-    def dump_stacks(self) -> None:
-        self._signal(signal.SIGUSR1, group=False)  # faulthandler in the child writes every stack to its log
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self.close_channel()
-        self._launcher.ended(self)
 
 
 class RayLauncher(Backend):
@@ -235,6 +122,33 @@ class RayLauncher(Backend):
         return rendezvous(self._ray, self.inventory, self.driver_node, node)
 
     def launch(self, spec: LaunchSpec) -> RayHandle:
+        handle, start = self._create(spec)
+        start()
+        return handle
+
+    def launch_ranks(self, specs: list[LaunchSpec]) -> list[Handle]:
+        """A gang's ranks, an actor each on the gang's node. On GPUs Ray picks each rank actor's GPU and sets
+        its CUDA_VISIBLE_DEVICES; every rank's child then sees all of the gang's, in rank order, so its own
+        is cuda:LOCAL_RANK, as under torchrun. On CPUs each rank starts as `launch` starts it."""
+        if not any(spec.gang_gpus for spec in specs):
+            return super().launch_ranks(specs)
+        made: list[tuple[RayHandle, Callable[..., None]]] = []
+        try:
+            for spec in specs:
+                made.append(self._create(spec))
+        except BaseException:  # no actor may be left holding a GPU
+            for handle, _ in made:
+                handle.close()
+            raise
+        # Only each actor knows the GPU Ray gave it: each child's start waits (in its actor) for all of them.
+        gpus = [handle.actor.visible_gpus.remote() for handle, _ in made]
+        for _, start in made:
+            start(gpus)
+        return [handle for handle, _ in made]
+
+    def _create(self, spec: LaunchSpec) -> tuple[RayHandle, Callable[..., None]]:
+        """The actor of one attempt, created on its node and holding its room there, and the call that starts
+        its child: `start()`, or for a GPU gang's rank `start(refs)` with every rank actor's GPU."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self._reap_ending()
@@ -258,13 +172,16 @@ class RayLauncher(Backend):
             self.listener.forget(handle.token)
             raise OSError(f"cannot start {key} on the cluster: {exc}") from None
         handle.actor = actor
+        self.book.hold(key, node, kind, amount)
         header = f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} on " \
                  f"{self.inventory.label(node)} (Ray) ====\n"
-        handle.started(actor.start.remote(spec.module, str(spec_path), str(spec.log_path), env, os.getcwd(),
-                                          header, root, isinstance(child, ValidatorSpec)),
-                       actor.wait.remote())
-        self.book.hold(key, node, kind, amount)
-        return handle
+
+        def start(gang_gpus: list | None = None) -> None:
+            handle.started(actor.start.remote(spec.module, str(spec_path), str(spec.log_path), env, os.getcwd(),
+                                              header, root, isinstance(child, ValidatorSpec), gang_gpus),
+                           actor.wait.remote())
+
+        return handle, start
 
     def _place(self, spec: LaunchSpec) -> tuple[str, int, str, dict[str, str], str]:
         """Where an attempt's actor goes and what it reserves there: (resource kind, amount, node id, the
@@ -278,15 +195,16 @@ class RayLauncher(Backend):
             if spec.node and not self.book.alive(node):
                 raise NoRoom(f"node {self.inventory.label(node)} has left the cluster")
             # its home GPU's index on its node (Ray's count there), or none
-            env = child_env(spec.env, child.threads, home[1] if home else None, pci_order=False)
+            env = child_env(spec.env, child.threads, (home[1],) if home else (), pci_order=False)
             # its own node's snapshot root; the one on this node is the supervisor's, made already
             return "cpu", 0, node, env, child.snapshot_root if spec.node else ""
-        # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it
+        # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it (a gang's ranks then see every
+        # rank's: launch_ranks)
         kind, amount = ("cuda", 1) if spec.gpu_index is not None else ("cpu", child.threads)
         node = spec.node or self.book.choose(kind, amount, prefer=home[0] if home else "")
         if not self.book.alive(node):  # the scheduler's slot is on a node that just left
             raise NoRoom(f"node {self.inventory.label(node)} of its slot has left the cluster")
-        env = child_env(spec.env, child.threads, None, gpu_set_by_host=kind == "cuda")
+        env = child_env(spec.env, child.threads, (), gpu_set_by_host=kind == "cuda")
         # a worker may start on a node before that node's validator has made the root
         root = str(Path(child.snapshot_dir).parent) if child.snapshot_dir and spec.node else ""
         return kind, amount, node, env, root

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...protocol.names import PipelineKind
-from ..base import Runner, Scorer, set_up_torch
+from ..base import Runner, Scorer, cuda_index, set_up_torch
 
 
 class TaskRunner(Runner):
@@ -74,7 +74,9 @@ class TaskRunner(Runner):
 
             from .distributed import Gang
 
-            device = torch.device("cuda", 0) if spec.device.startswith("cuda") else torch.device("cpu")
+            # cuda:LOCAL_RANK among the gang's GPUs, which every rank sees: set_device and DDP's device_ids
+            device = torch.device("cuda", cuda_index(spec.device)) if spec.device.startswith("cuda") \
+                else torch.device("cpu")
             gang = Gang.join(spec.rank, spec.world_size, device, spec.collective_timeout)
         trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
                           Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq, gang=gang)

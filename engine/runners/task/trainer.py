@@ -120,7 +120,8 @@ class Trainer:
             "trained_time": self.trained_time + self._elapsed(), "best": self.best,
             "snapshot_seq": self.handoff.seq,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
+                    # its own GPU's only: a gang's rank sees its peers' GPUs too, and must not touch them
+                    "cuda": [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None},
             "pipeline": self.name,
         }
 
@@ -148,8 +149,8 @@ class Trainer:
             torch.set_rng_state(rng["torch"])
         if rng.get("python") is not None:
             random.setstate(rng["python"])
-        if rng.get("cuda") is not None and self.device.type == "cuda":
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        if rng.get("cuda") and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"][0], self.device)  # the saving GPU's state (it saw one, or its own)
         self.sender.send(Resumed(pipeline=self.name, path=str(path), epoch=self.epoch, step=self.step, note=note))
 
     def save(self, reason: str, name: str = ckpt.LAST) -> None:
