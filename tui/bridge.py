@@ -15,7 +15,7 @@ from typing import Any, Callable
 from ..engine.config.load import load_config
 from ..engine.config.schema import RunConfig
 from ..engine.protocol.messages import Notice
-from .commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop
+from .commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stacks, Stop
 from .runstate import RunState
 from .sessions import ServiceSession, Session
 
@@ -231,6 +231,8 @@ class Bridge:
                 sup.stop(name)
             case Checkpoint():
                 sup.checkpoint(name)
+            case Stacks():
+                sup.stacks(name)
             case _:
                 raise TypeError(f"not a pipeline command: {command!r}")
 

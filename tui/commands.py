@@ -96,6 +96,17 @@ class Checkpoint(PipelineCommand):
         return f"{self.pipeline} writes a checkpoint after its current step"
 
 
+@dataclass(frozen=True)
+class Stacks(PipelineCommand):
+    """Every process of the pipeline writes its Python stacks to its log (for one that makes no step)."""
+
+    acts_in: ClassVar[frozenset[WorkerState]] = frozenset({S.STARTING, S.RUNNING, S.PAUSED, S.STOPPING, S.HUNG})
+    cannot: ClassVar[str] = "asked for its stacks"
+
+    def doing(self) -> str:
+        return f"{self.pipeline}'s processes write their Python stacks to its log (l shows it)"
+
+
 def refusal(command: PipelineCommand, state: WorkerState) -> str | None:
     """Why `command` would do nothing to a pipeline in `state`, or None when it applies."""
     if state in command.acts_in:

@@ -1,5 +1,5 @@
 """Live runs from any shell: `torchherd ls` lists runs and their state, and `torchherd stop|kill|pause|
-resume-pipeline|checkpoint|restart RUN [NAME]` asks a live run's supervisor over its control socket.
+resume-pipeline|checkpoint|restart|stacks RUN [NAME]` asks a live run's supervisor over its control socket.
 
 Exit status: 0 the run took the request, 1 the run is not live or refused it, 2 bad input.
 """
@@ -16,8 +16,8 @@ from ..engine.protocol.control import Action
 
 EXIT_TOOK, EXIT_REFUSED, EXIT_BAD = 0, 1, 2
 ACTIONS = {"stop": Action.STOP, "kill": Action.KILL, "pause": Action.PAUSE, "resume-pipeline": Action.RESUME,
-           "checkpoint": Action.CHECKPOINT, "restart": Action.RESTART}
-NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart"}  # stop and kill default to every pipeline
+           "checkpoint": Action.CHECKPOINT, "restart": Action.RESTART, "stacks": Action.STACKS}
+NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart", "stacks"}  # stop and kill default to every pipeline
 
 
 class BadRun(ValueError):

@@ -78,6 +78,22 @@ def fmt_duration(seconds: float | None) -> str:
     return f"{s // 60}:{s % 60:02d}"
 
 
+def fmt_quiet(seconds: float) -> str:
+    """How long without a step, in at most four cells: '45s', '6m', '12h', '3d'."""
+    s = int(max(seconds, 0))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size * (2 if unit != "m" else 1):
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def quiet_text(seconds: float) -> str:
+    """'no step for 6 min' as people read it."""
+    s = int(max(seconds, 0))
+    return f"no step for {s} s" if s < 120 else f"no step for {s // 60} min" if s < 7200 else \
+        f"no step for {s // 3600} h"
+
+
 def epoch_label(epoch: int, total: int = 0) -> str:
     """A 0-based epoch as people count it: 'epoch 2/8', or 'epoch 2' when the total is unknown."""
     return f"epoch {epoch + 1}/{total}" if total else f"epoch {epoch + 1}"

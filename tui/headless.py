@@ -16,13 +16,14 @@ from typing import Any, Callable, TextIO
 
 from ..engine.config.schema import RunConfig
 from ..engine.protocol.control import ClientCommand
-from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished, Resumed,
-                             RunFinished, RunStarted, SnapshotSkipped, StepMetrics, ValidatorStarted, ValResult,
-                             WorkerError,
-                             TrainingStarted, WorkerExited, WorkerRestarting, WorkerStarted)
+from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished,
+                                        Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled, StepMetrics,
+                                        TrainingStarted, ValResult, ValidatorStarted, WorkerError, WorkerExited,
+                                        WorkerRestarting, WorkerStarted)
 from ..engine.protocol.names import ExitReason, ValidationMode
 from ..engine.protocol.states import WorkerState, ended_label
 from ..engine.supervise.supervisor import Supervisor
+from .formats import quiet_text
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # some pipeline failed or was killed
@@ -50,6 +51,7 @@ class LinePrinter:
         self.totals: dict[str, int] = {}  # steps in all, once a pipeline has said (0: unknown)
         self.epochs_seen: set[str] = set()  # pipelines that ended an epoch: their epoch lines say enough
         self.step_line_at: dict[str, float] = {}
+        self.run_id = "RUN"  # named by run_started
         self.ended: dict[str, str] = {}  # each ended pipeline's state as people read it ('early stop', ...)
 
     def where(self, pipeline: str, epoch: int, step: int) -> str:
@@ -80,6 +82,7 @@ class LinePrinter:
             method(self, ev)
 
     def _run_started(self, ev: RunStarted) -> None:
+        self.run_id = ev.run_id
         self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
 
     def _worker_started(self, ev: WorkerStarted) -> None:
@@ -184,6 +187,14 @@ class LinePrinter:
         what = f"{ev.action} {ev.pipeline}" if ev.pipeline else f"{ev.action} every pipeline"
         self.line(f"client pid {ev.client_pid}: {what}" + ("" if ev.ok else f" refused: {ev.text}"))
 
+    def _stalled(self, ev: Stalled) -> None:
+        if not ev.quiet:
+            self.line(f"{ev.pipeline}: stepping again")
+            return
+        first = " since it started" if ev.first_step else ""
+        self.line(f"{ev.pipeline}: {quiet_text(ev.quiet)}{first}; nothing is killed. "
+                  f"`torchherd stacks {self.run_id} {ev.pipeline}` writes every process's Python stack to its log")
+
     def _run_finished(self, ev: RunFinished) -> None:
         summary = ", ".join(f"{k} {self.ended.get(k, v)}" for k, v in ev.statuses.items())
         self.line(f"run finished: {summary}")
@@ -191,6 +202,7 @@ class LinePrinter:
 
 _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     RunStarted: LinePrinter._run_started,
+    Stalled: LinePrinter._stalled,
     WorkerStarted: LinePrinter._worker_started,
     Resumed: LinePrinter._resumed,
     TrainingStarted: LinePrinter._training_started,

@@ -18,7 +18,7 @@ from ..engine.protocol import telemetry as t
 from ..engine.protocol.names import ExitReason
 from ..engine.protocol.progress import PipelineProgress, apply as fold
 from ..engine.protocol.states import WorkerState, ended_label
-from .formats import epoch_label, finish_text, fmt_num, is_loss_metric
+from .formats import epoch_label, finish_text, fmt_num, is_loss_metric, quiet_text
 from .series import LossSeries
 
 LOG_KEEP = 1000  # event-log entries kept in memory
@@ -196,6 +196,14 @@ class RunState:
         level = "error" if ev.status == WorkerState.FAILED else "info"
         self.note(level, ev.pipeline, "finished " + finish_text(ev.status, ev.reason), at=ev.time)
 
+    def _stalled(self, ev: m.Stalled, _) -> None:
+        if ev.quiet:
+            first = " since it started" if ev.first_step else ""
+            self.note("warning", ev.pipeline, f"{quiet_text(ev.quiet)}{first}; d writes every process's Python "
+                      "stack to its log (l shows it); nothing is killed", at=ev.time)
+        else:
+            self.note("info", ev.pipeline, "stepping again", at=ev.time)
+
     def _early_stop(self, ev: m.EarlyStop, _) -> None:
         self.note("info", ev.pipeline, f"early stop: {ev.reason}", at=ev.time)
 
@@ -230,6 +238,7 @@ _HANDLERS = {
     m.WorkerRestarting: RunState._restarting,
     m.PipelineFinished: RunState._finished,
     m.EarlyStop: RunState._early_stop,
+    m.Stalled: RunState._stalled,
     m.Notice: RunState._notice,
     m.RunFinished: RunState._run_finished,
     t.TelemetrySnapshot: RunState._telemetry,

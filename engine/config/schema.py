@@ -270,6 +270,10 @@ class RestartConfig(_Strict):
         "Seconds without a training step after which a running worker is declared hung: its stack goes to "
         "its log, it is killed and the restart policy applies. Must exceed the slowest step or validation; "
         "building the task and the first step get `start_timeout`. Unset: never."))
+    stall_warning: float = Field(60.0, gt=0, description=(
+        "Seconds without a training step after which a live pipeline is flagged in the table and headless "
+        "(`d` or `torchherd stacks` then writes its stacks to its log; nothing is killed): at least this, or 5x "
+        "its slowest gap between steps so far; before its first step, 5x this."))
     start_timeout: float | None = Field(None, gt=0, description=(
         "With `hang_timeout` set: seconds a worker may take to build its task and make its first step before "
         "it is declared hung (imports, data loading, a gang's first collective, compilation). "

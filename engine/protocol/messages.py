@@ -118,6 +118,17 @@ class Heartbeat(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Stalled(Event):
+    """A live pipeline made no training step for `quiet` seconds (heard whether or not `hang_timeout` is set,
+    and never killed for it); `quiet` 0 says it is stepping again."""
+
+    type: ClassVar[str] = "stalled"
+    pipeline: str
+    quiet: float
+    first_step: bool = False  # it was still waiting for its first step
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EpochEnd(Event):
     """A training epoch finished: its mean loss and how long it took."""
 

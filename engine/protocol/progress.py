@@ -71,6 +71,7 @@ class PipelineProgress:
     finish_reason: str = ""  # why it reached its final state
     rate_origin: tuple[float, int] | None = None  # (time, step) of this attempt's first step report
     step_rate: float = 0.0  # steps per second over this attempt
+    stalled_since: float | None = None  # seconds since the epoch of its last news, while flagged for no step
 
     @property
     def total_steps(self) -> int:
@@ -116,7 +117,11 @@ def _queued(p: PipelineProgress, ev: m.PipelineQueued) -> PipelineProgress:
 
 def _started(p: PipelineProgress, ev: m.WorkerStarted) -> PipelineProgress:
     return replace(p, device=ev.device, node=ev.node, pid=ev.pid, attempt=ev.attempt, started_at=p.started_at or ev.time,
-                   finished_at=None, rate_origin=None, step_rate=0.0)
+                   finished_at=None, rate_origin=None, step_rate=0.0, stalled_since=None)
+
+
+def _stalled(p: PipelineProgress, ev: m.Stalled) -> PipelineProgress:
+    return replace(p, stalled_since=ev.time - ev.quiet if ev.quiet else None)
 
 
 def _state(p: PipelineProgress, ev: m.WorkerStateChanged) -> PipelineProgress:
@@ -162,7 +167,7 @@ def _error(p: PipelineProgress, ev: m.WorkerError) -> PipelineProgress:
 
 
 def _exited(p: PipelineProgress, ev: m.WorkerExited) -> PipelineProgress:
-    return replace(p, pid=None, last_error=ev.error or p.last_error, traceback=ev.traceback or p.traceback)
+    return replace(p, pid=None, stalled_since=None, last_error=ev.error or p.last_error, traceback=ev.traceback or p.traceback)
 
 
 def _restarting(p: PipelineProgress, ev: m.WorkerRestarting) -> PipelineProgress:
@@ -188,4 +193,5 @@ _FOLDS = {
     m.WorkerExited: _exited,
     m.WorkerRestarting: _restarting,
     m.PipelineFinished: _finished,
+    m.Stalled: _stalled,
 }

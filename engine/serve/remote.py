@@ -135,6 +135,9 @@ class RemoteRun:
     def checkpoint(self, name: str) -> None:
         self.send(Action.CHECKPOINT, name)
 
+    def stacks(self, name: str) -> None:
+        self.send(Action.STACKS, name)
+
     async def add_config_file(self, path: Path) -> list[str]:
         reply = await self.request(Action.ADD_CONFIG, path=str(Path(path).resolve()))
         if not reply.ok:

@@ -138,6 +138,8 @@ class ControlServer:
                 sup.resume(name)
             case Action.CHECKPOINT:
                 sup.checkpoint(name)
+            case Action.STACKS:
+                sup.stacks(name)
             case Action.ADD_CONFIG:
                 return "added " + ", ".join(sup.add_config(load_config(req.path)))
             case _:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from ..protocol.messages import CheckpointNow, Pause, Resume
+from ..protocol.messages import CheckpointNow, Notice, Pause, Resume
 from ..protocol.names import Intent
 from ..protocol.states import BEFORE_START, WorkerState
 from .lifecycle import Lifecycle
@@ -102,3 +102,11 @@ def keep_ended(lifecycle: Lifecycle, run: PipelineRun, status: str) -> None:
     """A resumed run's pipeline that has nothing to train keeps how it had ended (QUEUED -> that state)."""
     run.finish_reason = f"{status} before the run was resumed"
     lifecycle.set_state(run, WorkerState(status))
+
+
+def stacks(run: PipelineRun, publish) -> None:
+    """Every process of its attempt writes its Python stacks to its log (faulthandler); nothing is stopped."""
+    if run.handle is None:
+        raise ValueError(f"{run.name} has no process now: no stacks to write")
+    run.handle.dump_stacks()
+    publish(Notice(pipeline=run.name, level="info", text="its processes write their Python stacks to its log"))

@@ -13,7 +13,7 @@ from typing import Callable
 from ..protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED
 from ..launch.backend import Handle
 from ..launch.gang import GangHandle
-from ..protocol.messages import (Event, Notice, PipelineFinished, Stop, WorkerExited, WorkerRestarting,
+from ..protocol.messages import (Event, Notice, PipelineFinished, Stalled, Stop, WorkerExited, WorkerRestarting,
                                        WorkerStarted, WorkerStateChanged)
 from .pipeline import Attempt, PipelineRun
 from .scheduler import Scheduler
@@ -23,6 +23,7 @@ from ..protocol.states import WorkerState, check_transition
 S = WorkerState
 R = ExitReason
 HANG_DUMP_WAIT = 1.0  # seconds between asking a hung worker for its stack and killing it
+STALL_FACTOR = 5  # a live worker is flagged after this many times its slowest gap, or stall_warning (x5 before a step)
 
 # Why an attempt ended: what we asked of it wins over its exit code, and so does what its launcher knows
 # better than the code (`handle.cause`): "node left", an attempt lost with its cluster node, is moved
@@ -164,6 +165,25 @@ class Lifecycle:
                 self._gpu_note(run)
             self.set_state(run, S.HUNG)  # STARTING/RUNNING -> HUNG
             self._publish(Notice(pipeline=run.name, level="error", text=run.last_error))
+        else:
+            self._watch_stall(run, now)
+
+    def heard(self, run: PipelineRun) -> None:
+        """News from the running attempt: it made progress (and is no longer stalled, if it was)."""
+        if run.current.heard(time.monotonic()):
+            self._publish(Stalled(pipeline=run.name, quiet=0.0))
+
+    def _watch_stall(self, run: PipelineRun, now: float) -> None:
+        """Flag, once, a live worker that has made no step for a while; nothing is killed (`hang_timeout` does)."""
+        attempt = run.current
+        if run.state not in (S.STARTING, S.RUNNING) or attempt.stalled:
+            return
+        warn = run.plan.run_config.restart.stall_warning
+        limit = max(warn, STALL_FACTOR * attempt.slowest) if attempt.stepped else STALL_FACTOR * warn
+        quiet = now - attempt.last_progress
+        if quiet > limit:
+            attempt.stalled = True
+            self._publish(Stalled(pipeline=run.name, quiet=quiet, first_step=not attempt.stepped))
 
     def _is_hung(self, run: PipelineRun, now: float) -> bool:
         timeout = run.plan.run_config.restart.hang_timeout

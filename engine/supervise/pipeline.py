@@ -59,6 +59,16 @@ class Attempt:
     stepped: bool = False  # it completed an optimizer step: dying now is no failed start
     failure: tuple[str, int] | None = None  # (error, step) of the exception it reported
     announced: bool = False  # its WorkerStarted is out (on Ray, once the actor knows the child's pid)
+    slowest: float = 0.0  # the longest it went without news since its first step (seconds)
+    stalled: bool = False  # flagged for making no step (Stalled), until it is heard from again
+
+    def heard(self, now: float) -> bool:
+        """News from the worker at `now`; True when that ends a stall it was flagged for."""
+        if self.stepped:
+            self.slowest = max(self.slowest, now - self.last_progress)
+        self.last_progress = now
+        was, self.stalled = self.stalled, False
+        return was
 
     def saw(self, event: Event) -> None:
         """Note what an event says about this attempt's progress and failure."""
@@ -163,3 +173,11 @@ def view_of(run: PipelineRun, run_dir: Path) -> PipelineView:
         log_path=run_dir / run.name / "log.txt",
         last_error=run.finish_reason if run.state == WorkerState.FAILED else run.last_error,
         priority=run.plan.config.priority, node=handle.node if handle is not None else "")
+
+
+def unique_name(name: str, taken) -> str:
+    """`name`, or `name-2`, `name-3` ... when a pipeline of the session already has it."""
+    out, n = name, 2
+    while out in taken:
+        out, n = f"{name}-{n}", n + 1
+    return out

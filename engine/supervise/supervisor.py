@@ -25,7 +25,7 @@ from . import commands
 from .attempts import AttemptLauncher
 from .bus import EventBus, EventStream
 from .lifecycle import Lifecycle
-from .pipeline import PipelineRun, PipelineView, Plan, view_of
+from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
 from .scheduler import Scheduler
@@ -163,10 +163,6 @@ class Supervisor:
         return any(r.handle is not None for r in self._runs.values())
 
     @property
-    def validator_pid(self) -> int | None:  # the background validator's, while it runs
-        return self._validation.pid
-
-    @property
     def finished(self) -> bool:
         return self._finished.is_set()
 
@@ -191,6 +187,9 @@ class Supervisor:
 
     def checkpoint(self, name: str) -> None:
         commands.checkpoint(self._get(name))
+
+    def stacks(self, name: str) -> None:  # every process of its attempt writes its Python stacks to its log
+        commands.stacks(self._get(name), self._emit)
 
     def kill(self, name: str) -> None:
         """End the worker now: the polite signal to its process group, the hard one after the grace period."""
@@ -265,9 +264,7 @@ class Supervisor:
         self._validation.start_for(validation)
         names = []
         for pipe in config.pipelines:
-            name, n = pipe.name, 2
-            while name in self._runs:
-                name, n = f"{pipe.name}-{n}", n + 1
+            name = unique_name(pipe.name, self._runs)
             if name != pipe.name:
                 pipe = pipe.model_copy(update={"name": name})
             plan = Plan(config=pipe, run_config=config, policy=policy, order=self._order, validation=validation)
@@ -321,7 +318,7 @@ class Supervisor:
     def _on_worker_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
         if run.handle is not handle:
             return  # a late batch from an attempt already reaped
-        run.current.last_progress = time.monotonic()
+        self._lifecycle.heard(run)
         for event in events:
             run.current.saw(event)
             if isinstance(event, Heartbeat):

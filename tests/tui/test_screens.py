@@ -270,3 +270,25 @@ async def test_at_80_columns_the_table_keeps_device_and_try_and_says_how_many_ro
         table.styles.max_height = 20  # room for every row: nothing to say
         await pilot.pause()
         assert table.border_subtitle == ""
+
+
+# Regression: a pipeline that made no step (hang_timeout unset) looked like any running one, and nothing asked
+# its processes where they were stuck.
+async def test_a_stalled_pipeline_is_flagged_and_d_asks_for_its_stacks(make_app, session):
+    import signal
+
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await launch(pilot, session)
+        session.train("alpha", 5)
+        session.feed("alpha", m.Stalled(pipeline="alpha", quiet=400.0, time=session.clock.now))
+        table = app.screen.query_one(PipelineTable)
+        await wait_for(pilot, lambda: table.cell("alpha", "state").startswith("stall "), what="the flag")
+        assert any("no step for 6 min" in text and "d writes" in text for text in log_texts(app))
+        table.focus()
+        await pilot.press("d")
+        handle = session.launcher.handle("alpha")
+        await wait_for(pilot, lambda: signal.SIGUSR1 in handle.signals, what="its stacks asked for")
+        assert session.sup.view("alpha").state.value == "running"
+        session.feed("alpha", m.Stalled(pipeline="alpha", quiet=0.0, time=session.clock.now))
+        await wait_for(pilot, lambda: table.cell("alpha", "state") == "running", what="the flag cleared")

@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ...engine.protocol.states import WorkerState
-from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stop, refusal
+from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stacks, Stop, refusal
 from ..messages import CommandRequested
 from ..runstate import RunState
 from .dialogs import ConfirmScreen
@@ -36,6 +36,7 @@ class DashboardScreen(Screen[None]):
         Binding("k", "kill", "kill"), Binding("r", "restart", "restart"),
         Binding("p", "pause", "pause"), Binding("s", "stop", "stop"),
         Binding("c", "checkpoint", "ckpt"), Binding("l", "full_log", "log"),
+        Binding("d", "stacks", "stacks", show=False),
         Binding("n", "app.launch_more", "more"),
         Binding("a", "chart('overlay')", "all", show=False), Binding("g", "chart('log_y')", "log y", show=False),
         Binding("e", "chart('smooth')", "ema", show=False), Binding("x", "chart('x_mode')", "x axis", show=False),
@@ -183,6 +184,10 @@ class DashboardScreen(Screen[None]):
     def action_checkpoint(self) -> None:
         if (name := self._target()) is not None:
             self._request(Checkpoint(name))
+
+    def action_stacks(self) -> None:
+        if (name := self._target()) is not None:
+            self._request(Stacks(name))
 
     def action_pause(self) -> None:
         if (name := self._target()) is not None:

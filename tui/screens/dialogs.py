@@ -19,6 +19,8 @@ HELP = """\
   s       stop it gracefully: checkpoint, then exit
   c       write a checkpoint now
   l       its full log (escape comes back)
+  d       its processes write their Python stacks to its
+          log, nothing stops (for one that makes no step)
   n       launch more: add a config to this session
   a       chart: selected pipeline / all overlaid
   g       chart: log scale on / off

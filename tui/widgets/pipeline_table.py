@@ -23,10 +23,11 @@ from textual.widget import Widget
 
 from ...engine.protocol.progress import PipelineProgress
 from ...engine.protocol.states import WorkerState, ended_label
-from ..formats import fmt_count, fmt_device, fmt_duration, fmt_num, metric_label
+from ..formats import fmt_count, fmt_device, fmt_duration, fmt_num, fmt_quiet, metric_label
 
 S = WorkerState
 WIDE = 118  # terminal columns from which every column is shown
+STALLED_STYLE = "bold yellow"
 STATE_STYLE = {
     S.RUNNING: "green", S.STARTING: "cyan", S.QUEUED: "dim", S.PAUSED: "yellow", S.STOPPING: "yellow",
     S.KILLING: "red", S.HUNG: "bold red", S.BACKOFF: "yellow", S.COMPLETED: "bold green", S.STOPPED: "blue",
@@ -62,6 +63,13 @@ def fmt_try(row: PipelineProgress, width: int) -> str:
     return full if len(full) <= width else short
 
 
+def state_text(row: PipelineProgress, now: float) -> str:
+    """Its state as people read it: 'early stop' and 'never ran' once ended, 'stall 6m' while it makes no step."""
+    if row.stalled_since is not None and not row.state.final:
+        return f"stall {fmt_quiet(now - row.stalled_since)}"
+    return ended_label(row.state, row.finish_reason)
+
+
 @dataclass(frozen=True)
 class Column:
     """One column: its key, header, width in cells, how a row's value is written, and whether narrow
@@ -80,7 +88,7 @@ class Column:
 COLUMNS = (
     Column("name", "pipeline", 14, lambda r, now, w: r.name, True),
     Column("device", "device", 6, lambda r, now, w: fmt_device(r.device, w), True),
-    Column("state", "state", 10, lambda r, now, w: ended_label(r.state, r.finish_reason), True),
+    Column("state", "state", 10, lambda r, now, w: state_text(r, now), True),
     Column("attempt", "try", 7, lambda r, now, w: fmt_try(r, w), True),
     Column("step", "epoch step", 12, lambda r, now, w: fmt_epoch_step(r, w), True),
     Column("progress", "progress", 10, lambda r, now, w: fmt_progress(r, w), False),
@@ -124,6 +132,7 @@ class PipelineTable(Widget, can_focus=True):
         self.names: list[str] = []
         self.cells: dict[str, dict[str, str]] = {}
         self.states: dict[str, WorkerState] = {}
+        self.stalled: dict[str, bool] = {}  # flagged for making no step
         self.metric = "val_loss"  # named in the val column's header
         self.cursor = 0
         self.top = 0  # first row shown
@@ -160,6 +169,7 @@ class PipelineTable(Widget, can_focus=True):
         for row in rows:
             values = {c.key: c.text(row, now, c.width) for c in (*COLUMNS, NODE)}
             self.states[row.name] = row.state
+            self.stalled[row.name] = row.stalled_since is not None and not row.state.final
             old = self.cells.get(row.name)
             if old is None:
                 self.names.append(row.name)
@@ -234,8 +244,8 @@ class PipelineTable(Widget, can_focus=True):
         segments = []
         for column in self.visible_columns():
             text = _fit(values[column.key], column.width)
-            style = row_style + Style.parse(STATE_STYLE.get(self.states[name], "")) if column.key == "state" \
-                else row_style
+            state_style = STALLED_STYLE if self.stalled.get(name) else STATE_STYLE.get(self.states[name], "")
+            style = row_style + Style.parse(state_style) if column.key == "state" else row_style
             segments.append(Segment(text, style))
         return Strip(segments).crop_extend(0, width, base)
 

@@ -9,9 +9,11 @@ their group.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 # Runs between fork and the script: Ctrl-C back to its default (the worker ignores it, and an
@@ -23,6 +25,50 @@ _EXEC = ("import ctypes, os, signal, sys\n"
          "except (OSError, AttributeError):\n    pass\n"
          "if os.getppid() != int(sys.argv[1]):\n    os._exit(13)\n"
          "os.execv(sys.argv[2], sys.argv[2:])\n")
+
+
+# The script's Python runs this at start-up (its folder first on PYTHONPATH): SIGUSR1 then makes faulthandler
+# write every thread's stack to its stderr, the pipeline's log, without stopping it (`d`, `torchherd stacks`);
+# a sitecustomize of the user's that this one shadows runs after it, as it would have.
+_STACKS_SITE = """import faulthandler, signal
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def _theirs():
+    import importlib.machinery, importlib.util, os, sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+_theirs()
+"""
+
+
+def stacks_site(folder: Path) -> dict[str, str]:
+    """Write the start-up file that lets the script dump its stacks on SIGUSR1 into `folder`; the environment
+    (PYTHONPATH) that makes its Python run it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_STACKS_SITE)
+    rest = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": str(folder) + (os.pathsep + rest if rest else "")}
+
+
+def forward_stacks(pid: int) -> None:
+    """SIGUSR1 to this worker (the supervisor asking for stacks) dumps the worker's own, then reaches the
+    script `pid`, which dumps its own (see `stacks_site`)."""
+    import faulthandler
+
+    def forward(signum, frame) -> None:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGUSR1, forward)  # replaces faulthandler's handler: it is put back in front below
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
 
 
 def free_port() -> int:

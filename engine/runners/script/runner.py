@@ -35,7 +35,7 @@ from ...worker.handoff import snapshot_meta
 from .events import ScriptEvents, parse_number
 from .frames import ClientFrames
 from .arguments import command_line, describe_checkpoint, newest_checkpoint
-from .process import ScriptProcess, script_environment
+from .process import ScriptProcess, forward_stacks, script_environment, stacks_site
 from .validation import InlineScorer
 
 TICK = 0.05  # seconds between looks at the control pipe and the script
@@ -103,7 +103,8 @@ class ScriptAttempt(ClientFrames):
     # ------------------------------------------------------------ start
 
     def _environment(self, fd: int) -> dict[str, str]:
-        extra = {wire.ENV_PIPELINE: self.name, wire.ENV_CHECKPOINT_DIR: str(self.ckpt_dir), wire.ENV_FD: str(fd)}
+        extra = {wire.ENV_PIPELINE: self.name, wire.ENV_CHECKPOINT_DIR: str(self.ckpt_dir), wire.ENV_FD: str(fd),
+                 **stacks_site(self.dir / ".stacks")}
         v = self.validation
         directory = self.spec.snapshot_dir if v.mode == ValidationMode.BACKGROUND else ""
         if self.pipe.validate_factory and v.mode == ValidationMode.INLINE:
@@ -132,6 +133,7 @@ class ScriptAttempt(ClientFrames):
         threads = []
         try:
             self.proc = ScriptProcess(script, cwd, env, theirs.fileno())
+            forward_stacks(self.proc.pid)
             theirs.close()
             for target in (self._pump_output, self._read_client):
                 threads.append(threading.Thread(target=target, name=f"torchherd-{target.__name__}", daemon=True))
