@@ -24,6 +24,8 @@ def make_config(tmp_path: Path, pipelines: list[dict[str, Any]], **top: Any) -> 
     # alone (see test_runs_in_different_directories_never_share_snapshots), and two test sessions on one
     # machine, or two xdist workers, start runs of the same config in the same second.
     top.setdefault("name", f"test-{uuid.uuid4().hex[:8]}")
+    # Validation inline unless a test says otherwise: "auto" would pick by this machine's spare cores.
+    top.setdefault("validation", {"mode": "inline"})
     data = {"runs_dir": str(tmp_path / "runs"), "defaults": defaults, "pipelines": pipelines,
             "devices": {"placement": "cpu", "cpu_slots": 2, **top.pop("devices", {})},
             "restart": {"backoff": 0.1, "min_uptime": 0.5, **top.pop("restart", {})}, **top}

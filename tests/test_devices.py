@@ -115,3 +115,26 @@ def test_a_machine_with_zero_gpus_says_so(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     inv = discover_devices(DiscoveryNvml([]))
     assert inv.gpus == () and "CPU slots" in inv.note and "CUDA_VISIBLE_DEVICES" not in inv.note
+
+
+# Regression: validation "auto" counted every slot as training: one pipeline on two CPU slots was validated
+# inline ("no spare core (2 of 2 train)") while cpu1 sat idle, and one pipeline on an 8-GPU box shared the last
+# GPU with nothing on it spare.
+@pytest.mark.parametrize("inventory, pipelines, mode, why", [
+    (Inventory(cpu_count=2), 1, "background", "1 spare core(s)"),
+    (Inventory(cpu_count=2), 2, "inline", "no spare core (2 of 2 train)"),
+    (Inventory(gpus=tuple(GpuInfo(i, "Test GPU", f"GPU-{i}", 80 << 30) for i in range(8)), cpu_count=16), 1,
+     "background", "a GPU no worker uses"),
+])
+def test_auto_validation_counts_the_slots_the_config_occupies(tmp_path, inventory, pipelines, mode, why):
+    from torchherd.engine.config.load import parse_config
+    from torchherd.engine.hardware.placement import plan_slots, plan_validation
+
+    config = parse_config({"pipelines": [{"name": f"p{i}", "task": "regression"} for i in range(pipelines)]},
+                          str(tmp_path / "c.toml"), tmp_path)
+    slots, problems = plan_slots(config.devices, inventory, "c.toml")
+    assert not problems
+    plan = plan_validation(config, slots, inventory)
+    assert (plan.mode, plan.why) == (mode, why)
+    if inventory.gpus:
+        assert plan.gpu.index == 1  # the first GPU trains; the next one validates

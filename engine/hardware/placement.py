@@ -157,6 +157,9 @@ def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) 
     v = config.validation
     if v.mode in (ValidationMode.OFF, ValidationMode.INLINE):
         return ValidationPlan(v.mode, "", None, v.threads, "as configured")
+    # What the config occupies at once, not every slot planned: one pipeline on a box of eight GPUs (or two
+    # cores) leaves the rest spare. Slots are taken in order.
+    slots = slots[:sum(p.ranks for p in config.pipelines)]
     used = {s.gpu.index for s in slots if s.gpu is not None}
     spare = [g for g in inventory.gpus if g.index not in used]
     if isinstance(v.device, int):
