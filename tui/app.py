@@ -18,13 +18,20 @@ from textual.app import App
 from textual.binding import Binding
 
 from ..engine.config.problems import ConfigError
-from .bridge import Bridge, SupervisorFactory, replay_run, run_end
+from .bridge import Bridge, SupervisorFactory, list_configs, replay_run, run_end
 from .headless import EXIT_STOPPED
 from .messages import CommandRequested, RunChanged
 from .runstate import RunState
 from .screens.dashboard import DashboardScreen
 from .screens.dialogs import HelpScreen, QuitScreen
 from .screens.picker import PickerResult, PickerScreen
+
+
+def default_folder() -> Path:
+    """Where `torchherd` with no argument looks for configs: ./sample_configs when there is one (a checkout of
+    torchherd), else this folder when it holds configs (a project with its own)."""
+    bundled = Path("sample_configs")
+    return bundled if bundled.is_dir() or not list_configs(Path(".")) else Path(".")
 
 
 class TorchherdApp(App[int]):
@@ -43,7 +50,7 @@ class TorchherdApp(App[int]):
         self.attach_to, self.read_only = attach, read_only  # a live run to open at once
         self.launch = launch  # start the target (a config, or an unfinished run to resume) at once
         self.only = only  # resuming: only these pipelines
-        target = Path(target) if target is not None else Path("sample_configs")
+        target = Path(target) if target is not None else default_folder()
         self.target = target
         self.directory = target if not target.is_file() else target.parent
         self.initial = target if target.is_file() else None
@@ -64,7 +71,7 @@ class TorchherdApp(App[int]):
         elif self.launch and self.target.is_file():
             self.call_later(self._picked, ("launch", self.target))
         elif self.launch and self.target.is_dir():
-            self.directory = Path("sample_configs")
+            self.directory = default_folder()
             self.call_later(self._picked, ("resume", self.target))
         else:
             self.push_screen(self._picker(adding=False), self._picked)

@@ -53,10 +53,14 @@ def check_config_file(path: Path) -> ConfigCheck:
     return ConfigCheck(path, text, report.ok, list(report.lines), [str(p) for p in report.problems])
 
 
+NOT_CONFIGS = {"pyproject.toml", "Cargo.toml", "poetry.toml", "ruff.toml", ".ruff.toml"}  # a project's own tools
+
+
 def list_configs(directory: Path) -> list[Path]:
-    """The TOML configs in a directory, by name."""
+    """The TOML configs in a directory, by name (a project's pyproject.toml and friends are not configs)."""
     try:
-        return sorted(p for p in directory.iterdir() if p.suffix == ".toml" and p.is_file())
+        return sorted(p for p in directory.iterdir() if p.suffix == ".toml" and p.is_file()
+                      and p.name not in NOT_CONFIGS)
     except OSError:
         return []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import time
+from pathlib import Path
 
 import pytest
 from textual.widgets import OptionList
@@ -252,3 +253,19 @@ async def test_torchherd_run_in_the_app_reports_its_run_after_exit(monkeypatch, 
     assert cli.run_app_checked(CONFIGS / "good.toml", runs_dir) == 1  # its pipeline failed
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "torchherd: run 20231114-220000-old failed" and f"  run directory: {run_dir}" in out
+
+
+# Regression: `torchherd` in a project folder holding its own run.toml said "There is no folder sample_configs
+# here"; and a folder's pyproject.toml would have been offered as a config.
+def test_with_no_argument_the_app_looks_in_this_folder_when_it_holds_configs(tmp_path, monkeypatch):
+    from torchherd.tui.app import default_folder
+    from torchherd.tui.bridge import list_configs
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'mine'\n")
+    assert default_folder() == Path("sample_configs")  # nothing here: the bundled folder, and its hint
+    (tmp_path / "run.toml").write_text("[[pipelines]]\nname = 'a'\ntask = 'regression'\n")
+    assert default_folder() == Path(".")
+    assert list_configs(Path(".")) == [Path("run.toml")]
+    (tmp_path / "sample_configs").mkdir()
+    assert default_folder() == Path("sample_configs")
