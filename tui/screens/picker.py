@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rich.console import Group
+from rich.padding import Padding
 from rich.syntax import Syntax
 from rich.text import Text
 from textual import work
@@ -60,6 +62,19 @@ def build_tasks(path: Path, check: ConfigCheck, worker: Worker,
         return ConfigCheck(path, check.text, False, problems=[str(p) for p in problems])
     return check
 
+
+
+class Indented:
+    """`head`, then each line indented two cells with its wrapped rest indented too; `str()` is the plain text."""
+
+    def __init__(self, head: Text, lines: list[str], style: str = ""):
+        self.head, self.lines, self.style = head, lines, style
+
+    def __rich__(self) -> Group:
+        return Group(self.head, *(Padding(Text(line, style=self.style), (0, 0, 0, 2)) for line in self.lines))
+
+    def __str__(self) -> str:
+        return "\n".join([self.head.plain, *("  " + line for line in self.lines)])
 
 class PickerScreen(Screen[PickerResult]):
     """Choose a config to launch (or add to the session), or a past run to open."""
@@ -145,10 +160,13 @@ class PickerScreen(Screen[PickerResult]):
         for i, path in enumerate(self.configs):
             choices.add_option(Option(f"  {path.name}", id=f"cfg:{i}"))
         if self.runs:
-            choices.add_option(Option(Text("past runs", style="bold"), disabled=True))
+            heading = Text("past runs", style="bold")
+            if any(run.resumable for run in self.runs):
+                heading.append("  ↻ r resumes", style="dim")  # said once: on every line it wrapped
+            choices.add_option(Option(heading, disabled=True))
             for i, run in enumerate(self.runs):
                 when = time.strftime("%m-%d %H:%M", time.localtime(run.started))
-                status = f"{run.status}: r resumes" if run.resumable else run.status
+                status = f"{run.status} ↻" if run.resumable else run.status
                 line = f"[dim]{when}[/dim] [b green]live[/]" if run.live else \
                     f"[dim]{when} {status}[/dim]"
                 choices.add_option(Option(f"  {run.run_id}\n    {line}", id=f"run:{i}"))
@@ -251,22 +269,17 @@ class PickerScreen(Screen[PickerResult]):
 
     def _show_building(self, building: PickerScreen.Building) -> None:
         self._show_source(building.check)
-        verdict = Text(f"… checking {_plural(building.total, 'task')}: building each once in a fresh process "
-                       f"({building.built} of {building.total} done)", style="bold yellow")
-        for line in building.check.lines:
-            verdict.append("\n  " + line)
-        self.query_one("#verdict", Static).update(verdict)
+        head = Text(f"… checking {_plural(building.total, 'task')}: building each once in a fresh process "
+                    f"({building.built} of {building.total} done)", style="bold yellow")
+        self.query_one("#verdict", Static).update(Indented(head, building.check.lines))
 
     def _show(self, check: ConfigCheck) -> None:
         self._show_source(check)
         if check.ok:
-            verdict = Text("✓ ready: enter launches", style="bold green")
-            for line in check.lines:
-                verdict.append("\n  " + line)
+            verdict = Indented(Text("✓ ready: enter launches", style="bold green"), check.lines)
         else:
-            verdict = Text(f"✗ cannot launch: {_plural(len(check.problems), 'problem')}", style="bold red")
-            for problem in check.problems:
-                verdict.append("\n  " + problem, style="red")
+            verdict = Indented(Text(f"✗ cannot launch: {_plural(len(check.problems), 'problem')}", style="bold red"),
+                               [str(p) for p in check.problems], style="red")
         self.query_one("#verdict", Static).update(verdict)
 
     def _show_run(self, run: PastRun) -> None:
