@@ -48,6 +48,8 @@ async def test_run_completes_and_loss_goes_down(tmp_path):
     assert (sup.run_dir / "a" / "checkpoints" / "best.pt").exists()
     log = (sup.run_dir / "a" / "log.txt").read_text()
     assert "torchherd worker pid" in log
+    # Regression: `l` on a Task pipeline showed the two header lines and nothing else.
+    assert "torchherd: epoch 4/4 done at step" in log and "torchherd: validated epoch 4: val_loss" in log
     for line in (sup.run_dir / "events.jsonl").read_text().splitlines():
         assert "type" in json.loads(line) and "time" in json.loads(line)
 

@@ -342,9 +342,13 @@ class Trainer:
         self.epoch_loss.zero_()
         self.epoch_batches = 0
         self._validate(finished)  # inline: its result goes out before the epoch's end
+        rate = samples * self._world / max(duration, 1e-9)
         self.sender.send(EpochEnd(pipeline=self.name, epoch=finished, step=self.step, train_loss=train_loss,
-                                  duration=duration, samples_per_s=samples * self._world / max(duration, 1e-9),
+                                  duration=duration, samples_per_s=rate,
                                   epochs_total=self.pipe.max_epochs, steps_per_epoch=steps_per_epoch))
+        # The log (`l` in the app) tells the story too, not only events.jsonl.
+        print(f"torchherd: epoch {finished + 1}/{self.pipe.max_epochs} done at step {self.step}: train loss "
+              f"{train_loss:.6g}, {duration:.1f} s, {rate:,.0f} samples/s", flush=True)
         if self.epoch % self.pipe.checkpoint_every_n_epochs == 0 or self.epoch >= self.pipe.max_epochs:
             self.save("epoch")
         return None
@@ -366,6 +370,9 @@ class Trainer:
                            self.device, self.autocast, self.non_blocking)
         self.sender.send(ValResult(pipeline=self.name, epoch=epoch, step=self.step, metrics=metrics,
                                    latency=time.monotonic() - start, mode=ValidationMode.INLINE))
+        print(f"torchherd: validated epoch {epoch + 1}: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
+                                                                   for k, v in metrics.items()),
+              flush=True)
         value = metrics.get(v.metric)
         if value is None:
             return
