@@ -254,3 +254,21 @@ async def test_stop_during_a_restart_ends_the_pipeline_stopped(tmp_path):
     await until(lambda: sup.finished)
     assert sup.view("a").state == WorkerState.STOPPED and len(launcher.handles) == 1
     await sup.shutdown(graceful=False)
+
+
+# Regression: with the validator far behind (19 of 20 snapshots skipped) nothing said that patience and best.pt
+# then mean little.
+def test_a_validator_far_behind_is_said_once_with_what_would_help():
+    from torchherd.engine.protocol.messages import SnapshotTaken
+    from torchherd.engine.supervise.validation_service import SnapshotLedger, far_behind_text
+
+    ledger = SnapshotLedger()
+    for seq in range(1, 21):
+        ledger.taken(SnapshotTaken(pipeline="a", seq=seq, epoch=0, step=seq, slot=0, stall_ms=0.1, nbytes=8))
+    ledger.resolve(10)  # scored the 10th: 1-9 were overtaken
+    assert not ledger.far_behind()  # 9 skipped: too few to judge
+    ledger.resolve(20)  # and the 20th: 11-19 overtaken
+    assert ledger.far_behind() and ledger.skipped == 18
+    assert far_behind_text(ledger).startswith("the validator scored 2 of 20 snapshots so far")
+    ledger.said_behind = True
+    assert not ledger.far_behind()

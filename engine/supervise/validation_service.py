@@ -39,6 +39,7 @@ VALIDATOR_RESTARTS = RestartConfig(backoff=1.0, backoff_max=30.0, min_uptime=60.
                                    max_failed_starts=sys.maxsize)
 GIVE_UP = 3  # validator deaths in a row after which the run no longer waits for results
 SKIPPED_NEWER = "a newer snapshot was validated first"
+BEHIND_AFTER = 10  # skipped snapshots before "the validator falls far behind" can be said
 SESSION_ENDED = "the session ended before the validator scored it"
 
 
@@ -51,6 +52,12 @@ class SnapshotLedger:
     scored_max: int = 0
     seq_max: int = 0  # highest seq any attempt handed off: the next attempt numbers on from here
     broken: bool = False  # the validator cannot score this pipeline at all
+    skipped: int = 0  # snapshots skipped because a newer one was scored first
+    said_behind: bool = False  # the notice that the validator falls far behind went out
+
+    def far_behind(self) -> bool:
+        """Whether the validator skips most of this pipeline's snapshots (said once)."""
+        return not self.said_behind and self.skipped >= BEHIND_AFTER and self.skipped >= 4 * len(self.scored)
 
     def taken(self, event: SnapshotTaken) -> bool:
         """Note a hand-off; False if a newer snapshot was already scored (so this one is skipped)."""
@@ -66,6 +73,7 @@ class SnapshotLedger:
     def resolve(self, seq: int) -> list[tuple[int, int, int]]:
         """`seq` was scored: returns the older unscored hand-offs, now skipped, as (seq, epoch, step)."""
         skipped = [(old, *self.handed.pop(old)) for old in sorted(k for k in self.handed if k < seq)]
+        self.skipped += len(skipped)
         self.handed.pop(seq, None)
         if seq:
             self.scored.add(seq)
@@ -75,6 +83,14 @@ class SnapshotLedger:
     @property
     def waiting(self) -> bool:
         return bool(self.handed) and not self.broken
+
+
+def far_behind_text(ledger: SnapshotLedger) -> str:
+    """What a validator that scores only a few of a pipeline's snapshots means, and what would help."""
+    scored, total = len(ledger.scored), len(ledger.scored) + ledger.skipped
+    return (f"the validator scored {scored} of {total} snapshots so far (the rest were overtaken by newer ones): "
+            "patience counts only those it scored and best.pt is the best of those; validate less often "
+            "(every_n_epochs, every_n_steps), give it more threads ([validation] threads) or a GPU of its own")
 
 
 class Validator:
@@ -153,6 +169,7 @@ class ValidationService:
         """The events a worker's hand-off report becomes."""
         if self.ledger(name).taken(event):
             return [event]
+        self.ledger(name).skipped += 1
         return [event, SnapshotSkipped(pipeline=name, seq=event.seq, epoch=event.epoch, step=event.step,
                                        reason=SKIPPED_NEWER)]
 
@@ -344,6 +361,9 @@ class ValidationService:
                         self._publish(SnapshotSkipped(pipeline=name, seq=seq, epoch=epoch, step=step,
                                                       reason=SKIPPED_NEWER))
                     self._on_result(name, event)
+                    if ledger.far_behind():
+                        ledger.said_behind = True
+                        self._publish(Notice(pipeline=name, level="warning", text=far_behind_text(ledger)))
                     continue
             if isinstance(event, EarlyStop) and known:
                 self._on_early_stop(name, event)
