@@ -18,6 +18,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from ..engine.config.problems import ConfigError
+from ..engine.protocol.states import WorkerState
 from .bridge import Bridge, SupervisorFactory, list_configs, replay_run, run_end
 from .headless import EXIT_STOPPED
 from .messages import CommandRequested, RunChanged
@@ -224,7 +225,9 @@ class TorchherdApp(App[int]):
         if not self.bridge.alive:
             await self._stop_and_exit(True)
             return
-        running = [r.name for r in self.bridge.state.rows.values() if not r.state.final]
+        rows = self.bridge.state.rows.values()
+        running = [r.name for r in rows if not r.state.final and r.state != WorkerState.QUEUED]
+        queued = [r.name for r in rows if r.state == WorkerState.QUEUED]
 
         async def answered(choice: str | None) -> None:
             if choice == "stop":
@@ -232,7 +235,7 @@ class TorchherdApp(App[int]):
             elif choice == "detach":
                 await self._detach_and_exit()
 
-        self.push_screen(QuitScreen(running, can_detach=self.bridge.remote), answered)
+        self.push_screen(QuitScreen(running, can_detach=self.bridge.remote, queued=queued), answered)
 
     async def _detach_and_exit(self) -> None:
         """Leave the runs going in their service; say how to come back."""

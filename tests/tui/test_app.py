@@ -269,3 +269,17 @@ def test_with_no_argument_the_app_looks_in_this_folder_when_it_holds_configs(tmp
     assert list_configs(Path(".")) == [Path("run.toml")]
     (tmp_path / "sample_configs").mkdir()
     assert default_folder() == Path("sample_configs")
+
+
+
+async def test_the_quit_dialog_tells_running_from_queued():
+    # Regression: "10 pipelines are still running" when 2 ran and 8 waited in the queue.
+    from textual.app import App
+    from textual.widgets import Static
+
+    app = App()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.push_screen(QuitScreen(["a", "b"], can_detach=True, queued=[f"q{i}" for i in range(8)]))
+        await pilot.pause()
+        text = str(app.screen.query_one(".question", Static).content)
+        assert text.startswith("[b]2 pipelines are still running, 8 queued[/b]\na, b, q0, q1, q2, q3 …")

@@ -95,9 +95,9 @@ class QuitScreen(ModalScreen[str]):
                 Binding("s,enter", "answer('stop')", "stop and quit"),
                 Binding("c,n,escape", "answer('cancel')", "cancel")]
 
-    def __init__(self, running: list[str], can_detach: bool = False) -> None:
+    def __init__(self, running: list[str], can_detach: bool = False, queued: list[str] = ()) -> None:
         super().__init__()
-        self.running = running
+        self.running, self.queued = running, list(queued)
         self.can_detach = can_detach
 
     def action_answer(self, value: str) -> None:
@@ -106,10 +106,13 @@ class QuitScreen(ModalScreen[str]):
         self.dismiss(value)
 
     def compose(self) -> ComposeResult:
-        names = ", ".join(self.running[:6]) + (" …" if len(self.running) > 6 else "")
+        both = self.running + self.queued
+        names = ", ".join(both[:6]) + (" …" if len(both) > 6 else "")
         count = len(self.running)
+        head = f"{count} pipeline{'s are' if count != 1 else ' is'} still running" if count else "Nothing runs"
+        head += f", {len(self.queued)} queued" if self.queued else ""  # a queued one has nothing to lose
         with Vertical(classes="dialog"):
-            yield Static(f"[b]{count} pipeline{'s are' if count != 1 else ' is'} still running[/b]\n{names}\n\n"
+            yield Static(f"[b]{head}[/b]\n{names}\n\n"
                          + ("Leave them running (attach again with `torchherd attach`), or stop them "
                             f"gracefully ({GRACEFUL}) and quit?" if self.can_detach else
                             f"Stop them gracefully ({GRACEFUL}) and quit?"), classes="question")
