@@ -52,6 +52,7 @@ async def test_a_silent_script_is_flagged_and_dumps_its_own_stack_without_being_
         assert sup.view("s").state == WorkerState.RUNNING  # flagged, not killed
         sup.stacks("s")
         await log_shows(sup.run_dir / "s" / "log.txt", "in wait_for_the_other_rank")
+        await log_shows(sup.run_dir / "s" / "log.txt", "in _supervise")  # the worker's side of it too
         assert sup.view("s").state == WorkerState.RUNNING
         sup.kill("s")
         await wait_for(stream, lambda e: isinstance(e, PipelineFinished))

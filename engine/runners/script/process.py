@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 # Runs between fork and the script: Ctrl-C back to its default (the worker ignores it, and an
 # ignored SIGINT would survive exec), SIGUSR2 unblocked (the worker blocks it), death with the worker, then the script itself in this pid.
@@ -56,18 +56,21 @@ def stacks_site(folder: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(folder) + (os.pathsep + rest if rest else "")}
 
 
-def forward_stacks(pid: int) -> None:
+def forward_stacks(pid: int, asked: Callable[[], None]) -> None:
     """SIGUSR1 to this worker (the supervisor asking for stacks) dumps the worker's own, then reaches the
-    script `pid`, which dumps its own (see `stacks_site`)."""
+    script `pid`, which dumps its own (see `stacks_site`); `asked()` is called each time."""
     import faulthandler
 
     def forward(signum, frame) -> None:
+        asked()
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
             pass
 
-    signal.signal(signal.SIGUSR1, forward)  # replaces faulthandler's handler: it is put back in front below
+    # faulthandler keeps the handler it first replaced: unregister, so that the one it chains to is ours.
+    faulthandler.unregister(signal.SIGUSR1)
+    signal.signal(signal.SIGUSR1, forward)
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
 
 

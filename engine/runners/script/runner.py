@@ -42,6 +42,7 @@ TICK = 0.05  # seconds between looks at the control pipe and the script
 CPU_ALIVE = 0.02  # seconds of CPU in a heartbeat interval that count as life for a silent script
 KILL_AFTER = 5.0  # seconds between SIGTERM and SIGKILL when a NaN policy ends the script
 SAVE_SETTLE = 0.25  # seconds a new checkpoint file stays untouched before a waiting stop signals the script
+STACKS_QUIET = 2.0  # seconds after a stack request whose output and CPU are no sign of training
 OUTPUT_JOIN = 2.0  # seconds to wait for the output after exit (a grandchild may still hold the pipe)
 MAX_LINE = 1 << 16  # bytes of one line kept for matching; a longer one is matched on its end
 TAIL_LINES = 60  # lines of output kept to explain a crash
@@ -97,6 +98,7 @@ class ScriptAttempt(ClientFrames):
         self.inline: InlineScorer | None = None
         self.told_no_client = False
         self.stop_signal = signal.Signals[pipe.stop_signal]
+        self.stacks_at = float("-inf")  # when the supervisor last asked for its stacks
         self.signal_at: float | None = None  # stop_mode "after_checkpoint": when to signal at the latest
         self.stop_after: float | None = None  # ... once a checkpoint newer than this mtime appears
 
@@ -133,7 +135,7 @@ class ScriptAttempt(ClientFrames):
         threads = []
         try:
             self.proc = ScriptProcess(script, cwd, env, theirs.fileno())
-            forward_stacks(self.proc.pid)
+            forward_stacks(self.proc.pid, self._stacks_asked)
             theirs.close()
             for target in (self._pump_output, self._read_client):
                 threads.append(threading.Thread(target=target, name=f"torchherd-{target.__name__}", daemon=True))
@@ -273,10 +275,15 @@ class ScriptAttempt(ClientFrames):
         else:
             alive = self.output_seen or self.client_seen or now_cpu - cpu > CPU_ALIVE
         alive = alive or self.scoring
+        if time.monotonic() - self.stacks_at < STACKS_QUIET:
+            alive = False  # that output (and CPU) was its stack dump, not training
         self.output_seen = self.client_seen = False
         if alive and not self.paused:
             self.control.heartbeat(self.events.step)
         return now_cpu
+
+    def _stacks_asked(self) -> None:
+        self.stacks_at = time.monotonic()
 
     def _exit_code(self, code: int) -> int:
         if self.fail_code is not None:
