@@ -9,8 +9,10 @@ from typing import Any, Callable, Iterable
 
 
 def evaluate(model: Any, batches: Iterable, loss_fn: Callable, metrics_fn: Callable | None,
-             device: Any, autocast: Any, non_blocking: bool = False) -> dict[str, float]:
-    """{'val_loss': ..., **metrics} over every batch of `batches`."""
+             device: Any, autocast: Any, non_blocking: bool = False,
+             alive: Callable[[], Any] | None = None) -> dict[str, float]:
+    """{'val_loss': ..., **metrics} over every batch of `batches`; `alive()` after each batch (a worker's
+    heartbeat: a long inline validation is neither a stall nor a hang)."""
     import torch
 
     was_training = model.training
@@ -32,6 +34,8 @@ def evaluate(model: Any, batches: Iterable, loss_fn: Callable, metrics_fn: Calla
                     value = value.detach().float() if torch.is_tensor(value) else float(value)
                     totals[key] = totals.get(key, 0.0) + value * n
             count += n
+            if alive is not None:
+                alive()
     model.train(was_training)
     if count == 0:
         return {}

@@ -366,8 +366,8 @@ class Trainer:
         if self.val_loader is None:
             return
         start = time.monotonic()
-        metrics = evaluate(self.model, self.val_loader, self.task.loss_fn, self.task.metrics_fn,
-                           self.device, self.autocast, self.non_blocking)
+        metrics = evaluate(self.model, self.val_loader, self.task.loss_fn, self.task.metrics_fn, self.device,
+                           self.autocast, self.non_blocking, alive=lambda: self.control.beat(self.step))
         self.sender.send(ValResult(pipeline=self.name, epoch=epoch, step=self.step, metrics=metrics,
                                    latency=time.monotonic() - start, mode=ValidationMode.INLINE))
         print(f"torchherd: validated epoch {epoch + 1}: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
