@@ -27,10 +27,10 @@ from tests.faults.support import RecordingLauncher, faulty_config, finish, of, r
 pytestmark = pytest.mark.slow
 
 FLOOD = {"batch_size": 1, "log_every_n_steps": 1, "params": {"samples": 1500}}  # a report per step, no delay
-LONG_FLOOD = {**FLOOD, "params": {"samples": 5000}}  # lasts while a test catches it mid-write
-# Longer still: catching a torn batch can take many tries on a loaded machine, and a victim that completed
-# first closed the very pipe the test was watching ("handle is closed").
-VICTIM = {**FLOOD, "params": {"samples": 20000}}
+LONG_FLOOD = {**FLOOD, "params": {"samples": 5000}}
+# Floods until the test stops it: catching a torn batch can take many tries on a loaded machine, and a worker
+# that completed first closed the very pipe the test was watching ("handle is closed").
+ENDLESS = {**LONG_FLOOD, "max_epochs": 1000}
 CALM = {"params": {"samples": 256, "delay": 0.002}}
 
 
@@ -100,7 +100,7 @@ async def test_a_flood_and_a_kill_mid_write_leave_the_other_channels_alone(tmp_p
     gate = tmp_path / "victim-killed"
     config = faulty_config(tmp_path, [{"name": "flood", **LONG_FLOOD,
                                        "params": {**LONG_FLOOD["params"], "gate_file": str(gate), "gate_at_call": 2000}},
-                                      {"name": "victim", **VICTIM},
+                                      {"name": "victim", **ENDLESS},
                                       {"name": "calm", "params": {"samples": 256, "delay": 0.002,
                                                                   "gate_file": str(gate), "gate_at_call": 3}}],
                            defaults={"max_epochs": 3}, devices={"cpu_slots": 3}, restart={"min_uptime": 0.0})
@@ -113,8 +113,11 @@ async def test_a_flood_and_a_kill_mid_write_leave_the_other_channels_alone(tmp_p
         killed = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == "victim")
         assert killed.signal == "SIGKILL"
         gate.touch()
+        # Its next attempt reports over a channel of its own, untouched by the torn batch; then it is stopped.
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.pipeline == "victim" and e.time > killed.time)
+        sup.stop("victim")
         statuses = await finish(sup, timeout=120)
-    assert statuses == {"flood": "completed", "victim": "completed", "calm": "completed"}
+    assert statuses == {"flood": "completed", "victim": "stopped", "calm": "completed"}
     events = run_events(sup)
     for name in ("flood", "calm"):
         # Their reports kept arriving after the kill, and nothing that must arrive went missing.
@@ -126,7 +129,6 @@ async def test_a_flood_and_a_kill_mid_write_leave_the_other_channels_alone(tmp_p
     flood = of(events, StepMetrics, "flood")
     # Every step is accounted for: reported, or counted as dropped in the next report.
     assert len(flood) + sum(e.dropped for e in flood) >= 3 * 5000 - 1
-    assert of(events, EpochEnd, "victim")[-1].epoch == 2
 
 
 async def test_a_supervisor_that_stops_reading_never_deadlocks_a_worker(tmp_path):
@@ -190,11 +192,11 @@ def torn_batch_at_end(handle) -> bool:
     return i != len(data)
 
 
-async def freeze_mid_write(handle, pid: int, tries: int = 30) -> None:
+async def freeze_mid_write(handle, pid: int, tries: int = 100) -> None:
     """SIGSTOP the worker while its pipe is full and it is halfway through writing a batch.
 
     A write under 4 KiB is atomic, so not every full pipe ends in a torn batch: look,
-    and if not, let it go on and try again.
+    and if not, let it go on and try again (on a loaded machine, dozens of times: the workers flood endlessly).
     """
     for _ in range(tries):
         stop_reading(handle)
@@ -212,7 +214,7 @@ async def freeze_mid_write(handle, pid: int, tries: int = 30) -> None:
 # Regression: the status reader (now ChannelHandle._readable) used a blocking recv_bytes(), so a worker frozen
 # half-way through writing a batch (SIGSTOP, a cgroup freezer) froze the supervisor and every other pipeline's events.
 async def test_a_worker_frozen_mid_write_does_not_freeze_the_supervisor(tmp_path):
-    config = faulty_config(tmp_path, [{"name": "frozen", **LONG_FLOOD}, {"name": "calm", **CALM}],
+    config = faulty_config(tmp_path, [{"name": "frozen", **ENDLESS}, {"name": "calm", **CALM}],
                            defaults={"max_epochs": 3}, devices={"cpu_slots": 2})
     sup, launcher = supervisor(config)
     responsive = threading.Event()
@@ -238,5 +240,6 @@ async def test_a_worker_frozen_mid_write_does_not_freeze_the_supervisor(tmp_path
         dog.start()
         start_reading(handle)
         await asyncio.to_thread(dog.join, 30)
-        assert await finish(sup) == {"frozen": "completed", "calm": "completed"}
+        sup.stop("frozen")  # thawed, it reports and stops as asked
+        assert await finish(sup) == {"frozen": "stopped", "calm": "completed"}
     assert in_time == [True], "the supervisor's event loop stood still while one worker was frozen mid-write"
