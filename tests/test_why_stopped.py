@@ -3,7 +3,6 @@ pipeline that never ran read differently; inline validation's `patience` stops a
 from __future__ import annotations
 
 import asyncio
-import io
 
 import pytest
 
@@ -12,8 +11,8 @@ from torchherd.engine.protocol.states import ended_label
 from torchherd.engine.rundir.directory import read_events, summarize
 from torchherd.engine.supervise.supervisor import Supervisor
 from torchherd.tui.bridge import run_end
-from torchherd.tui.headless import LinePrinter
 from tests.conftest import make_config, wait_for
+from tests.test_headless_lines import printed
 
 
 @pytest.mark.parametrize("status, reason, label", [
@@ -27,14 +26,6 @@ from tests.conftest import make_config, wait_for
 ])
 def test_each_way_of_ending_reads_as_itself(status, reason, label):
     assert ended_label(status, reason) == label
-
-
-def printed(*events) -> str:
-    out = io.StringIO()
-    printer = LinePrinter(out, start=0.0)
-    for event in events:
-        printer.handle(event)
-    return out.getvalue()
 
 
 # Regression: early-stopped, user-stopped and never-started pipelines all read `stopped`.
