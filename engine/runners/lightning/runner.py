@@ -181,6 +181,9 @@ class HerdHooks:
         self._val_before = dict(trainer.callback_metrics)
         self._val_start = time.monotonic()
 
+    def on_validation_batch_end(self, trainer: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+        self.r.control.beat(trainer.global_step)  # a long validation is neither a stall nor a hang
+
     def on_validation_end(self, trainer: Any, module: Any) -> None:
         if trainer.sanity_checking:
             return
