@@ -26,7 +26,8 @@ HELP = """\
   g       chart: log scale on / off
   e       chart: EMA smoothing on / off
   x       chart: x axis step / wall time
-  tab     move focus
+  tab     move focus; ↑/↓ and page keys scroll the
+          focused pane (devices, logs); the wheel too
   escape  back to the picker; a live run keeps going
           (escape there returns), a finished one closes
   ?       this help
