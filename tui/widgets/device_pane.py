@@ -1,10 +1,11 @@
 """Per-GPU utilisation, memory, temperature and power with the workers on each; host and per-worker CPU/RSS.
 
 It renders a `TelemetrySnapshot` it is handed (plain data) and repaints only when the text changes.
-Each reading is one row of what fits the pane's width, the least needed parts left out (a worker's
-row uses short units, "312M", "1.5G"), so nothing wraps and eight GPUs still show at 80x24. Rows that do
-not fit its height scroll (arrows and page keys once focused, the mouse wheel), and the border says
-which rows are shown, as the pipeline table does.
+Each reading is one row of what fits the pane's width: a worker's row in short units ("RSS 312M"),
+a GPU's in short units ("12/40G") where its full one does not fit, then the least needed parts left
+out, so nothing wraps and eight GPUs still show at 80x24. Rows that do not fit its height scroll
+(arrows and page keys once focused, the mouse wheel), and the border says which rows are shown, as
+the pipeline table does.
 """
 from __future__ import annotations
 
