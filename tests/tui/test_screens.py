@@ -168,8 +168,8 @@ async def test_chart_keys_toggle(make_app, session):
         await launch(pilot, session)
         session.train("alpha", 200)
         chart = app.screen.query_one(LossChart)
-        await pilot.press("a", "g", "e", "x")
-        assert (chart.overlay, chart.log_y, chart.smooth, chart.x_mode) == (True, True, True, "time")
+        await pilot.press("a", "g", "e", "x", "o")
+        assert (chart.overlay, chart.log_y, chart.smooth, chart.x_mode, chart.clip) == (True, True, True, "time", False)
         assert "all pipelines | x time | log | EMA" in chart.border_title
 
 
@@ -292,3 +292,35 @@ async def test_a_stalled_pipeline_is_flagged_and_d_asks_for_its_stacks(make_app,
         assert session.sup.view("alpha").state.value == "running"
         session.feed("alpha", m.Stalled(pipeline="alpha", quiet=0.0, time=session.clock.now))
         await wait_for(pilot, lambda: table.cell("alpha", "state") == "running", what="the flag cleared")
+
+
+# Regression: the first loss (about 20) set the top of the y axis, and every later point sat on its bottom row.
+async def test_a_first_loss_far_above_the_rest_is_clipped_and_the_chart_says_so():
+    from textual.app import App
+
+    from torchherd.tui.series import LossSeries
+
+    class ChartOnly(App):
+        def compose(self):
+            yield LossChart()
+
+    series = LossSeries()
+    for step in range(10, 1001, 10):
+        series.append(step, float(step), 20.0 if step == 10 else 0.3 + 0.3 * math.exp(-step / 300))
+    app = ChartOnly()
+    async with app.run_test(size=(60, 16)) as pilot:
+        chart = app.query_one(LossChart)
+        chart.series, chart.selected = {"alpha": series}, "alpha"
+        chart.redraw()
+        await pilot.pause()
+        rows = chart_rows(chart)[:-1]  # the plot, without the x axis
+        assert float(rows[0][:GUTTER - 2]) < 1  # the top label: the bulk of the curve, not 20
+        assert "↑ clipped" in chart.legend.plain and "↑" in rows[0][GUTTER:]  # said, and marked where
+        assert sum(any(ch not in " ⠀" for ch in row[GUTTER:]) for row in rows) > len(rows) // 2  # not flat
+        chart.log_y = True  # g: the log axis clips the same outlier
+        chart.redraw()
+        assert "↑ clipped" in chart.legend.plain and "log" in chart.border_title
+        chart.log_y, chart.clip = False, False  # o: every point, the first on top, nothing said
+        chart.redraw()
+        rows = chart_rows(chart)[:-1]
+        assert float(rows[0][:GUTTER - 2]) >= 20 and "clipped" not in chart.legend.plain

@@ -40,6 +40,7 @@ class DashboardScreen(Screen[None]):
         Binding("n", "app.launch_more", "more"),
         Binding("a", "chart('overlay')", "all", show=False), Binding("g", "chart('log_y')", "log y", show=False),
         Binding("e", "chart('smooth')", "ema", show=False), Binding("x", "chart('x_mode')", "x axis", show=False),
+        Binding("o", "chart('clip')", "outliers", show=False),
         Binding("escape", "app.back_to_picker", "back", show=False),
         Binding("question_mark", "app.help", "help"), Binding("q", "app.request_quit", "quit"),
     ]

@@ -26,7 +26,10 @@ HELP = """\
   g       chart: log scale on / off
   e       chart: EMA smoothing on / off
   x       chart: x axis step / wall time
-  tab     move focus
+  o       chart: clip outliers (drawn ↑ on the top row,
+          "↑ clipped" in the legend) / show every point
+  tab     move focus; ↑/↓ and page keys scroll the
+          focused pane (devices, logs); the wheel too
   escape  back to the picker; a live run keeps going
           (escape there returns), a finished one closes
   ?       this help
@@ -48,6 +51,10 @@ HELP = """\
   own under the loss plot. Overlaid (a), each
   pipeline has a glyph (● ▲ ■ …) at its curve's end
   and on its results, listed in the legend below.
+  Points far above most of the curve (the first
+  steps' loss, a spike) go off the top of the y axis
+  unless o is pressed: ↑ marks where, and the legend
+  says "↑ clipped".
 
 [b]Picker keys[/b]
   ↑/↓     select a config or a past run

@@ -5,6 +5,10 @@ their own under it (an accuracy of 0.9 has no place on an axis of losses near 0.
 pipeline overlaid, each has a glyph as well as a colour, at the end of its curve, on its
 validation markers and in the legend, so curves tell apart under NO_COLOR too.
 
+A loss far above most of the curve (the first steps' loss, a spike) would press the rest of it flat
+on the bottom row, so by default the y axis ends above the bulk of the visible points and what lies
+higher is clipped: drawn on the top row under an ARROW, and the legend says "↑ clipped" (`clip`).
+
 Only lines whose content changed are repainted, so a redraw that moves the tail of a curve
 writes a few lines to the terminal, not the whole chart.
 """
@@ -29,6 +33,9 @@ GUTTER = 9  # cells for the y labels and the axis
 DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
 MARKER = "◆"  # a validation result of the one pipeline shown
 RESTART = "↺"  # on the x axis: where a restart of the one pipeline shown went back to an earlier step
+ARROW = "↑"  # on the top row: the curve goes on above the clipped y axis here
+FENCE = 3.0  # values more than this many interquartile ranges above the third quartile are outliers
+MIN_COLUMNS = 8  # fewer columns than this are too few to call any of them an outlier
 NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 TICKS = (1.0, 2.0, 2.5, 5.0, 10.0)
 
@@ -76,6 +83,8 @@ class LossChart(Widget):
         self.overlay = False  # all pipelines at once
         self.log_y = False
         self.smooth = False
+        self.clip = True  # the y axis ends above the bulk of the points; outliers go off the top
+        self.clipped = False  # as last drawn, some point lies above the top of the y axis
         self.x_mode = "step"  # or "time"
         self.metric = "val_loss"  # the validation metric the markers show
         self.metric_is_loss = True  # markers on the loss axis; otherwise in a strip of their own
@@ -130,8 +139,10 @@ class LossChart(Widget):
         if not self.overlay:
             shown = self.series.get(self.selected or "")
             restarted = ("  ", (RESTART, "bold magenta"), " went back") if shown is not None and shown.restarts else ()
-            return Text.assemble(("⠤⠒ ", "cyan"), "train loss  ", (MARKER, "bold yellow"), f" {val}", *restarted)
-        out = Text()
+            clipped = ((ARROW, "bold"), " clipped  ") if self.clipped else ()
+            return Text.assemble(*clipped, ("⠤⠒ ", "cyan"), "train loss  ", (MARKER, "bold yellow"), f" {val}",
+                                 *restarted)
+        out = Text.assemble((ARROW, "bold"), " clipped  ") if self.clipped else Text()
         for name, _, index in self._visible():
             out.append(GLYPHS[index], style=f"bold {PALETTE[index]}")
             out.append(f" {name}  ")
@@ -146,6 +157,7 @@ class LossChart(Widget):
     def _draw(self, width: int, height: int) -> tuple[list[tuple], list[Strip]]:
         pw = width - GUTTER  # plot width in cells
         visible = self._visible()
+        self.clipped = False
         x_lo, x_hi, origin, any_val = self._x_extent(visible)
         if x_lo > x_hi:
             return self._empty(width, height, "waiting for data" if visible else "no pipeline selected")
@@ -160,12 +172,14 @@ class LossChart(Widget):
         reduced, y_lo, y_hi = self._reduce(visible, x_lo, x_hi, cols)
         if y_lo > y_hi:
             return self._empty(width, height, "no finite values")
+        if self.clip:
+            y_hi = _robust_top(reduced, y_lo, y_hi)
         if y_hi - y_lo < 1e-12:
             y_lo, y_hi = y_lo - 0.5, y_hi + 0.5
         # Snap both axes to round numbers: new points then change only the lines they touch,
         # instead of rescaling (and repainting) the whole chart on every redraw.
         y_lo, y_hi = nice_range(y_lo, y_hi)
-        canvas = _Canvas(pw, ph, y_hi, (rows - 1) / (y_hi - y_lo))
+        canvas = _Canvas(pw, ph, y_hi, (rows - 1) / (y_hi - y_lo), rows)
         for columns, marks, colour in reduced:
             end = canvas.trace(columns, colour)
             if self.overlay and end is not None:  # the curve's end carries its glyph
@@ -173,7 +187,10 @@ class LossChart(Widget):
             for x, v in marks:
                 if v == v:
                     canvas.glyph(int((x - x_lo) * x_scale + 0.5), canvas.row_of(v), colour)
-        lines = self._plot_lines(ph, pw, canvas.masks, canvas.colours, canvas.glyphs, (y_lo, y_hi))
+                    if v > y_hi:
+                        canvas.over.setdefault(int((x - x_lo) * x_scale + 0.5) >> 1, colour)
+        self.clipped = bool(canvas.over)
+        lines = self._plot_lines(ph, pw, canvas, (y_lo, y_hi))
         if strip:
             lines += self._strip_lines(strip, pw, visible, x_lo, x_scale)
         restarts = [x for _, s, _ in visible for x in s.restart_points()] if not self.overlay else []
@@ -219,7 +236,8 @@ class LossChart(Widget):
             return GLYPHS[colour], self.rich_style + Style(color=PALETTE[colour], bold=True)
         return MARKER, self.rich_style + Style(color="yellow", bold=True)
 
-    def _plot_lines(self, ph, pw, masks, colours, glyphs, y_range) -> list[list[Segment]]:
+    def _plot_lines(self, ph, pw, canvas: _Canvas, y_range) -> list[list[Segment]]:
+        masks, colours, glyphs = canvas.masks, canvas.colours, canvas.glyphs
         base = self.rich_style
         styles = [base + Style(color=c) for c in PALETTE]
         axis = base + Style(dim=True)
@@ -234,6 +252,8 @@ class LossChart(Widget):
             for i in range(row * pw, row * pw + pw):
                 if i in glyphs:
                     cells.append(self._glyph(glyphs[i]))
+                elif row == 0 and i in canvas.over:
+                    cells.append((ARROW, base + Style(color=PALETTE[canvas.over[i]], bold=True)))
                 else:
                     cells.append((chr(0x2800 + masks[i]), styles[colours[i]] if colours[i] >= 0 else base))
             out.append(_runs([(f"{label:>{GUTTER - 2}} ", axis), ("┤" if label else "│", axis)] + cells))
@@ -283,17 +303,35 @@ class LossChart(Widget):
         return keys, lines
 
 
+def _robust_top(reduced: list, y_lo: float, y_hi: float) -> float:
+    """The top of the y axis that leaves out outliers: the highest column above `y_lo` that is no more
+    than FENCE interquartile ranges above the third quartile of the columns' highs (Tukey's far-out
+    fence), or `y_hi` when nothing is that far out or too few columns are drawn to tell."""
+    highs = sorted(hi for columns, _, _ in reduced for _, lo, hi, _ in columns if lo == lo)
+    if len(highs) < MIN_COLUMNS:
+        return y_hi
+    q1, q3 = highs[len(highs) // 4], highs[(3 * len(highs)) // 4]
+    fence = q3 + FENCE * (q3 - q1)
+    top = max(v for v in highs if v <= fence)
+    marks = [v for _, ms, _ in reduced for _, v in ms if v == v and v <= fence]
+    top = max([top, *marks])
+    # Clip only where it pays: the outliers would take more than half of the axis.
+    return top if y_hi - y_lo > 2 * (top - y_lo) else y_hi
+
+
 class _Canvas:
     """Braille dots, their colours and the cells that carry a glyph instead, for a plot of pw x ph cells."""
 
-    def __init__(self, pw: int, ph: int, y_hi: float, y_scale: float):
-        self.pw, self.y_hi, self.y_scale = pw, y_hi, y_scale
+    def __init__(self, pw: int, ph: int, y_hi: float, y_scale: float, rows: int):
+        self.pw, self.y_hi, self.y_scale, self.rows = pw, y_hi, y_scale, rows
         self.masks = [0] * (pw * ph)
         self.colours = [-1] * (pw * ph)
         self.glyphs: dict[int, int] = {}  # cell -> series colour index, drawn as its glyph (or MARKER)
+        self.over: dict[int, int] = {}  # plot column -> colour of a series that goes above the top there
 
     def row_of(self, v: float) -> int:
-        return int((self.y_hi - v) * self.y_scale + 0.5)
+        """The dot row of `v`; one above the top of the axis is drawn on its top row."""
+        return max(0, min(self.rows - 1, int((self.y_hi - v) * self.y_scale + 0.5)))
 
     def dot(self, px: int, py: int, colour: int) -> None:
         cell = (py >> 2) * self.pw + (px >> 1)
@@ -309,6 +347,8 @@ class _Canvas:
         for c, lo, hi, last in columns:
             if lo != lo:
                 continue
+            if hi > self.y_hi:
+                self.over.setdefault(c >> 1, colour)
             top, bottom = self.row_of(hi), self.row_of(lo)
             if prev is not None:  # a straight line across empty columns, so sparse data is a curve
                 pc, y0 = prev
