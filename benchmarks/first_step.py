@@ -5,7 +5,9 @@ Each way trains the same tiny regression (16 features, a 64-unit MLP, batches of
 thread. "First step" is the wall time from starting the command until the first step shows: the line a
 bare script prints after its first optimizer step, or the first `step` record in the torchherd run's
 events.jsonl. Rounds alternate the four ways (ROUNDS, default 5); prints each median and its ratio to the
-bare script's, measured in the same run (absolute times on a shared machine are noise).
+bare script's, measured in the same run (absolute times on a shared machine are noise). With
+BEFORE_PYTHON set to the interpreter of another torchherd install (an older commit, say), its run of the
+same Task alternates with the rest as a fifth way, so a change is measured against its baseline in one run.
 Run: python benchmarks/first_step.py
 """
 from __future__ import annotations
@@ -100,12 +102,12 @@ def first_step_record(runs: Path) -> bool:
     return False
 
 
-def until_event(config: Path, cwd: Path) -> float:
+def until_event(config: Path, cwd: Path, python: str = sys.executable) -> float:
     """Seconds from `torchherd run CONFIG --headless` until its run directory holds a `step` event."""
     runs = cwd / "runs"
     shutil.rmtree(runs, ignore_errors=True)
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(config), "--headless",
+    proc = subprocess.Popen([python, "-m", "torchherd", "run", str(config), "--headless",
                              "--runs-dir", str(runs)], cwd=cwd, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -134,6 +136,9 @@ def main() -> None:
             "script pipeline": lambda: until_event(here / "script.toml", here),
             "regression Task": lambda: until_event(here / "task.toml", here),
         }
+        before = os.environ.get("BEFORE_PYTHON")
+        if before:
+            ways["Task, BEFORE_PYTHON"] = lambda: until_event(here / "task.toml", here, before)
         times: dict[str, list[float]] = {name: [] for name in ways}
         for r in range(rounds):
             order = list(ways) if r % 2 == 0 else list(reversed(ways))  # alternate: no way always goes first
@@ -144,7 +149,7 @@ def main() -> None:
     print(f"\ntime to first step, median of {rounds} rounds (ratio to bare python):")
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"  {name:16s} {median:6.2f}s  {median / bare:5.2f}x")
+        print(f"  {name:19s} {median:6.2f}s  {median / bare:5.2f}x")
 
 
 if __name__ == "__main__":
