@@ -65,7 +65,7 @@ def fmt_try(row: PipelineProgress, width: int) -> str:
 
 def state_text(row: PipelineProgress, now: float) -> str:
     """Its state as people read it: 'early stop' and 'never ran' once ended, 'stall 6m' while it makes no step."""
-    if row.stalled_since is not None and not row.state.final:
+    if row.stalled_since is not None and row.state in (WorkerState.STARTING, WorkerState.RUNNING):
         return f"stall {fmt_quiet(now - row.stalled_since)}"
     return ended_label(row.state, row.finish_reason)
 
@@ -169,7 +169,7 @@ class PipelineTable(Widget, can_focus=True):
         for row in rows:
             values = {c.key: c.text(row, now, c.width) for c in (*COLUMNS, NODE)}
             self.states[row.name] = row.state
-            self.stalled[row.name] = row.stalled_since is not None and not row.state.final
+            self.stalled[row.name] = values["state"].startswith("stall ")
             old = self.cells.get(row.name)
             if old is None:
                 self.names.append(row.name)
