@@ -51,7 +51,9 @@ def stacks_site(folder: Path) -> dict[str, str]:
     """Write the start-up file that lets the script dump its stacks on SIGUSR1 into `folder`; the environment
     (PYTHONPATH) that makes its Python run it."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(_STACKS_SITE)
+    tmp = folder / f".sitecustomize.{os.getpid()}.tmp"  # the ranks of a gang write it at once: whole or not at all
+    tmp.write_text(_STACKS_SITE)
+    os.replace(tmp, folder / "sitecustomize.py")
     rest = os.environ.get("PYTHONPATH", "")
     return {"PYTHONPATH": str(folder) + (os.pathsep + rest if rest else "")}
 
