@@ -268,19 +268,19 @@ class ValidationService:
 
     async def _end_running(self, timeout: float) -> None:
         """Stop every running validator (a Stop, then up to `timeout` s), delivering its last results."""
-        running = [v for v in self.validators.values() if v.handle is not None]
+        running = [(v, v.handle) for v in self.validators.values() if v.handle is not None]
         self.stopping = True
         try:
-            for v in running:
-                v.handle.send(Stop(reason="shutdown"))
+            for _, handle in running:
+                handle.send(Stop(reason="shutdown"))
             end = time.monotonic() + timeout
-            while any(v.handle.poll() is None for v in running) and time.monotonic() < end:
+            while any(handle.poll() is None for _, handle in running) and time.monotonic() < end:
                 await asyncio.sleep(0.02)
-            for v in running:
-                handle = v.handle
+            for v, handle in running:  # (a restart meanwhile may have started a new one: that one stays)
                 self._events(v, handle, handle.drain())
                 handle.close()
-                v.handle = None
+                if v.handle is handle:
+                    v.handle = None
         finally:
             self.stopping = False
 
