@@ -257,7 +257,7 @@ async def test_torchherd_run_in_the_app_reports_its_run_after_exit(monkeypatch, 
 
 # Regression: `torchherd` in a project folder holding its own run.toml said "There is no folder sample_configs
 # here"; and a folder's pyproject.toml would have been offered as a config.
-def test_with_no_argument_the_app_looks_in_this_folder_when_it_holds_configs(tmp_path, monkeypatch):
+async def test_with_no_argument_the_app_looks_in_this_folder_when_it_holds_configs(tmp_path, monkeypatch):
     from torchherd.tui.app import default_folder
     from torchherd.tui.bridge import list_configs
 
