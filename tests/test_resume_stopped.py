@@ -84,5 +84,8 @@ async def test_resume_only_picks_pipelines_and_leaves_completed_ones_alone(tmp_p
     assert proc.returncode == 0, proc.stdout + proc.stderr
     again = [e.pipeline for e in read_events(run_dir) if isinstance(e, TrainingStarted)][len(started):]
     assert sorted(again) == ["a", "c"]  # b had completed: not trained again
+    # Regression: resuming a run that had completed exited 2, the code for bad input; nothing to do is success.
+    done = cli("resume", str(run_dir), "--headless")
+    assert done.returncode == 0 and "nothing to resume" in done.stderr, done.stdout + done.stderr
     bad = cli("resume", str(run_dir), "--headless", "--only", "nope")
     assert bad.returncode == 2 and "nope" in bad.stderr

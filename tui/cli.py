@@ -196,7 +196,7 @@ def _resume(args: argparse.Namespace) -> int:
     if not summary.to_resume or (only and not set(only) & set(summary.to_resume)):
         print(f"torchherd: {run_dir}: every pipeline {'named ' if only else ''}completed; nothing to resume",
               file=sys.stderr)
-        return 2
+        return 0  # nothing to do is no mistake (2 is for bad input)
     if not args.headless:
         from .app import run_app
 
