@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pynvml
@@ -23,7 +22,7 @@ from torchherd.engine.protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, GpuP
 from torchherd.engine.supervise.supervisor import Supervisor
 from torchherd.engine.telemetry.sampler import TelemetrySampler
 from tests.conftest import make_config, wait_for as wait_for_event
-from tests.faults.support import faulty_config, finish, supervised
+from tests.faults.support import faulty_config, finish, poll_until, supervised
 from tests.nvml_fake import (GPU_IS_LOST, NO_PERMISSION, NOT_SUPPORTED, UNINITIALIZED, FakeDriver, FakeGpu,
                              GiB, bound_in_process, uuid_of)
 
@@ -33,17 +32,6 @@ SAMPLE_CONFIGS = Path(__file__).resolve().parent.parent / "sample_configs"
 
 def gpus(n: int, **readings) -> list[FakeGpu]:
     return [FakeGpu(**readings) for _ in range(n)]
-
-
-def wait_for(condition, timeout: float = 10.0):
-    """`condition()` once it is truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 # ------------------------------------------------------------------------------------- the fake itself
@@ -240,12 +228,13 @@ def test_a_gpu_that_falls_off_the_bus_mid_run_is_lost_not_asked_again_and_the_ot
     passes = []
     sampler = TelemetrySampler(interval=0.01, on_snapshot=passes.append, in_container=False)
     sampler.start()
-    wait_for(lambda: len(passes) >= 2)
+    poll_until(lambda: len(passes) >= 2, 10, "two sampling passes")
     fake_nvml.gpus[1].fail = GPU_IS_LOST
     fake_nvml.write()
-    lost_at = wait_for(lambda: next((i for i, s in enumerate(passes) if s.gpus[1].note), None))
+    lost_at = poll_until(lambda: next((i for i, s in enumerate(passes) if s.gpus[1].note), None), 10,
+                         "a pass that sees GPU 1 lost")
     asked = sum(fake_nvml.calls(1).values())
-    wait_for(lambda: len(passes) >= lost_at + 5)
+    poll_until(lambda: len(passes) >= lost_at + 5, 10, "five passes after the loss")
     sampler.stop()
     assert sum(fake_nvml.calls(1).values()) == asked  # never asked again after it was lost
     for snap in passes[lost_at:]:

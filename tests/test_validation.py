@@ -5,7 +5,6 @@ import asyncio
 import os
 import signal
 
-import psutil
 import pytest
 import torch
 
@@ -14,7 +13,7 @@ from torchherd.engine.protocol.messages import (EarlyStop, PipelineFinished, Run
                              ValResult)
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
-from tests.conftest import TASKS, make_config, wait_for
+from tests.conftest import TASKS, make_config, still_alive, wait_for
 
 pytestmark = pytest.mark.slow
 SLOW_VAL = f"{TASKS / 'tiny.py'}:build_slow_val"
@@ -31,14 +30,6 @@ async def run_to_end(sup: Supervisor, timeout: float = 120.0):
     finally:
         await sup.shutdown(graceful=False)
     return read_events(sup.run_dir)
-
-
-def ended(pid: int) -> None:
-    """Returns once process `pid` has ended."""
-    try:
-        psutil.Process(pid).wait()
-    except psutil.NoSuchProcess:
-        pass
 
 
 def of(events, cls, pipeline="a"):
@@ -163,11 +154,11 @@ async def test_the_validator_ends_with_the_run_and_comes_back_for_a_restart(tmp_
     try:
         first = await wait_for(stream, lambda e: isinstance(e, ValidatorStarted))
         await wait_for(stream, lambda e: isinstance(e, RunFinished))
-        await asyncio.wait_for(asyncio.to_thread(ended, first.pid), 30)  # gone, the session still open
+        assert not await asyncio.to_thread(still_alive, [first.pid], 30)  # gone, the session still open
         sup.restart("a")
         second = await wait_for(stream, lambda e: isinstance(e, ValidatorStarted))
         assert second.pid != first.pid
         await wait_for(stream, lambda e: isinstance(e, RunFinished))
-        await asyncio.wait_for(asyncio.to_thread(ended, second.pid), 30)
+        assert not await asyncio.to_thread(still_alive, [second.pid], 30)
     finally:
         await sup.shutdown(graceful=False)

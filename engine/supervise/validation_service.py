@@ -180,11 +180,6 @@ class ValidationService:
         live.sort(key=lambda h: bool(h.node))
         return live[0] if live else None
 
-    @property
-    def pid(self) -> int | None:
-        handle = self.handle
-        return handle.pid if handle is not None else None
-
     # ------------------------------------------------------------ waiting for results
 
     def pending(self, training_done: bool) -> bool:

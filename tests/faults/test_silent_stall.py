@@ -10,7 +10,7 @@ import pytest
 from torchherd.engine.protocol.messages import PipelineFinished, Stalled, StepMetrics
 from torchherd.engine.protocol.states import WorkerState
 from tests.conftest import TASKS, make_config, wait_for
-from tests.faults.support import finish, supervised
+from tests.faults.support import finish, poll_until, supervised
 from torchherd.engine.supervise.supervisor import Supervisor
 
 pytestmark = pytest.mark.slow
@@ -20,11 +20,8 @@ QUICK = {"stall_warning": 1.0}  # seconds: the default is a minute (five before 
 
 async def log_shows(path, text: str, timeout: float = 30.0) -> None:
     """Wait until the pipeline's log holds `text`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while text not in (path.read_text(errors="replace") if path.exists() else ""):
-        assert loop.time() < deadline, f"{text!r} never reached {path}"
-        await asyncio.sleep(0.1)
+    await asyncio.to_thread(poll_until, lambda: path.exists() and text in path.read_text(errors="replace"),
+                            timeout, f"{text!r} in {path}")
 
 
 # Regression: a script stuck at start (Lightning waiting for a rank that never came) sat silent for 300 s with
