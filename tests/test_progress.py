@@ -74,3 +74,17 @@ def test_events_of_other_pipelines_and_failed_validation_change_nothing():
     assert apply(p, m.StepMetrics(pipeline="b", epoch=0, step=1, loss=1.0, lr=0.1, samples_per_s=1.0)) is p
     assert apply(p, m.ValResult(pipeline="a", epoch=0, step=1, metrics={}, error="boom")) is p
     assert apply(p, m.Heartbeat(pipeline="a", step=3)) is p
+
+
+def test_judge_keeps_the_best_and_asks_for_an_early_stop_once_patience_runs_out():
+    from types import SimpleNamespace
+
+    from torchherd.engine.protocol.progress import judge
+
+    v = SimpleNamespace(metric="val_loss", metric_mode="min", patience=2)
+    assert judge(0.5, None, 0, v) == (True, 0.5, 0, "")
+    assert judge(0.6, 0.5, 0, v) == (False, 0.5, 1, "")
+    improved, best, since, stop = judge(0.7, 0.5, 1, v)
+    assert (improved, best, since) == (False, 0.5, 0) and stop.startswith("early stopping: val_loss did not improve")
+    assert judge(float("nan"), 0.5, 0, SimpleNamespace(metric="val_loss", metric_mode="min", patience=None)) == \
+        (False, 0.5, 1, "")

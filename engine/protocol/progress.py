@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from . import messages as m
 from .states import EARLY_STOP, WorkerState
@@ -24,6 +25,17 @@ def better(value: float, best: float | None, mode: str) -> bool:
     if best is None or not math.isfinite(best):
         return True
     return value > best if mode == "max" else value < best
+
+
+def judge(value: float, best: float | None, since_best: int, validation: Any) -> tuple[bool, float | None, int, str]:
+    """One validation result against the best so far, under `validation`'s metric_mode and patience (the
+    [validation] config): (whether it is a new best, the best, results since it, why to stop early or "")."""
+    if better(value, best, validation.metric_mode):
+        return True, value, 0, ""
+    since_best += 1
+    if validation.patience is not None and since_best >= validation.patience:
+        return False, best, 0, early_stop_reason(validation.metric, best, validation.patience)
+    return False, best, since_best, ""
 
 
 def early_stop_reason(metric: str, best: float | None, patience: int) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from ..protocol.channel import StatusSender
 from ..protocol.messages import EarlyStop, Notice
-from ..protocol.progress import better, early_stop_reason
+from ..protocol.progress import judge
 
 
 def open_pipeline(scorer: Any, name: str, directory: Path) -> None:
@@ -45,15 +45,11 @@ def keep_best(scorer: Any, sender: StatusSender, value: float, save: Callable[[]
     """One result against the scorer's best: a better one is saved with `save()` (a checkpoint write),
     `patience` results in a row that are not ask for an early stop."""
     from ..worker import checkpoint as ckpt
-    v = scorer.validation
-    if better(value, scorer.best, v.metric_mode):
-        scorer.best, scorer.since_best = value, 0
+    improved, scorer.best, scorer.since_best, stop = judge(value, scorer.best, scorer.since_best, scorer.validation)
+    if improved:
         try:
             save()
         except ckpt.CheckpointError as exc:
             sender.send(Notice(pipeline=scorer.name, level="error", text=f"best checkpoint failed: {exc}"))
-        return
-    scorer.since_best += 1
-    if v.patience is not None and scorer.since_best >= v.patience:
-        sender.send(EarlyStop(pipeline=scorer.name, reason=early_stop_reason(v.metric, scorer.best, v.patience)))
-        scorer.since_best = 0
+    if stop:
+        sender.send(EarlyStop(pipeline=scorer.name, reason=stop))

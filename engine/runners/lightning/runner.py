@@ -31,7 +31,7 @@ from .support import (PREPARED, LightningTask, build_for, monitors_problem,
 from ...protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult,
                                   WorkerError)
 from ...protocol.names import PipelineKind, ValidationMode
-from ...protocol.progress import better, early_stop_reason
+from ...protocol.progress import judge
 from ...worker.handoff import HandOff, snapshot_meta
 from ...worker.reporting import ReportWindow
 
@@ -196,14 +196,11 @@ class HerdHooks:
         value = metrics.get(v.metric)
         if value is None:
             return
-        if better(value, self.best, v.metric_mode):
-            self.best, self.since_best = value, 0
+        improved, self.best, self.since_best, stop = judge(value, self.best, self.since_best, v)
+        if improved:
             r.save(trainer, "best", BEST)
-            return
-        self.since_best += 1
-        if v.patience is not None and self.since_best >= v.patience:  # the supervisor stops it, saying why
-            r.send(EarlyStop(pipeline=r.name, reason=early_stop_reason(v.metric, self.best, v.patience)))
-            self.since_best = 0
+        if stop:  # the supervisor stops it, saying why
+            r.send(EarlyStop(pipeline=r.name, reason=stop))
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         if self.stopping or self.exit_code is not None:

@@ -28,7 +28,7 @@ from ...protocol.channel import EXIT_COMPLETED, EXIT_ERROR, EXIT_STOPPED
 from ...config.schema import patterns
 from ...protocol.messages import (Event, Notice, StepMetrics, TrainingStarted, ValResult,
                                   WorkerError)
-from ...protocol.progress import better, early_stop_reason, metric_value
+from ...protocol.progress import judge, metric_value
 from ...protocol.names import PipelineKind, ValidationMode
 from ...worker.control import HEARTBEAT_INTERVAL
 from ...worker.handoff import snapshot_meta
@@ -353,12 +353,9 @@ class ScriptAttempt(ClientFrames):
         value = metric_value(result.metrics, v.metric)
         if value is None:
             return
-        if better(value, self.best, v.metric_mode):
-            self.best, self.since_best = value, 0
-            return
-        self.since_best += 1
-        if v.patience is not None and self.since_best >= v.patience:
-            self._early_stop(early_stop_reason(v.metric, self.best, v.patience))
+        _, self.best, self.since_best, stop = judge(value, self.best, self.since_best, v)
+        if stop:
+            self._early_stop(stop)
 
     def _emit(self, event: Event, loss: float | None) -> None:
         """Send a step or epoch event; a `loss` the script reported that is NaN or infinite meets the NaN policy."""

@@ -20,7 +20,7 @@ from ...protocol.channel import EXIT_COMPLETED, EXIT_STOPPED, StatusSender
 from ...config.schema import Pipeline, ValidationConfig
 from ...protocol.messages import CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult
 from ...protocol.names import PipelineKind, ValidationMode
-from ...protocol.progress import better, early_stop_reason
+from ...protocol.progress import judge
 from ...worker.control import WorkerControl
 from ...worker.data import make_loader
 from ...worker.evaluate import evaluate
@@ -376,11 +376,8 @@ class Trainer:
         value = metrics.get(v.metric)
         if value is None:
             return
-        if better(value, self.best, v.metric_mode):
-            self.best, self.since_best = value, 0
+        improved, self.best, self.since_best, stop = judge(value, self.best, self.since_best, v)
+        if improved:
             self.save("best", ckpt.BEST)
-            return
-        self.since_best += 1
-        if v.patience is not None and self.since_best >= v.patience:  # the supervisor stops it, saying why
-            self.sender.send(EarlyStop(pipeline=self.name, reason=early_stop_reason(v.metric, self.best, v.patience)))
-            self.since_best = 0
+        if stop:  # the supervisor stops it, saying why
+            self.sender.send(EarlyStop(pipeline=self.name, reason=stop))
