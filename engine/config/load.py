@@ -193,8 +193,8 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
 
 def _sound(pipelines: list[Pipeline | None], problems: list[Problem]) -> dict[int, Pipeline]:
     """The pipelines, by index, that parsed with no problem of their own."""
-    own = {p.key.split(".", 1)[0].split("[", 1)[-1].rstrip("]") for p in problems if p.key.startswith("pipelines[")}
-    return {i: p for i, p in enumerate(pipelines) if p is not None and str(i) not in own}
+    own = {p.pipeline for p in problems}
+    return {i: p for i, p in enumerate(pipelines) if p is not None and i not in own}
 
 
 def _defaults_task(raw_defaults: dict[str, Any], problems: list[Problem]) -> str | None:

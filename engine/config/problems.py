@@ -27,6 +27,12 @@ class Problem:
     key: str
     message: str
 
+    @property
+    def pipeline(self) -> int | None:
+        """The index of the pipeline this problem is about (`pipelines[2].lr`: 2); None for the rest."""
+        head = self.key.split(".", 1)[0]
+        return int(head[len("pipelines["):-1]) if head.startswith("pipelines[") and head.endswith("]") else None
+
     def __str__(self) -> str:
         return f"{self.file}: {self.key}: {self.message}" if self.key else f"{self.file}: {self.message}"
 

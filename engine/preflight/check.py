@@ -52,7 +52,7 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     problems += static_task_problems(config)
     if slots:
         problems += runner_problems(config, plan_validation(config, slots, inventory).mode,
-                                    skip={_index(p) for p in problems})
+                                    skip={p.pipeline for p in problems})
     background = plan_validation(config, slots, inventory).mode == ValidationMode.BACKGROUND
     if probe and not problems:
         problems = _probe_tasks(config, background)
@@ -104,12 +104,6 @@ def runner_problems(config: RunConfig, validation_mode: str, skip: set[int | Non
     file = display_path(config.source)
     return [Problem(file, f"pipelines[{i}].{key}", message) for i, p in enumerate(config.pipelines)
             if i not in skip for key, message in runner_for(p.kind).check(p, validation_mode)]
-
-
-def _index(problem: Problem) -> int | None:
-    """The pipeline a problem is about (None for the config as a whole or [defaults])."""
-    head = problem.key.split(".", 1)[0]
-    return int(head[len("pipelines["):-1]) if head.startswith("pipelines[") and head.endswith("]") else None
 
 
 def _say_lightning(config: RunConfig, lines: list[str], background: bool) -> list[str]:
