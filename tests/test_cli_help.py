@@ -2,6 +2,7 @@
 is checking the tasks, how long that took, and counts its clock from the start of the command."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def start(config: Path, cwd: Path) -> subprocess.Popen:
 
 
 def gated(tmp_path: Path, body: str) -> tuple[Path, Path]:
-    """A config whose task import waits for `gate`: the check is visibly under way until the test opens it."""
+    """A config whose task import waits for `gate`: the check (its worker's build) is visibly under way until the
+    test opens it."""
     gate = tmp_path / "gate"
     (tmp_path / "gated.py").write_text(textwrap.dedent(f"""
         import os
@@ -69,7 +71,7 @@ def gated(tmp_path: Path, body: str) -> tuple[Path, Path]:
     return config, gate
 
 
-@pytest.mark.slow  # starts the CLI and a probe
+@pytest.mark.slow  # starts the CLI, its service and a worker
 # Regression: headless printed nothing while it built the tasks (about 9 s), and its clock started after.
 def test_headless_says_at_once_that_it_checks_and_refuses_a_task_that_does_not_build(tmp_path: Path):
     config, gate = gated(tmp_path, "def build(params):\n    raise ValueError('no data')\n")
@@ -77,16 +79,19 @@ def test_headless_says_at_once_that_it_checks_and_refuses_a_task_that_does_not_b
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()  # arrives while the probe is still held at the gate
-        assert re.fullmatch(r"\[ +\d+\.\ds\] checking 1 task: building each once in a fresh process \.\.\.\n", first)
+        assert re.fullmatch(r"\[ +\d+\.\ds\] checking 1 task: each worker builds its own and holds before its "
+                            r"first step until all built\n", first)
         gate.touch()
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == 2
-    assert "checking failed after" in out and "nothing launched" in out
+    assert "checking failed after" in out and "every pipeline stopped before its first step" in out
     assert "run.toml: pipelines[0].task: task factory gated.py:build raised ValueError: no data" in err
-    assert not (tmp_path / "runs").exists()
+    records = [json.loads(line) for path in (tmp_path / "runs").glob("*/events.jsonl")
+               for line in path.read_text().splitlines()]
+    assert not [r for r in records if r["type"] in ("step", "training_started")]  # its worker trained nothing
 
 
 @pytest.mark.slow
@@ -97,10 +102,11 @@ def test_headless_reports_the_check_time_and_counts_from_the_start(tmp_path: Pat
                            str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].endswith("checking 1 task: building each once in a fresh process ...")
-    built = re.fullmatch(r"\[ *([\d.]+)s\] 1 task built in ([\d.]+)s", lines[1])
-    assert built, lines[1]
-    started = re.fullmatch(r"\[ *([\d.]+)s\] run .*", lines[2])
-    assert started, lines[2]
-    # One clock for the check and the run: the run's first line comes after the check's time.
-    assert float(started.group(1)) >= float(built.group(2))
+    assert lines[0].endswith("checking 1 task: each worker builds its own and holds before its first step until "
+                             "all built")
+    started = [i for i, line in enumerate(lines) if re.fullmatch(r"\[ *[\d.]+s\] run .*", line)]
+    built = [i for i, line in enumerate(lines) if re.fullmatch(r"\[ *[\d.]+s\] 1 task built in [\d.]+s", line)]
+    assert started and built and started[0] < built[0], lines  # the run starts at once: its worker builds
+    # One clock for the check and the run, from the start of the command.
+    clock = [float(re.match(r"\[ *([\d.]+)s\]", line).group(1)) for line in lines if line.startswith("[")]
+    assert clock == sorted(clock), lines

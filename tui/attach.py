@@ -22,12 +22,12 @@ def attach_command(run_dir: Path) -> str:
     return f"torchherd attach {run_dir}"
 
 
-def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr):
+def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr, check_builds: bool = False):
     """Spawn the run's service (blocking); None, with the reasons on `err`, when it did not start."""
     from ..engine.serve.service import ServiceFailed, spawn
 
     try:
-        return spawn(config=config, runs_dir=runs_dir)
+        return spawn(config=config, runs_dir=runs_dir, check_builds=check_builds)
     except ServiceFailed as exc:
         err.write(f"{exc}\n")
         err.flush()
@@ -45,12 +45,21 @@ def run_detached(config: Path, runs_dir: Path | None, out: TextIO = sys.stdout) 
     return EXIT_OK
 
 
-def run_service_headless(config: Path, runs_dir: Path | None, printer: LinePrinter) -> int:
-    """`torchherd run CONFIG --headless`, once the tasks built: start the service, follow it from the start."""
-    started = start_service(config, runs_dir)
+def run_service_headless(config: Path, runs_dir: Path | None, printer: LinePrinter, check_builds: bool = False,
+                         err: TextIO | None = None) -> int:
+    """`torchherd run CONFIG --headless`: start the service, follow it from the start. `check_builds`: its
+    workers' first builds are the task check; a task that did not build is EXIT_CONFIG, its problems on `err`."""
+    err = err if err is not None else sys.stderr
+    started = start_service(config, runs_dir, err, check_builds)
     if started is None:
         return EXIT_CONFIG
-    return asyncio.run(follow_run(started.run_dir, printer, from_start=True, owner=True))
+    status = asyncio.run(follow_run(started.run_dir, printer, from_start=True, owner=True))
+    if printer.refused:
+        count = len(printer.refused)
+        err.write(f"{count} problem{'s' if count != 1 else ''}:\n" + "".join(f"{p}\n" for p in printer.refused))
+        err.flush()
+        return EXIT_CONFIG
+    return status
 
 
 async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, owner: bool = False,

@@ -49,9 +49,10 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
                      help="where run directories go and past runs are found (default: ./runs)")
 
     run = argparse.ArgumentParser(
-        prog="torchherd run", description="Check a config (every task is built once in a fresh process), "
-        "then run it: on the dashboard, or with --headless one line per event. Exit status: 0 every "
-        "pipeline completed, 1 one failed or was killed, 2 the config is invalid (nothing launched), "
+        prog="torchherd run", description="Check a config, then run it: on the dashboard, or with --headless "
+        "one line per event (every worker builds its task and holds before its first step until all have "
+        "built). Exit status: 0 every pipeline completed, 1 one failed or was killed, 2 the config is "
+        "invalid or a task did not build (nothing trained), "
         "3 stopped before completing.")
     run.add_argument("config", metavar="CONFIG", help="the TOML config to run")
     run.add_argument("--headless", action="store_true", help="no screen: print one line per event")

@@ -1,9 +1,10 @@
 """`torchherd run CONFIG --headless`: run a config with no screen, one line per event worth reading.
 
-`check_and_run` first builds every task once in a fresh process, saying so at once and how long it
-took; the clock in each line starts when the command does. Ctrl-C once stops every pipeline
-gracefully (checkpoint, exit); twice kills them. SIGTERM and SIGHUP stop gracefully too. The exit
-status says how the run ended.
+`check_and_run` starts the run at once, and each worker's first build is the run's task check: no
+pipeline steps until every task built, and one that does not build stops them all (exit 2, as a bad
+config does). It says so at once and how long the builds took; the clock in each line starts when the
+command does. Ctrl-C once stops every pipeline gracefully (checkpoint, exit); twice kills them.
+SIGTERM and SIGHUP stop gracefully too. The exit status says how the run ended.
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from ..engine.config.schema import RunConfig
 from ..engine.protocol.control import ClientCommand
 from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished,
                                         Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled, StepMetrics,
-                                        TrainingStarted, ValResult, ValidatorStarted, WorkerError, WorkerExited,
-                                        WorkerRestarting, WorkerStarted)
-from ..engine.protocol.names import ExitReason, ValidationMode
+                                        TasksChecked, TrainingStarted, ValResult, ValidatorStarted, WorkerError,
+                                        WorkerExited, WorkerRestarting, WorkerStarted)
+from ..engine.protocol.names import ExitReason, PipelineKind, ValidationMode
 from ..engine.protocol.states import WorkerState, ended_label
 from ..engine.supervise.supervisor import Supervisor
 from .formats import quiet_text
@@ -53,6 +54,7 @@ class LinePrinter:
         self.step_line_at: dict[str, float] = {}
         self.run_id = "RUN"  # named by run_started
         self.ended: dict[str, str] = {}  # each ended pipeline's state as people read it ('early stop', ...)
+        self.refused: list[str] = []  # the problems of tasks that did not build: the run trained nothing
 
     def where(self, pipeline: str, epoch: int, step: int) -> str:
         """A saved state's place as people count epochs: 'after epoch 2' or 'in epoch 3, step 2,600'."""
@@ -84,6 +86,14 @@ class LinePrinter:
     def _run_started(self, ev: RunStarted) -> None:
         self.run_id = ev.run_id
         self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
+
+    def _tasks_checked(self, ev: TasksChecked) -> None:
+        noun = f"{ev.tasks} task{'s' if ev.tasks != 1 else ''}"
+        if not ev.problems:
+            self.line(f"{noun} built in {ev.seconds:.1f}s")
+            return
+        self.refused = list(ev.problems)
+        self.line(f"checking failed after {ev.seconds:.1f}s: every pipeline stopped before its first step")
 
     def _worker_started(self, ev: WorkerStarted) -> None:
         where = f"{ev.device} of node {ev.node}" if ev.node else ev.device
@@ -203,6 +213,7 @@ class LinePrinter:
 _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     RunStarted: LinePrinter._run_started,
     Stalled: LinePrinter._stalled,
+    TasksChecked: LinePrinter._tasks_checked,
     WorkerStarted: LinePrinter._worker_started,
     Resumed: LinePrinter._resumed,
     TrainingStarted: LinePrinter._training_started,
@@ -235,10 +246,11 @@ def exit_status(statuses: dict[str, str]) -> int:
 
 def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = sys.stdout,
                   err: TextIO = sys.stderr, start: float | None = None, detach: bool = False) -> int:
-    """Build every task of `config` once in a fresh process, then run it (and follow it, unless `detach`);
-    returns the exit status.
+    """Run `config` and follow it (unless `detach`); returns the exit status.
 
-    A task that does not build launches nothing: the problems go to `err` and the status is EXIT_CONFIG.
+    A task that does not build trains nothing: the problems go to `err` and the status is EXIT_CONFIG.
+    Followed, the workers' first builds are the check (engine/supervise/build_check.py); detached,
+    nobody stays to hear their verdict, so every task is first built once in a fresh process.
     Lines show seconds since `start` (time.monotonic(); default now), when the command began.
     """
     from ..engine.preflight.probe import plan_jobs, probe_tasks
@@ -246,7 +258,12 @@ def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = 
     printer = LinePrinter(out, config.validation.metric, start)
     tasks = len(plan_jobs(config))
     noun = f"{tasks} task{'s' if tasks != 1 else ''}"
-    if tasks:  # scripts only: nothing to build (their files were checked with the config)
+    # Scripts only: nothing to build (their files were checked with the config). A script or a Lightning
+    # module cannot be held before its first step: with one of them the probe builds every task first.
+    held = tasks > 0 and not detach and all(p.kind == PipelineKind.TASK for p in config.pipelines)
+    if held:
+        printer.line(f"checking {noun}: each worker builds its own and holds before its first step until all built")
+    elif tasks:
         printer.line(f"checking {noun}: building each once in a fresh process ...")
         try:
             problems = probe_tasks(config)
@@ -265,7 +282,8 @@ def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = 
 
     if detach:
         return run_detached(Path(config.source), Path(runs_dir) if runs_dir else None, out)
-    return run_service_headless(Path(config.source), Path(runs_dir) if runs_dir else None, printer)
+    return run_service_headless(Path(config.source), Path(runs_dir) if runs_dir else None, printer,
+                                check_builds=held, err=err)
 
 
 async def run_headless(config: RunConfig | None, runs_dir: str | None = None, out: TextIO = sys.stdout,

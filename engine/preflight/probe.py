@@ -73,17 +73,18 @@ def _stamp(ref: str) -> tuple[str, int, int] | None:
     return (path, st.st_mtime_ns, st.st_size)
 
 
-def plan_jobs(config: RunConfig, background: bool | None = None) -> list[ProbeJob]:
+def plan_jobs(config: RunConfig, background: bool | None = None, only: set[int] | None = None) -> list[ProbeJob]:
     """The distinct (task, params) of `config`, in pipeline order.
 
     `background`: whether validation runs in the background (then a Lightning callback that monitors
     a validation metric inside the worker is a problem); None takes it from the configured mode.
+    `only`: the indices of the pipelines to plan for (default: all).
     """
     if background is None:
         background = config.validation.mode in (ValidationMode.BACKGROUND, ValidationMode.AUTO)
     grouped: dict[tuple[str, str, str], list[int]] = {}
     for i, p in enumerate(config.pipelines):
-        extra = runner_for(p.kind).probe_job(p)
+        extra = runner_for(p.kind).probe_job(p) if only is None or i in only else None
         if extra is None:
             continue  # nothing to build (the user's own script)
         # A plain task's factory may return a LightningTask too: every job is told the validation mode.
@@ -128,13 +129,14 @@ def grouped_task_problems(file: str, defaults_task: str | None, tasks: dict[int,
 
 def probe_tasks(config: RunConfig, timeout: float = 180.0,
                 on_progress: Callable[[int, int], None] | None = None,
-                cancelled: Callable[[], bool] | None = None, background: bool | None = None) -> list[Problem]:
+                cancelled: Callable[[], bool] | None = None, background: bool | None = None,
+                only: set[int] | None = None) -> list[Problem]:
     """Problems found building each distinct (task, params) of `config`; empty if all build.
 
     `on_progress(built, total)` is called as tasks finish; `cancelled()` is polled and, once
-    true, the probe process is killed and ProbeCancelled raised.
+    true, the probe process is killed and ProbeCancelled raised. `only`: as for plan_jobs.
     """
-    jobs = plan_jobs(config, background)
+    jobs = plan_jobs(config, background, only)
     with _CACHE_LOCK:
         todo = [job for job in jobs if job.key not in _CACHE]
     file = display_path(config.source) if config.source else ""
@@ -152,7 +154,7 @@ def probe_tasks(config: RunConfig, timeout: float = 180.0,
             error = _CACHE.get(job.key, "")
             if error:
                 for i in job.pipelines:
-                    errors[i] = _shorten(error, job.ref)
+                    errors[i] = shorten(error, job.ref)
     return task_problems(config, errors)
 
 
@@ -165,7 +167,7 @@ def lightning_factories(config: RunConfig, background: bool | None = None) -> se
                 for i in job.pipelines if config.pipelines[i].kind == PipelineKind.TASK}
 
 
-def _shorten(error: str, ref: str) -> str:
+def shorten(error: str, ref: str) -> str:
     """The task file as problems show paths (relative to the working directory when under it)."""
     target = ref.rpartition(":")[0]
     return error.replace(target, display_path(target)) if target.endswith(".py") else error

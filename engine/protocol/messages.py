@@ -157,6 +157,25 @@ class CheckpointSaved(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TaskBuilt(Event):
+    """A held worker built its task and waits for the run's other tasks (engine/supervise/build_check.py)."""
+
+    type: ClassVar[str] = "task_built"
+    pipeline: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TasksChecked(Event):
+    """Every task of the run built (its worker's build, or the probe's), or some did not: then `problems`
+    ('file: key: what is wrong', as `torchherd check --probe` says them) and no pipeline trains."""
+
+    type: ClassVar[str] = "tasks_checked"
+    tasks: int  # distinct tasks (task and params) of the run
+    seconds: float  # from the run's start to the verdict
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Resumed(Event):
     """A worker resumed from a checkpoint instead of starting fresh."""
 
@@ -336,6 +355,13 @@ class Resume(Command):
     """Carry on after Pause."""
 
     type: ClassVar[str] = "resume"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Proceed(Command):
+    """Every task of the run built: a worker held after its build may take its first step."""
+
+    type: ClassVar[str] = "proceed"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

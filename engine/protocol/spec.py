@@ -33,6 +33,7 @@ class WorkerSpec:
     world_size: int = 1  # ranks in the gang
     collective_timeout: float = 300.0  # seconds a rank waits in a collective before it gives up
     stop_timeout: float = 120.0  # seconds a graceful stop may take before the supervisor kills the worker
+    hold: bool = False  # the run's task check: build, say TaskBuilt, then wait for Proceed before the first step
 
     @property
     def name(self) -> str:

@@ -31,9 +31,12 @@ class Started:
 
 
 def spawn(config: Path | None = None, runs_dir: Path | None = None, resume: Path | None = None,
-          only: list[str] | None = None) -> Started:
-    """Start the service for a config (or to resume a run) and wait until it serves (blocking)."""
+          only: list[str] | None = None, check_builds: bool = False) -> Started:
+    """Start the service for a config (or to resume a run) and wait until it serves (blocking). `check_builds`:
+    the workers' first builds are the run's task check (engine/supervise/build_check.py)."""
     args = ["--resume", str(resume)] if resume is not None else ["--config", str(config)]
+    if check_builds:
+        args.append("--check-builds")
     if runs_dir is not None:
         args += ["--runs-dir", str(runs_dir)]
     for name in only or []:
@@ -60,7 +63,7 @@ def _supervisor(args: argparse.Namespace):
 
     if args.resume:
         return Supervisor.resume_run(args.resume, only=args.only or None)
-    return Supervisor(load_config(args.config), runs_dir=args.runs_dir)
+    return Supervisor(load_config(args.config), runs_dir=args.runs_dir, check_builds=args.check_builds)
 
 
 def _to_log(run_dir: Path) -> None:
@@ -116,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path)
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--only", action="append")
+    parser.add_argument("--check-builds", action="store_true")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal is ours; a hangup is none of our business
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the clients, which ask us to stop

@@ -28,20 +28,23 @@ class AttemptLauncher:
     def __init__(self, backend: Backend, rundir: RunDirectory, validation: ValidationService, run_id: str):
         self._backend, self._rundir, self._validation, self._run_id = backend, rundir, validation, run_id
 
-    def start(self, run: PipelineRun) -> Handle:
-        """Launch the pipeline's next attempt on its slots (raises OSError)."""
+    def start(self, run: PipelineRun, hold: bool = False) -> Handle:
+        """Launch the pipeline's next attempt on its slots (raises OSError); `hold`: rank 0 holds after its build
+        until Proceed (its peers wait for it where the gang meets)."""
         if len(run.slots) == 1:
-            return self._backend.launch(self.spec_for(run, 0))
+            return self._backend.launch(self.spec_for(run, 0, hold=hold))
         restart = run.plan.run_config.restart
         # the scheduler gives a gang's ranks one node: rank 0's store listens there
         addr, port = self._backend.rendezvous(run.slots[0].node)
         envs = [rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self._run_id, addr)
                 for rank in range(len(run.slots))]
-        return gang.launch_gang(self._backend, [self.spec_for(run, rank, env) for rank, env in enumerate(envs)],
+        return gang.launch_gang(self._backend, [self.spec_for(run, rank, env, hold=hold and rank == 0)
+                                                 for rank, env in enumerate(envs)],
                                 linger=restart.stop_timeout, grace=restart.kill_grace,
                                 on_close=lambda: release_port(port))
 
-    def spec_for(self, run: PipelineRun, rank: int, env: dict[str, str] | None = None) -> LaunchSpec:
+    def spec_for(self, run: PipelineRun, rank: int, env: dict[str, str] | None = None,
+                 hold: bool = False) -> LaunchSpec:
         slot = run.slots[rank]
         plan = run.plan
         # A GPU gang's ranks each see every GPU of the gang and use the one their LOCAL_RANK (the rank: the
@@ -61,7 +64,7 @@ class AttemptLauncher:
                              snapshot_seq=self._validation.ledger(run.name).seq_max,
                              rank=rank, world_size=len(run.slots),
                              collective_timeout=max(COLLECTIVE_TIMEOUT, 4 * hang) if hang else COLLECTIVE_TIMEOUT,
-                             stop_timeout=plan.run_config.restart.stop_timeout),
+                             stop_timeout=plan.run_config.restart.stop_timeout, hold=hold),
             log_path=self._rundir.log_path(run.name, rank),
             gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node,
             gang_gpus=gang_gpus)

@@ -21,7 +21,7 @@ from ..protocol.messages import (EarlyStop, Event, Heartbeat, Notice, PipelineQu
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
-from . import commands
+from . import build_check, commands
 from .attempts import AttemptLauncher
 from .bus import EventBus, EventStream
 from .lifecycle import Lifecycle
@@ -44,9 +44,9 @@ class Supervisor:
 
     def __init__(self, config: RunConfig, *, runs_dir: str | Path | None = None,
                  launcher: Backend | None = None, inventory: Inventory | None = None,
-                 run_id: str | None = None, tick: float = TICK):
+                 run_id: str | None = None, tick: float = TICK, check_builds: bool = False):
         """`launcher`: the backend attempts run on (default: the one `[cluster] backend` names);
-        `inventory`: the devices slots are planned on (default: the backend's)."""
+        `inventory`: the devices slots are planned on (default: the backend's); `check_builds`: build_check.py."""
         self.config = config
         base = Path(runs_dir if runs_dir is not None else config.runs_dir)
         self._backend = launcher if launcher is not None else backend_for(config.cluster, base, config.source)
@@ -80,6 +80,7 @@ class Supervisor:
         self._feed = TelemetryFeed()  # the pids the sampler thread reads, and the sampler
         self._resume_configs: list[RunConfig] | None = None
         self._resume_only: set[str] | None = None
+        self._check = build_check.BuildCheck(config, check_builds)  # the first wave's builds check every task
 
     # ------------------------------------------------------------ session
 
@@ -119,6 +120,7 @@ class Supervisor:
         for name, status in kept.items():  # nothing to train: they keep how they had ended
             commands.keep_ended(self._lifecycle, self._runs[name], status)
         self._announce_queued(names)
+        self._check.open(resuming, self._runs[names[0]].plan.background, self._bus)
         self._schedule()
         loop = asyncio.get_running_loop()
         self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
@@ -289,7 +291,7 @@ class Supervisor:
         self._finished_sent = False
 
     def _schedule(self) -> None:
-        if self._closed:
+        if self._closed or self._check.holding:
             return
         for name, slots in self._scheduler.allocate():
             run = self._runs[name]
@@ -313,7 +315,7 @@ class Supervisor:
         if slots is None:
             raise OSError("its slot's node left the cluster and no live node has a free slot now")
         run.slots = slots
-        return self._attempts.start(run)
+        return self._attempts.start(run, hold=self._check.admit(run))
 
     def _on_worker_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
         if run.handle is not handle:
@@ -360,6 +362,7 @@ class Supervisor:
         now = time.monotonic()
         for run in list(self._runs.values()):
             self._lifecycle.tick(run, now)
+        self._check.settle(self._runs, self._lifecycle, self._emit)
         if not self._closing:
             self._validation.tick(now)
         self._follow_cluster(NODE_REFRESH)

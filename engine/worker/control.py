@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from ..protocol.channel import EXIT_FATAL, EXIT_RESTART, ControlReceiver, StatusSender
-from ..protocol.messages import CheckpointNow, Heartbeat, Notice, Pause, Resume, Stop, WorkerError
+from ..protocol.messages import CheckpointNow, Heartbeat, Notice, Pause, Proceed, Resume, Stop, WorkerError
 
 CONTROL_INTERVAL = 0.02  # seconds between looks at the control pipe
 HEARTBEAT_INTERVAL = 1.0  # seconds between "still stepping" reports from the training thread
@@ -26,6 +26,7 @@ class WorkerControl:
         self.paused = False
         self.paused_time = 0.0  # seconds spent paused
         self.checkpoint_requested = False
+        self.cleared = False  # Proceed came: every task of the run built
         self._next_control = 0.0
         self._next_heartbeat = 0.0
         self.step = -1  # the optimizer step the runner last reported here
@@ -47,6 +48,14 @@ class WorkerControl:
                 self.paused = False
             elif isinstance(cmd, CheckpointNow):
                 self.checkpoint_requested = True
+            elif isinstance(cmd, Proceed):
+                self.cleared = True
+
+    def hold(self) -> bool:
+        """After the build, wait until every task of the run has built (True) or a Stop comes (False)."""
+        while not self.cleared and self.stop_reason is None:
+            self.poll(timeout=0.5)
+        return self.stop_reason is None
 
     def discard(self) -> None:
         """Read and drop whatever commands arrived (a gang's rank that takes its orders from rank 0)."""

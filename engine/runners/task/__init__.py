@@ -40,18 +40,26 @@ class TaskRunner(Runner):
     def run(self, spec, pipe, validation, sender, control) -> int:
         """Build the user's task and train it with torchherd's own loop (or with Lightning's, when the factory
         returned a torchherd.LightningTask)."""
-        from ...protocol.channel import EXIT_FATAL
-        from ...protocol.messages import WorkerError
+        from ...protocol.channel import EXIT_FATAL, EXIT_STOPPED
+        from ...protocol.messages import TaskBuilt, WorkerError
+        from ...protocol.names import ValidationMode
+        from ..lightning import check_built
         from ..lightning.support import LightningTask, build_factory
         from .api import TaskError
 
         set_up_torch(spec, pipe)
         try:
             task = build_factory(pipe.task_ref or pipe.task, pipe.params)
+            if spec.hold and isinstance(task, LightningTask):  # what the probe checks of one, checked here
+                check_built(task, validation.mode == ValidationMode.BACKGROUND)
         except TaskError as exc:
             print(f"torchherd: {exc}", file=sys.stderr)
             sender.send(WorkerError(pipeline=pipe.name, error=str(exc), where="build", traceback=traceback.format_exc()))
             return EXIT_FATAL
+        if spec.hold:  # its build is the run's task check (engine/supervise/build_check.py): no step until all built
+            sender.send(TaskBuilt(pipeline=pipe.name))
+            if not control.hold():
+                return EXIT_STOPPED
         if isinstance(task, LightningTask):  # only the factory could tell: the config says "task"
             if spec.world_size > 1:
                 error = (f"{pipe.task}: the factory returned a LightningTask, and Lightning pipelines run on one "
