@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,6 +104,8 @@ async def serve(args: argparse.Namespace) -> int:
         await server.close()
         withdraw(sup.run_dir, sock)
         await _drained(server, loop.time() + 5.0)
+        if sup.task_check.refused:  # a task did not build, nothing trained: like a bad config, no run is left
+            shutil.rmtree(sup.run_dir, ignore_errors=True)
     return 0
 
 

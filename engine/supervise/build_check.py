@@ -53,6 +53,7 @@ class BuildCheck:
         self._probe: threading.Thread | None = None
         self._probed: list[Problem] = []
         self._cancelled = False
+        self.refused = False  # a task did not build: the run trained nothing and its directory goes at the end
 
     def open(self, resuming: bool, background: bool, bus: EventBus) -> None:
         """Before the first wave launches: hold its Task workers, if asked, unless resuming or nothing builds."""
@@ -141,7 +142,7 @@ class BuildCheck:
         problems = self.verdict()
         if problems is None:
             return
-        self.active = False
+        self.active, self.refused = False, bool(problems)
         publish(TasksChecked(tasks=self.tasks, seconds=time.monotonic() - self.started,
                              problems=tuple(map(str, problems))))
         for run in runs.values():

@@ -80,7 +80,7 @@ class Supervisor:
         self._feed = TelemetryFeed()  # the pids the sampler thread reads, and the sampler
         self._resume_configs: list[RunConfig] | None = None
         self._resume_only: set[str] | None = None
-        self._check = build_check.BuildCheck(config, check_builds)  # the first wave's builds check every task
+        self.task_check = build_check.BuildCheck(config, check_builds)  # the first wave's builds check every task
 
     # ------------------------------------------------------------ session
 
@@ -120,7 +120,7 @@ class Supervisor:
         for name, status in kept.items():  # nothing to train: they keep how they had ended
             commands.keep_ended(self._lifecycle, self._runs[name], status)
         self._announce_queued(names)
-        self._check.open(resuming, self._runs[names[0]].plan.background, self._bus)
+        self.task_check.open(resuming, self._runs[names[0]].plan.background, self._bus)
         self._schedule()
         loop = asyncio.get_running_loop()
         self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
@@ -291,7 +291,7 @@ class Supervisor:
         self._finished_sent = False
 
     def _schedule(self) -> None:
-        if self._closed or self._check.holding:
+        if self._closed or self.task_check.holding:
             return
         for name, slots in self._scheduler.allocate():
             run = self._runs[name]
@@ -315,7 +315,7 @@ class Supervisor:
         if slots is None:
             raise OSError("its slot's node left the cluster and no live node has a free slot now")
         run.slots = slots
-        return self._attempts.start(run, hold=self._check.admit(run))
+        return self._attempts.start(run, hold=self.task_check.admit(run))
 
     def _on_worker_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
         if run.handle is not handle:
@@ -362,7 +362,7 @@ class Supervisor:
         now = time.monotonic()
         for run in list(self._runs.values()):
             self._lifecycle.tick(run, now)
-        self._check.settle(self._runs, self._lifecycle, self._emit)
+        self.task_check.settle(self._runs, self._lifecycle, self._emit)
         if not self._closing:
             self._validation.tick(now)
         self._follow_cluster(NODE_REFRESH)
