@@ -17,8 +17,8 @@ from typing import Any, Callable, TextIO
 
 from ..engine.config.schema import RunConfig
 from ..engine.protocol.control import ClientCommand
-from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished,
-                                        Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled, StepMetrics,
+from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop, EpochEnd, Event, Notice,
+                                        PipelineFinished, Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled, StepMetrics,
                                         TasksChecked, TrainingStarted, ValResult, ValidatorStarted, WorkerError,
                                         WorkerExited, WorkerRestarting, WorkerStarted)
 from ..engine.protocol.names import ExitReason, PipelineKind, ValidationMode
@@ -86,6 +86,9 @@ class LinePrinter:
     def _run_started(self, ev: RunStarted) -> None:
         self.run_id = ev.run_id
         self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
+
+    def _config_added(self, ev: ConfigAdded) -> None:
+        self.line(f"config {ev.name} added to run {self.run_id}: {', '.join(ev.pipelines)}")
 
     def _tasks_checked(self, ev: TasksChecked) -> None:
         noun = f"{ev.tasks} task{'s' if ev.tasks != 1 else ''}"
@@ -212,6 +215,7 @@ class LinePrinter:
 
 _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     RunStarted: LinePrinter._run_started,
+    ConfigAdded: LinePrinter._config_added,
     Stalled: LinePrinter._stalled,
     TasksChecked: LinePrinter._tasks_checked,
     WorkerStarted: LinePrinter._worker_started,

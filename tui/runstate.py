@@ -49,6 +49,7 @@ class RunState:
     metric_mode: str = "min"
     run_id: str = ""
     run_dir: Path | None = None
+    added: list[str] = field(default_factory=list)  # the run names of configs added to the session since it began
     read_only: bool = False
     live: bool = False  # events still come from a supervisor (a replayed past run: False)
     finished: bool = False
@@ -114,6 +115,11 @@ class RunState:
         self.finished = False
         self.rows_version += 1
         self.note("info", "", f"run {ev.run_id} started: {', '.join(ev.pipelines)}", at=ev.time)
+
+    def _config_added(self, ev: m.ConfigAdded, _) -> None:
+        self.added.append(ev.name)
+        self.rows_version += 1  # the status line names it
+        self.note("info", "", f"config {ev.name} added: {', '.join(ev.pipelines)}", at=ev.time)
 
     def _queued(self, ev: m.PipelineQueued, _) -> None:
         self.finished = False  # a pipeline added to, or restarted in, a finished session
@@ -224,6 +230,7 @@ class RunState:
 
 _HANDLERS = {
     m.RunStarted: RunState._run_started,
+    m.ConfigAdded: RunState._config_added,
     m.PipelineQueued: RunState._queued,
     m.WorkerStarted: RunState._worker_started,
     m.WorkerStateChanged: RunState._state,

@@ -45,6 +45,16 @@ class RunStarted(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ConfigAdded(Event):
+    """Another config's pipelines joined a live session (its run keeps the first config's name and folder)."""
+
+    type: ClassVar[str] = "config_added"
+    name: str  # the config's run name (its `name`, else its file's stem)
+    config_path: str
+    pipelines: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PipelineQueued(Event):
     """A pipeline was added and waits for a free device slot."""
 

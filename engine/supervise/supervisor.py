@@ -16,8 +16,8 @@ from ..hardware.devices import Inventory
 from ..hardware.placement import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
-from ..protocol.messages import (EarlyStop, Event, Heartbeat, Notice, PipelineQueued, RunFinished, RunStarted,
-                                 SnapshotTaken, TrainingStarted, WorkerError)
+from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Heartbeat, Notice, PipelineQueued, RunFinished,
+                                 RunStarted, SnapshotTaken, TrainingStarted, WorkerError)
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
@@ -134,6 +134,7 @@ class Supervisor:
             raise RuntimeError("supervisor is not running")
         self._rundir.save_config(config)
         names = self._add(config)
+        self._emit(ConfigAdded(name=config.name, config_path=config.source, pipelines=tuple(names)))
         self._announce_queued(names)
         self._reopen()
         self._schedule()
@@ -160,8 +161,7 @@ class Supervisor:
         return view_of(self._get(name), self.run_dir)
 
     @property
-    def alive(self) -> bool:
-        """Some worker process exists."""
+    def alive(self) -> bool:  # some worker process exists
         return any(r.handle is not None for r in self._runs.values())
 
     @property

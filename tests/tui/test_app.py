@@ -74,6 +74,9 @@ async def test_launch_more_adds_to_the_session_and_queues(make_app, session):
         await wait_for(pilot, lambda: table.row_count == 3, what="third row")
         assert session.state("tiny") == "queued"  # both slots are taken
         assert table.cell("tiny", "state") == "queued"
+        # Regression: the status line kept the first config's run name as if the session held it alone.
+        status = str(app.screen.query_one("#status").content)
+        assert f"{app.bridge.state.run_id} + tiny" in status, status
 
 
 async def test_past_run_opens_read_only(make_app, runs_dir, clock):

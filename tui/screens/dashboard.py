@@ -134,7 +134,8 @@ class DashboardScreen(Screen[None]):
         summary = ", ".join(f"{n} {s.value}" for s, n in counts.items()) or "no pipelines yet"
         tag = "  [reverse] read-only [/reverse]" if state.read_only else ""
         done = "  [b]finished[/b]" if state.finished else ""
-        text = f"[b]{state.run_id or 'starting…'}[/b]  {summary}{tag}{done}"
+        added = f" + {', '.join(state.added)}" if state.added else ""  # the run keeps its first config's name
+        text = f"[b]{state.run_id or 'starting…'}{added}[/b]  {summary}{tag}{done}"
         if text != self._status_text:  # one line either way: no layout pass
             self._status_text = text
             self.query_one("#status", Static).update(text, layout=False)
