@@ -73,3 +73,15 @@ async def test_a_task_worker_loads_its_runner_and_nothing_of_the_supervisor_or_t
     mods = json.loads(out.read_text())
     assert "torch" in mods and "torchherd.engine.runners.task" in mods
     assert loaded(mods, ("torchherd.engine.runners.script", *NOT_IN_A_WORKER)) == []
+
+
+def test_the_app_up_to_its_first_screen_loads_no_engine_past_the_protocol():
+    # What `torchherd` imports before the picker draws: the command line, the app, the picker. The config
+    # schema (pydantic), the check, the run directory and the supervisor load after the first frame, in the
+    # picker's thread workers or when a run is shown.
+    mods = modules_after("from torchherd.tui import cli\ncli._parsers()\n"
+                         "import torchherd.tui.app, torchherd.tui.screens.picker")
+    assert loaded(mods, ("pydantic", "torch", "psutil", "pygments", "torchherd.engine.config",
+                         "torchherd.engine.preflight", "torchherd.engine.rundir", "torchherd.engine.supervise",
+                         "torchherd.engine.serve", "torchherd.engine.launch", "torchherd.tui.headless",
+                         "torchherd.tui.screens.dashboard")) == []
