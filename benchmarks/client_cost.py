@@ -1,4 +1,7 @@
-"""What torchherd.client costs a training script: CPU per `herd.report` call, and a loop's samples/s with it.
+"""What torchherd.client costs a training script: its import, CPU per `herd.report` call, a loop's samples/s.
+
+0. The import: `python -c "import torchherd.client"` vs `python -c pass`, run alternately, median wall
+   time of each (outside torchherd: no client socket). Goal: <= +30 ms.
 
 This process plays the script runner (a socket pair; frames read and dropped), and a
 child Python with `TORCHHERD_CLIENT_FD` set plays the script, as under torchherd:
@@ -9,7 +12,7 @@ child Python with `TORCHHERD_CLIENT_FD` set plays the script, as under torchherd
 2. A small MLP's training steps on the CPU, samples/s with one `herd.report` per step over
    samples/s without, interleaved runs, median of each. Goal: >= 0.98.
 
-Usage: python benchmarks/client_cost.py [--calls 200000] [--steps 300] [--rounds 5]
+Usage: python benchmarks/client_cost.py [--calls 200000] [--steps 300] [--rounds 5] [--imports 20]
 """
 from __future__ import annotations
 
@@ -23,7 +26,23 @@ import threading
 import time
 
 
+def import_cost(rounds: int) -> None:
+    """Median wall time of a fresh interpreter importing torchherd.client, and of one doing nothing."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHHERD_")}
+    codes = {"pass": "pass", "client": "import torchherd.client"}
+    times: dict[str, list[float]] = {name: [] for name in codes}
+    for _ in range(rounds):
+        for name, code in codes.items():
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], env=env, check=True)
+            times[name].append(time.perf_counter() - start)
+    bare, client = (statistics.median(times[name]) * 1e3 for name in codes)
+    print(f"python -c pass {bare:.0f} ms, python -c 'import torchherd.client' {client:.0f} ms (medians of {rounds}): "
+          f"+{client - bare:.0f} ms, ratio {client / bare:.2f} (goal <= +30 ms)")
+
+
 def runner(args: argparse.Namespace) -> None:
+    import_cost(args.imports)
     ours, theirs = socket.socketpair()
     frames = [0]
 
@@ -33,7 +52,7 @@ def runner(args: argparse.Namespace) -> None:
     threading.Thread(target=drain, daemon=True).start()
     env = dict(os.environ, TORCHHERD_CLIENT_FD=str(theirs.fileno()), OMP_NUM_THREADS="1")
     cmd = [sys.executable, __file__, "--child", "--calls", str(args.calls), "--steps", str(args.steps),
-           "--rounds", str(args.rounds)]
+           "--rounds", str(args.rounds), "--imports", str(args.imports)]
     out = subprocess.run(cmd, env=env, pass_fds=(theirs.fileno(),), capture_output=True, text=True)
     theirs.close()
     print(out.stdout, end="")
@@ -118,5 +137,6 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--imports", type=int, default=20, help="rounds of the import measurement")
     ns = parser.parse_args()
     child(ns) if ns.child else runner(ns)

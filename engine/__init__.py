@@ -1,15 +1,28 @@
 """torchherd's engine: configs, supervised training processes and their events; no UI code.
 
-Import what you need from here; importing it loads neither torch nor Textual.
+Import what you need from here (`from torchherd.engine import Supervisor`); each name loads its module on
+first use, so a worker child or the app importing one sub-package pays for no other, and none loads
+torch or Textual.
 """
-from .preflight.check import CheckReport, check_config
-from .config.load import load_config
-from .config.problems import ConfigError, Problem
-from .config.schema import RunConfig
-from .protocol.messages import Event
-from .protocol.states import WorkerState
-from .supervise.supervisor import PipelineView, Supervisor
-from .runners.task.api import Task
+from importlib import import_module
 
-__all__ = ["CheckReport", "ConfigError", "Event", "PipelineView", "Problem", "RunConfig", "Supervisor", "Task",
-           "WorkerState", "check_config", "load_config"]
+_WHERE = {  # name -> the module that defines it
+    "CheckReport": ".preflight.check", "check_config": ".preflight.check",
+    "load_config": ".config.load",
+    "ConfigError": ".config.problems", "Problem": ".config.problems",
+    "RunConfig": ".config.schema",
+    "Event": ".protocol.messages",
+    "WorkerState": ".protocol.states",
+    "PipelineView": ".supervise.supervisor", "Supervisor": ".supervise.supervisor",
+    "Task": ".runners.task.api",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_WHERE[name], __name__), name)
+    globals()[name] = value  # once: the next look-up is a plain attribute
+    return value

@@ -3,6 +3,8 @@ one problem per bad [defaults] task, one path style, a cache that notices edits,
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -174,3 +176,43 @@ def test_a_bad_defaults_task_beside_a_bad_key_is_still_one_problem(project: Path
     problems = [str(p) for p in check_config(config, inventory=NO_GPU).problems]
     assert "run.toml: defaults.task: task.py has no 'biuld' (did you mean 'build'?)" in problems
     assert not [p for p in problems if ".task:" in p and "defaults" not in p]
+
+
+PARENT = """
+import sys, threading
+from torchherd.engine.preflight.check import check_config
+from torchherd.engine.preflight.probe import probe_tasks
+config = check_config(sys.argv[1]).config
+# As the app does: the probe is started from a thread, which may end long before its process.
+threading.Thread(target=probe_tasks, args=(config,)).start()
+"""
+
+
+@pytest.mark.slow  # a stand-in app, the probe and what the task starts: three interpreters
+def test_the_probe_and_what_it_started_die_with_the_process_that_started_it(project: Path):
+    # Regression: the probe (a session of its own) outlived a killed app by seconds at a full core.
+    from tests.faults.support import kill_all, poll_until, wait_gone
+
+    pids = project / "pids"
+    write(project / "hang.py", f"""
+        import os, subprocess, sys, threading
+
+        def build(params):  # a task that starts a process and never finishes building
+            child = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
+            with open({str(pids)!r} + ".tmp", "w") as f:
+                f.write(f"{{os.getpid()}} {{child.pid}}")
+            os.replace({str(pids)!r} + ".tmp", {str(pids)!r})
+            threading.Event().wait()
+        """)
+    config = write(project / "run.toml", '[[pipelines]]\nname = "a"\ntask = "hang.py:build"\n')
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(config)])
+    try:
+        probe, grandchild = (psutil.Process(int(pid)) for pid in
+                             poll_until(lambda: pids.exists() and pids.read_text().split(), 120, "the task to build"))
+        assert probe.ppid() == parent.pid and "torchherd.engine.preflight.probe" in " ".join(probe.cmdline())
+    finally:
+        parent.kill()
+        parent.wait()
+    left = wait_gone([probe, grandchild], timeout=1.0)
+    kill_all(left)
+    assert left == [], "the probe (or what it started) outlived its caller by over a second"

@@ -172,16 +172,23 @@ def test_run_with_a_bad_script_pipeline_launches_nothing(tmp_path):
 # ------------------------------------------------------------ the client
 
 
-def test_client_is_a_no_op_alone_and_loads_neither_torch_nor_textual(tmp_path):
-    code = ("import sys, torchherd.client as herd\n"
+def test_client_is_a_no_op_alone_and_loads_the_standard_library_only(tmp_path):
+    # A user's script pays for `import torchherd.client` whether torchherd runs it or not: outside
+    # torchherd it loads nothing past the standard library (not torch, pydantic, Textual, the engine).
+    code = ("import sys\nbefore = set(sys.modules)\nimport torchherd.client as herd\n"
+            "loaded = sorted(set(sys.modules) - before)\n"
             "herd.report(step=1, loss=0.5, lr=0.1); herd.epoch_end(0, 0.5); herd.heartbeat(); herd.wait_if_paused(); herd.flush()\n"
             "assert herd.should_stop() is False and herd.checkpoint_requested() is False and herd.supervised() is False\n"
             "assert herd.hand_off(object()) is None and herd.resume_from() is None\n"
-            "print(sorted({'torch', 'textual'} & set(sys.modules)))")
+            "print(' '.join(loaded)); print(' '.join(sorted(set(sys.modules))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={k: v for k, v in os.environ.items() if not k.startswith("TORCHHERD_")},
                          cwd=tmp_path)
-    assert out.stdout.strip() == "[]", out.stderr
+    loaded, after_calls = (line.split() for line in out.stdout.splitlines())
+    ours = {m for m in loaded if m.partition(".")[0] == "torchherd"}
+    assert ours == {"torchherd", "torchherd.client", "torchherd.client_env"}, out.stderr
+    assert not {m for m in loaded if m.partition(".")[0] not in sys.stdlib_module_names | {"torchherd"}}
+    assert not {"torch", "textual", "pydantic", "torchherd.engine"} & set(after_calls)
 
 
 class FrameReader:
@@ -198,7 +205,7 @@ class FrameReader:
 
 
 def test_client_coalesces_reports_and_pause_holds_report_until_resume():
-    from torchherd.client import Client
+    from torchherd.client_socket import Client
 
     ours, theirs = socket.socketpair()
     ours.settimeout(10.0)  # seconds: a frame that never comes fails the test instead of hanging it

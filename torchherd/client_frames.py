@@ -10,11 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-# The environment the script runner gives the script (read by the client).
-ENV_FD = "TORCHHERD_CLIENT_FD"  # the script's end of the socket
-ENV_SNAPSHOT = "TORCHHERD_SNAPSHOT"  # a SnapshotTarget as JSON, when hand-offs are scored
-ENV_CHECKPOINT_DIR = "TORCHHERD_CHECKPOINT_DIR"  # where herd.save() writes
-ENV_PIPELINE = "TORCHHERD_PIPELINE"  # the pipeline's name
+# The environment the script runner gives the script (read by the client), defined where the client reads it.
+from torchherd.client_env import ENV_CHECKPOINT_DIR, ENV_FD, ENV_PIPELINE, ENV_SNAPSHOT  # noqa: F401
 
 
 class Frame:

@@ -11,21 +11,24 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from ..engine.config.problems import ConfigError
 from ..engine.protocol.states import WorkerState
 from .bridge import Bridge, SupervisorFactory, list_configs, replay_run, run_end
-from .headless import EXIT_STOPPED
 from .messages import CommandRequested, RunChanged
-from .runstate import RunState
-from .screens.dashboard import DashboardScreen
 from .screens.dialogs import HelpScreen, QuitScreen
 from .screens.picker import PickerResult, PickerScreen
+
+if TYPE_CHECKING:
+    from .runstate import RunState
+    from .screens.dashboard import DashboardScreen
+
+# The first screen is drawn before the rest loads: the config schema (pydantic) and the check load in the
+# picker's thread workers, the dashboard when a run is shown, the supervisor's side only in its service.
 
 
 def default_folder() -> Path:
@@ -96,6 +99,8 @@ class TorchherdApp(App[int]):
         self.call_later(self._stop_and_exit, True)
 
     def _leave(self, code: int) -> None:
+        from .headless import EXIT_STOPPED
+
         if self.hung_up:
             # The terminal is gone: restoring it would block Textual's writer for ever. The
             # runs are stopped and the run directory closed, so nothing is lost by leaving now.
@@ -110,7 +115,7 @@ class TorchherdApp(App[int]):
 
     def _picker(self, adding: bool) -> PickerScreen:
         runs = self.runs_dir if self.runs_dir is not None else Path("runs")
-        return PickerScreen(self.directory, runs, self.initial, adding=adding)
+        return PickerScreen(self.directory, runs, self.initial, adding=adding, launch_runs_dir=self.runs_dir)
 
     async def _picked(self, result: PickerResult) -> None:
         if result is None:
@@ -122,6 +127,8 @@ class TorchherdApp(App[int]):
         if kind == "attach":
             await self._attach(path)
             return
+        from ..engine.config.problems import ConfigError
+
         adding = self.bridge.live
         try:
             if kind == "resume":
@@ -156,6 +163,8 @@ class TorchherdApp(App[int]):
         self._show_dashboard(self.bridge.state)
 
     def _show_dashboard(self, state: RunState) -> None:
+        from .screens.dashboard import DashboardScreen
+
         self.dashboard = DashboardScreen(state, self.refresh_hz, self.clock)
         self.push_screen(self.dashboard)
 

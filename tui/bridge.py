@@ -10,16 +10,16 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ..engine.config.load import load_config
-from ..engine.config.schema import RunConfig
-from ..engine.protocol.messages import Notice
-from .commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stacks, Stop
-from .runstate import RunState
 from .sessions import ServiceSession, Session
 
-SupervisorFactory = Callable[[RunConfig, "Path | None"], Any]  # a Session, or a Supervisor to run in-process
+if TYPE_CHECKING:  # the config's schema (pydantic) loads when a config is launched, not with the first screen
+    from ..engine.config.schema import RunConfig
+    from .commands import PipelineCommand
+    from .runstate import RunState
+
+SupervisorFactory = Callable[["RunConfig", "Path | None"], Any]  # a Session, or a Supervisor to run in-process
 
 
 def service_session(config: RunConfig, runs_dir: Path | None) -> Session:
@@ -41,15 +41,16 @@ class ConfigCheck:
     problems: list[str] = field(default_factory=list)
 
 
-def check_config_file(path: Path) -> ConfigCheck:
-    """Read and validate a config the way `torchherd check` does (blocking: use a thread)."""
+def check_config_file(path: Path, runs_dir: Path | None = None) -> ConfigCheck:
+    """Read and validate a config the way `torchherd check` does, its runs going to `runs_dir` (None: the
+    config's runs_dir) (blocking: use a thread)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         return ConfigCheck(path, "", False, problems=[f"{path}: cannot read: {exc.strerror}"])
     from ..engine.preflight.check import check_config
 
-    report = check_config(path)
+    report = check_config(path, runs_dir=runs_dir)
     return ConfigCheck(path, text, report.ok, list(report.lines), [str(p) for p in report.problems])
 
 
@@ -93,6 +94,8 @@ def list_past_runs(runs_dir: Path) -> list[PastRun]:
 def replay_run(run_dir: Path) -> RunState:
     """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
     from ..engine.rundir.directory import read_events
+
+    from .runstate import RunState
 
     state = RunState(read_only=True, run_dir=run_dir, run_id=run_dir.name)
     try:
@@ -147,13 +150,26 @@ class Bridge:
                  factory: SupervisorFactory | None = None):
         self.on_change = on_change  # called on the event loop after each batch of events
         self.runs_dir = runs_dir
-        self.state = RunState()
+        self._state: RunState | None = None  # made on first use: the run state's modules load after the first frame
         self._factory = factory or service_session
         self._sup: Session | None = None
         self._consumer: asyncio.Task | None = None
         self._closed = False
         self._signalled = False  # a change signal is scheduled
         self.run_dirs: list[Path] = []  # every session's run directory, for the exit message
+
+    @property
+    def state(self) -> RunState:
+        """What the screens show: the live session's, a replayed run's, or an empty one."""
+        if self._state is None:
+            from .runstate import RunState
+
+            self._state = RunState()
+        return self._state
+
+    @state.setter
+    def state(self, state: RunState) -> None:
+        self._state = state
 
     @property
     def live(self) -> bool:
@@ -172,6 +188,10 @@ class Bridge:
 
     async def launch(self, path: Path) -> list[str]:
         """Start a session with this config, or add it to the running one; raises ConfigError."""
+        from ..engine.config.load import load_config
+
+        from .runstate import RunState
+
         config = load_config(path)
         if self.live:
             return await self._sup.add_config(config)
@@ -186,12 +206,16 @@ class Bridge:
     async def resume(self, run_dir: Path, only: list[str] | None = None) -> None:
         """Carry on a run's pipelines that did not complete (or those in `only`) from their checkpoints,
         in a service of its own; its history comes first, as an attach's does."""
+        from .runstate import RunState
+
         if self.live or self._closed:
             raise RuntimeError("a session is already running")
         await self._start(ServiceSession(resume=run_dir, only=only), RunState())
 
     async def attach(self, run_dir: Path, read_only: bool = False) -> None:
         """Watch (and, unless `read_only`, steer) a run that is already live: its history, then live events."""
+        from .runstate import RunState
+
         if self.live or self._closed:
             raise RuntimeError("a session is already running")
         await self._start(ServiceSession(attach=run_dir, read_only=read_only), RunState(read_only=read_only))
@@ -219,6 +243,8 @@ class Bridge:
 
     def command(self, command: PipelineCommand) -> None:
         """Carry out a command; raises KeyError for an unknown pipeline, RuntimeError when read-only."""
+        from .commands import Checkpoint, Kill, Pause, Restart, Resume, Stacks, Stop
+
         if not self.live:
             raise RuntimeError("this run is read-only" if self.state.read_only else "no run is active")
         sup, name = self._sup.sup, command.pipeline
@@ -258,7 +284,7 @@ class Bridge:
         """End a session whose pipelines are all final, so that the next launch starts a new one."""
         await self.shutdown(graceful=True, timeout=5.0)
         self._sup, self._consumer, self._closed = None, None, False
-        self.state = RunState()
+        self._state = None
 
     # ------------------------------------------------------------ internals
     async def _consume(self, stream) -> None:
@@ -275,6 +301,8 @@ class Bridge:
             if burst % 2000 == 0:
                 await asyncio.sleep(0)  # a very long burst must not starve keys and redraws
         if self.remote and not self.state.finished:  # the connection ended under a run still going
+            from ..engine.protocol.messages import Notice
+
             self.state.apply(Notice(level="error", text=await self._sup.sup.why_ended()))
             self.state.live = False
         self._signal()

@@ -120,18 +120,18 @@ def _check(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()  # headless lines count from here, not from when the run starts
+    if not args.headless and not args.detach:  # the app opens at once and checks in its picker, before the
+        return run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)  # engine loads
     from ..engine.preflight.check import check_config
     from .headless import EXIT_CONFIG, check_and_run
 
     # The fast check first (milliseconds); building every task comes next, with progress shown:
-    # headless prints a line at once, the app opens on a checking screen.
+    # headless prints a line at once.
     report = check_config(args.config, runs_dir=args.runs_dir)
     if not report.ok:
         print(report.render(), file=sys.stderr)
         return EXIT_CONFIG
     assert report.config is not None
-    if not args.headless and not args.detach:
-        return run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)
     return check_and_run(report.config, args.runs_dir, start=started, detach=args.detach)
 
 
@@ -155,18 +155,18 @@ def check_then_launch_app(config: Path, runs_dir: Path | None = None, **kwargs: 
 
 def run_app_checked(config: Path, runs_dir: Path | None) -> int:
     """Run the check-then-launch app; 0 only if every pipeline completed, 2 (problems on stderr) if the
-    check refused the config."""
-    from ..engine.preflight.check import check_config
-    from ..engine.preflight.probe import pending_jobs, probe_tasks
-    from .headless import EXIT_CONFIG, EXIT_STOPPED
-
+    check refused the config (the app closes at once when the config itself is invalid)."""
     from .app import report_runs
 
     app = check_then_launch_app(config, runs_dir)
     app.run()
     if app.bridge.run_dirs or app.return_code:  # it launched: how it ended, and where
         return report_runs(app, launch=True)
-    report = check_config(config)
+    from ..engine.preflight.check import check_config  # after the app: its first frame waits for no engine
+    from ..engine.preflight.probe import pending_jobs, probe_tasks
+    from .headless import EXIT_CONFIG, EXIT_STOPPED
+
+    report = check_config(config, runs_dir=runs_dir)
     problems = report.problems
     if report.ok and report.config is not None and not pending_jobs(report.config):
         problems = probe_tasks(report.config)  # the verdict the picker showed, from the cache: instant

@@ -10,13 +10,16 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from ..engine.protocol.control import Action
+if TYPE_CHECKING:
+    from ..engine.protocol.control import Action
 
 EXIT_TOOK, EXIT_REFUSED, EXIT_BAD = 0, 1, 2
-ACTIONS = {"stop": Action.STOP, "kill": Action.KILL, "pause": Action.PAUSE, "resume-pipeline": Action.RESUME,
-           "checkpoint": Action.CHECKPOINT, "restart": Action.RESTART, "stacks": Action.STACKS}
+# verb -> the Action's value: plain strings, so that the command line (and the app's first screen, which builds
+# its parsers) knows the verbs without loading the control protocol.
+ACTIONS = {"stop": "stop", "kill": "kill", "pause": "pause", "resume-pipeline": "resume",
+           "checkpoint": "checkpoint", "restart": "restart", "stacks": "stacks"}
 NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart", "stacks"}  # stop and kill default to every pipeline
 
 
@@ -84,7 +87,9 @@ def act_command(verb: str, run: str, name: str | None, runs_dir: Path, out: Text
     except BadRun as exc:
         err.write(f"torchherd: {exc}\n")
         return EXIT_BAD
-    return asyncio.run(_ask(run_dir, ACTIONS[verb], name or "", out, err))
+    from ..engine.protocol.control import Action
+
+    return asyncio.run(_ask(run_dir, Action(ACTIONS[verb]), name or "", out, err))
 
 
 async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextIO) -> int:

@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from .commands import PipelineCommand
+if TYPE_CHECKING:
+    from .commands import PipelineCommand
 
 
 @dataclass

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..engine.config.schema import RunConfig
+if TYPE_CHECKING:
+    from ..engine.config.schema import RunConfig
 
 
 class Session:

@@ -40,15 +40,16 @@ def die_with_parent(parent_pid: int) -> None:
     except (OSError, AttributeError):  # not Linux
         return
     if parent_pid and os.getppid() != parent_pid:  # it died before prctl took effect
-        _kill_group()
+        kill_own_group()
 
 
 def _kill_group_when_parent_dies() -> None:
     signal.sigwait({PARENT_GONE})
-    _kill_group()
+    kill_own_group()
 
 
-def _kill_group() -> None:
+def kill_own_group() -> None:
+    """SIGKILL this process, and everything it started when it leads a process group of its own."""
     try:
         if os.getpgrp() == os.getpid():  # a group of its own (every local child): everything it started too
             os.killpg(os.getpgrp(), signal.SIGKILL)

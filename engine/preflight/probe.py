@@ -4,6 +4,7 @@
 prints) in the supervisor's process, and returns the problems found. Each distinct
 (task, params) is built once; its verdict is cached until the task file changes, so the
 picker can ask again on every highlight. The caller may watch progress and cancel.
+The probe dies with its caller (the end of its stdin pipe) and exits as soon as it has answered.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -204,7 +204,8 @@ def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int],
                     results[result["id"]] = (result["error"], result.get("kind", ""))
                     if on_progress is not None:
                         on_progress(len(results), len(jobs))
-            proc.wait()
+                    if len(results) == len(jobs):
+                        break  # every answer is in: no waiting for the probe's end of file
         finally:
             if proc.poll() is None:
                 try:
@@ -212,6 +213,7 @@ def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int],
                 except ProcessLookupError:
                     pass
                 proc.wait()
+            _close(proc.stdin)
         if len(results) < len(jobs):
             stderr.seek(0)
             tail = stderr.read().strip().splitlines()[-5:]
@@ -219,23 +221,53 @@ def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int],
     return [results[k] for k in range(len(jobs))], ""
 
 
+def _close(pipe) -> None:
+    try:
+        pipe.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
 def _read_lines(proc: subprocess.Popen, payload: str, lines: queue.Queue) -> None:
+    """Send the jobs as one line, keeping stdin open: the probe takes its end of file for its caller's death."""
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        proc.stdin.write(payload)
-        proc.stdin.close()
-    except (BrokenPipeError, OSError):
+        proc.stdin.write(payload + "\n")
+        proc.stdin.flush()
+    except (BrokenPipeError, OSError, ValueError):
         pass
     for line in proc.stdout:
         lines.put(line.rstrip("\n"))
     lines.put(None)
 
 
+def _die_with_caller(caller: int) -> None:
+    """Wait for the end of `caller` (the stdin pipe, whose write end only the caller holds), then SIGKILL the
+    probe's process group: the caller died, or gave up on it. A pipe, not PR_SET_PDEATHSIG: that follows
+    the thread that started the probe (the app's thread worker ends long before the app), and is Linux only."""
+    from ..launch.child import kill_own_group
+
+    while os.read(caller, 4096):
+        pass
+    kill_own_group()
+
+
 def _main() -> None:
-    # Results go out on a copy of stdout; whatever the user's code prints goes to stderr instead.
+    # Results go out on a copy of stdout; whatever the user's code prints goes to stderr instead, and it
+    # reads an empty stdin: the pipe from the caller is watched here.
     results = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    jobs = json.loads(sys.stdin.read())
+    caller = os.dup(0)
+    with open(os.devnull, "rb") as null:
+        os.dup2(null.fileno(), 0)
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(caller, 1 << 16)
+        if not chunk:
+            os._exit(1)  # the caller went away before it sent the jobs (no user code has run)
+        line += chunk
+    jobs = json.loads(line)
+    threading.Thread(target=_die_with_caller, args=(caller,), name="torchherd-probe-caller", daemon=True).start()
     import torch
 
     from ..runners.task.api import TaskError
@@ -251,6 +283,8 @@ def _main() -> None:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         results.write(PREFIX + json.dumps({"id": job["id"], "error": error, "kind": kind}) + "\n")
+    results.flush()
+    os._exit(0)  # answered: skip the interpreter's teardown (about a second with torch) the caller would wait out
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import pty
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -95,3 +97,33 @@ def test_sighup_to_the_apps_terminal_leaves_the_run_training(tmp_path):
         if service is not None and service.is_running():
             for p in [service] + service.children(recursive=True):
                 p.kill()
+
+
+def test_torchherd_run_on_an_invalid_config_closes_its_screen_and_says_why(tmp_path):
+    # The app opens before the config is read (its first frame waits for no engine import); a config the
+    # check refuses still launches nothing and exits 2 with every problem, once the terminal is back.
+    config = tmp_path / "bad.toml"
+    config.write_text('[defaults]\ntask = "regression"\nmax_epoch = 3\n\n[[pipelines]]\nname = "g"\n')
+    master, slave = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(REPO), TERM="xterm-256color", COLUMNS="120", LINES="40")
+    app = subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(config), "--runs-dir", str(tmp_path / "runs")],
+                           stdin=slave, stdout=slave, stderr=slave, start_new_session=True, cwd=tmp_path, env=env)
+    os.close(slave)
+    screen = bytearray()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # what the app draws, then what it prints, until the pty closes
+        if not select.select([master], [], [], 1.0)[0]:
+            continue
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        screen.extend(data)
+    os.close(master)
+    assert app.wait(30) == 2
+    text = screen.decode(errors="replace")
+    assert "torchherd run: checking bad.toml" in text  # the screen came up first
+    assert "1 problem:" in text and "max_epoch" in text
+    assert not (tmp_path / "runs").exists()

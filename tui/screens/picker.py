@@ -14,7 +14,6 @@ from typing import Callable
 
 from rich.console import Group
 from rich.padding import Padding
-from rich.syntax import Syntax
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
@@ -104,9 +103,10 @@ class PickerScreen(Screen[PickerResult]):
         total: int
 
     def __init__(self, directory: Path, runs_dir: Path, selected: Path | None = None, adding: bool = False,
-                 launch: bool = False):
+                 launch: bool = False, launch_runs_dir: Path | None = None):
         super().__init__()
         self.directory, self.runs_dir, self.initial, self.adding = directory, runs_dir, selected, adding
+        self.launch_runs_dir = launch_runs_dir  # where a launch puts its run (None: the config's runs_dir)
         self.launch = launch  # `torchherd run CONFIG`: launch `selected` as soon as it passes the check
         self.configs: list[Path] = []
         self.runs: list[PastRun] = []
@@ -130,7 +130,9 @@ class PickerScreen(Screen[PickerResult]):
     def on_mount(self) -> None:
         self.query_one("#source-scroll").border_title = "config"
         self.query_one("#verdict-scroll").border_title = "check"
-        self._list()
+        # After the first frame: listing past runs and checking the first config load the engine, whose
+        # imports in a thread would hold up the frame this screen draws first.
+        self.call_after_refresh(self._list)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Launch more adds configs to a live session; resuming another run is not on offer there.
@@ -232,7 +234,12 @@ class PickerScreen(Screen[PickerResult]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="check")
     def _check(self, path: Path) -> None:
         worker = get_current_worker()
-        fast = check_config_file(path)
+        fast = check_config_file(path, self.launch_runs_dir)
+        if not fast.ok and self.launch and path == self.initial:
+            # `torchherd run CONFIG` on an invalid config: launch nothing, and leave at once (the command
+            # prints the problems once the terminal is back) rather than wait in a picker nobody asked for.
+            self.app.call_from_thread(self.app.exit)
+            return
         check: ConfigCheck | None = fast
         if fast.ok:  # the fast check passed: now what `torchherd run` does, build every task once
             check = build_tasks(path, fast, worker,
@@ -263,6 +270,8 @@ class PickerScreen(Screen[PickerResult]):
             self._launch(check)
 
     def _show_source(self, check: ConfigCheck) -> None:
+        from rich.syntax import Syntax  # pygments: loaded once a config is shown, not before the first frame
+
         source = Syntax(check.text, "toml", theme="ansi_dark", line_numbers=True, background_color="default")
         self.query_one("#source", Static).update(source)
         self.query_one("#source-scroll").border_title = check.path.name
