@@ -85,7 +85,7 @@ class ControlServer:
 
     async def close(self) -> None:
         """Send what is pending, end every connection and remove the socket."""
-        self._flush()
+        self._send()
         for conn in list(self.clients):
             conn.transport.close()  # after its buffer is written, where the peer still reads
         if self._server is not None:
@@ -114,7 +114,7 @@ class ControlServer:
     def _welcome(self, conn: _Connection, live: bool, summary: bool = False) -> None:
         # No await from here on: the size read now (and the summary) and the events queued from now on meet
         # exactly. What is pending goes to the clients already here first: it is in the file already.
-        self._flush()
+        self._send()
         statuses = {v.name: v.state.value for v in self.sup.views()}
         conn.transport.write(encode(Welcome(
             run_id=self.sup.run_id, run_dir=str(self.sup.run_dir), supervisor_pid=os.getpid(),
@@ -170,20 +170,25 @@ class ControlServer:
             return
         self.pending += line
         if len(self.pending) >= BURST:
-            self._flush()
-        elif not self._flush_soon:
+            self._send()
+        if not self._flush_soon:
             self._flush_soon = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    def _flush(self) -> None:
-        """One frame per burst of events, the same bytes written to every client; a client whose unread
-        bytes pass the bound is dropped."""
-        self._flush_soon = False
-        frame = encode(EventLines(data=bytes(self.pending))) if self.pending else b""
-        self.pending.clear()
-        for conn in list(self.clients):
-            if frame:
+    def _send(self) -> None:
+        """What is pending as one frame, the same bytes written to every client."""
+        if self.pending:
+            frame = encode(EventLines(data=bytes(self.pending)))
+            self.pending.clear()
+            for conn in self.clients:
                 conn.transport.write(frame)
+
+    def _flush(self) -> None:
+        """Send what is pending; then, the loop having turned (a client could not read while the supervisor
+        was busy with one burst), drop a client whose unread bytes pass the bound."""
+        self._flush_soon = False
+        self._send()
+        for conn in list(self.clients):
             if conn.transport.get_write_buffer_size() > self.max_backlog:
                 self._drop(conn)
 

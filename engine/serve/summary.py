@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-POINTS = 2048  # step reports kept per pipeline: a chart draws a few hundred columns
+POINTS = 1024  # step reports kept per pipeline: twice a chart's 512 bins (tui/series.py)
 _STEP = b'{"type":"step",'
 
 
@@ -55,19 +55,19 @@ class HistorySummary:
 
     def add(self, line: bytes, pipeline: str | None = None) -> None:
         """One line of events.jsonl (`pipeline`: a step report's pipeline, when the caller knows it)."""
+        if pipeline is None and line.startswith(_STEP):
+            try:
+                pipeline = _pipeline_of.decode(line).pipeline
+            except msgspec.DecodeError:
+                return
         self._seq += 1
-        if line.startswith(_STEP):
-            if pipeline is None:
-                try:
-                    pipeline = _pipeline_of.decode(line).pipeline
-                except msgspec.DecodeError:
-                    return
-            steps = self._steps.get(pipeline)
-            if steps is None:
-                steps = self._steps[pipeline] = _Thinned()
-            steps.add(self._seq, line, self.points)
-        else:
+        if pipeline is None:
             self._others.append((self._seq, line))
+            return
+        steps = self._steps.get(pipeline)
+        if steps is None:
+            steps = self._steps[pipeline] = _Thinned()
+        steps.add(self._seq, line, self.points)
 
     def add_file(self, data: bytes) -> None:
         """Whole lines of events.jsonl, as read from the file."""
