@@ -289,8 +289,27 @@ def read_events(run_dir: Path) -> list[Event]:
     return events
 
 
+def _records_but_steps(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of events.jsonl but its step reports, the bulk of it, which are never parsed; a
+    torn last line is skipped."""
+    out = []
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return out
+    with fh:
+        for line in fh:
+            if line.startswith(b'{"type":"step",') or not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
 def summarize(run_dir: Path) -> RunSummary | None:
-    records = read_records(run_dir / "events.jsonl")
+    records = _records_but_steps(run_dir / "events.jsonl")  # `ls` and the picker read every run
     started = next((r for r in records if r.get("type") == RunStarted.type), None)
     if started is None:
         return None
