@@ -3,11 +3,11 @@ to attached clients, and training under it.
 
 1. Attach. A run directory of 8 pipelines x 100k step reports (plus epoch ends), written by the engine's own
    RunDirectory. read_history (what an attach reads) in events/s, and against read_events (the full
-   json.loads + from_record decode); the fold of that history into the app's RunState; then the real app
-   attaching: a stand-in supervisor holds the directory and serves it on a real ControlServer, and
-   TorchherdApp(attach=...) runs headless (Textual's run_test) in a process of its own, timed from the
-   attach to its data model holding every event and to the first dashboard redraw with all of it.
-   Goal: a full screen within 1 s.
+   json.loads + from_record decode); the fold of that history into the app's RunState; the history in short
+   the server keeps (what the app attaches with); then the real app attaching: a stand-in supervisor holds
+   the directory and serves it on a real ControlServer, and TorchherdApp(attach=...) runs headless
+   (Textual's run_test) in a process of its own, timed from the attach to its data model holding the
+   whole run's figures and to the first dashboard redraw with all of it. Goal: a full screen within 1 s.
 2. Fan-out. A real Supervisor (its fold, events.jsonl, bus) over 4 flood workers that each send N step
    reports as fast as they can in batches of at most 250 (a real worker's queue is bounded): step events/s
    delivered to 4 RemoteRun clients, each in a process of its own, over the same delivered to 4 in-process
@@ -53,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, help="alternating rounds of the fan-out (default 3, quick 2)")
     ap.add_argument("--train-rounds", type=int, help="alternating rounds of training (default 5, quick 2)")
     ap.add_argument("--only", default=",".join(SECTIONS), help="sections to run: " + ",".join(SECTIONS))
+    ap.add_argument("--app-only", action="store_true", help="attach: time only the app (no read_events reference)")
     ap.add_argument("--pipelines", type=int, default=8)
     ap.add_argument("--steps", type=int, help="step reports per pipeline in the attached run (default 100000)")
     ap.add_argument("--count", type=int, help="step reports per flood worker (default 25000)")
@@ -234,12 +235,20 @@ async def app_attach(run_dir: Path, pipelines: int, steps: int) -> dict:
         await pilot.pause()  # let Textual lay out and paint what the redraw changed
         mark("painted")
         app.exit(0)
-    import resource
-
     t0, c0 = marks["attach"]
     out: dict = {k: (t - t0, c - c0) for k, (t, c) in marks.items()}
-    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    out["peak_rss_mib"] = peak_rss_mib()
     return out
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM). Not getrusage's ru_maxrss: a child started by fork and exec
+    inherits its parent's, which here has just read the whole run."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    return math.nan
 
 
 def fold_cost(run_dir: Path) -> tuple[float, float, int]:
@@ -256,9 +265,6 @@ def fold_cost(run_dir: Path) -> tuple[float, float, int]:
 
 
 def attach_section(args: argparse.Namespace, tmp: Path) -> None:
-    from torchherd.engine.rundir.directory import read_events
-    from torchherd.engine.rundir.history import read_history
-
     run_dir = tmp / "runs" / "attach-bench"
     t = time.perf_counter()
     n = write_run(run_dir, args.pipelines, args.steps)
@@ -271,6 +277,16 @@ def attach_section(args: argparse.Namespace, tmp: Path) -> None:
         got = fn(run_dir)
         assert len(got) == n, (len(got), n)
         return time.perf_counter() - t, cpu() - c
+    if not args.app_only:
+        reference_reads(args, run_dir, n, timed)
+    app_attach_timed(args, run_dir)
+
+
+def reference_reads(args: argparse.Namespace, run_dir: Path, n: int, timed) -> None:
+    """What reading the whole history costs: read_history, read_events, and the fold of it all."""
+    from torchherd.engine.rundir.directory import read_events
+    from torchherd.engine.rundir.history import read_history
+
     fast = min(timed(read_history) for _ in range(3))
     slow = timed(read_events)  # the slow reference: once
     print(f"  read_history: {n / fast[0]:,.0f} events/s ({fast[0]:.2f} s wall, {fast[1]:.2f} s CPU; best of 3)")
@@ -279,6 +295,24 @@ def attach_section(args: argparse.Namespace, tmp: Path) -> None:
     wall, used, _ = fold_cost(run_dir)
     print(f"  read_history + RunState fold, in-process: {wall:.2f} s wall, {used:.2f} s CPU "
           f"({1e6 * used / n:.1f} us CPU/event)")
+
+
+def app_attach_timed(args: argparse.Namespace, run_dir: Path) -> None:
+    """The real app attaching to the run, served by a stand-in supervisor in a process of its own."""
+    n = sum(1 for _ in open(run_dir / "events.jsonl", "rb"))
+    try:
+        from torchherd.engine.serve.summary import HistorySummary
+    except ImportError:  # a torchherd from before the history in short
+        HistorySummary = None
+    if HistorySummary is not None:
+        t, c = time.perf_counter(), cpu()
+        summary = HistorySummary()
+        summary.add_file((run_dir / "events.jsonl").read_bytes())
+        short = summary.data()
+        lines = short.count(b"\n")
+        print(f"  the history in short: {lines:,} events, {len(short) / 2**20:.1f} MiB, built from "
+              f"the file in {time.perf_counter() - t:.2f} s ({cpu() - c:.2f} s CPU; a live server keeps it as "
+              "events come)")
     server = child("--child", "serve", "--run-dir", str(run_dir), stdin=subprocess.PIPE)
     try:
         read_tagged(server, READY)
@@ -297,7 +331,8 @@ def attach_section(args: argparse.Namespace, tmp: Path) -> None:
     met = "met" if painted[0] <= 1.0 else "MISSED"
     met_cpu = "met" if painted[1] <= 1.0 else "missed"
     print(f"full screen after attach: {painted[0]:.2f} s wall, {painted[1]:.2f} s CPU for {args.pipelines} x "
-          f"{args.steps:,} (goal <= 1 s: {met}; on CPU time alone {met_cpu})")
+          f"{args.steps:,} (goal <= 1 s: {met}; on CPU time alone {met_cpu}); {n / painted[0]:,.0f} events of "
+          "history shown per second of attach")
 
 
 # ============================================================ 2 + 3. fan-out and the supervisor's CPU
@@ -360,7 +395,7 @@ async def supervise(args: argparse.Namespace) -> None:
     sup = Supervisor(config, launcher=FloodLauncher(), inventory=Inventory(cpu_count=workers))
     published = {"n": 0, "first": 0.0, "last": 0.0}
 
-    def count_published(event, kept) -> None:
+    def count_published(event, line, kept) -> None:
         if isinstance(event, StepMetrics):
             now = time.time()
             published["n"] += 1
@@ -394,7 +429,7 @@ async def supervise(args: argparse.Namespace) -> None:
     await sup.wait()
     got = await asyncio.gather(*subs)
     if server is not None:  # until what the clients have not read yet has left this process
-        while any(c.pending or c.transport.get_write_buffer_size() for c in server.clients):
+        while server.pending or any(c.transport.get_write_buffer_size() for c in server.clients):
             await asyncio.sleep(0.002)
     used = cpu() - c0
     clients, dropped = (len(server.clients), server.dropped) if server is not None else (0, 0)

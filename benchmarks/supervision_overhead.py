@@ -1,9 +1,14 @@
-"""What supervision costs: training speed bare vs under the supervisor, and the status channel's capacity.
+"""What supervision costs: training speed bare vs under the supervisor, the status channel's capacity, and
+the supervisor's CPU per step event in the run directory sink.
 
 Prints samples/s of one task trained by a plain loop in this process and by a
 supervised worker (same task, one thread each, best of several alternating runs),
 their ratio, how many step events per second 4 workers push into the supervisor,
-and the worker-side CPU per reported step. Run: python benchmarks/supervision_overhead.py
+the worker-side CPU per reported step, and the CPU per step event of publishing it on the
+supervisor's bus into a RunDirectory (now: one msgspec encoding, buffered writes; before: JSON
+encoded per record by to_record + json.dumps, each line written to events.jsonl and metrics.jsonl),
+with none and with 4 client fan-out taps. Run: python benchmarks/supervision_overhead.py
+[--only sink]
 """
 from __future__ import annotations
 
@@ -113,10 +118,102 @@ async def channel_capacity(tmp: Path, workers: int = 4, count: int = 200_000) ->
             "total_us": 1e6 * sum(r["total_cpu"] for r in reports) / (workers * count)}
 
 
+class OldRunDirectory:
+    """The run directory sink as it was before events were encoded once: each event turned into a dict
+    (to_record), encoded by json.dumps, and the text written to events.jsonl and to metrics.jsonl."""
+
+    def __init__(self, path: Path):
+        from torchherd.engine.rundir.directory import dumps
+        from torchherd.engine.protocol.records import to_record
+
+        path.mkdir(parents=True, exist_ok=True)
+        self._dumps, self._to_record = dumps, to_record
+        self._events = open(path / "events.jsonl", "a", encoding="utf-8")
+        self._metrics: dict[str, object] = {}
+        self.path = path
+
+    def write(self, event) -> None:
+        line = self._dumps(self._to_record(event)) + "\n"
+        self._events.write(line)
+        fh = self._metrics.get(event.pipeline)
+        if fh is None:
+            (self.path / event.pipeline).mkdir(exist_ok=True)
+            fh = self._metrics[event.pipeline] = open(self.path / event.pipeline / "metrics.jsonl", "a",
+                                                      encoding="utf-8")
+        fh.write(line)
+
+    def close(self) -> None:
+        self._events.close()
+        for fh in self._metrics.values():
+            fh.close()
+
+
+def sink_cost(tmp: Path, events: int = 200_000, rounds: int = 3) -> None:
+    """CPU per step event published on the bus into the run directory: before vs now, best of `rounds`."""
+    from torchherd.engine.rundir.directory import RunDirectory
+    from torchherd.engine.serve.summary import HistorySummary
+    from torchherd.engine.supervise.bus import EventBus
+
+    steps = [StepMetrics(pipeline=f"p{i % 4}", epoch=0, step=i, loss=0.5 + 1e-6 * i, lr=0.01, samples_per_s=1280.0)
+             for i in range(events)]
+
+    def old(path: Path, clients: int) -> float:
+        from torchherd.engine.serve.wire import encode
+
+        bus, out = EventBus(history=1), OldRunDirectory(path)
+        bus.add_sink(out.write)
+        pending = [bytearray() for _ in range(clients)]
+
+        def tap(event) -> None:  # the fan-out before: a frame encoded per event, copied to every client
+            frame = encode(event)
+            for buf in pending:
+                buf += frame
+        if clients:
+            bus.add_sink(tap)
+        c = time.process_time()
+        for i, event in enumerate(steps):
+            bus.publish(event)
+            if i % 256 == 255:
+                for buf in pending:
+                    buf.clear()
+        used = time.process_time() - c
+        out.close()
+        return used
+
+    def new(path: Path, clients: int) -> float:
+        bus, out = EventBus(history=1), RunDirectory(path)
+        bus.add_writer(out.write)
+        summary, pending = HistorySummary(), bytearray()
+
+        def tap(event, line, kept) -> None:  # the fan-out now: the line, once, shared by every client
+            summary.add(line, event.pipeline)
+            if clients:
+                pending.extend(line)
+        bus.add_tap(tap)
+        c = time.process_time()
+        for i, event in enumerate(steps):
+            bus.publish(event)
+            if i % 256 == 255:
+                pending.clear()
+        used = time.process_time() - c
+        out.close()
+        return used
+
+    for clients in (0, 4):
+        before = min(old(tmp / f"old-{clients}-{r}", clients) for r in range(rounds))
+        now = min(new(tmp / f"new-{clients}-{r}", clients) for r in range(rounds))
+        print(f"run directory sink{' + 4 clients' if clients else ''}: {1e6 * before / events:.2f} us CPU per step "
+              f"event before, {1e6 * now / events:.2f} us now; before/now {before / now:.1f}x "
+              f"({events:,} events, best of {rounds})")
+
+
 def main() -> None:
     rounds = int(os.environ.get("ROUNDS", "3"))
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
+        sink_cost(tmp / "sink")
+        if sys.argv[1:] == ["--only", "sink"]:
+            return
         bare, supervised = [], []
         for i in range(rounds):  # alternate, so drift on a shared machine hits both alike
             bare.append(bare_samples_per_s())

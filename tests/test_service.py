@@ -24,8 +24,10 @@ from typing import Any
 
 import psutil
 import pytest
+from torchherd.engine.config.load import load_config
 from torchherd.engine.protocol.control import Action, ClientRefused, Hello
 from torchherd.engine.protocol.messages import Event, Notice, RunFinished, StepMetrics
+from torchherd.engine.protocol.progress import PipelineProgress, apply
 from torchherd.engine.protocol.records import to_record
 from torchherd.engine.rundir.directory import (
     PID_FILE,
@@ -35,6 +37,7 @@ from torchherd.engine.rundir.directory import (
     read_records,
     run_held,
 )
+from torchherd.engine.rundir.history import read_history
 from torchherd.engine.serve import server as server_module
 from torchherd.engine.serve.remote import NotLive, RemoteRun
 from torchherd.engine.serve.runtime import publish, read_control, withdraw
@@ -480,6 +483,50 @@ async def test_history_and_live_stream_meet_without_gap_or_duplicate(tmp_path):
 
 
 # ------------------------------------------------------------------ a client that stops reading
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_the_history_in_short_then_every_live_event_with_no_gap(tmp_path, sock_dir):
+    # What the app attaches with: the supervisor's summary (a few of the step reports, everything else),
+    # then the live stream; the fold of it gives the figures the whole history gives.
+    config = load_config(long_config(tmp_path / "short.toml", ("a",), batch_size=8, log_every_n_steps=1,
+                                     max_epochs=100, params={"delay": 0.001}))
+    sup = Supervisor(config)
+    async with served(sup, sock_dir / "c.sock") as server:
+        server.summary.points = 8
+        await apoll(stepping(sup.run_dir, {"a"}, more_than=30), LONG, "30 steps before attaching")
+        run = await RemoteRun.connect(sup.run_dir, read_only=True, summary=True)
+        sup.stop()  # the run ends; its last events, run_finished among them, arrive live
+        streamed = await asyncio.wait_for(_until(run.subscribe(replay=True), RunFinished), LONG)
+        await run.close()
+        await sup.wait()
+    history, live = streamed[:len(run.history)], streamed[len(run.history):]
+    assert history == run.history and isinstance(live[-1], RunFinished)
+    on_disk = records(sup.run_dir)
+    before = on_disk[:len(on_disk) - len(live)]
+    assert [json.loads(dumps(to_record(e))) for e in live] == on_disk[len(before):]  # no gap, no duplicate
+    as_records = [json.loads(dumps(to_record(e))) for e in history]
+    assert [r for r in as_records if r["type"] != "step"] == [r for r in before if r["type"] != "step"]
+    steps, all_steps = of_type(as_records, "step"), of_type(before, "step")
+    assert len(all_steps) > 30 and len(steps) <= 9 and steps[0] == all_steps[0] and steps[-1] == all_steps[-1]
+    assert _fold(history) == _fold(read_history(sup.run_dir)[:len(before)])
+
+
+def _fold(events: list[Event]) -> PipelineProgress:
+    progress = PipelineProgress(name="a")
+    for event in events:
+        progress = apply(progress, event)
+    return progress
+
+
+async def _until(stream, kind: type) -> list[Event]:
+    got: list[Event] = []
+    async for event in stream:
+        got.append(event)
+        if isinstance(event, kind):
+            break
+    return got
 
 
 FLOOD = {"batch_size": 1, "log_every_n_steps": 1, "max_epochs": 2}  # a step report every step, no delay

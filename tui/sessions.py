@@ -63,7 +63,7 @@ class ServiceSession(Session):
         run_dir = self._attach
         if run_dir is None:
             run_dir = (await asyncio.to_thread(spawn, **self._spawn)).run_dir
-        self.sup = await RemoteRun.connect(run_dir, read_only=self.read_only)
+        self.sup = await RemoteRun.connect(run_dir, read_only=self.read_only, summary=True)
 
     async def add_config(self, config: RunConfig) -> list[str]:
         return await self.sup.add_config_file(Path(config.source))

@@ -1,7 +1,7 @@
 """The messages of a live run's control socket: a client's hello and requests, the supervisor's welcome
 and replies, and the `ClientCommand` event that records in events.jsonl what each client asked.
 
-Events themselves cross the socket as they are; these are the few messages only the socket carries.
+Events cross the socket as `EventLines`: their events.jsonl lines, the very bytes written to the file.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class Hello(Message):
     pid: int
     read_only: bool = False
     live: bool = True  # False: only the welcome, for `torchherd ls` and one-shot commands
+    summary: bool = False  # True: right after the welcome, the run's history in short (an EventLines)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +49,15 @@ class Welcome(Message):
     events_bytes: int
     pipelines: tuple[str, ...]
     statuses: dict[str, str]  # each pipeline's state now
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EventLines(Message):
+    """Events as whole lines of events.jsonl: the live stream (encoded once, the same frame to every client),
+    or the history in short that a `summary` hello asked for."""
+
+    type: ClassVar[str] = "event_lines"
+    data: bytes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,7 +2,8 @@
 
 Layout: `<runs_dir>/<run-id>/` with `config.toml` (as written), `config.json`
 (as resolved), `events.jsonl` (every event) and, per pipeline, `metrics.jsonl`
-(step, epoch_end, val_result), `log.txt` and `checkpoints/`.
+(step, epoch_end, val_result: the same lines as in events.jsonl), `log.txt` and `checkpoints/`.
+Lines are buffered and written out on the supervisor's tick and at once for any event but a step report.
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from typing import IO, Any
 from ..config.schema import RunConfig
 from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
                                 StepMetrics, ValResult)
-from ..protocol.records import from_record, to_record
+from ..protocol.records import from_record
 from ..protocol.states import WorkerState, ended_label
+from .lines import encode_line
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
+BUFFER = 1 << 20  # bytes of lines a file holds back before writing them out
 PID_FILE = "supervisor.pid"  # the pid of the torchherd process writing a run (or snapshot folder)
 
 
@@ -161,8 +164,8 @@ class RunDirectory:
         self.resuming = False  # a resumed run: config.json already holds its configs
         path.mkdir(parents=True, exist_ok=True)
         self._owner = _hold(path / PID_FILE)
-        self._events: IO[str] = open(path / "events.jsonl", "a", encoding="utf-8")
-        self._metrics: dict[str, IO[str]] = {}
+        self._events: IO[bytes] = open(path / "events.jsonl", "ab", buffering=BUFFER)
+        self._metrics: dict[str, IO[bytes]] = {}
 
     def pipeline_dir(self, pipeline: str) -> Path:
         return self.path / pipeline
@@ -185,17 +188,22 @@ class RunDirectory:
         existing.append(config.model_dump(mode="json"))
         resolved.write_text(json.dumps(existing, indent=2))
 
-    def write(self, event: Message) -> None:
-        record = to_record(event)
-        line = dumps(record) + "\n"
+    def write(self, event: Message, line: bytes | None = None) -> None:
+        """Append `event` (`line`: its encode_line bytes, when the caller has them) to events.jsonl, and a
+        metric to its pipeline's metrics.jsonl. Step reports wait in the buffer for the next flush; anything
+        else (a state change, a final state) is written out before this returns, so before it is published."""
+        if line is None:
+            line = encode_line(event)
         self._events.write(line)
         if isinstance(event, METRIC_TYPES):
             pipeline = getattr(event, "pipeline")
             fh = self._metrics.get(pipeline)
             if fh is None:
                 (self.path / pipeline).mkdir(parents=True, exist_ok=True)
-                fh = self._metrics[pipeline] = open(self.path / pipeline / "metrics.jsonl", "a", encoding="utf-8")
+                fh = self._metrics[pipeline] = open(self.path / pipeline / "metrics.jsonl", "ab", buffering=BUFFER)
             fh.write(line)
+        if type(event) is not StepMetrics:
+            self.flush()
 
     def flush(self) -> None:
         self._events.flush()
@@ -281,8 +289,27 @@ def read_events(run_dir: Path) -> list[Event]:
     return events
 
 
+def _records_but_steps(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of events.jsonl but its step reports, the bulk of it, which are never parsed; a
+    torn last line is skipped."""
+    out = []
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return out
+    with fh:
+        for line in fh:
+            if line.startswith(b'{"type":"step",') or not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
 def summarize(run_dir: Path) -> RunSummary | None:
-    records = read_records(run_dir / "events.jsonl")
+    records = _records_but_steps(run_dir / "events.jsonl")  # `ls` and the picker read every run
     started = next((r for r in records if r.get("type") == RunStarted.type), None)
     if started is None:
         return None

@@ -1,5 +1,6 @@
-"""A client of a live run: its whole history from events.jsonl, then its live events from the control socket,
-as one stream (what `Supervisor.subscribe` gives in-process), and requests the supervisor answers.
+"""A client of a live run: its history (all of events.jsonl, or in short from the supervisor), then its live
+events from the control socket, as one stream (what `Supervisor.subscribe` gives in-process), and requests
+the supervisor answers.
 
 `RemoteRun` has the surface of `Supervisor` that the app and the headless printer use, so either drives them.
 """
@@ -11,11 +12,11 @@ import os
 import time
 from pathlib import Path
 
-from ..protocol.control import Action, Hello, Reply, Request, Welcome
+from ..protocol.control import Action, EventLines, Hello, Reply, Request, Welcome
 from ..protocol.messages import Event, Notice, PipelineFinished, WorkerStateChanged
 from ..protocol.states import WorkerState
 from ..rundir.directory import run_held
-from ..rundir.history import read_history
+from ..rundir.history import decode_lines, read_history
 from ..supervise.bus import EventStream
 from .runtime import clean_stale, read_control
 from .wire import FrameError, FrameReader, encode
@@ -57,22 +58,28 @@ class RemoteRun:
 
     @classmethod
     async def connect(cls, run_dir: Path, *, read_only: bool = False, live: bool = True,
-                      history: bool = True) -> "RemoteRun":
-        """Attach to the live run in `run_dir` (NotLive if it has none), with its history read when asked."""
+                      history: bool = True, summary: bool = False) -> "RemoteRun":
+        """Attach to the live run in `run_dir` (NotLive if it has none), with its history read when asked:
+        every event of events.jsonl, or with `summary` the supervisor's history in short (every event but
+        most step reports: the same figures, the charts' shape, at a fraction of the cost)."""
         sock = live_socket(Path(run_dir))
         try:
             reader, writer = await asyncio.open_unix_connection(str(sock), limit=1 << 20)
         except (ConnectionRefusedError, FileNotFoundError) as exc:
             raise NotLive(f"{run_dir}: its control socket does not answer ({exc.strerror})") from None
-        writer.write(encode(Hello(pid=os.getpid(), read_only=read_only, live=live)))
+        summary = summary and history
+        writer.write(encode(Hello(pid=os.getpid(), read_only=read_only, live=live, summary=summary)))
         frames = FrameReader()
         try:
-            welcome, rest = await _first(reader, frames)
+            welcome, rest = await _first(reader, frames, summary)
         except ConnectionError as exc:  # refused by its peer check: the supervisor aborts the connection
             writer.close()
             raise NotLive(f"{run_dir}: the supervisor refused this connection ({exc.strerror or exc})") from None
         run = cls(reader, writer, welcome, frames, read_only)
-        if history:
+        if summary:
+            short, *rest = rest
+            run.history = decode_lines(short.data)
+        elif history:
             run.history = await asyncio.to_thread(read_history, Path(run_dir), welcome.events_bytes)
         run._task = asyncio.get_running_loop().create_task(run._read(rest))
         return run
@@ -212,6 +219,9 @@ class RemoteRun:
             future = self._replies.pop(msg.id, None)
             if future is not None and not future.done():
                 future.set_result(msg)
+        elif isinstance(msg, EventLines):
+            for event in decode_lines(msg.data):
+                self._take(event)
         elif isinstance(msg, Event):
             if isinstance(msg, WorkerStateChanged):
                 self.statuses[msg.pipeline] = msg.state
@@ -236,18 +246,21 @@ class RemoteRun:
             queue.put_nowait(None)
 
 
-async def _first(reader: asyncio.StreamReader, frames: FrameReader) -> tuple[Welcome, list]:
-    """Read until the Welcome; returns it and whatever frames came with it."""
-    while True:
-        data = await reader.read(1 << 16)
+async def _first(reader: asyncio.StreamReader, frames: FrameReader, summary: bool = False) -> tuple[Welcome, list]:
+    """Read until the Welcome (and, with `summary`, the history in short that follows it); returns it and
+    whatever frames came with it, the summary first."""
+    messages: list = []
+    while len(messages) < 1 + summary:
+        data = await reader.read(1 << 20)
         if not data:
             raise NotLive("the supervisor closed the connection before welcoming it")
-        messages = frames.feed(data)
-        if messages:
-            first, *rest = messages
-            if not isinstance(first, Welcome):
-                raise NotLive(f"expected a welcome, got {first.type}")
-            return first, rest
+        messages += frames.feed(data)
+    first, *rest = messages
+    if not isinstance(first, Welcome):
+        raise NotLive(f"expected a welcome, got {first.type}")
+    if summary and not isinstance(rest[0], EventLines):
+        raise NotLive(f"expected the run's history, got {rest[0].type}")
+    return first, rest
 
 
 def _finished(run_dir: Path) -> bool:

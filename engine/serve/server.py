@@ -1,6 +1,8 @@
 """A live run's control socket, served by its supervisor: every connection is checked by its peer
-credentials, welcomed with the run and the size of events.jsonl, then sent every later event; its
-requests are carried out and recorded. A client that falls too far behind is dropped, never waited for.
+credentials, welcomed with the run and the size of events.jsonl (and, when asked, the history in short),
+then sent every later event, as the events.jsonl lines the run directory wrote, in one frame per burst
+shared by every client; its requests are carried out and recorded. A client that falls more than
+`max_backlog` bytes behind is dropped, never waited for.
 """
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ from typing import Any
 
 from ..config.load import load_config
 from ..config.problems import ConfigError
-from ..protocol.control import Action, ClientCommand, ClientRefused, Hello, Reply, Request, Welcome
-from ..protocol.messages import Event, Message, Notice
+from ..protocol.control import Action, ClientCommand, ClientRefused, EventLines, Hello, Reply, Request, Welcome
+from ..protocol.messages import Event, Message, Notice, StepMetrics
+from .summary import HistorySummary
 from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
 
 MAX_BACKLOG = 16 << 20  # bytes a client may leave unread before it is dropped (it can attach again)
+BURST = 1 << 20  # bytes of lines that make a frame at once, without waiting for the loop's next turn
 
 
 class _Connection(asyncio.Protocol):
@@ -26,7 +30,6 @@ class _Connection(asyncio.Protocol):
         self.transport: Any = None
         self.pid = 0
         self.read_only = True
-        self.pending = bytearray()  # frames since the last flush
         self._frames = FrameReader()
 
     def connection_made(self, transport: Any) -> None:
@@ -60,6 +63,8 @@ class ControlServer:
         self.dropped = 0  # clients dropped for falling behind
         self._server: asyncio.AbstractServer | None = None
         self._flush_soon = False
+        self.pending = bytearray()  # lines since the last flush, for every client alike
+        self.summary = HistorySummary()
 
     async def start(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -69,11 +74,18 @@ class ControlServer:
                 lambda: _Connection(self), path=str(self.path))
         finally:
             os.umask(old)
+        # What is on disk now, then every event from now on: no await between the two, so nothing is missed.
+        written = self.sup.events_written()
+        try:
+            with open(Path(self.sup.run_dir) / "events.jsonl", "rb") as fh:
+                self.summary.add_file(fh.read(written))
+        except OSError:
+            pass
         self.sup.tap(self._on_event)
 
     async def close(self) -> None:
         """Send what is pending, end every connection and remove the socket."""
-        self._flush()
+        self._send()
         for conn in list(self.clients):
             conn.transport.close()  # after its buffer is written, where the peer still reads
         if self._server is not None:
@@ -92,19 +104,23 @@ class ControlServer:
     def handle(self, conn: _Connection, msg: Message) -> None:
         if isinstance(msg, Hello):
             conn.read_only = msg.read_only
-            self._welcome(conn, live=msg.live)
+            self._welcome(conn, live=msg.live, summary=msg.summary)
         elif isinstance(msg, Request):
             ok, text = self._carry_out(conn, msg)
             conn.transport.write(encode(Reply(id=msg.id, ok=ok, text=text)))
         else:
             conn.transport.abort()
 
-    def _welcome(self, conn: _Connection, live: bool) -> None:
-        # No await from here on: the size read now and the events queued from now on meet exactly.
+    def _welcome(self, conn: _Connection, live: bool, summary: bool = False) -> None:
+        # No await from here on: the size read now (and the summary) and the events queued from now on meet
+        # exactly. What is pending goes to the clients already here first: it is in the file already.
+        self._send()
         statuses = {v.name: v.state.value for v in self.sup.views()}
         conn.transport.write(encode(Welcome(
             run_id=self.sup.run_id, run_dir=str(self.sup.run_dir), supervisor_pid=os.getpid(),
             events_bytes=self.sup.events_written(), pipelines=tuple(statuses), statuses=statuses)))
+        if summary:
+            conn.transport.write(encode(EventLines(data=self.summary.data())))
         if live and conn not in self.clients:
             self.clients.append(conn)
 
@@ -147,23 +163,32 @@ class ControlServer:
         return f"{req.action} {name or 'every pipeline'}"
 
     # ------------------------------------------------------------ the live stream
-    def _on_event(self, event: Event, kept: bool) -> None:
+    def _on_event(self, event: Event, line: bytes, kept: bool) -> None:
+        if kept:
+            self.summary.add(line, event.pipeline if isinstance(event, StepMetrics) else None)
         if not self.clients:
             return
-        frame = encode(event)
-        for conn in self.clients:
-            conn.pending += frame
+        self.pending += line
+        if len(self.pending) >= BURST:
+            self._send()
         if not self._flush_soon:
             self._flush_soon = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def _send(self) -> None:
+        """What is pending as one frame, the same bytes written to every client."""
+        if self.pending:
+            frame = encode(EventLines(data=bytes(self.pending)))
+            self.pending.clear()
+            for conn in self.clients:
+                conn.transport.write(frame)
+
     def _flush(self) -> None:
-        """One write per client per burst of events; a client whose unread bytes pass the bound is dropped."""
+        """Send what is pending; then, the loop having turned (a client could not read while the supervisor
+        was busy with one burst), drop a client whose unread bytes pass the bound."""
         self._flush_soon = False
+        self._send()
         for conn in list(self.clients):
-            if conn.pending:
-                conn.transport.write(bytes(conn.pending))
-                conn.pending.clear()
             if conn.transport.get_write_buffer_size() > self.max_backlog:
                 self._drop(conn)
 

@@ -2,7 +2,8 @@
 
 Subscribers (the app, the headless CLI) get an `EventStream`, optionally replaying
 the history kept for late comers; transient events (telemetry) reach subscribers
-only. Closing the bus ends every stream.
+only. Each event is encoded once (its events.jsonl line) for every sink and tap that takes the bytes.
+Closing the bus ends every stream.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import deque
 from typing import Callable
 
 from ..protocol.messages import Event
+from ..rundir.lines import encode_line
 
 HISTORY = 100_000  # events kept in memory for late subscribers
 
@@ -45,34 +47,45 @@ class EventBus:
         self._history: deque[Event] = deque(maxlen=history)
         self._subscribers: list[asyncio.Queue] = []
         self._sinks: list[Callable[[Event], None]] = []
-        self._taps: list[Callable[[Event, bool], None]] = []
+        self._writers: list[Callable[[Event, bytes], None]] = []
+        self._taps: list[Callable[[Event, bytes, bool], None]] = []
         self.closed = False
 
     def add_sink(self, sink: Callable[[Event], None]) -> None:
         """Call `sink(event)` for every event published from now on, until the bus closes."""
         self._sinks.append(sink)
 
-    def add_tap(self, tap: Callable[[Event, bool], None]) -> None:
-        """Call `tap(event, kept)` for every event from now on, kept or transient, right after the sinks
-        (so a tap that reads the sinks' files sees the event written); for the control socket's fan-out."""
+    def add_writer(self, writer: Callable[[Event, bytes], None]) -> None:
+        """A sink that takes the event's events.jsonl line too: `writer(event, line)` (the run directory)."""
+        self._writers.append(writer)
+
+    def add_tap(self, tap: Callable[[Event, bytes, bool], None]) -> None:
+        """Call `tap(event, line, kept)` for every event from now on, kept or transient, right after the sinks
+        (so a tap that reads the sinks' files sees the event written); for the control socket's fan-out.
+        `line` is the event's one encoding, the bytes events.jsonl has (or would have, for a transient)."""
         self._taps.append(tap)
 
     def publish(self, event: Event) -> None:
         self._history.append(event)
         if self.closed:
             return
+        line = encode_line(event) if self._writers or self._taps else b""
         for sink in self._sinks:
             sink(event)
+        for writer in self._writers:
+            writer(event, line)
         for tap in self._taps:
-            tap(event, True)
+            tap(event, line, True)
         for queue in self._subscribers:
             queue.put_nowait(event)
 
     def publish_transient(self, event: Event) -> None:
         """To subscribers only: not kept, not written (telemetry has its own file)."""
         if not self.closed:
-            for tap in self._taps:
-                tap(event, False)
+            if self._taps:
+                line = encode_line(event)
+                for tap in self._taps:
+                    tap(event, line, False)
             for queue in self._subscribers:
                 queue.put_nowait(event)
 
@@ -93,6 +106,7 @@ class EventBus:
             return
         self.closed = True
         self._sinks.clear()
+        self._writers.clear()
         self._taps.clear()
         for queue in self._subscribers:
             queue.put_nowait(None)

@@ -105,7 +105,7 @@ class Supervisor:
         self._attempts = AttemptLauncher(self._backend, self._rundir, self._validation, self.run_id)
         self._rundir.resuming = resuming
         self._rundir.save_config(self.config)
-        self._bus.add_sink(self._rundir.write)
+        self._bus.add_writer(self._rundir.write)
         names = self._add(self.config)
         for config in (self._resume_configs or [])[1:]:
             names += self._add(config)
@@ -144,7 +144,7 @@ class Supervisor:
         """A stream of every event from now on (and, with `replay`, those already emitted)."""
         return self._bus.subscribe(replay)
 
-    def tap(self, fn) -> None:  # fn(event, kept) on every event as it is published, kept (written) or not
+    def tap(self, fn) -> None:  # fn(event, line, kept) on every event as published, kept (written) or not
         self._bus.add_tap(fn)
 
     def record(self, event: Event) -> None:  # an event from outside the engine (a client's command)

@@ -1,0 +1,111 @@
+"""Events encoded once as events.jsonl lines (what the run directory writes and the control socket sends),
+the run directory's buffered writes, and the history in short an attaching app starts from."""
+from __future__ import annotations
+
+import json
+import math
+
+from torchherd.engine.protocol import messages as m
+from torchherd.engine.protocol.progress import PipelineProgress, apply
+from torchherd.engine.protocol.records import to_record
+from torchherd.engine.rundir.directory import RunDirectory, dumps, read_records
+from torchherd.engine.rundir.history import decode_lines
+from torchherd.engine.rundir.lines import encode_line
+from torchherd.engine.serve.summary import HistorySummary
+
+
+def _sample_events() -> list[m.Event]:
+    return [
+        m.RunStarted(run_id="r", run_dir="/tmp/r", config_path="c.toml", pipelines=("a", "b")),
+        m.StepMetrics(pipeline="a", epoch=0, step=1, loss=0.5, lr=0.1, samples_per_s=10.0, metrics={"acc": 0.25}),
+        m.StepMetrics(pipeline="a", epoch=0, step=2, loss=math.nan, lr=0.1, samples_per_s=10.0),
+        m.EpochEnd(pipeline="a", epoch=0, step=2, train_loss=0.4, duration=1.0, samples_per_s=10.0,
+                   epochs_total=1, steps_per_epoch=2),
+        m.ValResult(pipeline="a", epoch=0, step=2, metrics={"val_loss": 0.3}),
+        m.PipelineFinished(pipeline="a", status="completed", reason="épochs done"),
+        m.RunFinished(ok=True, statuses={"a": "completed"}),
+    ]
+
+
+def test_a_line_is_the_record_the_old_encoder_wrote_and_reads_back_as_the_event():
+    events = _sample_events()
+    for event in events:
+        line = encode_line(event)
+        assert line.endswith(b"\n") and line.count(b"\n") == 1
+        assert json.loads(line) == json.loads(dumps(to_record(event)))
+        assert next(iter(json.loads(line))) == "type"  # the tag first, as readers expect
+    back = decode_lines(b"".join(encode_line(e) for e in events))
+    assert [type(e) for e in back] == [type(e) for e in events]
+    assert back[1] == events[1] and math.isnan(back[2].loss) and back[5].reason == "épochs done"
+
+
+def test_a_non_finite_value_anywhere_is_written_as_null():
+    step = m.StepMetrics(pipeline="a", epoch=0, step=1, loss=math.inf, lr=0.1, samples_per_s=1.0,
+                         metrics={"grad": -math.inf})
+    # The old encoder left a nested one as Infinity, which strict JSON readers (jq, JavaScript) refuse.
+    record = json.loads(encode_line(step))
+    assert record["loss"] is None and record["metrics"] == {"grad": None}
+
+
+def test_step_reports_wait_in_the_buffer_and_anything_else_is_on_disk_when_write_returns(tmp_path):
+    out = RunDirectory(tmp_path / "run")
+    try:
+        out.write(m.StepMetrics(pipeline="a", epoch=0, step=1, loss=0.5, lr=0.1, samples_per_s=1.0))
+        assert read_records(tmp_path / "run" / "events.jsonl") == []  # buffered: no write per step
+        out.write(m.PipelineFinished(pipeline="a", status="completed"))
+        # The final state is on disk before anyone is told of it, and the step before it too, in both files.
+        assert [r["type"] for r in read_records(tmp_path / "run" / "events.jsonl")] == ["step", "pipeline_finished"]
+        assert [r["type"] for r in read_records(tmp_path / "run" / "a" / "metrics.jsonl")] == ["step"]
+        assert (tmp_path / "run" / "events.jsonl").read_bytes().endswith(b"\n")
+    finally:
+        out.close()
+
+
+def _run(steps: int, pipelines: tuple[str, ...] = ("a", "b")) -> list[m.Event]:
+    events: list[m.Event] = [m.RunStarted(run_id="r", run_dir="/r", config_path="", pipelines=pipelines, time=1.0)]
+    for name in pipelines:
+        events.append(m.WorkerStateChanged(pipeline=name, state="running", previous="starting", time=1.0))
+    for i in range(1, steps + 1):
+        for k, name in enumerate(pipelines):
+            events.append(m.StepMetrics(pipeline=name, epoch=i // 100, step=i, loss=1.0 / (i + k), lr=0.1,
+                                        samples_per_s=100.0 + i, time=1.0 + i))
+            if i % 100 == 0:
+                events.append(m.EpochEnd(pipeline=name, epoch=i // 100 - 1, step=i, train_loss=1.0 / i, duration=1.0,
+                                         samples_per_s=1.0, epochs_total=10, steps_per_epoch=100, time=1.0 + i))
+    return events
+
+
+def _fold(events: list[m.Event], name: str) -> PipelineProgress:
+    progress = PipelineProgress(name=name)
+    for event in events:
+        progress = apply(progress, event)
+    return progress
+
+
+def test_the_history_in_short_keeps_every_other_event_and_a_bounded_even_spread_of_steps():
+    events = _run(1000)
+    summary = HistorySummary(points=64)
+    for event in events:
+        summary.add(encode_line(event))
+    short = decode_lines(summary.data())
+    # Everything but step reports, in order, and the same figures folded.
+    assert [e for e in short if not isinstance(e, m.StepMetrics)] == [
+        e for e in events if not isinstance(e, m.StepMetrics)]
+    assert all(events.index(a) < events.index(b) for a, b in zip(short, short[1:]))
+    for name in ("a", "b"):
+        assert _fold(short, name) == _fold(events, name)
+        steps = [e.step for e in short if isinstance(e, m.StepMetrics) and e.pipeline == name]
+        # The whole history's shape: from the first step to the newest, evenly spaced, at most 64 + the newest.
+        assert steps[0] == 1 and steps[-1] == 1000 and 32 <= len(steps) <= 65
+        gaps = {b - a for a, b in zip(steps[:-2], steps[1:-1])}
+        assert len(gaps) == 1, gaps
+    assert summary.steps_seen == 2000
+
+
+def test_the_history_in_short_read_from_a_file_equals_the_one_kept_as_it_happened():
+    lines = [encode_line(e) for e in _run(300)]
+    as_it_happened, from_file = HistorySummary(points=16), HistorySummary(points=16)
+    for line in lines:
+        as_it_happened.add(line)
+    from_file.add_file(b"".join(lines))
+    assert from_file.data() == as_it_happened.data()
