@@ -53,12 +53,6 @@ class TaskRunner(Runner):
             sender.send(WorkerError(pipeline=pipe.name, error=str(exc), where="build", traceback=traceback.format_exc()))
             return EXIT_FATAL
         if isinstance(task, LightningTask):  # only the factory could tell: the config says "task"
-            if spec.world_size > 1:
-                error = (f"{pipe.task}: the factory returned a LightningTask, and Lightning pipelines run on one "
-                         "device for now: set ranks = 1")
-                print(f"torchherd: {error}", file=sys.stderr)
-                sender.send(WorkerError(pipeline=pipe.name, error=error, where="build"))
-                return EXIT_FATAL
             from ..lightning.runner import run_lightning
 
             return run_lightning(spec, pipe, validation, sender, control, task=task)
