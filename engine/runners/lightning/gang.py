@@ -32,11 +32,16 @@ def gang_trainer_args(spec: Any, strategy_name: str) -> dict[str, Any]:
 
     if strategy_name == "fsdp" and not spec.device.startswith("cuda"):
         raise ValueError(FSDP_ON_CPU)
+    devices = int(os.environ.get("LOCAL_WORLD_SIZE", spec.world_size))
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", 1))
+    if devices * nodes != spec.world_size:
+        raise ValueError(f"the gang's {spec.world_size} ranks are spread unevenly over {nodes} nodes (this one has "
+                         f"{devices}), and Lightning needs as many on every node: give the nodes slots that divide "
+                         "ranks evenly, or lower ranks to what one node holds")
     entry = StrategyRegistry[strategy_name]
     strategy = entry["strategy"](**{**entry["init_params"],
                                     "timeout": timedelta(seconds=spec.collective_timeout)})
-    return {"devices": int(os.environ.get("LOCAL_WORLD_SIZE", spec.world_size)),
-            "num_nodes": int(os.environ.get("GROUP_WORLD_SIZE", 1)), "strategy": strategy}
+    return {"devices": devices, "num_nodes": nodes, "strategy": strategy}
 
 
 class LightningGang:

@@ -27,8 +27,7 @@ from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
 from . import LightningRunner
 from .data import ResumableSampler, resumable
 from .gang import LightningGang, gang_trainer_args
-from .support import (PREPARED, LightningTask, build_for, monitors_problem,
-                                                prepare_once, val_monitors)
+from .support import PREPARED, LightningTask, build_for, monitors_problem, prepare_once, val_monitors
 from ...protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult,
                                   WorkerError)
 from ...protocol.names import PipelineKind, ValidationMode
@@ -363,7 +362,12 @@ class LightningAttempt:
             self.send(Resumed(pipeline=self.name, path=str(path), epoch=counters["epoch"], step=counters["step"],
                               note=note))
         callback = herd_callback(self)
-        trainer = pl.Trainer(**self.trainer_args(task, callback))
+        try:
+            args = self.trainer_args(task, callback)
+        except ValueError as exc:  # a gang Lightning cannot train (engine/runners/lightning/gang.py)
+            self.send(WorkerError(pipeline=self.name, error=str(exc), where="build"))
+            return EXIT_FATAL
+        trainer = pl.Trainer(**args)
         try:
             trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None)
         finally:
