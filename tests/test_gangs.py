@@ -27,6 +27,7 @@ from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.scheduler import Scheduler
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config, still_alive, wait_for
+from torchherd.engine.protocol.names import Intent
 from tests.scripted import FakeHandle
 
 SCRIPTS = Path(__file__).parent / "tasks" / "scripts"
@@ -100,6 +101,35 @@ def test_on_a_cluster_a_gang_gets_all_its_slots_on_one_node_and_keeps_its_place_
     sched.resize([s for s in slots if s.node == "a"])
     moved = sched.refit(on_b)
     assert moved is not None and [s.node for s in moved] == ["a", "a"]
+
+
+def test_on_a_cluster_a_gang_no_node_has_room_for_spans_the_fewest_nodes_grouped_by_node():
+    # 3 free slots on a, 2 on b, 1 on c, in the node-by-node order a cluster's slots come in
+    slots = [Slot(f"cpu{i}", "cpu", None, 1, node=n) for i, n in enumerate("abcaba")]
+    sched = Scheduler(slots)
+    sched.enqueue("gang", 0, 0, need=4)
+    [(_, taken)] = sched.allocate()
+    assert [s.node for s in taken] == ["a", "a", "a", "b"]  # two nodes, not three; rank 0's node first
+    envs = [gangs.rank_env(r, 4, 29500, 0, 3, "r", "10.0.0.1", [s.node for s in taken]) for r in range(4)]
+    assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]) for e in envs] == [
+        ("0", "3", "0", "2"), ("1", "3", "0", "2"), ("2", "3", "0", "2"), ("0", "1", "1", "2")]
+    assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.1"} and [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    # Nodes b and c leave: 3 slots are left, so the gang waits; node d joins with 2, and the gang's own
+    # live slots on a (which it held) count as room for it: it moves to a + d.
+    live = [s for s in slots if s.node == "a"]
+    sched.resize(live)
+    assert sched.refit(taken) is None
+    sched.resize(live + [Slot("cpu9", "cpu", None, 1, node="d"), Slot("cpu10", "cpu", None, 1, node="d")])
+    moved = sched.refit(taken)
+    assert moved is not None and sorted(s.node for s in moved) == ["a", "a", "a", "d"]
+
+
+def test_a_node_that_left_under_any_rank_is_the_gangs_cause_so_no_restart_is_spent():
+    gang, (r0, r1) = ranks(2)
+    r1.cause = Intent.NODE_LEFT  # rank 1's node left; rank 0's collective failed first
+    r0.exit(1)
+    r1.exit(-signal.SIGKILL)
+    assert gang.poll() is not None and gang.cause == Intent.NODE_LEFT
 
 
 def ranks(n: int) -> tuple[gangs.GangHandle, list[FakeHandle]]:

@@ -74,17 +74,17 @@ def test_what_no_node_could_host_is_refused_up_front(devices, key, words):
     assert [p.key for p in problems] == [key] and words in problems[0].message
 
 
-def test_a_gang_larger_than_every_node_is_refused_and_one_that_fits_a_node_is_not():
+def test_a_gang_larger_than_the_cluster_is_refused_and_one_larger_than_a_node_is_not():
     from torchherd.engine.hardware.placement import gang_problems
 
     slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu"), cluster_inventory(read_nodes(NODES)), "c.toml")
     assert len(slots) == 6  # 4 on the head, 2 on gpu1
     ray_run = {"cluster": {"backend": "ray", "address": "10.0.0.5:6379"}}
-    fits = parse_config({"pipelines": [{"name": "g", "task": "regression", "ranks": 4}], **ray_run}, "c.toml")
-    assert gang_problems(fits, slots) == []
-    big = parse_config({"pipelines": [{"name": "g", "task": "regression", "ranks": 5}], **ray_run}, "c.toml")
-    [problem] = gang_problems(big, slots)  # 6 slots in all, but a gang's ranks share one node
-    assert problem.key == "pipelines[0].ranks" and "slots per node: 4, 2" in problem.message
+    spans = parse_config({"pipelines": [{"name": "g", "task": "regression", "ranks": 5}], **ray_run}, "c.toml")
+    assert gang_problems(spans, slots) == []  # no node has 5 slots: the gang spans both
+    big = parse_config({"pipelines": [{"name": "g", "task": "regression", "ranks": 7}], **ray_run}, "c.toml")
+    [problem] = gang_problems(big, slots)
+    assert problem.key == "pipelines[0].ranks" and "7 ranks need 7 device slots" in problem.message
 
 
 def test_node_book_moves_work_off_a_node_that_left():

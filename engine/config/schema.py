@@ -116,6 +116,9 @@ class PipelineSettings(_Strict):
         "file) or 'package.module:Class'; empty: the module's own *_dataloader methods."))
     datamodule_params: dict[str, Any] = Field(default_factory=dict, description=(
         "Lightning pipelines: keyword arguments of the DataModule's constructor."))
+    strategy: Literal["ddp", "ddp_find_unused_parameters_true", "fsdp"] = Field("ddp", description=(
+        "Lightning pipelines with ranks > 1: the Lightning strategy that trains the gang torchherd starts "
+        "(gloo on CPU, NCCL on GPU); 'fsdp' needs GPUs and inline or no validation."))
 
     @field_validator("precision", mode="before")
     @classmethod

@@ -5,7 +5,6 @@ rest wait in a queue until one frees.
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from ..config.problems import Problem, display_path
@@ -58,14 +57,9 @@ def plan_slots(devices: DevicesConfig, inventory: Inventory, file: str = "") -> 
     return [Slot(f"cpu{i}", "cpu", None, threads) for i in range(count)], []
 
 
-def most_on_one_node(slots: list[Slot]) -> int:
-    """The largest gang `slots` can ever host: the most slots any one node has ("" on this machine)."""
-    return max(Counter(s.node for s in slots).values(), default=0)
-
-
 def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
-    """Gangs that could never start here (more ranks than slots, or than one node has), and runners that
-    cannot run as gangs yet."""
+    """Gangs that could never start here (more ranks than slots; on a cluster a gang spans nodes when no one
+    node has room for it), runners that cannot run as gangs, and strategies the slots cannot run."""
     problems = []
     for i, p in enumerate(config.pipelines):
         if p.ranks > len(slots):
@@ -73,16 +67,14 @@ def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
                 f"{p.ranks} ranks need {p.ranks} device slots at once; this machine gives {len(slots)} "
                 f"({have}): lower ranks, or add slots with [devices] cpu_slots / placement")))
-        elif p.ranks > 1 and p.ranks > most_on_one_node(slots):
-            # a gang's ranks share one node (engine/supervise/scheduler.py): a node with too few slots never fits it
-            per_node = Counter(s.node for s in slots)
-            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
-                f"{p.ranks} ranks run on one node, and no node of the cluster has {p.ranks} slots (slots per "
-                f"node: {', '.join(str(n) for n in per_node.values())}): lower ranks, or give a node more "
-                "slots (fewer threads_per_worker, more cpu_slots)")))
         elif p.ranks > 1 and runner_for(p.kind).gang_problem:
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks",
                                     runner_for(p.kind).gang_problem))
+        elif p.ranks > 1 and p.strategy == "fsdp" and not any(s.device == "cuda" for s in slots):
+            # Lightning's FSDP strategy shards over CUDA devices only
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].strategy", (
+                "strategy 'fsdp' needs GPUs and this run has CPU slots only: use strategy = \"ddp\" "
+                "(gloo on CPU)")))
     return problems
 
 

@@ -72,6 +72,13 @@ class Handle(ABC):
         a remote backend does not know them yet."""
         return (self.pid,)
 
+    @property
+    def placed(self) -> tuple[tuple[str, str, int], ...]:
+        """(node, node id, pid) of its process, or of each rank's for a gang (whose ranks may be on several
+        nodes), for telemetry; pid 0 while a remote backend does not know it yet. Default: its one process."""
+        pids = self.pids
+        return ((self.node, self.node_id, pids[0] if pids else 0),)
+
     @abstractmethod
     def poll(self) -> int | None:
         """The exit status once it has exited (negative: ended by that signal), else None."""

@@ -49,11 +49,22 @@ def cuda_device(local_rank: int) -> str:
     return f"cuda:{local_rank}"
 
 
+def node_ranks(nodes: Sequence[str], rank: int) -> tuple[int, int, int, int]:
+    """(LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE) of `rank` in a gang whose ranks run on
+    `nodes` (one entry a rank, grouped by node, rank 0's first), as torchrun sets them on each node."""
+    order = list(dict.fromkeys(nodes))
+    peers = [r for r, node in enumerate(nodes) if node == nodes[rank]]
+    return peers.index(rank), len(peers), order.index(nodes[rank]), len(order)
+
+
 def rank_env(rank: int, world: int, port: int, restarts: int, max_restarts: int, run_id: str,
-             addr: str = "127.0.0.1") -> dict[str, str]:
-    """What torchrun --standalone sets for one rank, so a script written for it runs unchanged."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-            "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
+             addr: str = "127.0.0.1", nodes: Sequence[str] = ()) -> dict[str, str]:
+    """What torchrun sets for one rank, so a script written for it runs unchanged: --standalone's values on
+    one node, or per node when `nodes` (each rank's node) names several."""
+    local, local_world, group, groups = node_ranks(nodes, rank) if nodes else (rank, world, 0, 1)
+    return {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(local_world), "GROUP_RANK": str(group), "GROUP_WORLD_SIZE": str(groups),
+            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world),
             "ROLE_NAME": "default", "MASTER_ADDR": addr, "MASTER_PORT": str(port),
             "TORCHELASTIC_RESTART_COUNT": str(restarts), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
             "TORCHELASTIC_RUN_ID": run_id, "TORCHHERD_RESTART_COUNT": str(restarts)}

@@ -5,7 +5,7 @@ down at once (none is left blocked in a collective) and its exit is the gang's, 
 rank 0 speaks for the pipeline (other ranks' errors and notices pass, tagged with
 their rank). `rank_env` (engine/launch/environment.py) gives each rank torchrun's
 environment, on a port of its own (the backend's `rendezvous`: on a cluster, the address
-and a free port of the one node all its ranks share).
+and a free port of rank 0's node; a gang may span nodes when no one node has room for it).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class GangHandle(Handle):
 
     def __init__(self, ranks: list[Handle], linger: float, grace: float, on_close: Callable[[], None] = lambda: None):
         self.ranks = ranks
-        self.node = ranks[0].node  # every rank shares its node (engine/supervise/scheduler.py)
+        self.node = ranks[0].node  # rank 0's (a gang spans nodes only when no one node has room for it)
         self.failed_rank: int | None = None  # the first rank seen to fail: the root cause
         self.errors: dict[int, WorkerError] = {}  # the last error each rank reported
         self._error_order: list[int] = []  # ranks in the order their first error arrived
@@ -55,8 +55,16 @@ class GangHandle(Handle):
 
     @property
     def cause(self) -> Intent | None:
-        """What the failing rank's backend knows of why it ended (its node left, say), if anything."""
+        """What the failing rank's backend knows of why it ended, if anything; a node that left under any
+        rank is the whole gang's cause (its peers' collectives may have failed first), so no restart is spent."""
+        if any(h.cause == Intent.NODE_LEFT for h in self.ranks):
+            return Intent.NODE_LEFT
         return self.ranks[self.exit_rank].cause
+
+    @property
+    def placed(self) -> tuple[tuple[str, str, int], ...]:
+        """Every rank's (node, node id, pid), in rank order: a gang may span nodes."""
+        return tuple(h.placed[0] for h in self.ranks)
 
     @property
     def pids(self) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..launch import gang
 from ..launch.backend import Backend, Handle, LaunchSpec
-from ..launch.environment import cuda_device, rank_env
+from ..launch.environment import cuda_device, node_ranks, rank_env
 from ..launch.ports import release_port
 from .pipeline import PipelineRun
 from ..rundir.directory import RunDirectory
@@ -34,10 +34,11 @@ class AttemptLauncher:
         if len(run.slots) == 1:
             return self._backend.launch(self.spec_for(run, 0, hold=hold))
         restart = run.plan.run_config.restart
-        # the scheduler gives a gang's ranks one node: rank 0's store listens there
+        # rank 0's store listens on its node (the scheduler groups a gang's ranks by node, rank 0's first)
         addr, port = self._backend.rendezvous(run.slots[0].node)
-        envs = [rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self._run_id, addr)
-                for rank in range(len(run.slots))]
+        nodes = [s.node for s in run.slots]
+        envs = [rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self._run_id, addr,
+                         nodes) for rank in range(len(run.slots))]
         return gang.launch_gang(self._backend, [self.spec_for(run, rank, env, hold=hold and rank == 0)
                                                  for rank, env in enumerate(envs)],
                                 linger=restart.stop_timeout, grace=restart.kill_grace,
@@ -47,10 +48,12 @@ class AttemptLauncher:
                  hold: bool = False) -> LaunchSpec:
         slot = run.slots[rank]
         plan = run.plan
-        # A GPU gang's ranks each see every GPU of the gang and use the one their LOCAL_RANK (the rank: the
-        # gang shares one node) indexes, as under torchrun; alone, a worker sees its own GPU as cuda:0.
-        gang_gpus = tuple(s.gpu.index for s in run.slots if s.gpu is not None) if len(run.slots) > 1 else ()
-        device = cuda_device(rank) if slot.device == "cuda" else slot.device
+        # A GPU gang's ranks each see every GPU of the gang on their node and use the one their LOCAL_RANK
+        # indexes, as under torchrun; alone, a worker sees its own GPU as cuda:0.
+        gang_gpus = tuple(s.gpu.index for s in run.slots if s.gpu is not None and s.node == slot.node) \
+            if len(run.slots) > 1 else ()
+        local_rank = node_ranks([s.node for s in run.slots], rank)[0]
+        device = cuda_device(local_rank) if slot.device == "cuda" else slot.device
         hang = plan.run_config.restart.hang_timeout
         return LaunchSpec(
             child=WorkerSpec(pipeline=plan.config.model_dump(mode="json"),

@@ -28,6 +28,13 @@ STALL_FACTOR = 5  # a live worker is flagged after this many times its slowest g
 # Why an attempt ended: what we asked of it wins over its exit code, and so does what its launcher knows
 # better than the code (`handle.cause`): "node left", an attempt lost with its cluster node, is moved
 # to a live one as a restart is, spending no budget.
+ROOM_WAIT = 1.0  # seconds between looks for room for a pipeline whose node left and that fits nowhere yet
+
+
+class NoRoom(OSError):
+    """Its slots' node left and no live node has room for it now: it waits for room, spending no restart."""
+
+
 BY_INTENT = {Intent.RESTART: R.RESTARTED, Intent.KILL: R.KILLED, Intent.HUNG: R.HUNG, Intent.NODE_LEFT: R.RESTARTED}
 BY_CODE = {EXIT_STOPPED: R.STOPPED, EXIT_COMPLETED: R.COMPLETED, EXIT_RESTART: R.RESTART_REQUESTED,
            EXIT_FATAL: R.FAILED}
@@ -88,10 +95,19 @@ class Lifecycle:
         """Start the next attempt on the pipeline's slots (QUEUED/BACKOFF/KILLING -> STARTING)."""
         run.attempts += 1
         run.restart_at = None
-        attempt = Attempt(number=run.attempts)
+        attempt, previous = Attempt(number=run.attempts), run.current
         run.current = attempt
         try:
             handle = self._start(run)
+        except NoRoom as exc:
+            if run.state != S.BACKOFF:
+                raise
+            run.attempts, run.current = run.attempts - 1, previous  # none was made: it waits for room in BACKOFF
+            run.restart_at = time.monotonic() + ROOM_WAIT
+            if run.last_error != str(exc):
+                run.last_error = str(exc)
+                self._publish(Notice(pipeline=run.name, level="warning", text=f"waiting for room: {exc}"))
+            return
         except OSError as exc:
             run.last_error = f"could not start the worker: {exc}"
             self.set_state(run, S.STARTING)  # -> STARTING (it failed at once)

@@ -8,9 +8,10 @@ a big gang cannot be starved for ever by small pipelines slipping past it.
 On a cluster the pool follows the nodes (`resize`): a slot is then counted by its node
 and device, not by its name, since the names of a cluster's slots are renumbered as
 nodes come and go; an allocation on a node that left is swapped for a live slot when
-its pipeline starts again (`refit`). A gang's k slots all come from one node (their
-collectives then never cross the network: what Ray's STRICT_PACK placement would give);
-on this machine every slot's node is "", so that rule changes nothing.
+its pipeline starts again (`refit`). A gang's k slots come from one node when one has them
+free (its collectives then never cross the network: Ray's STRICT_PACK), else from as few
+nodes as hold them (Ray's PACK); on this machine every slot's node is "", so neither rule
+changes anything.
 """
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ def _kind(slot: Slot) -> Hashable:
 
 
 def _one_node(free: list[Slot], need: int) -> list[Slot] | None:
-    """The first `need` free slots of the first node (in pool order) that has that many free; None if none has.
+    """The first `need` free slots of the first node (in pool order) that has that many free; else, on a
+    cluster, the free slots of the fewest nodes, those with the most free first and grouped by node (rank 0's
+    node first); None if too few are free.
 
-    One slot may come from anywhere; more (a gang) share a node.
+    One slot may come from anywhere; more (a gang) share a node when one has room for all of them.
     """
     if need <= 1:
         return free[:need] if len(free) >= need else None
@@ -39,7 +42,14 @@ def _one_node(free: list[Slot], need: int) -> list[Slot] | None:
         group.append(slot)
         if len(group) == need:
             return group
-    return None
+    if len(free) < need or "" in by_node:  # too few, or this machine's slots
+        return None
+    packed: list[Slot] = []
+    for group in sorted(by_node.values(), key=len, reverse=True):
+        packed += group[:need - len(packed)]
+        if len(packed) == need:
+            break
+    return packed
 
 
 @dataclass(frozen=True)
@@ -112,13 +122,12 @@ class Scheduler:
         stale = [s for s in slots if _kind(s) not in live]
         if not stale:
             return slots
-        if len(slots) > 1:  # a gang: all of it moves to one node with room for every rank
-            out = _one_node(self._free, len(slots))
-            if out is None:
-                return None
-            for slot in slots:
+        if len(slots) > 1:  # a gang: all of it moves, to one node with room for every rank or as few as hold it
+            for slot in slots:  # its own live slots are free for it to move to
                 self._taken.remove(slot)
-            self._taken += out
+            self._refree()
+            out = _one_node(self._free, len(slots))
+            self._taken += slots if out is None else out
             self._refree()
             return out
         if len(stale) > len(self._free):

@@ -24,7 +24,7 @@ from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, 
 from . import build_check, commands
 from .attempts import AttemptLauncher
 from .bus import EventBus, EventStream
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, NoRoom
 from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
@@ -313,7 +313,7 @@ class Supervisor:
         self._follow_cluster(NODE_REFRESH / 4)
         slots = self._scheduler.refit(run.slots)  # a slot on a node that left: another, if one is free
         if slots is None:
-            raise OSError("its slot's node left the cluster and no live node has a free slot now")
+            raise NoRoom(f"its slots' node left the cluster and no live node has room for {len(run.slots)} now")
         run.slots = slots
         return self._attempts.start(run, hold=self.task_check.admit(run))
 

@@ -25,10 +25,11 @@ def pid_maps(runs: dict[str, PipelineRun], validator: Handle | None) -> tuple[di
     remote: dict[str, dict[str, int]] = {}
     for name, run in runs.items():
         handle = run.handle
-        if handle is not None:  # a gang's rank k shows as "name#k"
-            ranks = handle.pids if len(run.slots) > 1 else (handle.pid,)
-            into = remote.setdefault(handle.node_id, {}) if handle.node else pids
-            into.update({name if k == 0 else f"{name}#{k}": pid for k, pid in enumerate(ranks)})
+        if handle is not None:  # a gang's rank k shows as "name#k", on its own node
+            for k, (node, node_id, pid) in enumerate(handle.placed):
+                if pid:  # 0: a remote rank whose pid is not known yet
+                    into = remote.setdefault(node_id, {}) if node else pids
+                    into[name if k == 0 else f"{name}#{k}"] = pid
     if validator is not None:
         into = remote.setdefault(validator.node_id, {}) if validator.node else pids
         into[VALIDATOR] = validator.pid

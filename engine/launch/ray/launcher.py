@@ -142,8 +142,8 @@ class RayLauncher(Backend):
             raise
         # Only each actor knows the GPU Ray gave it: each child's start waits (in its actor) for all of them.
         gpus = [handle.actor.visible_gpus.remote() for handle, _ in made]
-        for _, start in made:
-            start(gpus)
+        for spec, (_, start) in zip(specs, made):  # a gang over several nodes: each sees its own node's
+            start([gpu for peer, gpu in zip(specs, gpus) if peer.node == spec.node])
         return [handle for handle, _ in made]
 
     def _create(self, spec: LaunchSpec) -> tuple[RayHandle, Callable[..., None]]:

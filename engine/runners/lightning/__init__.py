@@ -9,8 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...protocol.names import PipelineKind
+from ...protocol.names import PipelineKind, ValidationMode
 from ..base import Runner, Scorer, set_up_torch
+
+FSDP_BACKGROUND = ("strategy 'fsdp' with background validation is not supported yet (the validator needs the "
+                   "whole module, which FSDP shards): set [validation] mode = \"inline\" or \"off\", or "
+                   "strategy = \"ddp\"")
 
 
 def check_built(task: Any, background: bool) -> None:
@@ -30,9 +34,18 @@ class LightningRunner(Runner):
 
     kind = PipelineKind.LIGHTNING
     checkpoint_suffix = ".ckpt"  # Lightning's own checkpoints: LitModel.load_from_checkpoint reads them
-    gang_problem = ("Lightning pipelines run on one device for now: set ranks = 1, or train the module with a "
-                    "DDP script of your own as `script` with ranks")
     plan_note = " (Lightning Trainer.fit)"
+
+    def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
+        """FSDP shards the weights over the gang: only rank 0's whole module can be handed off, which FSDP
+        would have to gather on every hand-off step; not done yet."""
+        if pipe.ranks > 1 and pipe.strategy == "fsdp" and validation_mode == ValidationMode.BACKGROUND:
+            return [("strategy", FSDP_BACKGROUND)]
+        return []
+
+    def describe(self, pipe) -> str:
+        gang = f", {pipe.ranks} ranks by Lightning's {pipe.strategy!r} strategy" if pipe.ranks > 1 else ""
+        return super().describe(pipe) + gang
 
     def probe_job(self, pipe) -> dict[str, Any] | None:
         return {"datamodule": pipe.datamodule, "datamodule_params": pipe.datamodule_params}

@@ -49,8 +49,30 @@ class ResumableSampler(torch.utils.data.Sampler):
         yield from order[skip:]
 
 
-def resumable(loader: Any) -> tuple[Any, ResumableSampler | None]:
-    """`loader` with a ResumableSampler in place of its Random/SequentialSampler; others as they are."""
+class ResumableDistributedSampler(torch.utils.data.DistributedSampler):
+    """The sampler plain Lightning gives each rank of a DDP gang (DistributedSampler, seeded with the run's
+    seed), able to resume mid-epoch: each epoch's order follows from the seed and the epoch alone, so a
+    resumed epoch replays it and skips what this rank trained before the checkpoint."""
+
+    def __init__(self, dataset: Any, shuffle: bool, rank: int, world: int):
+        import os
+
+        # Lightning's own distributed sampler takes its seed from seed_everything's variable
+        super().__init__(dataset, num_replicas=world, rank=rank, shuffle=shuffle,
+                         seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
+        self.resume: tuple[int, int, int] | None = None  # (epoch, seed, samples of this rank to skip)
+
+    def __iter__(self):
+        skip = 0
+        if self.resume is not None and self.resume[0] == self.epoch:
+            skip = self.resume[2]
+        self.resume = None
+        yield from list(super().__iter__())[skip:]
+
+
+def resumable(loader: Any, rank: int = 0, world: int = 1) -> tuple[Any, ResumableSampler | None]:
+    """`loader` with a ResumableSampler in place of its Random/SequentialSampler (for rank `rank` of a gang of
+    `world`, a ResumableDistributedSampler, which Lightning leaves in place); others as they are."""
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
     from lightning.pytorch.utilities.data import _update_dataloader
 
@@ -64,5 +86,8 @@ def resumable(loader: Any) -> tuple[Any, ResumableSampler | None]:
         shuffle = False
     else:
         return loader, None
-    sampler = ResumableSampler(len(inner), shuffle)
+    if world > 1:
+        sampler = ResumableDistributedSampler(loader.dataset, shuffle, rank, world)
+    else:
+        sampler = ResumableSampler(len(inner), shuffle)
     return _update_dataloader(loader, sampler), sampler

@@ -2,7 +2,7 @@
 
 Every hook, logger, scheduler interval and optimiser setup stays Lightning's.
 torchherd sets the Trainer arguments that are its job (limits, precision,
-accumulation, the one device, the root dir, no progress bar) and `HerdCallback`
+accumulation, the devices, the root dir, no progress bar) and `HerdCallback`
 reports steps and epochs, hands snapshots to the validator, beats the heartbeat,
 obeys pause/stop/checkpoint-now between batches and writes `.ckpt` files
 atomically. The training DataLoader gets `ResumableSampler` (engine/runners/lightning/data.py),
@@ -26,8 +26,8 @@ from ...worker import checkpoint as ckpt
 from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
 from . import LightningRunner
 from .data import ResumableSampler, resumable
-from .support import (PREPARED, LightningTask, build_for, monitors_problem,
-                                                prepare_once, val_monitors)
+from .gang import LightningGang, gang_trainer_args
+from .support import PREPARED, LightningTask, build_for, monitors_problem, prepare_once, val_monitors
 from ...protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult,
                                   WorkerError)
 from ...protocol.names import PipelineKind, ValidationMode
@@ -132,7 +132,7 @@ class HerdHooks:
         self._window = ReportWindow(torch.zeros((), device=module.device))
         self._epoch_loss = torch.zeros((), device=module.device)
         self._epoch_start = time.monotonic()
-        r.control.between_steps(trainer.global_step, lambda reason: r.save(trainer, reason))
+        r.obey(trainer, trainer.global_step)
 
     def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
         self.batches = 0
@@ -154,9 +154,12 @@ class HerdHooks:
             v = r.validation
             if v.mode == ValidationMode.BACKGROUND and v.every_n_steps and step % v.every_n_steps == 0:
                 r.handoff.hand_off(trainer.current_epoch, step)
-            if step % r.pipe.log_every_n_steps == 0 and self._window.batches and self._report(trainer, step):
-                return
-        r.control.between_steps(step, lambda reason: r.save(trainer, reason))
+            if step % r.pipe.log_every_n_steps == 0:
+                if r.gang is not None:  # every rank at this step takes rank 0's reading of the commands
+                    r.gang.agree(r.control, lambda reason: r.save(trainer, reason))
+                if self._window.batches and self._report(trainer, step):
+                    return
+        r.obey(trainer, step)
         if r.control.take_checkpoint_request():
             r.save(trainer, "request")
         if r.control.should_stop and not self.stopping:
@@ -169,7 +172,10 @@ class HerdHooks:
         """The step report of the window; True when the NaN policy ends training instead."""
         w, r = self._window, self.r
         names, values = logged_on_step(trainer, w.loss.device)
-        synced = torch.stack([w.loss.float(), *values]).tolist()  # the report's one device sync
+        synced = torch.stack([w.loss.float(), *values])
+        if r.gang is not None:  # the gang's means, so every rank reports (and judges NaN) alike
+            synced = r.gang.mean(synced)
+        synced = synced.tolist()  # the report's one device sync
         code = w.report(r.control, r.sender, synced[0] / w.batches,
                         f"epoch {trainer.current_epoch} step {step} (step report)", epoch=trainer.current_epoch,
                         step=step, lr=r.lr(trainer), metrics=dict(zip(names, synced[1:])))
@@ -208,6 +214,8 @@ class HerdHooks:
         r = self.r
         epoch = trainer.current_epoch
         duration = time.monotonic() - self._epoch_start
+        if r.gang is not None:
+            self._epoch_loss = r.gang.mean(self._epoch_loss)
         train_loss = float(self._epoch_loss) / max(self._epoch_n, 1)
         if self._epoch_n:
             code = r.control.non_finite(train_loss, f"epoch {epoch} (epoch mean)")
@@ -222,7 +230,7 @@ class HerdHooks:
         per_epoch = trainer.num_training_batches
         per_epoch = int(per_epoch) if per_epoch != float("inf") else 0
         r.send(EpochEnd(pipeline=r.name, epoch=epoch, step=trainer.global_step, train_loss=train_loss,
-                        duration=duration, samples_per_s=self.batches * r.batch_size / max(duration, 1e-9),
+                        duration=duration, samples_per_s=self.batches * r.batch_size * r.world / max(duration, 1e-9),
                         epochs_total=r.pipe.max_epochs,
                         steps_per_epoch=per_epoch // r.pipe.accumulate_grad_batches))
         self.batches = 0  # the checkpoint below starts the next epoch from its first batch
@@ -245,6 +253,8 @@ class LightningAttempt:
         self.resume_order: tuple[int, int] | None = None
         self.batch_size = 1
         self.saved_step = -1  # global_step of the newest `last` checkpoint
+        self.gang = LightningGang(spec) if spec.world_size > 1 else None
+        self.world = spec.world_size
 
     def send(self, event) -> None:
         self.sender.send(event)
@@ -253,15 +263,27 @@ class LightningAttempt:
     def lr(trainer: Any) -> float:
         return float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else 0.0
 
+    def obey(self, trainer: Any, step: int) -> None:
+        """Between batches: beat, and alone obey the supervisor (a gang's ranks obey together, at agreements)."""
+        if self.gang is None:
+            self.control.between_steps(step, lambda reason: self.save(trainer, reason))
+        else:
+            self.control.beat(step)
+
     def save(self, trainer: Any, reason: str, name: str = LAST) -> None:
+        """Checkpoint (a gang's rank 0 writes what every rank holds; FSDP's ranks gather it together)."""
+        if name == LAST:
+            self.saved_step = trainer.global_step
+        if not trainer.is_global_zero and self.pipe.strategy != "fsdp":
+            return
         try:
             state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            if not trainer.is_global_zero:
+                return
             path = save_ckpt(self.ckpt_dir, state, name)
         except ckpt.CheckpointError as exc:
             self.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
             return
-        if name == LAST:
-            self.saved_step = trainer.global_step
         self.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=trainer.current_epoch,
                                   step=trainer.global_step, reason=reason))
 
@@ -271,7 +293,7 @@ class LightningAttempt:
         original = source.train_dataloader
 
         def train_dataloader():
-            loader, self.sampler = resumable(original())
+            loader, self.sampler = resumable(original(), self.spec.rank, self.world)
             self.batch_size = getattr(loader, "batch_size", None) or 1
             if self.sampler is None:
                 self.send(Notice(pipeline=self.name, level="warning", text=(
@@ -292,6 +314,8 @@ class LightningAttempt:
                     accelerator="gpu" if self.spec.device.startswith("cuda") else "cpu", devices=1,
                     default_root_dir=str(self.dir), enable_progress_bar=False,
                     log_every_n_steps=pipe.log_every_n_steps, callbacks=[*task.callbacks, callback])
+        if self.gang is not None:
+            args.update(gang_trainer_args(self.spec, pipe.strategy))
         if pipe.max_time is not None:
             args["max_time"] = timedelta(seconds=pipe.max_time)
         if v.mode == ValidationMode.INLINE:
@@ -338,20 +362,25 @@ class LightningAttempt:
             self.send(Resumed(pipeline=self.name, path=str(path), epoch=counters["epoch"], step=counters["step"],
                               note=note))
         callback = herd_callback(self)
-        trainer = pl.Trainer(**self.trainer_args(task, callback))
+        try:
+            args = self.trainer_args(task, callback)
+        except ValueError as exc:  # a gang Lightning cannot train (engine/runners/lightning/gang.py)
+            self.send(WorkerError(pipeline=self.name, error=str(exc), where="build"))
+            return EXIT_FATAL
+        trainer = pl.Trainer(**args)
         try:
             trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None)
         finally:
             self.handoff.close()  # the last snapshot's copy may still be running
         if callback.exit_code is not None:
             return callback.exit_code
-        if callback.stopping:
-            return EXIT_STOPPED
         if trainer.interrupted:  # a KeyboardInterrupt Lightning caught: nothing finished
             return EXIT_STOPPED
-        if self.saved_step != trainer.global_step:  # ended mid-epoch (max_steps, max_time)
+        if not callback.stopping and self.saved_step != trainer.global_step:  # ended mid-epoch (max_steps, ...)
             self.save(trainer, "final")
-        return EXIT_COMPLETED
+        if self.gang is not None:  # stopped or done, every rank at the same step
+            self.gang.finish(task.module, trainer.global_step)
+        return EXIT_STOPPED if callback.stopping else EXIT_COMPLETED
 
 
 def herd_callback(runner: LightningAttempt) -> Any:

@@ -61,12 +61,6 @@ class TaskRunner(Runner):
             if not control.hold():
                 return EXIT_STOPPED
         if isinstance(task, LightningTask):  # only the factory could tell: the config says "task"
-            if spec.world_size > 1:
-                error = (f"{pipe.task}: the factory returned a LightningTask, and Lightning pipelines run on one "
-                         "device for now: set ranks = 1")
-                print(f"torchherd: {error}", file=sys.stderr)
-                sender.send(WorkerError(pipeline=pipe.name, error=error, where="build"))
-                return EXIT_FATAL
             from ..lightning.runner import run_lightning
 
             return run_lightning(spec, pipe, validation, sender, control, task=task)

@@ -25,6 +25,8 @@ args = parser.parse_args()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+print("torchrun env " + " ".join(f"{k}={os.environ.get(k)}" for k in (
+    "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR")), flush=True)
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
 x = torch.randn(args.samples, 8, generator=g)
