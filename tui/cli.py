@@ -193,8 +193,11 @@ def _resume(args: argparse.Namespace) -> int:
         print(f"torchherd: {run_dir}: --only {', '.join(unknown)}: no such pipeline (it has "
               f"{', '.join(summary.pipelines)})", file=sys.stderr)
         return 2
-    if not summary.to_resume or (only and not set(only) & set(summary.to_resume)):
-        print(f"torchherd: {run_dir}: every pipeline {'named ' if only else ''}completed; nothing to resume",
+    # By default early-stopped and pruned pipelines are done; naming one with --only carries it on.
+    to_resume = [n for n in only if summary.statuses.get(n) != "completed"] if only else summary.to_resume
+    if not to_resume:
+        print(f"torchherd: {run_dir}: every pipeline {'named ' if only else ''}ended well (completed, "
+              "early-stopped or pruned); nothing to resume",
               file=sys.stderr)
         return 0  # nothing to do is no mistake (2 is for bad input)
     if not args.headless:

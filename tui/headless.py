@@ -21,7 +21,7 @@ from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Ev
                                         TrainingStarted, ValResult, ValidatorStarted, WorkerError, WorkerExited,
                                         WorkerRestarting, WorkerStarted)
 from ..engine.protocol.names import ExitReason, ValidationMode
-from ..engine.protocol.states import WorkerState, ended_label
+from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from ..engine.supervise.supervisor import Supervisor
 from .formats import quiet_text
 
@@ -226,7 +226,7 @@ _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
 def exit_status(statuses: dict[str, str]) -> int:
     """The command's exit status from every pipeline's final state."""
     values = set(statuses.values())
-    if values <= {WorkerState.COMPLETED}:
+    if values <= SUCCESS_STATES:  # completed, early-stopped, pruned
         return EXIT_OK
     if values & {WorkerState.FAILED, WorkerState.KILLED}:
         return EXIT_FAILED

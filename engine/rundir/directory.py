@@ -22,7 +22,7 @@ from ..config.schema import RunConfig
 from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
                                 StepMetrics, ValResult)
 from ..protocol.records import from_record, to_record
-from ..protocol.states import WorkerState, ended_label
+from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
 PID_FILE = "supervisor.pid"  # the pid of the torchherd process writing a run (or snapshot folder)
@@ -241,8 +241,9 @@ class RunSummary:
 
     @property
     def to_resume(self) -> tuple[str, ...]:
-        """The pipelines that did not complete (stopped, killed, failed, never started or cut short)."""
-        return tuple(p for p in self.pipelines if self.statuses.get(p) != WorkerState.COMPLETED)
+        """The pipelines that did not end well (stopped, killed, failed, never started or cut short): completed,
+        early-stopped and pruned ones are done."""
+        return tuple(p for p in self.pipelines if self.statuses.get(p) not in SUCCESS_STATES)
 
     @property
     def resumable(self) -> bool:

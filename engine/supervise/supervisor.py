@@ -19,7 +19,7 @@ from ..launch.registry import backend_for
 from ..protocol.messages import (EarlyStop, Event, Heartbeat, Notice, PipelineQueued, RunFinished, RunStarted,
                                  SnapshotTaken, TrainingStarted, WorkerError)
 from ..protocol.telemetry import TelemetrySnapshot
-from ..protocol.states import WorkerState
+from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
 from . import commands
 from .attempts import AttemptLauncher
@@ -338,8 +338,10 @@ class Supervisor:
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
         self._emit_validation(event)
-        if self._runs[name].state in commands.LIVE:
-            self.stop(name, reason=event.reason)
+        run = self._runs[name]
+        if run.state in commands.LIVE:  # early stopping is a completion: it ends early_stopped, not stopped
+            commands.stop(self._lifecycle, run, event.reason, ending=S.EARLY_STOPPED)
+            self._check_finished()
 
     def on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
         """Take a telemetry sample (the sampler thread hands each one over on the event loop)."""
@@ -378,7 +380,7 @@ class Supervisor:
                 self._validation.abandon(SESSION_ENDED)  # never scored: say so before the end
             statuses = {n: r.state.value for n, r in self._runs.items()}
             self._finished_sent = True
-            self._emit(RunFinished(ok=all(s == "completed" for s in statuses.values()), statuses=statuses))
+            self._emit(RunFinished(ok=all(S(s) in SUCCESS_STATES for s in statuses.values()), statuses=statuses))
             self._rundir.flush()
             self._finished.set()
             if not self._closing:  # the session stays open (an app, a service): no validator idles in it
