@@ -29,6 +29,7 @@ from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
 from .scheduler import Scheduler
+from .sweeping import SweepPruner
 from .telemetry_feed import TelemetryFeed, gpu_note
 from .validation_service import SESSION_ENDED, ValidationService
 
@@ -80,6 +81,7 @@ class Supervisor:
         self._feed = TelemetryFeed()  # the pids the sampler thread reads, and the sampler
         self._resume_configs: list[RunConfig] | None = None
         self._resume_only: set[str] | None = None
+        self.sweep: SweepPruner | None = None  # prunes a [sweep]'s trials, from start()
 
     # ------------------------------------------------------------ session
 
@@ -119,6 +121,7 @@ class Supervisor:
         for name, status in kept.items():  # nothing to train: they keep how they had ended
             commands.keep_ended(self._lifecycle, self._runs[name], status)
         self._announce_queued(names)
+        self.sweep = SweepPruner.attach(self, self.run_dir)  # None unless a [sweep] prunes
         self._schedule()
         loop = asyncio.get_running_loop()
         self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
@@ -173,10 +176,10 @@ class Supervisor:
 
     # ------------------------------------------------------------ commands
 
-    def stop(self, name: str | None = None, reason: str = "requested") -> None:
-        """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit."""
+    def stop(self, name: str | None = None, reason: str = "requested", ending: WorkerState = S.STOPPED) -> None:
+        """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit; it ends in `ending`."""
         for run in self._select(name):
-            commands.stop(self._lifecycle, run, reason)
+            commands.stop(self._lifecycle, run, reason, ending)
         self._check_finished()
 
     def pause(self, name: str) -> None:
@@ -338,10 +341,8 @@ class Supervisor:
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
         self._emit_validation(event)
-        run = self._runs[name]
-        if run.state in commands.LIVE:  # early stopping is a completion: it ends early_stopped, not stopped
-            commands.stop(self._lifecycle, run, event.reason, ending=S.EARLY_STOPPED)
-            self._check_finished()
+        if self._runs[name].state in commands.LIVE:  # a completion: it ends early_stopped, not stopped
+            self.stop(name, reason=event.reason, ending=S.EARLY_STOPPED)
 
     def on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
         """Take a telemetry sample (the sampler thread hands each one over on the event loop)."""
