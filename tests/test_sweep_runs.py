@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,7 +48,7 @@ async def test_asha_prunes_the_worst_at_their_first_rung_and_the_best_runs_to_th
     assert statuses[worst] == "pruned" and statuses[best] == "completed"
     assert sum(s == "pruned" for s in statuses.values()) >= 6
     finished = {e.pipeline: e for e in events if isinstance(e, PipelineFinished)}
-    assert finished[worst].reason.startswith("pruned: val_loss") and finished[worst].epoch < 4
+    assert finished[worst].reason.startswith("val_loss") and finished[worst].epoch < 4
     assert [e for e in events if isinstance(e, RunFinished)][-1].ok  # pruned is a success
     # The best trial's best checkpoint loads into its model.
     from tests.tasks.tiny import build
@@ -119,3 +120,14 @@ params.lr = [{lrs}]
     assert {e.pipeline for e in later if isinstance(e, TrainingStarted)} == unfinished
     last = [e for e in later if isinstance(e, RunFinished)][-1]
     assert all(last.statuses[n] == s for n, s in before.items() if n not in unfinished)  # pruned stay pruned
+
+
+def test_the_sample_sweep_prunes_and_prints_the_ranked_table(tmp_path):
+    sample = Path(__file__).resolve().parent.parent / "sample_configs" / "sweep.toml"
+    proc = subprocess.run([sys.executable, "-m", "torchherd", "run", str(sample), "--headless",
+                           "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=540)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert ": pruned (val_loss" in out and "rung cut" in out
+    table = out[out.index("sweep: 8 trials ranked by val_loss"):]
+    assert "#  trial" in table and "best: reg-lr" in table and "best.pt" in table

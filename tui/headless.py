@@ -18,7 +18,7 @@ from ..engine.config.schema import RunConfig
 from ..engine.protocol.control import ClientCommand
 from ..engine.protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Event, Notice, PipelineFinished,
                                         Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled, StepMetrics,
-                                        TrainingStarted, ValResult, ValidatorStarted, WorkerError, WorkerExited,
+                                        TrainingStarted, TrialDecision, ValResult, ValidatorStarted, WorkerError, WorkerExited,
                                         WorkerRestarting, WorkerStarted)
 from ..engine.protocol.names import ExitReason, ValidationMode
 from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
@@ -53,6 +53,8 @@ class LinePrinter:
         self.step_line_at: dict[str, float] = {}
         self.run_id = "RUN"  # named by run_started
         self.ended: dict[str, str] = {}  # each ended pipeline's state as people read it ('early stop', ...)
+        self.run_dir: Path | None = None  # named by run_started
+        self.results: list[Event] = []  # val_result and trial_decision events: a sweep's ranking at the end
 
     def where(self, pipeline: str, epoch: int, step: int) -> str:
         """A saved state's place as people count epochs: 'after epoch 2' or 'in epoch 3, step 2,600'."""
@@ -82,7 +84,7 @@ class LinePrinter:
             method(self, ev)
 
     def _run_started(self, ev: RunStarted) -> None:
-        self.run_id = ev.run_id
+        self.run_id, self.run_dir = ev.run_id, Path(ev.run_dir)
         self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
 
     def _worker_started(self, ev: WorkerStarted) -> None:
@@ -136,6 +138,7 @@ class LinePrinter:
                 self.write(f"    {line}\n")
             return
         self.val[ev.pipeline] = (ev.epoch, ev.metrics)
+        self.results.append(ev)
         if ev.mode != ValidationMode.INLINE:  # inline results show in the epoch's line
             skipped = self.skipped.pop(ev.pipeline, 0)
             self.line(f"{ev.pipeline}: validated epoch {ev.epoch + 1} step {ev.step}: " +
@@ -198,6 +201,27 @@ class LinePrinter:
     def _run_finished(self, ev: RunFinished) -> None:
         summary = ", ".join(f"{k} {self.ended.get(k, v)}" for k, v in ev.statuses.items())
         self.line(f"run finished: {summary}")
+        for line in self.sweep_ranking(ev.statuses):
+            self.write(line + "\n")
+
+    def _trial_decision(self, ev: TrialDecision) -> None:
+        self.results.append(ev)  # a prune shows as the pipeline's end, with this reason
+
+    def sweep_ranking(self, statuses: dict[str, str]) -> list[str]:
+        """A sweep's trials ranked by the metric (none for a run that is no sweep): from the run's saved
+        config and events (a resumed sweep's earlier results too) and those seen here."""
+        from ..engine.rundir.directory import load_resolved_configs, read_events
+        from .ranking import fold_trials, ranked_table
+
+        try:
+            config = load_resolved_configs(self.run_dir)[0] if self.run_dir is not None else None
+        except (OSError, ValueError, IndexError):
+            return []
+        if config is None or config.sweep is None:
+            return []
+        states = {k: self.ended.get(k, v) for k, v in statuses.items()}
+        rows = fold_trials(config, [*read_events(self.run_dir), *self.results], states)
+        return ranked_table(rows, config.validation.metric, self.run_dir)
 
 
 _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
@@ -220,6 +244,7 @@ _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     PipelineFinished: LinePrinter._pipeline_finished,
     RunFinished: LinePrinter._run_finished,
     ClientCommand: LinePrinter._client_command,
+    TrialDecision: LinePrinter._trial_decision,
 }
 
 

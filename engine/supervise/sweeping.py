@@ -95,4 +95,4 @@ class SweepPruner:
         self._sup.record(TrialDecision(pipeline=name, action="prune" if prune else "continue", rung=verdict.rung,
                                        value=verdict.value, cutoff=verdict.cutoff, reason=reason))
         if prune:
-            self._sup.stop(name, reason=f"pruned: {verdict.reason}", ending=S.PRUNED)
+            self._sup.stop(name, reason=verdict.reason, ending=S.PRUNED)
