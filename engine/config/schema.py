@@ -327,6 +327,9 @@ class RunConfig(_Strict):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Local processes or a Ray cluster.")
     sweep: SweepConfig | None = Field(None, description=(
         "A search: each [[pipelines]] table becomes one pipeline per trial, pruned by validation results."))
+    tensorboard: bool = Field(True, description=(
+        "Write TensorBoard event files of every pipeline under the run directory's tensorboard/ folder (the "
+        "supervisor writes them from its events; workers do no work for it)."))
     source: str = Field("", description="The file this config was read from; filled in by the loader.")
 
     @field_validator("name")

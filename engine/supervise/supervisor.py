@@ -29,7 +29,7 @@ from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
 from .scheduler import Scheduler
-from .sweeping import SweepPruner
+from .observers import SweepPruner, attach_observers
 from .telemetry_feed import TelemetryFeed, gpu_note
 from .validation_service import SESSION_ENDED, ValidationService
 
@@ -121,7 +121,7 @@ class Supervisor:
         for name, status in kept.items():  # nothing to train: they keep how they had ended
             commands.keep_ended(self._lifecycle, self._runs[name], status)
         self._announce_queued(names)
-        self.sweep = SweepPruner.attach(self, self.run_dir)  # None unless a [sweep] prunes
+        self.sweep = attach_observers(self)  # TensorBoard files; the sweep's pruner (None unless it prunes)
         self._schedule()
         loop = asyncio.get_running_loop()
         self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
