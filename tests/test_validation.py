@@ -114,8 +114,10 @@ async def test_early_stopping_stops_the_worker(tmp_path):
     events = await run_to_end(Supervisor(config))
     assert of(events, EarlyStop)
     finished = of(events, PipelineFinished)[0]
-    assert finished.status == "stopped" and "early stopping" in finished.reason
+    # Early stopping is a completion: its own final state, not "stopped" (which resume would undo).
+    assert finished.status == "early_stopped" and "early stopping" in finished.reason
     assert finished.epoch < 200
+    assert of(events, RunFinished)[-1].ok
 
 
 async def test_validation_that_raises_is_reported_and_training_goes_on(tmp_path):

@@ -11,12 +11,17 @@ from torchherd.engine.protocol.states import ended_label
 from torchherd.engine.rundir.directory import read_events, summarize
 from torchherd.engine.supervise.supervisor import Supervisor
 from torchherd.tui.bridge import run_end
+from torchherd.engine.supervise.resuming import kept_on_resume
+from torchherd.tui.headless import EXIT_OK, EXIT_STOPPED, exit_status
 from tests.conftest import make_config, wait_for
+from tests.test_resume_stopped import cli
 from tests.test_headless_lines import printed
 
 
 @pytest.mark.parametrize("status, reason, label", [
-    ("stopped", "early stopping: val_loss did not improve on 0.5 in 2 validations", "early stop"),
+    ("early_stopped", "early stopping: val_loss did not improve on 0.5 in 2 validations", "early stop"),
+    ("stopped", "early stopping: val_loss did not improve on 0.5 in 2 validations", "early stop"),  # older runs
+    ("pruned", "val_loss 0.31 at epoch 4, rung cut 0.27", "pruned"),
     ("stopped", "stopped before it started", "never ran"),
     ("killed", "session ended before it started", "never ran"),
     ("stopped", "requested", "stopped"),
@@ -53,9 +58,22 @@ async def test_inline_patience_stops_a_task_pipeline_early(tmp_path):
     events = read_events(sup.run_dir)
     assert [e for e in events if isinstance(e, EarlyStop)]
     finished = [e for e in events if isinstance(e, PipelineFinished)][-1]
-    assert finished.status == "stopped" and finished.reason.startswith("early stopping: val_loss did not improve")
+    assert finished.status == "early_stopped" and finished.reason.startswith("early stopping: val_loss did not improve")
     assert finished.epoch < 30
     assert summarize(sup.run_dir).labels == {"a": "early stop"}
+    # Regression: an early stop read `stopped`, so `torchherd resume` trained the pipeline on, undoing it.
+    assert summarize(sup.run_dir).to_resume == ()
+    again = cli("resume", str(sup.run_dir), "--headless")
+    assert again.returncode == 0 and "nothing to resume" in again.stderr, again.stdout + again.stderr
+
+
+def test_early_stopped_and_pruned_end_well():
+    assert exit_status({"a": "completed", "b": "early_stopped", "c": "pruned"}) == EXIT_OK
+    assert exit_status({"a": "pruned", "b": "stopped"}) == EXIT_STOPPED
+    done = {"a": "early_stopped", "b": "pruned", "c": "stopped", "d": "completed"}
+    assert kept_on_resume(done, list(done), None) == {"a": "early_stopped", "b": "pruned", "d": "completed"}
+    # Named with --only, a pruned trial carries on (a person promotes it); a completed one never does.
+    assert kept_on_resume(done, list(done), {"b", "d"}) == {"a": "early_stopped", "c": "stopped", "d": "completed"}
 
 
 @pytest.mark.slow

@@ -20,7 +20,8 @@ USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR]
        torchherd stop|kill RUN [NAME]
        torchherd pause|resume-pipeline|checkpoint|restart|stacks RUN NAME
        torchherd resume RUN_DIR [--headless] [--only NAME]
-       torchherd check CONFIG [--probe]"""
+       torchherd check CONFIG [--probe]
+       torchherd export RUN --tensorboard DIR [--runs-dir DIR]"""
 
 COMMANDS = """commands:
   run CONFIG        run a config in a supervisor of its own (it outlives this terminal) and watch it:
@@ -32,6 +33,7 @@ COMMANDS = """commands:
   stacks RUN NAME   every process of a pipeline writes its Python stacks to its log (nothing stops)
   resume RUN_DIR    carry on every pipeline of a run that did not complete, from its checkpoints
   check CONFIG      validate a config and say what would launch where (exit 2 if it cannot run)
+  export RUN        write a past run's TensorBoard event files (--tensorboard DIR)
 
 RUN is a run directory or a run id under --runs-dir (default ./runs). `torchherd COMMAND -h` shows a
 command's options."""
@@ -97,7 +99,14 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
                                  "or cut short and resumable.")
     ls.add_argument("--runs-dir", **runs_dir)
     ls.add_argument("--json", action="store_true", help="one JSON array, for scripts")
-    parsers = {"attach": attach, "ls": ls}
+    export = argparse.ArgumentParser(
+        prog="torchherd export", description="Write a run's TensorBoard event files (one folder per pipeline, a "
+        "sweep's HParams too) from its events.jsonl and telemetry.jsonl: for runs made before torchherd wrote "
+        "them, or with tensorboard = false. Exit status: 0 written, 2 no such run.")
+    export.add_argument("run", metavar="RUN", help="run directory or run id")
+    export.add_argument("--tensorboard", metavar="DIR", required=True, help="where the event files go")
+    export.add_argument("--runs-dir", **runs_dir)
+    parsers = {"attach": attach, "ls": ls, "export": export}
     for verb in ACTIONS:
         one = verb in NEEDS_NAME
         act = argparse.ArgumentParser(
@@ -194,8 +203,11 @@ def _resume(args: argparse.Namespace) -> int:
         print(f"torchherd: {run_dir}: --only {', '.join(unknown)}: no such pipeline (it has "
               f"{', '.join(summary.pipelines)})", file=sys.stderr)
         return 2
-    if not summary.to_resume or (only and not set(only) & set(summary.to_resume)):
-        print(f"torchherd: {run_dir}: every pipeline {'named ' if only else ''}completed; nothing to resume",
+    # By default early-stopped and pruned pipelines are done; naming one with --only carries it on.
+    to_resume = [n for n in only if summary.statuses.get(n) != "completed"] if only else summary.to_resume
+    if not to_resume:
+        print(f"torchherd: {run_dir}: every pipeline {'named ' if only else ''}ended well (completed, "
+              "early-stopped or pruned); nothing to resume",
               file=sys.stderr)
         return 0  # nothing to do is no mistake (2 is for bad input)
     if not args.headless:
@@ -233,6 +245,21 @@ def _attach(args: argparse.Namespace) -> int:
     return run_app(None, Path(args.runs_dir), attach=run_dir, read_only=args.read_only)
 
 
+def _export(args: argparse.Namespace) -> int:
+    from ..engine.rundir.tensorboard import export_run
+    from .control import BadRun, resolve_run
+
+    try:
+        run_dir = resolve_run(args.run, Path(args.runs_dir))
+        count = export_run(run_dir, Path(args.tensorboard))
+    except (BadRun, OSError, ValueError) as exc:
+        print(f"torchherd: {exc}", file=sys.stderr)
+        return 2
+    print(f"{run_dir}: TensorBoard files of {count} pipeline(s) in {args.tensorboard} "
+          f"(tensorboard --logdir {args.tensorboard})")
+    return 0
+
+
 def _ls(args: argparse.Namespace) -> int:
     from .control import list_command
 
@@ -244,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     app_parser, commands = _parsers()
     if argv and argv[0] in commands:
         args = commands[argv[0]].parse_args(argv[1:])
-        handlers = {"run": _run, "check": _check, "resume": _resume, "attach": _attach, "ls": _ls}
+        handlers = {"run": _run, "check": _check, "resume": _resume, "attach": _attach, "ls": _ls,
+                    "export": _export}
         if argv[0] in handlers:
             return handlers[argv[0]](args)
         from .control import act_command

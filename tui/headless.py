@@ -18,11 +18,11 @@ from typing import Any, Callable, TextIO
 from ..engine.config.schema import RunConfig
 from ..engine.protocol.control import ClientCommand
 from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop, EpochEnd, Event, Notice,
-                                        PipelineFinished, Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled, StepMetrics,
-                                        TasksChecked, TrainingStarted, ValResult, ValidatorStarted, WorkerError,
-                                        WorkerExited, WorkerRestarting, WorkerStarted)
+                                        PipelineFinished, Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled,
+                                        StepMetrics, TasksChecked, TrainingStarted, TrialDecision, ValResult,
+                                        ValidatorStarted, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted)
 from ..engine.protocol.names import ExitReason, PipelineKind, ValidationMode
-from ..engine.protocol.states import WorkerState, ended_label
+from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from ..engine.supervise.supervisor import Supervisor
 from .formats import quiet_text
 
@@ -55,6 +55,8 @@ class LinePrinter:
         self.run_id = "RUN"  # named by run_started
         self.ended: dict[str, str] = {}  # each ended pipeline's state as people read it ('early stop', ...)
         self.refused: list[str] = []  # the problems of tasks that did not build: the run trained nothing
+        self.run_dir: Path | None = None  # named by run_started
+        self.results: list[Event] = []  # val_result and trial_decision events: a sweep's ranking at the end
 
     def where(self, pipeline: str, epoch: int, step: int) -> str:
         """A saved state's place as people count epochs: 'after epoch 2' or 'in epoch 3, step 2,600'."""
@@ -84,7 +86,7 @@ class LinePrinter:
             method(self, ev)
 
     def _run_started(self, ev: RunStarted) -> None:
-        self.run_id = ev.run_id
+        self.run_id, self.run_dir = ev.run_id, Path(ev.run_dir)
         self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
 
     def _config_added(self, ev: ConfigAdded) -> None:
@@ -149,6 +151,7 @@ class LinePrinter:
                 self.write(f"    {line}\n")
             return
         self.val[ev.pipeline] = (ev.epoch, ev.metrics)
+        self.results.append(ev)
         if ev.mode != ValidationMode.INLINE:  # inline results show in the epoch's line
             skipped = self.skipped.pop(ev.pipeline, 0)
             self.line(f"{ev.pipeline}: validated epoch {ev.epoch + 1} step {ev.step}: " +
@@ -211,6 +214,27 @@ class LinePrinter:
     def _run_finished(self, ev: RunFinished) -> None:
         summary = ", ".join(f"{k} {self.ended.get(k, v)}" for k, v in ev.statuses.items())
         self.line(f"run finished: {summary}")
+        for line in self.sweep_ranking(ev.statuses):
+            self.write(line + "\n")
+
+    def _trial_decision(self, ev: TrialDecision) -> None:
+        self.results.append(ev)  # a prune shows as the pipeline's end, with this reason
+
+    def sweep_ranking(self, statuses: dict[str, str]) -> list[str]:
+        """A sweep's trials ranked by the metric (none for a run that is no sweep): from the run's saved
+        config and events (a resumed sweep's earlier results too) and those seen here."""
+        from ..engine.rundir.directory import load_resolved_configs, read_events
+        from .ranking import fold_trials, ranked_table
+
+        try:
+            config = load_resolved_configs(self.run_dir)[0] if self.run_dir is not None else None
+        except (OSError, ValueError, IndexError):
+            return []
+        if config is None or config.sweep is None:
+            return []
+        states = {k: self.ended.get(k, v) for k, v in statuses.items()}
+        rows = fold_trials(config, [*read_events(self.run_dir), *self.results], states)
+        return ranked_table(rows, config.validation.metric, self.run_dir)
 
 
 _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
@@ -235,13 +259,14 @@ _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     PipelineFinished: LinePrinter._pipeline_finished,
     RunFinished: LinePrinter._run_finished,
     ClientCommand: LinePrinter._client_command,
+    TrialDecision: LinePrinter._trial_decision,
 }
 
 
 def exit_status(statuses: dict[str, str]) -> int:
     """The command's exit status from every pipeline's final state."""
     values = set(statuses.values())
-    if values <= {WorkerState.COMPLETED}:
+    if values <= SUCCESS_STATES:  # completed, early-stopped, pruned
         return EXIT_OK
     if values & {WorkerState.FAILED, WorkerState.KILLED}:
         return EXIT_FAILED

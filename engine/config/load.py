@@ -16,6 +16,8 @@ from pydantic import BaseModel, ValidationError
 
 from ..protocol.names import PipelineKind
 from .problems import ConfigError, Problem, display_path
+from .sweep import SweepConfig
+from .trials import expand_pipelines, space_problems
 from .schema import (BUILTIN_TASKS, LIGHTNING_PREFIX, RESOLVED, SCRIPT_ONLY, TABLES, Pipeline, PipelineSettings,
                      RunConfig)
 
@@ -176,6 +178,9 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
     problems: list[Problem] = []
     raw_defaults = _defaults_table(data, shown, problems)
     raw_pipelines = _pipelines_table(data, shown, problems)
+    sweep = _sweep_table(data, shown, problems)
+    if sweep is not None:
+        raw_pipelines = expand_pipelines(raw_pipelines, sweep)
     names: dict[str, int] = {}
     pipelines = [_parse_pipeline(i, pipe, raw_defaults, shown, base_dir, names, problems)
                  for i, pipe in enumerate(raw_pipelines)]
@@ -187,6 +192,7 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
         "name": top.name or Path(file).stem,
         "defaults": PipelineSettings.model_validate(raw_defaults),
         "pipelines": pipelines,
+        "sweep": sweep,
         "source": str(Path(file).resolve()) if os.path.exists(file) else file,
     })
 
@@ -214,6 +220,20 @@ def _defaults_table(data: dict[str, Any], shown: str, problems: list[Problem]) -
     except ValidationError as exc:
         problems += _problems(exc, shown, RunConfig, ("defaults",))
     return raw_defaults
+
+
+def _sweep_table(data: dict[str, Any], shown: str, problems: list[Problem]) -> SweepConfig | None:
+    """`[sweep]` validated (None when absent or wrong, said in `problems`), each space key checked."""
+    if "sweep" not in data:
+        return None
+    try:
+        sweep = SweepConfig.model_validate(data["sweep"])
+    except ValidationError as exc:
+        problems += _problems(exc, shown, RunConfig, ("sweep",))
+        return None
+    found = space_problems(sweep, shown)
+    problems += found
+    return None if found else sweep
 
 
 def _pipelines_table(data: dict[str, Any], shown: str, problems: list[Problem]) -> list[dict[str, Any]]:
@@ -270,7 +290,7 @@ def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], 
 
 def _parse_top(data: dict[str, Any], shown: str, problems: list[Problem]) -> RunConfig | None:
     """The top-level tables validated (with a stand-in pipeline), or None; problems go to `problems`."""
-    rest = {k: v for k, v in data.items() if k not in ("defaults", "pipelines")}
+    rest = {k: v for k, v in data.items() if k not in ("defaults", "pipelines", "sweep")}  # sweep: _sweep_table
     try:
         top = RunConfig.model_validate({**rest, "pipelines": [{"name": "x", "task": "regression"}]})
     except ValidationError as exc:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..protocol.names import PipelineKind, ValidationMode
+from .sweep import SweepConfig
 
 BUILTIN_TASKS = ("regression", "digits")
 # Run and pipeline names become folder names, so no '/', no leading '.', nothing that climbs out.
@@ -180,6 +181,8 @@ class Pipeline(PipelineSettings):
     script_ref: str = Field("", description="The script as resolved (absolute path); filled in by the loader.")
     validate_ref: str = Field("", description="`validate` as resolved; filled in by the loader.")
     workdir: str = Field("", description="The script's working directory (`cwd` resolved); from the loader.")
+    trial: dict[str, Any] = Field(default_factory=dict, description=(
+        "A sweep's trial: the values of the [sweep] space keys this pipeline trains with; from the loader."))
 
     @field_validator("name")
     @classmethod
@@ -325,6 +328,11 @@ class RunConfig(_Strict):
     restart: RestartConfig = Field(default_factory=RestartConfig, description="Restart policy.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="Telemetry sampling.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Local processes or a Ray cluster.")
+    sweep: SweepConfig | None = Field(None, description=(
+        "A search: each [[pipelines]] table becomes one pipeline per trial, pruned by validation results."))
+    tensorboard: bool = Field(True, description=(
+        "Write TensorBoard event files of every pipeline under the run directory's tensorboard/ folder (the "
+        "supervisor writes them from its events; workers do no work for it)."))
     source: str = Field("", description="The file this config was read from; filled in by the loader.")
 
     @field_validator("name")
@@ -333,16 +341,17 @@ class RunConfig(_Strict):
         return v if v == "" else _check_name(v)  # "": the file's name is used
 
 
-RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir")  # filled in by the loader, not keys
+RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir", "trial")  # filled in by the loader, not keys
 # The model of each table below the top level, by its key in the file.
 TABLES: dict[str, type[BaseModel]] = {
     "defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig, "validation": ValidationConfig,
-    "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig}
+    "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig, "sweep": SweepConfig}
 
 
 def describe_fields() -> dict[str, dict[str, str]]:
     """Every config table's keys and their descriptions (for docs and the app)."""
     tables = {"(top level)": RunConfig, "pipelines / defaults": Pipeline, "devices": DevicesConfig,
-              "validation": ValidationConfig, "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig}
+              "validation": ValidationConfig, "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig,
+              "sweep": SweepConfig}
     return {t: {f.alias or n: f.description or "" for n, f in m.model_fields.items() if n not in RESOLVED}
             for t, m in tables.items()}

@@ -58,8 +58,26 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
         problems = _probe_tasks(config, background)
     if problems:
         return CheckReport(False, config, problems)
-    lines = describe_plan(config, slots, inventory)
+    lines = describe_plan(config, slots, inventory) + sweep_lines(config)
     return CheckReport(True, config, [], _say_lightning(config, lines, background) if probe else lines)
+
+
+SHOWN_TRIALS = 4  # trials `check` spells out; the pipeline lines above list every one
+
+
+def sweep_lines(config: RunConfig) -> list[str]:
+    """A sweep's trial count, its scheduler and its first few trials with their values."""
+    sweep = config.sweep
+    if sweep is None:
+        return []
+    first = config.pipelines[0]
+    limit = first.max_epochs if sweep.rung_unit == "epoch" else first.max_steps
+    lines = [sweep.describe(len(config.pipelines), limit)]
+    for pipe in config.pipelines[:SHOWN_TRIALS]:
+        lines.append(f"  {pipe.name}: " + ", ".join(f"{k} = {v!r}" for k, v in pipe.trial.items()))
+    if len(config.pipelines) > SHOWN_TRIALS:
+        lines.append(f"  ... and {len(config.pipelines) - SHOWN_TRIALS} more")
+    return lines
 
 
 def runs_dir_problems(config: RunConfig, runs_dir: str | Path | None = None) -> list[Problem]:

@@ -263,6 +263,19 @@ class EarlyStop(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TrialDecision(Event):
+    """A sweep's scheduler judged a trial's validation result at a rung: it goes on, or it is pruned."""
+
+    type: ClassVar[str] = "trial_decision"
+    pipeline: str
+    action: str  # "continue" or "prune"
+    rung: float  # the milestone, in the sweep's rung_unit (epochs or steps)
+    value: float  # the trial's `metric` there
+    cutoff: float | None = None  # the rung's cut (None: the first at its rung)
+    reason: str = ""  # "val_loss 0.31 at epoch 4, rung cut 0.27"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class WorkerError(Event):
     """A worker caught an exception; sent before it exits non-zero."""
 

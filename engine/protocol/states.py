@@ -30,6 +30,10 @@ class WorkerState(str, Enum):
     """Final: trained to its limits."""
     STOPPED = "stopped"
     """Final: stopped on request, with a checkpoint."""
+    EARLY_STOPPED = "early_stopped"
+    """Final: its validation's `patience` ran out; a completion, which resuming leaves as it is."""
+    PRUNED = "pruned"
+    """Final: a sweep's scheduler cut it for a worse metric than its peers; keeps its checkpoints."""
     FAILED = "failed"
     """Final: crashed more often than the restart policy allows."""
     KILLED = "killed"
@@ -46,32 +50,38 @@ class WorkerState(str, Enum):
 
 
 FINAL_STATES = frozenset(
-    {WorkerState.COMPLETED, WorkerState.STOPPED, WorkerState.FAILED, WorkerState.KILLED}
+    {WorkerState.COMPLETED, WorkerState.EARLY_STOPPED, WorkerState.PRUNED, WorkerState.STOPPED,
+     WorkerState.FAILED, WorkerState.KILLED}
 )
+# Final states that end a pipeline well: exit status 0, and `torchherd resume` leaves them as they are.
+SUCCESS_STATES = frozenset({WorkerState.COMPLETED, WorkerState.EARLY_STOPPED, WorkerState.PRUNED})
 _ALIVE = frozenset(
     {WorkerState.STARTING, WorkerState.RUNNING, WorkerState.PAUSED,
      WorkerState.STOPPING, WorkerState.KILLING, WorkerState.HUNG}
 )
 
 _S = WorkerState
+_DONE_WELL = frozenset({_S.EARLY_STOPPED, _S.PRUNED})  # reached as a stop is, by the stop's intent
 TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
-    # QUEUED -> COMPLETED/FAILED: a resumed run's pipeline that keeps how it had ended (it had
+    # QUEUED -> COMPLETED/FAILED/...: a resumed run's pipeline that keeps how it had ended (it had
     # completed, or it is not among those resumed).
-    _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED, _S.COMPLETED, _S.FAILED}),
+    _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED, _S.COMPLETED, _S.FAILED}) | _DONE_WELL,
     _S.STARTING: frozenset({_S.RUNNING, _S.PAUSED, _S.STOPPING, _S.KILLING, _S.HUNG, _S.BACKOFF,
-                            _S.COMPLETED, _S.STOPPED, _S.FAILED}),
+                            _S.COMPLETED, _S.STOPPED, _S.FAILED}) | _DONE_WELL,
     _S.RUNNING: frozenset({_S.PAUSED, _S.STOPPING, _S.KILLING, _S.HUNG, _S.BACKOFF,
-                           _S.COMPLETED, _S.STOPPED, _S.FAILED}),
-    _S.HUNG: frozenset({_S.KILLING, _S.BACKOFF, _S.FAILED, _S.STOPPED, _S.KILLED, _S.COMPLETED}),
+                           _S.COMPLETED, _S.STOPPED, _S.FAILED}) | _DONE_WELL,
+    _S.HUNG: frozenset({_S.KILLING, _S.BACKOFF, _S.FAILED, _S.STOPPED, _S.KILLED, _S.COMPLETED}) | _DONE_WELL,
     # PAUSED -> COMPLETED: the pause reached a worker that had just trained its last step.
     _S.PAUSED: frozenset({_S.RUNNING, _S.STOPPING, _S.KILLING, _S.BACKOFF,
-                          _S.STOPPED, _S.FAILED, _S.COMPLETED}),
-    _S.STOPPING: frozenset({_S.KILLING, _S.HUNG, _S.STOPPED, _S.COMPLETED, _S.BACKOFF, _S.FAILED}),
+                          _S.STOPPED, _S.FAILED, _S.COMPLETED}) | _DONE_WELL,
+    _S.STOPPING: frozenset({_S.KILLING, _S.HUNG, _S.STOPPED, _S.COMPLETED, _S.BACKOFF, _S.FAILED}) | _DONE_WELL,
     _S.KILLING: frozenset({_S.KILLED, _S.STARTING, _S.QUEUED, _S.STOPPED, _S.COMPLETED,
-                           _S.FAILED, _S.BACKOFF}),
-    _S.BACKOFF: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED}),
-    # A final state is left only when a person asks to restart the pipeline.
+                           _S.FAILED, _S.BACKOFF}) | _DONE_WELL,
+    _S.BACKOFF: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED}) | _DONE_WELL,
+    # A final state is left only when a person asks to restart the pipeline (or promotes a pruned trial).
     _S.COMPLETED: frozenset({_S.QUEUED}),
+    _S.EARLY_STOPPED: frozenset({_S.QUEUED}),
+    _S.PRUNED: frozenset({_S.QUEUED}),
     _S.STOPPED: frozenset({_S.QUEUED}),
     _S.FAILED: frozenset({_S.QUEUED}),
     _S.KILLED: frozenset({_S.QUEUED}),
@@ -84,12 +94,13 @@ BEFORE_START = "before it started"  # ends the reason of a pipeline that ended w
 
 
 def ended_label(state: WorkerState | str, reason: str = "") -> str:
-    """A final state as people read it: 'early stop' and 'never ran' are told apart from a stop on request
-    (the state itself stays 'stopped' or 'killed' in the records); any other state is its own name."""
+    """A final state as people read it: 'never ran' is told apart from a stop on request (the state itself
+    stays 'stopped' or 'killed' in the records), and 'early_stopped' reads 'early stop' (as does a run
+    recorded before that state existed, 'stopped' for early stopping); any other state is its own name."""
     value = WorkerState(state).value
     if value in ("stopped", "killed") and reason.endswith(BEFORE_START):
         return "never ran"
-    if value == "stopped" and reason.startswith(EARLY_STOP):
+    if value == "early_stopped" or (value == "stopped" and reason.startswith(EARLY_STOP)):
         return "early stop"
     return value
 

@@ -22,8 +22,8 @@ from typing import IO, Any
 from ..config.schema import RunConfig
 from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
                                 StepMetrics, ValResult)
-from ..protocol.records import from_record
-from ..protocol.states import WorkerState, ended_label
+from ..protocol.records import from_record, to_record
+from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .lines import encode_line
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
@@ -249,8 +249,9 @@ class RunSummary:
 
     @property
     def to_resume(self) -> tuple[str, ...]:
-        """The pipelines that did not complete (stopped, killed, failed, never started or cut short)."""
-        return tuple(p for p in self.pipelines if self.statuses.get(p) != WorkerState.COMPLETED)
+        """The pipelines that did not end well (stopped, killed, failed, never started or cut short): completed,
+        early-stopped and pruned ones are done."""
+        return tuple(p for p in self.pipelines if self.statuses.get(p) not in SUCCESS_STATES)
 
     @property
     def resumable(self) -> bool:

@@ -18,12 +18,16 @@ S = WorkerState
 LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
 
 
-def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str) -> None:
-    """Gracefully stop: finish the step, checkpoint, exit (or end now what has nothing to save)."""
+def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str, ending: WorkerState = S.STOPPED) -> None:
+    """Gracefully stop: finish the step, checkpoint, exit (or end now what has nothing to save). `ending`:
+    the final state it ends in (early_stopped, pruned: a completion rather than a stop on request)."""
     if run.state in (S.QUEUED, S.BACKOFF):
-        why = f"stopped {BEFORE_START}" if run.state == S.QUEUED else "stopped"
-        lifecycle.finish(run, S.STOPPED, why)  # QUEUED/BACKOFF -> STOPPED
-    elif run.state in LIVE and run.current.start_step is None:
+        why = f"stopped {BEFORE_START}" if run.state == S.QUEUED and ending == S.STOPPED else reason
+        lifecycle.finish(run, ending, why)  # QUEUED/BACKOFF -> STOPPED (or ending)
+        return
+    if run.state in LIVE or (run.state in (S.KILLING, S.HUNG) and run.intent in (Intent.RESTART, Intent.HUNG)):
+        run.stop_as = ending
+    if run.state in LIVE and run.current.start_step is None:
         # Still building its task: it hears no Stop until it trains, and it has trained
         # nothing since its last checkpoint, so it is ended now instead of waited for.
         run.current.intent, run.stop_reason = Intent.STOP, reason
@@ -95,7 +99,7 @@ def settle_unreaped(lifecycle: Lifecycle, run: PipelineRun) -> None:
     """The session has ended and `run` has no process, yet no final state: it ends killed (stopped if asked)."""
     if not run.state.final and run.handle is None:
         why = run.finish_reason or ("session ended" + (f" {BEFORE_START}" if run.state == S.QUEUED else ""))
-        lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else S.STOPPED, why)
+        lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else run.stop_as, why)
 
 
 def keep_ended(lifecycle: Lifecycle, run: PipelineRun, status: str) -> None:

@@ -95,6 +95,7 @@ class Lifecycle:
         """Start the next attempt on the pipeline's slots (QUEUED/BACKOFF/KILLING -> STARTING)."""
         run.attempts += 1
         run.restart_at = None
+        run.stop_as = S.STOPPED  # a new attempt: whatever the last stop was to end in does not carry over
         attempt, previous = Attempt(number=run.attempts), run.current
         run.current = attempt
         try:
@@ -261,7 +262,7 @@ class Lifecycle:
         self.finish(run, S.KILLED, "killed on request")
 
     def _stopped(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        self.finish(run, S.STOPPED, run.stop_reason or "stopped")
+        self.finish(run, run.stop_as, run.stop_reason or "stopped")
 
     def _completed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
         self.finish(run, S.COMPLETED, "trained to its limits")

@@ -94,6 +94,7 @@ class PipelineRun:
     failed_starts: int = 0  # consecutive
     restart_at: float | None = None  # monotonic time to leave BACKOFF
     stop_reason: str = ""
+    stop_as: WorkerState = WorkerState.STOPPED  # the final state a requested stop ends in (early_stopped, pruned)
     last_error: str = ""
     last_traceback: str = ""
     finish_reason: str = ""

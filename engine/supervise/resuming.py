@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..config.schema import Pipeline
 from ..protocol.messages import PipelineFinished, WorkerStarted
+from ..protocol.states import SUCCESS_STATES, ended_label
 from ..rundir.directory import read_events
 from ..runners.registry import runner_for
 
@@ -25,15 +26,17 @@ def history_before(run_dir: Path) -> tuple[dict[str, str], dict[str, int]]:
 
 
 def kept_on_resume(done: dict[str, str], names: list[str], only: set[str] | None) -> dict[str, str]:
-    """{pipeline: status} of those resuming leaves as they ended (`done`: from `history_before`): the completed
-    ones, and those not in `only` when it is given (they keep their final status, or read as stopped)."""
-    return {n: done.get(n, "stopped") for n in names if done.get(n) == "completed" or
-            (only is not None and n not in only)}
+    """{pipeline: status} of those resuming leaves as they ended (`done`: from `history_before`): the completed,
+    early-stopped and pruned ones (an early-stopped or pruned one resumes only when `only` names it), and
+    those not in `only` when it is given (they keep their final status, or read as stopped)."""
+    if only is None:
+        return {n: done[n] for n in names if done.get(n) in SUCCESS_STATES}
+    return {n: done.get(n, "stopped") for n in names if n not in only or done.get(n) == "completed"}
 
 
 def resume_line(run_dir: Path, pipe: Pipeline, kept: dict[str, str]) -> str:
     """What resuming does with one pipeline, for people."""
     name = pipe.name
     if name in kept:
-        return f"{name} {'done' if kept[name] == 'completed' else f'left {kept[name]}'}"
+        return f"{name} {'done' if kept[name] == 'completed' else f'left {ended_label(kept[name])}'}"
     return f"{name} {runner_for(pipe.kind).resumes_from(pipe, run_dir / name / 'checkpoints')}"

@@ -19,7 +19,7 @@ from ..launch.registry import backend_for
 from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Heartbeat, Notice, PipelineQueued, RunFinished,
                                  RunStarted, SnapshotTaken, TrainingStarted, WorkerError)
 from ..protocol.telemetry import TelemetrySnapshot
-from ..protocol.states import WorkerState
+from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
 from . import build_check, commands
 from .attempts import AttemptLauncher
@@ -28,6 +28,7 @@ from .lifecycle import Lifecycle, NoRoom
 from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
+from .observers import SweepPruner, attach_observers
 from .scheduler import Scheduler
 from .telemetry_feed import TelemetryFeed, gpu_note
 from .validation_service import SESSION_ENDED, ValidationService
@@ -81,6 +82,7 @@ class Supervisor:
         self._resume_configs: list[RunConfig] | None = None
         self._resume_only: set[str] | None = None
         self.task_check = build_check.BuildCheck(config, check_builds)  # the first wave's builds check every task
+        self.sweep: SweepPruner | None = None  # prunes a [sweep]'s trials, from start()
 
     # ------------------------------------------------------------ session
 
@@ -121,6 +123,7 @@ class Supervisor:
             commands.keep_ended(self._lifecycle, self._runs[name], status)
         self._announce_queued(names)
         self.task_check.open(resuming, self._runs[names[0]].plan.background, self._bus)
+        self.sweep = attach_observers(self)  # TensorBoard files; the sweep's pruner (None unless it prunes)
         self._schedule()
         loop = asyncio.get_running_loop()
         self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
@@ -175,10 +178,10 @@ class Supervisor:
 
     # ------------------------------------------------------------ commands
 
-    def stop(self, name: str | None = None, reason: str = "requested") -> None:
-        """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit."""
+    def stop(self, name: str | None = None, reason: str = "requested", ending: WorkerState = S.STOPPED) -> None:
+        """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit; it ends in `ending`."""
         for run in self._select(name):
-            commands.stop(self._lifecycle, run, reason)
+            commands.stop(self._lifecycle, run, reason, ending)
         self._check_finished()
 
     def pause(self, name: str) -> None:
@@ -218,10 +221,7 @@ class Supervisor:
             deadline = time.monotonic() + timeout
             while self.alive and time.monotonic() < deadline:
                 await asyncio.sleep(self._tick_interval)
-            # Let the validator score what the stopped workers handed off last.
-            while self._validation.pending(training_done=True) and time.monotonic() < deadline and \
-                    self._validation.handle is not None:
-                await asyncio.sleep(self._tick_interval)
+            await self._validation.drain(deadline, self._tick_interval)
         await self._validation.stop()  # its last results come before run_finished
         self._closing = True
         for run in self._runs.values():
@@ -340,8 +340,8 @@ class Supervisor:
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
         self._emit_validation(event)
-        if self._runs[name].state in commands.LIVE:
-            self.stop(name, reason=event.reason)
+        if self._runs[name].state in commands.LIVE:  # a completion: it ends early_stopped, not stopped
+            self.stop(name, reason=event.reason, ending=S.EARLY_STOPPED)
 
     def on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
         """Take a telemetry sample (the sampler thread hands each one over on the event loop)."""
@@ -381,7 +381,7 @@ class Supervisor:
                 self._validation.abandon(SESSION_ENDED)  # never scored: say so before the end
             statuses = {n: r.state.value for n, r in self._runs.items()}
             self._finished_sent = True
-            self._emit(RunFinished(ok=all(s == "completed" for s in statuses.values()), statuses=statuses))
+            self._emit(RunFinished(ok=all(S(s) in SUCCESS_STATES for s in statuses.values()), statuses=statuses))
             self._rundir.flush()
             self._finished.set()
             if not self._closing:  # the session stays open (an app, a service): no validator idles in it

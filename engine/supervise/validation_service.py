@@ -202,6 +202,11 @@ class ValidationService:
             return False
         return True
 
+    async def drain(self, deadline: float, interval: float) -> None:
+        """Wait, until `deadline` (monotonic), for the scores of what the stopped workers handed off last."""
+        while self.pending(training_done=True) and time.monotonic() < deadline and self.handle is not None:
+            await asyncio.sleep(interval)
+
     def abandon(self, reason: str) -> None:
         """Record every snapshot still unscored as skipped (say, /dev/shm was cleared under us)."""
         for name, ledger in self.ledgers.items():

@@ -31,6 +31,7 @@ STALLED_STYLE = "bold yellow"
 STATE_STYLE = {
     S.RUNNING: "green", S.STARTING: "cyan", S.QUEUED: "dim", S.PAUSED: "yellow", S.STOPPING: "yellow",
     S.KILLING: "red", S.HUNG: "bold red", S.BACKOFF: "yellow", S.COMPLETED: "bold green", S.STOPPED: "blue",
+    S.EARLY_STOPPED: "green", S.PRUNED: "dim green",
     S.FAILED: "bold red", S.KILLED: "red",
 }
 

@@ -1,0 +1,114 @@
+"""What the TensorBoard files cost: the supervisor loop's time per event (against writing the same event to
+events.jsonl, which it does anyway), the writer thread's, the one-time import, and a real run's training
+throughput and wall time with them on and off.
+
+The files are written in the supervisor, so a worker should train at the same speed either way; the last
+figures check that on this machine. Usage: python benchmarks/tensorboard_cost.py [--events 20000]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from torchherd.engine.config.load import parse_config  # noqa: E402
+from torchherd.engine.protocol.messages import EpochEnd, RunFinished, StepMetrics, ValResult  # noqa: E402
+from torchherd.engine.rundir.directory import RunDirectory, read_events  # noqa: E402
+from torchherd.engine.rundir.tensorboard import TensorBoardExport, TensorBoardTap  # noqa: E402
+from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
+
+
+def stream(n: int) -> list:
+    """A run's events as they come: step reports, with an epoch end and a validation result every 100."""
+    out = []
+    for step in range(1, n + 1):
+        out.append(StepMetrics(pipeline="p", epoch=step // 100, step=step, loss=1.0 / step, lr=0.01,
+                               samples_per_s=5000.0))
+        if step % 100 == 0:
+            out.append(EpochEnd(pipeline="p", epoch=step // 100 - 1, step=step, train_loss=0.5, duration=1.0,
+                                samples_per_s=5000.0, epochs_total=n // 100, steps_per_epoch=100))
+            out.append(ValResult(pipeline="p", epoch=step // 100 - 1, step=step, metrics={"val_loss": 0.4}))
+    return out
+
+
+def per_event(n: int, config) -> tuple[float, float, float, float]:
+    """(import seconds, then microseconds per event: events.jsonl (the baseline), the loop's share of the
+    TensorBoard files (queueing), the writer thread's)."""
+    events = stream(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        rundir = RunDirectory(Path(tmp) / "run")
+        t = time.perf_counter()
+        for e in events:
+            rundir.write(e)
+        rundir.flush()
+        base = (time.perf_counter() - t) / len(events) * 1e6
+        rundir.close()
+        t = time.perf_counter()
+        import tensorboardX  # noqa: F401  (and torch with it, once per supervisor)
+        imported = time.perf_counter() - t
+        tap = TensorBoardTap(Path(tmp) / "tap", config)
+        t = time.perf_counter()
+        for e in events:
+            tap.on_event(e)
+        loop = (time.perf_counter() - t) / len(events) * 1e6
+        tap.on_event(RunFinished(ok=True, statuses={}))  # waits for the thread to drain
+        tb = TensorBoardExport(Path(tmp) / "tb", config)
+        t = time.perf_counter()
+        for e in events:
+            tb.on_event(e)
+        tb.close()
+        thread = (time.perf_counter() - t) / len(events) * 1e6
+    return imported, base, loop, thread
+
+
+async def throughput(tmp: Path, tensorboard: bool) -> tuple[float, float]:
+    """(median samples/s of its step reports, wall seconds) of one real 2-pipeline run."""
+    config = parse_config({
+        "runs_dir": str(tmp / "runs"), "tensorboard": tensorboard,
+        "defaults": {"task": "regression", "max_epochs": 3, "batch_size": 64, "log_every_n_steps": 5,
+                     "params": {"samples": 20000, "hidden": 128}},
+        "pipelines": [{"name": "a"}, {"name": "b"}],
+        "devices": {"placement": "cpu", "cpu_slots": 2}, "validation": {"mode": "inline"},
+        "telemetry": {"enabled": False}}, str(tmp / "bench.toml"), tmp)
+    sup = Supervisor(config)
+    t = time.perf_counter()
+    await sup.start()
+    try:
+        await sup.wait()
+    finally:
+        await sup.shutdown(graceful=False)
+    wall = time.perf_counter() - t
+    rates = [e.samples_per_s for e in read_events(sup.run_dir) if isinstance(e, StepMetrics) and e.step > 20]
+    return statistics.median(rates), wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=3, help="runs each way, alternating")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = parse_config({"defaults": {"task": "regression"}, "pipelines": [{"name": "p"}]},
+                              str(Path(tmp) / "x.toml"), Path(tmp))
+        imported, base, loop, thread = per_event(args.events, config)
+        print(f"supervisor loop, per event: events.jsonl {base:.1f} us, TensorBoard queueing {loop:.1f} us "
+              f"(ratio {loop / base:.2f}); writer thread {thread:.1f} us per event (ratio {thread / base:.2f}); "
+              f"importing tensorboardX (and torch) once, on that thread: {imported:.2f}s")
+        on, off = [], []
+        for i in range(args.rounds):
+            for flag, into in ((False, off), (True, on)):
+                into.append(asyncio.run(throughput(Path(tmp) / f"{flag}-{i}", flag)))
+        rate_on, rate_off = statistics.median(r for r, _ in on), statistics.median(r for r, _ in off)
+        wall_on, wall_off = statistics.median(w for _, w in on), statistics.median(w for _, w in off)
+        print(f"worker samples/s: off {rate_off:,.0f}, on {rate_on:,.0f} (ratio on/off {rate_on / rate_off:.3f})")
+        print(f"run wall time: off {wall_off:.1f}s, on {wall_on:.1f}s (ratio on/off {wall_on / wall_off:.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Expanding a `[sweep]` table into trials: every grid point times `samples` seeded draws, each one a set of
+values for pipeline keys and `params.*`, checked key by key and named from its values.
+
+`expand_pipelines` turns each `[[pipelines]]` table into one table per trial, ready for the loader.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from .problems import Problem
+from .schema import PipelineSettings
+from .sweep import RANGE_KINDS, SweepConfig
+
+NOT_SWEPT = ("params", "task", "script", "name")  # what a trial cannot vary (params: name `params.KEY`)
+NAME_LIMIT = 64  # pipeline names name folders (schema.NAME_PATTERN)
+
+
+def flat_space(space: dict[str, Any]) -> dict[str, Any]:
+    """`space` with TOML's nesting undone: `params.lr = [...]` arrives as {"params": {"lr": [...]}}."""
+    out: dict[str, Any] = {}
+    for key, value in space.items():
+        if key == "params" and isinstance(value, dict):
+            out.update({f"params.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def space_problems(sweep: SweepConfig, file: str) -> list[Problem]:
+    """What is wrong with each key of the search space, named `sweep.space.KEY`."""
+    problems = []
+    fields = [n for n in PipelineSettings.model_fields if n not in NOT_SWEPT]
+    space = flat_space(sweep.space)
+    if not space:
+        return [Problem(file, "sweep.space", "is empty: name a key to search, e.g. params.lr = [0.1, 0.01]")]
+    for key, spec in space.items():
+        where = f"sweep.space.{key}"
+        if not key.startswith("params.") and key not in fields:
+            from difflib import get_close_matches
+            close = get_close_matches(key, fields, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            problems.append(Problem(file, where, f"unknown key ({hint}task parameters are params.NAME)"))
+            continue
+        for message in _spec_problems(key, spec):
+            problems.append(Problem(file, where, message))
+    if sweep.samples > 1 and not any(isinstance(s, dict) for s in space.values()):
+        problems.append(Problem(file, "sweep.samples", f"is {sweep.samples}, but no key is sampled: give one a "
+                                "table such as {log_uniform = [1e-4, 1e-1]}, or leave samples at 1"))
+    return problems
+
+
+def _spec_problems(key: str, spec: Any) -> list[str]:
+    if isinstance(spec, list):
+        if not spec:
+            return ["an empty list: give the values to try"]
+        return [m for v in spec for m in _value_problems(key, v)]
+    if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in RANGE_KINDS:
+        return [f"must be a list of values (a grid) or a table with one of {', '.join(RANGE_KINDS)} "
+                f"(got {spec!r})"]
+    kind, bounds = next(iter(spec.items()))
+    if kind == "choice":
+        return _spec_problems(key, bounds) if isinstance(bounds, list) else [f"choice must be a list (got {bounds!r})"]
+    numbers = isinstance(bounds, list) and len(bounds) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
+    if not numbers or bounds[0] > bounds[1]:
+        return [f"{kind} must be [low, high] with low <= high (got {bounds!r})"]
+    if kind == "log_uniform" and bounds[0] <= 0:
+        return [f"log_uniform needs low > 0 (got {bounds!r})"]
+    if kind == "int_uniform" and not all(isinstance(b, int) for b in bounds):
+        return [f"int_uniform needs whole numbers (got {bounds!r})"]
+    return [m for v in bounds for m in _value_problems(key, int(v) if kind == "int_uniform" else v)]
+
+
+def _value_problems(key: str, value: Any) -> list[str]:
+    """Whether `value` is one the pipeline key takes (task parameters take anything TOML can say)."""
+    if key.startswith("params."):
+        return []
+    try:
+        PipelineSettings.model_validate({key: value})
+    except ValidationError as exc:
+        msg = exc.errors()[0].get("msg", "invalid").removeprefix("Value error, ")
+        return [f"{value!r}: {msg}"]
+    return []
+
+
+def trials(sweep: SweepConfig) -> list[dict[str, Any]]:
+    """Every trial's values by key, grid points in the order written, `samples` seeded draws at each."""
+    space = flat_space(sweep.space)
+    grid = {k: v for k, v in space.items() if isinstance(v, list)}
+    sampled = {k: v for k, v in space.items() if isinstance(v, dict)}
+    rng = random.Random(sweep.seed)
+    out = []
+    for point in itertools.product(*grid.values()):
+        for _ in range(sweep.samples):
+            values = dict(zip(grid, point))
+            values.update({k: _draw(rng, spec) for k, spec in sampled.items()})
+            out.append({k: values[k] for k in space})  # the order the keys were written in
+    return out
+
+
+def _draw(rng: random.Random, spec: dict[str, Any]) -> Any:
+    kind, bounds = next(iter(spec.items()))
+    if kind == "choice":
+        return rng.choice(bounds)
+    if kind == "int_uniform":
+        return rng.randint(int(bounds[0]), int(bounds[1]))
+    if kind == "log_uniform":
+        return math.exp(rng.uniform(math.log(bounds[0]), math.log(bounds[1])))
+    return rng.uniform(bounds[0], bounds[1])
+
+
+def trial_name(base: str, values: dict[str, Any]) -> str:
+    """`base` and each value with its key's last part: 'mlp-lr0.01-batch_size32'."""
+    parts = [base] + [f"{key.rsplit('.', 1)[-1]}{_short(v)}" for key, v in values.items()]
+    return "-".join(parts)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        value = f"{value:.3g}"
+    return re.sub(r"[^A-Za-z0-9_.]", "", str(value).replace("-", "_")) or "x"
+
+
+def expand_pipelines(raw: list[dict[str, Any]], sweep: SweepConfig) -> list[dict[str, Any]]:
+    """Each pipeline table once per trial: its values set (a `params.*` key over the pipeline's own params),
+    named from them (unique, within the 64 characters a name may have) and noted in `trial`."""
+    out, names = [], set()
+    all_trials = trials(sweep)
+    for pipe in raw:
+        base = str(pipe.get("name", "trial"))
+        for i, values in enumerate(all_trials):
+            table = {**pipe, "params": dict(pipe.get("params") or {})}
+            for key, value in values.items():
+                if key.startswith("params."):
+                    table["params"][key[len("params."):]] = value
+                else:
+                    table[key] = value
+            name = trial_name(base, values)
+            if len(name) > NAME_LIMIT or name in names:
+                name = f"{name[:NAME_LIMIT - 6]}-t{i}"
+            names.add(name)
+            table["name"] = name
+            table["trial"] = values
+            out.append(table)
+    return out

@@ -1,0 +1,206 @@
+"""TensorBoard event files of a run, written in the supervisor from its events (never in a worker) with
+tensorboardX: per pipeline its training loss, lr, every reported metric, validation results, samples/s, and
+its GPUs' utilisation and memory; a sweep's trials also get the HParams summary (values and final metrics).
+
+`TensorBoardTap` writes a live session's on a thread of its own; `export_run` writes a past run's from its files.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import queue
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config.schema import RunConfig
+from ..protocol.messages import EpochEnd, Event, PipelineFinished, RunFinished, StepMetrics, ValResult, WorkerStarted
+from ..protocol.progress import better, metric_value
+from ..protocol.records import from_record
+from ..protocol.telemetry import TelemetrySnapshot
+from .directory import load_resolved_configs, read_events, read_records
+
+FOLDER = "tensorboard"  # under the run directory: `tensorboard --logdir runs/` shows every run
+_FILES = itertools.count()  # a file name of its own for each writer this process opens
+DRAIN_WAIT = 10.0  # seconds run_finished may wait for the files to be written and closed
+FLUSH_SECS = 5.0  # seconds an event may wait in the file's buffer (tensorboardX's flush also fsyncs)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class EventFile:
+    """One pipeline's event file: tensorboardX's synchronous record writer, one event per torchherd event.
+    (tensorboardX's SummaryWriter hands every scalar to a writer thread through a multiprocessing queue,
+    about ten times the cost of writing the record here, on the supervisor's loop.)"""
+
+    def __init__(self, folder: Path):
+        from tensorboardX.event_file_writer import EventsWriter
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self._writer = EventsWriter(str(folder / "events"), f".{os.getpid()}.{next(_FILES)}")
+        self._flushed = time.monotonic()
+
+    def scalars(self, values: list[tuple[str, float]], step: int, wall: float) -> None:
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        if values:
+            self.summary(Summary(value=[Summary.Value(tag=t, simple_value=v) for t, v in values]), step, wall)
+
+    def summary(self, summary: Any, step: int, wall: float) -> None:
+        from tensorboardX.proto.event_pb2 import Event as TfEvent
+
+        self._writer.write_event(TfEvent(wall_time=wall, step=step, summary=summary))
+        if time.monotonic() - self._flushed > FLUSH_SECS:
+            self.flush()
+
+    def flush(self) -> None:
+        self._writer.flush()
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class TensorBoardExport:
+    """One tensorboardX writer per pipeline under `logdir`, fed the run's events in order."""
+
+    def __init__(self, logdir: Path, config: RunConfig):
+        self.logdir = Path(logdir)
+        self.metric, self.mode = config.validation.metric, config.validation.metric_mode
+        self.trials = {p.name: dict(p.trial) for p in config.pipelines} if config.sweep is not None else {}
+        self._writers: dict[str, Any] = {}
+        self._steps: dict[str, int] = {}  # each pipeline's newest step: where telemetry is plotted
+        self._gpus: dict[str, set[int]] = {}  # NVML indices of each pipeline's GPUs (from its device names)
+        self._best: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+        self.written: set[str] = set()  # pipelines with files
+
+    def writer(self, pipeline: str) -> EventFile:
+        w = self._writers.get(pipeline)
+        if w is None:
+            w = self._writers[pipeline] = EventFile(self.logdir / pipeline)
+            self.written.add(pipeline)
+        return w
+
+    def _scalars(self, pipeline: str, values, step: int, wall: float) -> None:
+        """One event of every finite value among `values` ((tag, value) pairs); nothing when none is."""
+        finite = [(tag, float(v)) for tag, v in values if _finite(v)]
+        if finite:
+            self.writer(pipeline).scalars(finite, step, wall)
+
+    def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
+        """Write what `event` says (a bus tap: `kept` is unused; telemetry comes as a transient event)."""
+        if isinstance(event, StepMetrics):
+            self._steps[event.pipeline] = event.step
+            self._scalars(event.pipeline, (("train/loss", event.loss), ("train/lr", event.lr),
+                                           ("train/samples_per_s", event.samples_per_s),
+                                           *((f"train/{k}", v) for k, v in event.metrics.items())),
+                          event.step, event.time)
+        elif isinstance(event, EpochEnd):
+            self._scalars(event.pipeline, (("epoch/train_loss", event.train_loss), ("epoch/duration_s", event.duration),
+                                           ("epoch/samples_per_s", event.samples_per_s),
+                                           *((f"epoch/{k}", v) for k, v in event.metrics.items())),
+                          event.step, event.time)
+        elif isinstance(event, ValResult) and not event.error:
+            self._scalars(event.pipeline, ((f"val/{k}", v) for k, v in event.metrics.items()), event.step, event.time)
+            value = metric_value(event.metrics, self.metric)
+            if value is not None:
+                self._last[event.pipeline] = value
+                if better(value, self._best.get(event.pipeline), self.mode):
+                    self._best[event.pipeline] = value
+        elif isinstance(event, WorkerStarted):
+            self._gpus[event.pipeline] = {int(i) for i in re.findall(r"gpu(\d+)", event.device)}
+        elif isinstance(event, TelemetrySnapshot):
+            self._telemetry(event)
+        elif isinstance(event, PipelineFinished):
+            self._finished(event)
+        elif isinstance(event, RunFinished):
+            self.close()
+
+    def _telemetry(self, snap: TelemetrySnapshot) -> None:
+        for name, indices in self._gpus.items():
+            step = self._steps.get(name, 0)
+            self._scalars(name, [pair for g in snap.gpus if g.index in indices
+                                 for pair in ((f"gpu{g.index}/util_percent", g.util_gpu),
+                                              (f"gpu{g.index}/memory_used_bytes", g.mem_used))], step, snap.time)
+        for p in snap.processes:
+            if p.pipeline in self._steps:
+                self._scalars(p.pipeline, (("process/cpu_percent", p.cpu_percent), ("process/rss_bytes", p.rss)),
+                              self._steps[p.pipeline], snap.time)
+
+    def _finished(self, event: PipelineFinished) -> None:
+        """A trial's HParams session: its values with its best and last metric (TensorBoard's HParams tab)."""
+        values = self.trials.get(event.pipeline)
+        if values is None:
+            if event.pipeline in self._writers:
+                self._writers[event.pipeline].flush()
+            return
+        from tensorboardX.summary import hparams
+
+        metrics = {f"hparams/best_{self.metric}": self._best.get(event.pipeline, math.nan),
+                   f"hparams/last_{self.metric}": self._last.get(event.pipeline, math.nan)}
+        plain = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
+        plain["status"] = event.status
+        w = self.writer(event.pipeline)
+        for summary in hparams(plain, metrics):
+            w.summary(summary, event.step, event.time)
+        self._scalars(event.pipeline, metrics.items(), event.step, event.time)
+        w.flush()
+
+    def close(self) -> None:
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()
+
+
+class TensorBoardTap:
+    """A live session's TensorBoard files, written on a thread of their own: the supervisor's loop only queues
+    each event (tensorboardX imports torch on first use, seconds the loop must not wait). At run_finished the
+    loop waits (at most DRAIN_WAIT) until every file is written and closed, so readers find them whole."""
+
+    def __init__(self, logdir: Path, config: RunConfig):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.export = TensorBoardExport(logdir, config)
+        self.errors = 0  # events that could not be written (a full disk, ...); the run goes on regardless
+        threading.Thread(target=self._run, name="torchherd-tensorboard", daemon=True).start()
+
+    def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
+        self._queue.put(event)
+        if isinstance(event, RunFinished):
+            done = threading.Event()
+            self._queue.put(done)
+            done.wait(DRAIN_WAIT)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self.export.on_event(item)
+            except Exception:  # noqa: BLE001 (the files are a copy of events.jsonl: never worth a run)
+                self.errors += 1
+
+
+def export_run(run_dir: Path, logdir: Path) -> int:
+    """Write a past run's TensorBoard files into `logdir` from its events.jsonl and telemetry.jsonl
+    (the telemetry in its time order among the events); returns the pipelines written."""
+    run_dir = Path(run_dir)
+    export = TensorBoardExport(logdir, load_resolved_configs(run_dir)[0])
+    events: list[Event] = read_events(run_dir)
+    for record in read_records(run_dir / "telemetry.jsonl"):
+        try:
+            events.append(from_record(record))
+        except (ValueError, TypeError):
+            continue
+    events.sort(key=lambda e: e.time)
+    for event in events:
+        export.on_event(event)
+    export.close()
+    return len(export.written)

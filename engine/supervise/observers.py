@@ -1,0 +1,17 @@
+"""The session's observers beside the run directory, attached as bus taps when it starts: a sweep's pruner
+(`sweeping.py`) and the TensorBoard event files (`rundir/tensorboard.py`, unless `tensorboard = false`)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..rundir.tensorboard import FOLDER, TensorBoardTap
+from .sweeping import SweepPruner
+
+__all__ = ["SweepPruner", "attach_observers"]
+
+
+def attach_observers(supervisor: Any) -> SweepPruner | None:
+    """Tap `supervisor`'s bus for its TensorBoard files and its sweep; returns the sweep's pruner, if any."""
+    if supervisor.config.tensorboard:
+        supervisor.tap(TensorBoardTap(supervisor.run_dir / FOLDER, supervisor.config).on_event)
+    return SweepPruner.attach(supervisor, supervisor.run_dir)

@@ -1,0 +1,117 @@
+"""The decisions of a sweep's schedulers, apart from any process: ASHA (asynchronous successive halving) and
+the median stopping rule, each fed a trial's validation results as (progress, value) and answering with a
+`Verdict` (go on or prune, and why) when the result is one the rule judges.
+
+Pure and standard library only: `supervise/sweeping.py` feeds them `val_result` events and acts on them.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Iterable
+
+EPS = 1e-9  # progress is a float (steps / steps per epoch); a rung at 2 is reached at 1.9999999999
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a scheduler says of one result: prune it or let it go on, and why (for events.jsonl)."""
+
+    prune: bool
+    rung: float  # the milestone judged, in the sweep's unit
+    value: float
+    cutoff: float | None  # the value it had to match; None when there was nothing to compare with
+    reason: str
+
+
+def worse(value: float, than: float, mode: str) -> bool:
+    """`value` is strictly worse than `than` under `mode` ("min": lower is better); NaN is worse than any."""
+    if not math.isfinite(value):
+        return True
+    return value > than if mode == "min" else value < than
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The `q` percentile (0-100) by linear interpolation, as numpy's default (Ray Tune's ASHA cut)."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _at(metric: str, value: float, unit: str, t: float) -> str:
+    return f"{metric} {value:.4g} at {unit} {t:g}"
+
+
+class Asha:
+    """Asynchronous successive halving (Li et al. 2018, as Ray Tune's ASHAScheduler): the first time a trial
+    reaches a rung, it goes on only if its value is within the best 1/reduction_factor of the values that
+    trials recorded at that rung before it; it never waits for the rung to fill."""
+
+    def __init__(self, rungs: list[int], reduction_factor: int, metric: str, mode: str, unit: str = "epoch"):
+        self.rungs = sorted(rungs)
+        self.reduction_factor = reduction_factor
+        self.metric, self.mode, self.unit = metric, mode, unit
+        self.recorded: dict[int, dict[str, float]] = {r: {} for r in self.rungs}
+
+    def cutoff(self, rung: int) -> float | None:
+        """The value a trial must match at `rung` now: the edge of the best 1/reduction_factor so far."""
+        values = [v for v in self.recorded[rung].values() if math.isfinite(v)]
+        if not values:
+            return None
+        share = 100.0 / self.reduction_factor
+        return percentile(values, share if self.mode == "min" else 100.0 - share)
+
+    def result(self, trial: str, t: float, value: float) -> Verdict | None:
+        """A validation result of `trial` after `t` epochs (or steps): judged at the highest rung it has
+        reached and not been judged at yet; None when it reached no new rung."""
+        for rung in reversed(self.rungs):
+            if t + EPS < rung or trial in self.recorded[rung]:
+                continue
+            cut = self.cutoff(rung)
+            prune = cut is not None and worse(value, cut, self.mode) or not math.isfinite(value)
+            self.recorded[rung][trial] = value
+            said = _at(self.metric, value, self.unit, t)
+            if cut is None:
+                reason = f"{said}, first at rung {rung}"
+            else:
+                reason = f"{said}, rung cut {cut:.4g}" + ("" if prune else f" (kept: best 1/{self.reduction_factor})")
+            return Verdict(prune, rung, value, cut, reason)
+        return None
+
+
+class MedianRule:
+    """The median stopping rule (Golovin et al. 2017, Vizier): after `grace_period`, a trial whose best value
+    so far is worse than the median of the other trials' bests at the same point is pruned, once
+    `min_trials` others have got that far."""
+
+    def __init__(self, grace_period: int, min_trials: int, metric: str, mode: str, unit: str = "epoch"):
+        self.grace_period, self.min_trials = grace_period, min_trials
+        self.metric, self.mode, self.unit = metric, mode, unit
+        self.history: dict[str, list[tuple[float, float]]] = {}
+
+    def _best(self, results: list[tuple[float, float]], t: float) -> float | None:
+        values = [v for at, v in results if at <= t + EPS and math.isfinite(v)]
+        if not values:
+            return None
+        return min(values) if self.mode == "min" else max(values)
+
+    def result(self, trial: str, t: float, value: float) -> Verdict | None:
+        """Judge `trial`'s result after `t` epochs (or steps); None before the grace period or while
+        too few others have got that far."""
+        own = self.history.setdefault(trial, [])
+        own.append((t, value))
+        if t + EPS < self.grace_period:
+            return None
+        others = [self._best(r, t) for name, r in self.history.items()
+                  if name != trial and r and max(at for at, _ in r) + EPS >= t]
+        others = [b for b in others if b is not None]
+        if len(others) < self.min_trials:
+            return None
+        median = statistics.median(others)
+        best = self._best(own, t)
+        prune = best is None or worse(best, median, self.mode)
+        said = _at(self.metric, best if best is not None else value, self.unit, t)
+        return Verdict(prune, t, best if best is not None else value, median,
+                       f"{said}, median of {len(others)} others {median:.4g}")

@@ -1,0 +1,80 @@
+"""The [sweep] table: grid and seeded random trials over params.* and pipeline keys, each a pipeline named
+from its values; bad values named by key; `torchherd check` shows the trial count and the first trials."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from torchherd.engine.config.problems import ConfigError
+from torchherd.engine.config.sweep import SweepConfig
+from torchherd.engine.config.trials import trials
+from torchherd.engine.preflight.check import sweep_lines
+from tests.conftest import make_config
+
+
+def sweep_config(tmp_path, sweep, pipelines=None, **top):
+    return make_config(tmp_path, pipelines or [{"name": "t"}], sweep=sweep, **top)
+
+
+def test_a_grid_expands_into_one_named_pipeline_per_point(tmp_path):
+    config = sweep_config(tmp_path, {"space": {"params": {"lr": [0.1, 0.01, 0.001]}, "batch_size": [16, 32]}})
+    names = [p.name for p in config.pipelines]
+    assert names[:2] == ["t-lr0.1-batch_size16", "t-lr0.1-batch_size32"] and len(names) == 6
+    last = config.pipelines[-1]
+    assert last.params["lr"] == 0.001 and last.batch_size == 32
+    assert last.trial == {"params.lr": 0.001, "batch_size": 32}
+
+
+def test_random_draws_are_seeded_and_in_their_ranges(tmp_path):
+    space = {"params": {"lr": {"log_uniform": [1e-4, 1e-1]}, "width": {"int_uniform": [4, 8]},
+                        "act": {"choice": ["relu", "tanh"]}}, "precision": ["32", "bf16-mixed"]}
+    one = sweep_config(tmp_path, {"space": space, "samples": 5, "seed": 7})
+    two = sweep_config(tmp_path, {"space": space, "samples": 5, "seed": 7})
+    other = sweep_config(tmp_path, {"space": space, "samples": 5, "seed": 8})
+    assert len(one.pipelines) == 10  # 2 grid points x 5 draws
+    assert [p.trial for p in one.pipelines] == [p.trial for p in two.pipelines]
+    assert [p.trial for p in one.pipelines] != [p.trial for p in other.pipelines]
+    for p in one.pipelines:
+        assert 1e-4 <= p.params["lr"] <= 1e-1 and p.params["width"] in range(4, 9)
+        assert p.params["act"] in ("relu", "tanh")
+    assert len({p.name for p in one.pipelines}) == 10
+    logs = [math.log10(p.params["lr"]) for p in one.pipelines]
+    assert max(logs) - min(logs) > 0.5  # spread over decades, not crowded at the top
+
+
+def test_params_of_the_pipeline_and_defaults_stay_under_the_trials(tmp_path):
+    config = sweep_config(tmp_path, {"space": {"params": {"lr": [0.5]}}},
+                          [{"name": "t", "params": {"lr": 9.0, "delay": 0.01}}], defaults={"params": {"hidden": 3}})
+    assert config.pipelines[0].params == {"lr": 0.5, "delay": 0.01, "hidden": 3}
+
+
+@pytest.mark.parametrize("sweep, key, text", [
+    ({"space": {"batch_size": [16, "x"]}}, "sweep.space.batch_size", "'x': Input should be a valid integer"),
+    ({"space": {"params": {"lr": {"log_uniform": [0, 1]}}}}, "sweep.space.params.lr", "log_uniform needs low > 0"),
+    ({"space": {"params": {"lr": {"uniform": [2, 1]}}}}, "sweep.space.params.lr", "low <= high"),
+    ({"space": {"params": {"lr": {"normal": [0, 1]}}}}, "sweep.space.params.lr", "one of uniform"),
+    ({"space": {"name": ["a"]}}, "sweep.space.name", "unknown key"),
+    ({"space": {"params": {"lr": [0.1]}}, "samples": 3}, "sweep.samples", "no key is sampled"),
+    ({"space": {"params": {"lr": [0.1]}}, "scheduler": "hyperband"}, "sweep.scheduler", "asha"),
+    ({"space": {}}, "sweep.space", "is empty"),
+])
+def test_a_bad_sweep_names_the_key_and_launches_nothing(tmp_path, sweep, key, text):
+    with pytest.raises(ConfigError) as err:
+        sweep_config(tmp_path, sweep)
+    assert any(p.key == key and text in p.message for p in err.value.problems), err.value.problems
+
+
+def test_check_shows_the_trial_count_and_the_first_trials(tmp_path):
+    config = sweep_config(tmp_path, {"space": {"params": {"lr": [0.1, 0.01, 0.001]}, "batch_size": [16, 32]},
+                                     "scheduler": "asha"}, defaults={"max_epochs": 8})
+    lines = sweep_lines(config)
+    assert lines[0] == "sweep: 6 trials, ASHA pruning at epoch 1, 2, 4 (keeps 1/2 at each)"
+    assert lines[1] == "  t-lr0.1-batch_size16: params.lr = 0.1, batch_size = 16"
+    assert lines[-1] == "  ... and 2 more"
+
+
+def test_asha_rungs_stop_before_the_limit():
+    sweep = SweepConfig(space={"params": {"lr": [1]}}, grace_period=1, reduction_factor=3)
+    assert sweep.rungs(10) == [1, 3, 9] and sweep.rungs(9) == [1, 3] and sweep.rungs(1) == []
+    assert trials(sweep) == [{"params.lr": 1}]

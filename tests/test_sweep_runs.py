@@ -1,0 +1,133 @@
+"""Sweeps with real worker processes: 12 trials on 2 CPU slots pruned by ASHA (the worst at their first rung,
+the best to the end, its checkpoint loads), and a sweep cut short by Ctrl-C that `torchherd resume` carries on
+for exactly the trials that had not ended well."""
+from __future__ import annotations
+
+import asyncio
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchherd.engine.protocol.messages import (PipelineFinished, RunFinished, TrainingStarted, TrialDecision,
+                                                WorkerStarted)
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import Supervisor
+from tests.conftest import TASKS, make_config
+from tests.test_resume_stopped import cli
+
+pytestmark = pytest.mark.slow
+
+# Best first: on tiny.py (a linear fit) a larger step learns faster, and lr 0 never learns. Started in this
+# order, every trial after the first few meets a rung whose cut is set by better ones.
+LRS = [0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.003, 0.002, 0.001, 0.0003, 0.0001, 0.0]
+SWEEP = {"space": {"params": {"lr": LRS}}, "scheduler": "asha", "grace_period": 1, "reduction_factor": 2}
+
+
+async def test_asha_prunes_the_worst_at_their_first_rung_and_the_best_runs_to_the_end(tmp_path):
+    config = make_config(tmp_path, [{"name": "t"}], defaults={"max_epochs": 4}, sweep=SWEEP,
+                         telemetry={"enabled": False})
+    assert len(config.pipelines) == 12
+    sup = Supervisor(config)
+    await sup.start()
+    try:
+        statuses = await asyncio.wait_for(sup.wait(), 240)
+    finally:
+        await sup.shutdown(graceful=False)
+    events = read_events(sup.run_dir)
+    names = [p.name for p in config.pipelines]
+    best, worst = names[0], names[-1]
+    assert {e.pipeline for e in events if isinstance(e, WorkerStarted)} == set(names)  # every trial started
+    pruned = {e.pipeline: e for e in events if isinstance(e, TrialDecision) and e.action == "prune"}
+    assert pruned[worst].rung == 1 and "rung cut" in pruned[worst].reason
+    assert statuses[worst] == "pruned" and statuses[best] == "completed"
+    assert sum(s == "pruned" for s in statuses.values()) >= 6
+    finished = {e.pipeline: e for e in events if isinstance(e, PipelineFinished)}
+    assert finished[worst].reason.startswith("val_loss") and finished[worst].epoch < 4
+    assert [e for e in events if isinstance(e, RunFinished)][-1].ok  # pruned is a success
+    # The best trial's best checkpoint loads into its model.
+    from tests.tasks.tiny import build
+    state = torch.load(sup.run_dir / best / "checkpoints" / "best.pt", weights_only=False)
+    build({"lr": LRS[0]}).model.load_state_dict(state["model"])
+    assert (sup.run_dir / worst / "checkpoints").is_dir()  # a pruned trial keeps its checkpoints
+
+
+def lines_of(proc: subprocess.Popen) -> queue.Queue:
+    """The process's stdout, a line at a time, read on a thread (so a wait can time out)."""
+    out: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            out.put(line)
+        out.put(None)
+    threading.Thread(target=pump, daemon=True).start()
+    return out
+
+
+def test_ctrl_c_then_resume_carries_on_exactly_the_unfinished_trials(tmp_path):
+    toml = tmp_path / "sweep.toml"
+    lrs = ", ".join(map(str, LRS[:8]))
+    toml.write_text(f"""
+runs_dir = "{tmp_path / 'runs'}"
+[defaults]
+task = "{TASKS / 'tiny.py'}:build"
+max_epochs = 4
+params = {{ delay = 0.003 }}
+[[pipelines]]
+name = "t"
+[devices]
+placement = "cpu"
+cpu_slots = 2
+[validation]
+mode = "inline"
+[telemetry]
+enabled = false
+[sweep]
+scheduler = "asha"
+[sweep.space]
+params.lr = [{lrs}]
+""")
+    proc = subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(toml), "--headless"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        out = lines_of(proc)
+        while True:  # interrupt once some trial was pruned, while others train or wait
+            line = out.get(timeout=180)
+            assert line is not None, "".join(seen)
+            seen.append(line)
+            if ": pruned (" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 3, "".join(seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    before = {e.pipeline: e.status for e in read_events(run_dir) if isinstance(e, PipelineFinished)}
+    unfinished = {n for n, s in before.items() if s not in ("completed", "pruned", "early_stopped")}
+    assert "pruned" in before.values() and unfinished, before
+    count = len(read_events(run_dir))
+    again = cli("resume", str(run_dir), "--headless")
+    assert again.returncode == 0, again.stdout + again.stderr
+    later = read_events(run_dir)[count:]
+    assert {e.pipeline for e in later if isinstance(e, TrainingStarted)} == unfinished
+    last = [e for e in later if isinstance(e, RunFinished)][-1]
+    assert all(last.statuses[n] == s for n, s in before.items() if n not in unfinished)  # pruned stay pruned
+
+
+def test_the_sample_sweep_prunes_and_prints_the_ranked_table(tmp_path):
+    sample = Path(__file__).resolve().parent.parent / "sample_configs" / "sweep.toml"
+    proc = subprocess.run([sys.executable, "-m", "torchherd", "run", str(sample), "--headless",
+                           "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=540)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert ": pruned (val_loss" in out and "rung cut" in out
+    table = out[out.index("sweep: 8 trials ranked by val_loss"):]
+    assert "#  trial" in table and "best: reg-lr" in table and "best.pt" in table

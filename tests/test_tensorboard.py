@@ -1,0 +1,86 @@
+"""TensorBoard event files: written by the supervisor during a run (a sweep's HParams too) and by
+`torchherd export` for a past run; TensorBoard's own reader gets back the values torchherd reported."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from torchherd.engine.protocol.messages import EpochEnd, StepMetrics, ValResult
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import Supervisor
+from tests.conftest import make_config
+
+pytest.importorskip("tensorboard")
+pytestmark = pytest.mark.slow
+
+
+def read_back(folder):
+    """Scalars by tag ({tag: {step: value}}) and the HParams session values, as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+    hparams = {}
+    for tag, content in acc.PluginTagToContent("hparams").items():
+        data = plugin_data_pb2.HParamsPluginData.FromString(content)
+        if data.WhichOneof("data") == "session_start_info":
+            for key, value in data.session_start_info.hparams.items():
+                hparams[key] = value.WhichOneof("kind") and getattr(value, value.WhichOneof("kind"))
+    return scalars, hparams
+
+
+def check_against_events(run_dir, logdir, names):
+    events = read_events(run_dir)
+    for name in names:
+        scalars, hparams = read_back(logdir / name)
+        steps = [e for e in events if isinstance(e, StepMetrics) and e.pipeline == name]
+        vals = [e for e in events if isinstance(e, ValResult) and e.pipeline == name]
+        assert steps and vals
+        assert scalars["train/loss"][steps[-1].step] == pytest.approx(steps[-1].loss, rel=1e-6)
+        assert scalars["train/lr"][steps[-1].step] == pytest.approx(steps[-1].lr, rel=1e-6)
+        assert "train/samples_per_s" in scalars and "epoch/train_loss" in scalars
+        for v in vals:
+            assert scalars["val/val_loss"][v.step] == pytest.approx(v.metrics["val_loss"], rel=1e-6)
+        best = min(v.metrics["val_loss"] for v in vals)
+        assert list(scalars["hparams/best_val_loss"].values()) == [pytest.approx(best, rel=1e-6)]
+        lr = float(name.rsplit("lr", 1)[1])
+        assert hparams["params.lr"] == pytest.approx(lr) and hparams["status"] == "completed"
+        epochs = [e for e in events if isinstance(e, EpochEnd) and e.pipeline == name]
+        assert scalars["epoch/train_loss"][epochs[-1].step] == pytest.approx(epochs[-1].train_loss, rel=1e-6)
+
+
+async def run(config):
+    sup = Supervisor(config)
+    await sup.start()
+    try:
+        await asyncio.wait_for(sup.wait(), 120)
+    finally:
+        await sup.shutdown(graceful=False)
+    return sup.run_dir
+
+
+async def test_a_sweep_writes_scalars_and_hparams_that_tensorboard_reads_back(tmp_path):
+    config = make_config(tmp_path, [{"name": "t"}], defaults={"max_epochs": 2},
+                         sweep={"space": {"params": {"lr": [0.05, 0.01]}}}, telemetry={"enabled": False})
+    run_dir = await run(config)
+    check_against_events(run_dir, run_dir / "tensorboard", ["t-lr0.05", "t-lr0.01"])
+
+
+async def test_export_writes_a_past_runs_files(tmp_path):
+    config = make_config(tmp_path, [{"name": "t"}], defaults={"max_epochs": 2}, tensorboard=False,
+                         sweep={"space": {"params": {"lr": [0.05]}}})
+    run_dir = await run(config)
+    assert not (run_dir / "tensorboard").exists()  # tensorboard = false: nothing written during the run
+    out = tmp_path / "tb"
+    proc = subprocess.run([sys.executable, "-m", "torchherd", "export", str(run_dir), "--tensorboard", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "1 pipeline(s)" in proc.stdout, proc.stdout + proc.stderr
+    check_against_events(run_dir, out, ["t-lr0.05"])
+    bad = subprocess.run([sys.executable, "-m", "torchherd", "export", str(tmp_path / "nope"), "--tensorboard",
+                          str(out)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no such run" in bad.stderr

@@ -1,0 +1,97 @@
+"""A sweep's trials ranked by their best validation metric, folded from events: one `TrialRow` per trial
+(its values, state, best metric and the highest rung it was judged at), and the table headless prints at
+the end. Plain data, so the app's sweep view shows the same rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..engine.config.schema import RunConfig
+from ..engine.protocol.messages import Event, PipelineFinished, TrialDecision, ValResult
+from ..engine.protocol.progress import better, metric_value
+from ..engine.protocol.states import ended_label
+
+BEST_FILE, LAST_FILE = "best.pt", "last.pt"  # engine/worker/checkpoint.py's names
+
+
+@dataclass
+class TrialRow:
+    """One trial as the ranking shows it."""
+
+    name: str
+    values: dict[str, Any]  # the [sweep] space's values it trains with
+    state: str = "queued"  # as people read it ('pruned', 'early stop', 'running', ...)
+    best: float | None = None  # its best `metric` so far
+    rung: float | None = None  # the highest rung its scheduler judged it at
+    epoch: int = 0  # the newest validated epoch, from 1
+    reasons: list[str] = field(default_factory=list)
+
+
+def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, str] | None = None) -> list[TrialRow]:
+    """Each of `config`'s pipelines as a row, best first by [validation] metric and mode (rows without a
+    result last, in config order). `states`: final or live states by name, over those the events say."""
+    v = config.validation
+    rows = {p.name: TrialRow(p.name, dict(p.trial)) for p in config.pipelines}
+    for ev in events:
+        row = rows.get(getattr(ev, "pipeline", ""))
+        if row is None:
+            continue
+        if isinstance(ev, ValResult) and not ev.error:
+            value = metric_value(ev.metrics, v.metric)
+            if value is not None and better(value, row.best, v.metric_mode):
+                row.best = value
+            row.epoch = max(row.epoch, ev.epoch + 1)
+        elif isinstance(ev, TrialDecision):
+            row.rung = ev.rung if row.rung is None else max(row.rung, ev.rung)
+        elif isinstance(ev, PipelineFinished):
+            row.state = ended_label(ev.status, ev.reason)
+    for name, state in (states or {}).items():
+        if name in rows:
+            rows[name].state = state
+    return rank(list(rows.values()), v.metric_mode)
+
+
+def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
+    """`rows` best first; those with no result keep their order, after the rest."""
+    scored = [r for r in rows if r.best is not None]
+    scored.sort(key=lambda r: r.best if mode == "min" else -r.best)
+    return scored + [r for r in rows if r.best is None]
+
+
+def checkpoint_of(run_dir: Path, name: str) -> Path | None:
+    """The trial's best checkpoint, else its last one; None when it wrote neither."""
+    for file in (BEST_FILE, LAST_FILE):
+        path = Path(run_dir) / name / "checkpoints" / file
+        if path.exists():
+            return path
+    return None
+
+
+def _value(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def ranked_table(rows: list[TrialRow], metric: str, run_dir: Path, limit: int = 20) -> list[str]:
+    """The lines headless prints at the end of a sweep: a ranked table, then the best trial's values, metric
+    and checkpoint."""
+    if not rows:
+        return []
+    keys = list(rows[0].values)
+    head = ["#", "trial", *(k.rsplit(".", 1)[-1] for k in keys), metric, "state", "rung"]
+    body = [[str(i + 1), r.name, *(_value(r.values.get(k, "")) for k in keys),
+             "-" if r.best is None else f"{r.best:.4g}", r.state, "-" if r.rung is None else f"{r.rung:g}"]
+            for i, r in enumerate(rows[:limit])]
+    widths = [max(len(line[c]) for line in [head, *body]) for c in range(len(head))]
+    out = [f"sweep: {len(rows)} trials ranked by {metric}"]
+    out += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [head, *body]]
+    if len(rows) > limit:
+        out.append(f"  ... and {len(rows) - limit} more")
+    best = rows[0]
+    if best.best is not None:
+        values = ", ".join(f"{k} = {_value(v)}" for k, v in best.values.items())
+        ckpt = checkpoint_of(run_dir, best.name)
+        out.append(f"best: {best.name} ({values}): {metric} {best.best:.4g}, checkpoint "
+                   f"{ckpt if ckpt is not None else 'none written'}")
+    return out
