@@ -22,7 +22,7 @@ from typing import IO, Any
 from ..config.schema import RunConfig
 from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
                                 StepMetrics, ValResult)
-from ..protocol.records import from_record, to_record
+from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .lines import encode_line
 
