@@ -72,9 +72,9 @@ def torchherd(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def long_config(path: Path, pipelines: tuple[str, ...] = ("first", "second"), **defaults: Any) -> Path:
-    """A TOML config whose pipelines would train for minutes if nobody stopped them."""
+    """A TOML config whose pipelines would train for hours if nobody stopped them (a loaded machine included)."""
     params = {"samples": 256, "delay": 0.002, **defaults.pop("params", {})}
-    defaults = {"max_epochs": 100, "batch_size": 32, **defaults}
+    defaults = {"max_epochs": 100_000, "batch_size": 32, **defaults}
     lines = [f'name = "svc-{uuid.uuid4().hex[:8]}"', "[defaults]", f'task = "{TASKS / "tiny.py"}:build"']
     lines += [f"{k} = {json.dumps(v)}" for k, v in defaults.items()]
     lines.append("params = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in params.items()) + " }")
