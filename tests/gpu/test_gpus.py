@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from torchherd.engine.hardware.devices import discover_devices
-from torchherd.engine.protocol.messages import ValidatorStarted, ValResult, WorkerError, WorkerExited, \
-    WorkerRestarting, WorkerStarted
+from torchherd.engine.protocol.messages import PipelineFinished, ValidatorStarted, ValResult, WorkerError, \
+    WorkerExited, WorkerRestarting, WorkerStarted
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import TASKS, make_config
@@ -124,8 +124,10 @@ async def test_a_cuda_out_of_memory_crash_is_named_and_restarts(tmp_path):
         "oom_at_call": 12, "once_file": str(tmp_path / "oom-once")}}], devices={"placement": first_gpus(1)},
         restart={"max_restarts": 2})
     sup = Supervisor(config)
-    assert await run_to_end(sup) == {"oom": "completed"}
+    statuses = await run_to_end(sup)
     events = read_events(sup.run_dir)
+    assert statuses == {"oom": "completed"}, [e for e in events if isinstance(e, (WorkerError, WorkerExited,
+                                                                                WorkerRestarting, PipelineFinished))]
     [crash] = [e for e in events if isinstance(e, WorkerExited) and e.reason == "crashed"]
     assert crash.error.startswith("CUDA out of memory"), crash.error
     [again] = [e for e in events if isinstance(e, WorkerRestarting)]

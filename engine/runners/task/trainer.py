@@ -144,13 +144,14 @@ class Trainer:
         self.trained_time = state.get("trained_time", 0.0)
         self.best = state.get("best")
         self.handoff.resumed(state.get("snapshot_seq", 0))
+        # Loaded onto the training device with everything else; the generators take their states on the CPU.
         rng = state.get("rng") or {}
         if rng.get("torch") is not None:
-            torch.set_rng_state(rng["torch"])
+            torch.set_rng_state(rng["torch"].cpu())
         if rng.get("python") is not None:
             random.setstate(rng["python"])
         if rng.get("cuda") and self.device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"][0], self.device)  # the saving GPU's state (it saw one, or its own)
+            torch.cuda.set_rng_state(rng["cuda"][0].cpu(), self.device)  # the saving GPU's (it saw one, or its own)
         self.sender.send(Resumed(pipeline=self.name, path=str(path), epoch=self.epoch, step=self.step, note=note))
 
     def save(self, reason: str, name: str = ckpt.LAST) -> None:
