@@ -19,6 +19,14 @@ if TYPE_CHECKING:
     from ..worker.control import WorkerControl
 
 
+def error_text(text: str) -> str:
+    """An error as the table, the log and a restart's reason say it: led by "CUDA out of memory" when that is
+    what it is (torch.cuda.OutOfMemoryError, a RuntimeError saying so, or either inside a factory's error)."""
+    if "out of memory" in text.lower() and not text.startswith("CUDA out of memory"):
+        return f"CUDA out of memory: {text}"
+    return text
+
+
 class Scorer(Protocol):
     """One pipeline as the validator scores it (engine/runners/scoring.py has what scorers share)."""
 

@@ -12,6 +12,7 @@ import traceback
 from ..protocol.channel import EXIT_ERROR, ControlReceiver, StatusSender, SupervisorGone
 from ..protocol.messages import WorkerError
 from ..protocol.spec import WorkerSpec
+from .base import error_text
 from .registry import runner_for
 
 
@@ -34,9 +35,7 @@ def run(spec: WorkerSpec, sender: StatusSender, receiver: ControlReceiver) -> in
     except BaseException as exc:
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
-        error = f"{type(exc).__name__}: {exc}"
-        if "out of memory" in str(exc).lower():  # torch.cuda.OutOfMemoryError, or a RuntimeError saying so
-            error = str(exc) if str(exc).startswith("CUDA out of memory") else f"CUDA out of memory: {exc}"
+        error = str(exc) if str(exc).startswith("CUDA out of memory") else error_text(f"{type(exc).__name__}: {exc}")
         sender.send(WorkerError(pipeline=name, error=error, traceback=tb, where=where,
                                 step=control.step if control is not None else -1))
         return EXIT_ERROR

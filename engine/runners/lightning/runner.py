@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ...worker import checkpoint as ckpt
+from ..base import error_text
 from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
 from . import LightningRunner
 from .data import ResumableSampler, resumable
@@ -344,7 +345,7 @@ class LightningAttempt:
                 task = build_for(self.pipe)
             except TaskError as exc:
                 print(f"torchherd: {exc}", file=sys.stderr)
-                self.send(WorkerError(pipeline=self.name, error=str(exc), where="build",
+                self.send(WorkerError(pipeline=self.name, error=error_text(str(exc)), where="build",
                                       traceback=traceback.format_exc()))
                 return EXIT_FATAL
         if self.validation.mode == ValidationMode.BACKGROUND:

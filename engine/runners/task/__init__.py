@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...protocol.names import PipelineKind
-from ..base import Runner, Scorer, cuda_index, set_up_torch
+from ..base import Runner, Scorer, cuda_index, error_text, set_up_torch
 
 
 class TaskRunner(Runner):
@@ -54,7 +54,8 @@ class TaskRunner(Runner):
                 check_built(task, validation.mode == ValidationMode.BACKGROUND)
         except TaskError as exc:
             print(f"torchherd: {exc}", file=sys.stderr)
-            sender.send(WorkerError(pipeline=pipe.name, error=str(exc), where="build", traceback=traceback.format_exc()))
+            sender.send(WorkerError(pipeline=pipe.name, error=error_text(str(exc)), where="build",
+                                    traceback=traceback.format_exc()))
             return EXIT_FATAL
         if spec.hold:  # its build is the run's task check (engine/supervise/build_check.py): no step until all built
             sender.send(TaskBuilt(pipeline=pipe.name))
