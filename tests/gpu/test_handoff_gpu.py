@@ -49,7 +49,7 @@ class Mixed(nn.Module):
         super().__init__()
         self.lin = nn.Linear(width, width)
         self.norm = nn.BatchNorm1d(width)
-        self.register_buffer("half", torch.randn(width, dtype=torch.bfloat16))
+        self.register_buffer("scale", torch.randn(width, dtype=torch.bfloat16))  # ("half" is a Module method)
 
 
 def cuda_model(width: int = 256) -> nn.Module:
