@@ -335,3 +335,13 @@ def test_order_is_preserved(pipe):
     end = Notice(pipeline="p", text="end")
     sender.send(end)
     assert receive(reader, 11) == expected + [end]
+
+
+def test_a_cuda_out_of_memory_leads_its_error_wherever_it_was_raised():
+    from torchherd.engine.runners.base import error_text
+
+    at_build = "task factory task.py:build raised OutOfMemoryError: CUDA out of memory. Tried to allocate 14 GiB"
+    assert error_text(at_build) == f"CUDA out of memory: {at_build}"
+    assert error_text("CUDA out of memory. Tried to allocate 1 GiB") == "CUDA out of memory. Tried to allocate 1 GiB"
+    assert error_text("RuntimeError: CUDA error: out of memory").startswith("CUDA out of memory: RuntimeError")
+    assert error_text("ValueError: bad lr") == "ValueError: bad lr"
