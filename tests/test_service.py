@@ -395,6 +395,17 @@ def test_cli_detached_run_is_listed_steered_stopped_and_then_not_live(tmp_path):
         after = torchherd("ls", "--json", "--runs-dir", str(runs))
         [entry] = json.loads(after.stdout)
         assert (entry["live"], entry["state"], entry["resumable"]) == (False, "stopped, resumable", True)
+
+        # Carried on in the background too: the CLI returns, a new service trains on from the checkpoints.
+        resumed = torchherd("resume", str(run_dir), "--detach")
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "resuming first, second in the background" in resumed.stdout
+        assert f"torchherd stop {run_dir}" in resumed.stdout
+        second_service = service_of(run_dir)
+        assert second_service.pid != service.pid and is_alive(second_service)
+        poll_until(lambda: len(of_type(records(run_dir), "resumed")) == 2, LONG, "both pipelines to resume")
+        assert torchherd("stop", str(run_dir)).returncode == 0
+        assert not wait_gone([second_service], LONG), "the resumed run's service did not end after the stop"
     finally:
         if run_dir is not None:
             stop_service(run_dir)

@@ -10,7 +10,7 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..engine.protocol.messages import RunFinished
 from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, LinePrinter, exit_status
@@ -39,7 +39,12 @@ def run_detached(config: Path, runs_dir: Path | None, out: TextIO = sys.stdout) 
     started = start_service(config, runs_dir)
     if started is None:
         return EXIT_CONFIG
-    out.write(f"torchherd: run started in the background (supervisor pid {started.pid})\n"
+    return say_detached(started, "run started", out)
+
+
+def say_detached(started: Any, what: str, out: TextIO = sys.stdout) -> int:
+    """A detached start's last words: the service's pid, where its run is, how to watch and stop it."""
+    out.write(f"torchherd: {what} in the background (supervisor pid {started.pid})\n"
               f"  run directory: {started.run_dir}\n  watch it: {attach_command(started.run_dir)}\n"
               f"  stop it: torchherd stop {started.run_dir}\n")
     return EXIT_OK

@@ -19,7 +19,7 @@ USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR]
        torchherd ls [--runs-dir DIR] [--json]
        torchherd stop|kill RUN [NAME]
        torchherd pause|resume-pipeline|checkpoint|restart|stacks RUN NAME
-       torchherd resume RUN_DIR [--headless] [--only NAME]
+       torchherd resume RUN_DIR [--headless] [--detach] [--only NAME]
        torchherd check CONFIG [--probe]
        torchherd export RUN --tensorboard DIR [--runs-dir DIR]"""
 
@@ -32,6 +32,7 @@ COMMANDS = """commands:
   pause|resume-pipeline|checkpoint|restart RUN NAME   act on one pipeline of a live run
   stacks RUN NAME   every process of a pipeline writes its Python stacks to its log (nothing stops)
   resume RUN_DIR    carry on every pipeline of a run that did not complete, from its checkpoints
+                    (--detach: in the background, returning at once)
   check CONFIG      validate a config and say what would launch where (exit 2 if it cannot run)
   export RUN        write a past run's TensorBoard event files (--tensorboard DIR)
 
@@ -70,6 +71,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "as they are.")
     resume.add_argument("run_dir", metavar="RUN_DIR", help="the run directory, e.g. runs/20250101-120000-digits")
     resume.add_argument("--headless", action="store_true", help="no screen: print one line per event")
+    resume.add_argument("--detach", action="store_true",
+                        help="carry it on in the background and return at once (exit 0), printing how to attach")
     resume.add_argument("--only", action="append", metavar="NAME",
                         help="resume only these pipelines (repeat, or separate with commas)")
 
@@ -210,12 +213,12 @@ def _resume(args: argparse.Namespace) -> int:
               "early-stopped or pruned); nothing to resume",
               file=sys.stderr)
         return 0  # nothing to do is no mistake (2 is for bad input)
-    if not args.headless:
+    if not args.headless and not args.detach:
         from .app import run_app
 
         return run_app(run_dir, None, launch=True, only=only or None)
     from ..engine.serve.service import ServiceFailed, spawn
-    from .attach import follow_run
+    from .attach import follow_run, say_detached
     from .headless import LinePrinter
 
     try:
@@ -223,6 +226,8 @@ def _resume(args: argparse.Namespace) -> int:
     except ServiceFailed as exc:
         print(exc, file=sys.stderr)
         return 2
+    if args.detach:
+        return say_detached(started, f"resuming {', '.join(to_resume)}")
     return asyncio.run(follow_run(started.run_dir, LinePrinter(sys.stdout), from_start=True, owner=True))
 
 
