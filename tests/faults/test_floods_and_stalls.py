@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import fcntl
 import os
 import signal
@@ -28,10 +29,11 @@ pytestmark = pytest.mark.slow
 
 FLOOD = {"batch_size": 1, "log_every_n_steps": 1, "params": {"samples": 1500}}  # a report per step, no delay
 LONG_FLOOD = {**FLOOD, "params": {"samples": 5000}}
-# Floods until the test stops it: catching a torn batch can take many tries on a loaded machine, and a worker
-# that completed first closed the very pipe the test was watching ("handle is closed").
+# Floods until the test stops it: a worker that completed while the test was still catching it halfway through
+# a batch (a loaded machine can take its time) would close the very pipe the test was watching.
 ENDLESS = {**LONG_FLOOD, "max_epochs": 1000}
 CALM = {"params": {"samples": 256, "delay": 0.002}}
+PAGE = os.sysconf("SC_PAGE_SIZE")  # the smallest a pipe can be made
 
 
 def supervisor(config) -> tuple[Supervisor, RecordingLauncher]:
@@ -63,18 +65,20 @@ def unread_bytes(handle) -> int:
     return struct.unpack("i", buf)[0]
 
 
-async def pipe_full(handle, timeout: float = 60.0) -> int:
-    """Wait until a flooding worker's unread bytes stop growing: its writer is blocked on the full pipe."""
+async def pipe_full(handle, at_least: int = 16_384, settle: float = 0.25, timeout: float = 120.0) -> int:
+    """Wait until a flooding worker's unread bytes (at least `at_least`) stop growing for `settle` seconds: its
+    writer is blocked on the full pipe (a 16-page pipe holds ~58 KiB on Linux, depending on how writes pack)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    before = -1
+    before, since = -1, loop.time()
     while True:
-        now = unread_bytes(handle)
-        if now >= 16_384 and now == before:  # a pipe holds ~58 KiB on Linux, depending on how writes pack
+        now, at = unread_bytes(handle), loop.time()
+        if now != before:
+            before, since = now, at
+        elif now >= at_least and at - since >= settle:
             return now
-        assert loop.time() < deadline, f"the pipe never filled (last {now} bytes unread)"
-        before = now
-        await asyncio.sleep(0.25)
+        assert at < deadline, f"the pipe never filled (last {now} bytes unread)"
+        await asyncio.sleep(0.05)
 
 
 async def poll(predicate, timeout: float, what: str, interval: float = 0.02):
@@ -110,13 +114,14 @@ async def test_a_flood_and_a_kill_mid_write_leave_the_other_channels_alone(tmp_p
         # Killed halfway through writing a batch: the SIGKILL leaves that batch torn in its pipe.
         await freeze_mid_write(status_handle(launcher, "victim"), victim.pid)
         os.kill(victim.pid, signal.SIGKILL)
-        killed = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == "victim")
+        killed = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == "victim", 120)
         assert killed.signal == "SIGKILL"
         gate.touch()
         # Its next attempt reports over a channel of its own, untouched by the torn batch; then it is stopped.
-        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.pipeline == "victim" and e.time > killed.time)
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.pipeline == "victim" and e.time > killed.time,
+                       180)
         sup.stop("victim")
-        statuses = await finish(sup, timeout=120)
+        statuses = await finish(sup, timeout=240)
     assert statuses == {"flood": "completed", "victim": "stopped", "calm": "completed"}
     events = run_events(sup)
     for name in ("flood", "calm"):
@@ -144,11 +149,11 @@ async def test_a_supervisor_that_stops_reading_never_deadlocks_a_worker(tmp_path
         for handle in handles.values():
             await pipe_full(handle)
         # Unread, they train on: their checkpoints move although not one event of theirs gets through.
-        await poll(lambda: last_checkpoint_epoch(sup, "stalled") >= 2, 60, "stalled to train two epochs unread")
+        await poll(lambda: last_checkpoint_epoch(sup, "stalled") >= 2, 180, "stalled to train two epochs unread")
         assert not sup.finished and sup.view("stalled").epoch == 0
         start_reading(handles["stalled"])
         # "forever" is never read again: it finishes training, gives its events 10 s and exits on its own.
-        statuses = await finish(sup, timeout=120)
+        statuses = await finish(sup, timeout=240)
     assert statuses == {"stalled": "completed", "forever": "completed", "calm": "completed"}
     events = run_events(sup)
     # Once read again, everything that must arrive did, and every step report is there or counted as dropped.
@@ -192,23 +197,67 @@ def torn_batch_at_end(handle) -> bool:
     return i != len(data)
 
 
-async def freeze_mid_write(handle, pid: int, tries: int = 100) -> None:
-    """SIGSTOP the worker while its pipe is full and it is halfway through writing a batch.
+def shrink_pipe(handle) -> bool:
+    """Give a worker's status pipe a single page; False while more than that is unread (the kernel refuses)."""
+    try:
+        fcntl.fcntl(status_fd(handle), fcntl.F_SETPIPE_SZ, PAGE)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            return False
+        raise
+    return True
 
-    A write under 4 KiB is atomic, so not every full pipe ends in a torn batch: look,
-    and if not, let it go on and try again (on a loaded machine, dozens of times: the workers flood endlessly).
+
+def batch_left(handle) -> int:
+    """Bytes of the batch the supervisor has begun reading that it has not read yet (0 at a batch boundary)."""
+    held = handle.status_held
+    if len(held) < 4:
+        return 0
+    (size,) = struct.unpack("!i", held[:4])  # multiprocessing.connection's frame header
+    assert 0 < size < 1 << 24, f"a frame header of {size} bytes: the stream is misread"
+    return 4 + size - len(held)
+
+
+async def stop_reading_mid_batch(handle, capacity: int, within: float) -> bool:
+    """Let the supervisor read until it has begun a batch whose unread rest is bigger than the pipe, and stop
+    reading right there: the worker can then never finish writing it. False if none came `within` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while loop.time() < deadline:
+        if batch_left(handle) > capacity:
+            stop_reading(handle)
+            return True
+        # One turn of the event loop: the supervisor reads the pipe at most once meanwhile, and a one-page
+        # pipe gives it at most a page, so no batch over two pages gets by unseen.
+        await asyncio.sleep(0)
+    return False
+
+
+async def freeze_mid_write(handle, pid: int, rounds: int = 8) -> None:
+    """SIGSTOP the worker while its pipe is full and it is halfway through writing a batch: certain, at once.
+
+    A write of up to 4 KiB (PIPE_BUF) is atomic, so a writer blocked on a full pipe may sit between two whole
+    batches. Instead the worker's pipe is shrunk to one page (as Linux does to every new pipe of a user
+    past fs.pipe-user-pages-soft) and its writer held on it while step reports pile up behind it; once
+    reading again, the supervisor is stopped as soon as it has begun a batch with more left than the pipe
+    holds. Unread, that batch stays torn whatever the scheduler does; a round where the pile was too small
+    to tell holds the writer twice as long the next time.
     """
-    for _ in range(tries):
+    await poll(lambda: shrink_pipe(handle), 60, "the status pipe to hold no more than a page")
+    capacity = fcntl.fcntl(status_fd(handle), fcntl.F_GETPIPE_SZ)
+    hold = 0.25
+    for _ in range(rounds):
         stop_reading(handle)
-        await pipe_full(handle)
-        os.kill(pid, signal.SIGSTOP)
-        if torn_batch_at_end(handle):
-            return
-        os.kill(pid, signal.SIGCONT)
+        await pipe_full(handle, at_least=1, settle=hold)
         start_reading(handle)
-        await poll(lambda: unread_bytes(handle) < 16_384, 30, "the supervisor to catch up")
-    os.kill(pid, signal.SIGCONT)
-    pytest.fail("never caught the worker halfway through writing a batch")
+        if await stop_reading_mid_batch(handle, capacity, within=max(2.0, hold)):
+            break
+        hold *= 2
+    else:
+        pytest.fail(f"no batch over {capacity} bytes in {rounds} rounds of holding the worker's writer")
+    await pipe_full(handle, at_least=1)  # its writer has put in what fits of that batch and waits for room
+    os.kill(pid, signal.SIGSTOP)
+    assert torn_batch_at_end(handle), "the worker finished a batch bigger than its pipe, unread"
 
 
 # Regression: the status reader (now ChannelHandle._readable) used a blocking recv_bytes(), so a worker frozen
@@ -226,20 +275,21 @@ async def test_a_worker_frozen_mid_write_does_not_freeze_the_supervisor(tmp_path
         loop = asyncio.get_running_loop()
 
         def watchdog() -> None:
-            # Off the event loop: once the supervisor has read all it can, is its loop still turning?
+            # Off the event loop: once the supervisor has read all it can, is its loop still turning? A loop
+            # blocked on the torn batch never turns while the worker is frozen, so the waits can be generous.
             try:
-                deadline = time.monotonic() + 10.0
+                deadline = time.monotonic() + 60.0
                 while unread_bytes(handle) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 loop.call_soon_threadsafe(responsive.set)
-                in_time.append(responsive.wait(5.0))
+                in_time.append(responsive.wait(60.0))
             finally:
                 os.kill(started.pid, signal.SIGCONT)  # never leave it frozen, whatever happened
 
         dog = threading.Thread(target=watchdog, daemon=True)
         dog.start()
         start_reading(handle)
-        await asyncio.to_thread(dog.join, 30)
+        await asyncio.to_thread(dog.join, 150)
         sup.stop("frozen")  # thawed, it reports and stops as asked
-        assert await finish(sup) == {"frozen": "stopped", "calm": "completed"}
+        assert await finish(sup, timeout=180) == {"frozen": "stopped", "calm": "completed"}
     assert in_time == [True], "the supervisor's event loop stood still while one worker was frozen mid-write"
