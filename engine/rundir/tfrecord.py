@@ -76,7 +76,7 @@ class EventFile:
         folder.mkdir(parents=True, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILES)}"
         self.path = folder / name
-        self._fh = open(self.path, "wb")
+        self._fh = open(self.path, "wb", buffering=1 << 16)  # bytes: a few hundred steps per write
         self._flushed = time.monotonic()
         self.record(event_bytes(time.time(), 0, file_version="brain.Event:2"))
 
