@@ -6,6 +6,7 @@ its GPUs' utilisation and memory; a sweep's trials also get the HParams summary 
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import queue
 import re
@@ -67,10 +68,10 @@ class TensorBoardExport:
         """Write what `event` says (a bus tap: `kept` is unused; telemetry comes as a transient event)."""
         if isinstance(event, StepMetrics):
             self._steps[event.pipeline] = event.step
-            self._scalars(event.pipeline, (("train/loss", event.loss), ("train/lr", event.lr),
-                                           ("train/samples_per_s", event.samples_per_s),
-                                           *((f"train/{k}", v) for k, v in event.metrics.items())),
-                          event.step, event.time)
+            values = [("train/loss", event.loss), ("train/lr", event.lr), ("train/samples_per_s", event.samples_per_s)]
+            if event.metrics:
+                values += [(f"train/{k}", v) for k, v in event.metrics.items()]
+            self._scalars(event.pipeline, values, event.step, event.time)
         elif isinstance(event, EpochEnd):
             self._scalars(event.pipeline, (("epoch/train_loss", event.train_loss), ("epoch/duration_s", event.duration),
                                            ("epoch/samples_per_s", event.samples_per_s),
@@ -129,25 +130,37 @@ class TensorBoardExport:
 
 
 class TensorBoardTap:
-    """A live session's TensorBoard files, written on a thread of their own: the supervisor's loop only queues
-    each event they take (a sweep's HParams import tensorboardX, and torch with it: seconds the loop must not
-    wait). At run_finished the loop waits (at most DRAIN_WAIT) until every file is written and closed, so
-    readers find them whole."""
+    """A live session's TensorBoard files, written on a thread of their own: the supervisor's loop only collects
+    the events they take and hands them over once per turn of the loop, a batch at a time (a sweep's HParams
+    import tensorboardX, and torch with it: seconds the loop must not wait). At run_finished the loop waits
+    (at most DRAIN_WAIT) until every file is written and closed, so readers find them whole."""
 
     def __init__(self, logdir: Path, config: RunConfig):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._batch: list[Event] = []  # collected on the loop, not handed over yet
         self.export = TensorBoardExport(logdir, config)
         self.errors = 0  # events that could not be written (a full disk, ...); the run goes on regardless
         threading.Thread(target=self._run, name="torchherd-tensorboard", daemon=True).start()
 
     def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
         if not isinstance(event, WRITTEN):
-            return  # nothing in the files: not worth the queue and the thread's wake-up
-        self._queue.put(event)
+            return  # nothing in the files: not worth the thread's time
+        self._batch.append(event)
         if isinstance(event, RunFinished):
+            self._hand_over()
             done = threading.Event()
             self._queue.put(done)
             done.wait(DRAIN_WAIT)
+        elif len(self._batch) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._hand_over)
+            except RuntimeError:  # no loop (a caller of its own): at once
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._queue.put(batch)
 
     def _run(self) -> None:
         if self.export.trials:  # a sweep's HParams need tensorboardX, and torch with it: import it before
@@ -160,10 +173,11 @@ class TensorBoardTap:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            try:
-                self.export.on_event(item)
-            except Exception:  # noqa: BLE001 (the files are a copy of events.jsonl: never worth a run)
-                self.errors += 1
+            for event in item:
+                try:
+                    self.export.on_event(event)
+                except Exception:  # noqa: BLE001 (the files are a copy of events.jsonl: never worth a run)
+                    self.errors += 1
 
 
 def export_run(run_dir: Path, logdir: Path) -> int:
