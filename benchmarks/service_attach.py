@@ -21,7 +21,8 @@ to attached clients, and training under it.
    ratios. Goal >= 0.98.
 
 5. CPU (only when asked: --only cpu). The supervising process's CPU per step event of 3, served with none and
-   with 4 clients attached, against --baseline DIR (an earlier checkout), rounds alternating. Goal <= 10 us.
+   with 4 clients attached, against --baseline DIR (an earlier checkout) and without the TensorBoard files (the
+   run directory sink alone), rounds alternating. Goal <= 10 us.
 
 Absolute times on a shared machine are noise: read the ratios (and the CPU seconds next to the wall ones).
 Usage: python benchmarks/service_attach.py [--quick] [--rounds 3] [--train-rounds 5] [--only attach,fanout,training]
@@ -49,6 +50,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 READY, RESULT = "bench-ready ", "bench-result "
 SECTIONS = ("attach", "fanout", "training", "cpu")
 PACED = 250  # step reports per batch a fan-out worker sends at most (0: unpaced)
+NO_TENSORBOARD = "TORCHHERD_BENCH_NO_TENSORBOARD"  # "1": the supervise child's run writes no TensorBoard files
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,9 +95,9 @@ def read_tagged(proc: subprocess.Popen, tag: str) -> dict:
             return json.loads(line[len(tag):])
 
 
-def child(*args: str, stdin=None, root: Path = ROOT) -> subprocess.Popen:
+def child(*args: str, stdin=None, root: Path = ROOT, extra_env: dict | None = None) -> subprocess.Popen:
     """This script in a process of its own, importing torchherd from `root` (this tree, or a --baseline one)."""
-    env = ENV if root == ROOT else {**os.environ, "PYTHONPATH": str(root)}
+    env = {**(ENV if root == ROOT else {**os.environ, "PYTHONPATH": str(root)}), **(extra_env or {})}
     return subprocess.Popen([sys.executable, str(root / "benchmarks" / Path(__file__).name), *args], stdin=stdin,
                             stdout=subprocess.PIPE, text=True, env=env)
 
@@ -398,7 +400,8 @@ async def supervise(args: argparse.Namespace) -> None:
                                                                         "batch": args.batch}}
                           for i in range(workers)],
             "devices": {"placement": "cpu", "cpu_slots": workers, "threads_per_worker": 1},
-            "validation": {"mode": "off"}, "telemetry": {"enabled": False}, "restart": {"max_restarts": 0}}
+            "validation": {"mode": "off"}, "telemetry": {"enabled": False}, "restart": {"max_restarts": 0},
+            "tensorboard": os.environ.get(NO_TENSORBOARD) != "1"}
     config = parse_config(data, str(gate / "flood.toml"), gate)
     sup = Supervisor(config, launcher=FloodLauncher(), inventory=Inventory(cpu_count=workers))
     published = {"n": 0, "first": 0.0, "last": 0.0}
@@ -475,10 +478,11 @@ def rate(r: dict) -> float:
     return r["n"] / (r["last"] - r["first"]) if r["last"] > r["first"] else math.nan
 
 
-def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PACED, root: Path = ROOT) -> dict:
+def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PACED, root: Path = ROOT,
+                 tensorboard: bool = True) -> dict:
     gate = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp))
     sup = child("--child", "supervise", "--mode", mode, "--count", str(count), "--gate", str(gate),
-                "--batch", str(batch), root=root)
+                "--batch", str(batch), root=root, extra_env={} if tensorboard else {NO_TENSORBOARD: "1"})
     procs = []
     try:
         run_dir = read_tagged(sup, READY)["run_dir"]
@@ -550,14 +554,16 @@ def fanout_section(args: argparse.Namespace, tmp: Path) -> None:
 
 def cpu_section(args: argparse.Namespace, tmp: Path) -> None:
     """The supervising process's CPU per step event, served, with none and with 4 clients attached: this tree
-    against --baseline (another checkout), their rounds alternating so that the machine's load hits both."""
+    against --baseline (another checkout), their rounds alternating so that the machine's load hits both; and
+    this tree's run without its TensorBoard files (the run directory sink alone: what issue 26's bar counts)."""
     total = 4 * args.count
-    trees = {"now": ROOT, **({"baseline": args.baseline.resolve()} if args.baseline else {})}
+    trees = {"now": (ROOT, True), "now, no TensorBoard": (ROOT, False),
+             **({"baseline": (args.baseline.resolve(), True)} if args.baseline else {})}
     got: dict[tuple[str, int], list[float]] = {(t, n): [] for t in trees for n in (0, 4)}
     for i in range(args.rounds):
         for clients in (0, 4):
-            for tree, root in trees.items():
-                r = fanout_round(tmp, "served", args.count, clients, root=root)
+            for tree, (root, tensorboard) in trees.items():
+                r = fanout_round(tmp, "served", args.count, clients, root=root, tensorboard=tensorboard)
                 if not r["short"]:  # a round that dropped a client is not the same work
                     got[tree, clients].append(1e6 * r["cpu"] / total)
         print(f"round {i + 1} (load {os.getloadavg()[0]:.1f}): " + "; ".join(
@@ -565,9 +571,8 @@ def cpu_section(args: argparse.Namespace, tmp: Path) -> None:
     for n in (0, 4):
         line = {t: got[t, n] for t in trees if got[t, n]}
         text = ", ".join(f"{t} median {statistics.median(v):.1f} us (least {min(v):.1f})" for t, v in line.items())
-        if len(line) == 2:
-            ratio = statistics.median(line["baseline"]) / statistics.median(line["now"])
-            text += f": baseline/now {ratio:.2f}x"
+        if "baseline" in line and "now" in line:
+            text += f"; baseline/now {statistics.median(line['baseline']) / statistics.median(line['now']):.2f}x"
         print(f"supervisor CPU per step event, {n} clients attached, {args.rounds} rounds of 4 x {args.count:,}: "
               f"{text} (goal <= 10 us)")
 

@@ -59,8 +59,11 @@ class TensorBoardExport:
         """One event of every finite value among `values` ((tag, value) pairs); nothing when none is."""
         finite = [(tag, float(v)) for tag, v in values if _finite(v)]
         if finite:
-            w = self.writer(pipeline)
-            w.scalars(finite, step, wall)
+            self.writer(pipeline).scalars(finite, step, wall)
+
+    def flush_due(self) -> None:
+        """Hand every file's buffer to the OS that has held it FLUSH_SECS or more."""
+        for w in self._writers.values():
             if w.due(FLUSH_SECS):
                 w.flush()
 
@@ -178,6 +181,10 @@ class TensorBoardTap:
                     self.export.on_event(event)
                 except Exception:  # noqa: BLE001 (the files are a copy of events.jsonl: never worth a run)
                     self.errors += 1
+            try:
+                self.export.flush_due()
+            except OSError:
+                self.errors += 1
 
 
 def export_run(run_dir: Path, logdir: Path) -> int:

@@ -68,6 +68,9 @@ def scalars_summary(values: Iterable[tuple[str, float]]) -> bytes:
     return b"".join(out)
 
 
+_lengths: dict[int, bytes] = {}  # by size: a record's length and the length's CRC
+
+
 class EventFile:
     """One pipeline's event file, named as TensorBoard expects (events.out.tfevents.TIME.HOST...). Written through a
     buffer: `flush` hands it to the OS, where TensorBoard reads it."""
@@ -82,8 +85,14 @@ class EventFile:
 
     def record(self, data: bytes) -> None:
         """Append one record: its length, that length's CRC, the bytes, their CRC."""
-        length = _LENGTH.pack(len(data))
-        self._fh.write(length + _CRC.pack(masked_crc(length)) + data + _CRC.pack(masked_crc(data)))
+        size = len(data)
+        head = _lengths.get(size)
+        if head is None:
+            head = _LENGTH.pack(size)
+            head += _CRC.pack(masked_crc(head))
+            if size < 4096:  # a step's scalars take a few sizes, over and over
+                _lengths[size] = head
+        self._fh.write(head + data + _CRC.pack(masked_crc(data)))
 
     def scalars(self, values: list[tuple[str, float]], step: int, wall: float) -> None:
         if values:
