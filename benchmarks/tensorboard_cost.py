@@ -53,10 +53,15 @@ def per_event(n: int, config) -> tuple[float, float, float, float]:
         import tensorboardX  # noqa: F401  (and torch with it, once per supervisor)
         imported = time.perf_counter() - t
         tap = TensorBoardTap(Path(tmp) / "tap", config)
-        t = time.perf_counter()
-        for e in events:
-            tap.on_event(e)
-        loop = (time.perf_counter() - t) / len(events) * 1e6
+
+        async def feed() -> float:  # on a running loop, as the supervisor's: a worker's batch per turn
+            t = time.perf_counter()
+            for i in range(0, len(events), 250):
+                for e in events[i:i + 250]:
+                    tap.on_event(e)
+                await asyncio.sleep(0)
+            return time.perf_counter() - t
+        loop = asyncio.run(feed()) / len(events) * 1e6
         tap.on_event(RunFinished(ok=True, statuses={}))  # waits for the thread to drain
         tb = TensorBoardExport(Path(tmp) / "tb", config)
         t = time.process_time()
