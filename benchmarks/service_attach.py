@@ -20,8 +20,13 @@ to attached clients, and training under it.
    the two run side by side so that the machine's other load slows both alike; median of the rounds'
    ratios. Goal >= 0.98.
 
+5. CPU (only when asked: --only cpu). The supervising process's CPU per step event of 3, served with none and
+   with 4 clients attached, against --baseline DIR (an earlier checkout) and without the TensorBoard files (the
+   run directory sink alone), rounds alternating. Goal <= 10 us.
+
 Absolute times on a shared machine are noise: read the ratios (and the CPU seconds next to the wall ones).
 Usage: python benchmarks/service_attach.py [--quick] [--rounds 3] [--train-rounds 5] [--only attach,fanout,training]
+       python benchmarks/service_attach.py --only cpu [--baseline DIR] [--count 25000] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -43,8 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 READY, RESULT = "bench-ready ", "bench-result "
-SECTIONS = ("attach", "fanout", "training")
+SECTIONS = ("attach", "fanout", "training", "cpu")
 PACED = 250  # step reports per batch a fan-out worker sends at most (0: unpaced)
+NO_TENSORBOARD = "TORCHHERD_BENCH_NO_TENSORBOARD"  # "1": the supervise child's run writes no TensorBoard files
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,12 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="small sizes, 2 rounds (the 1 s goal is for 8 x 100k)")
     ap.add_argument("--rounds", type=int, help="alternating rounds of the fan-out (default 3, quick 2)")
     ap.add_argument("--train-rounds", type=int, help="alternating rounds of training (default 5, quick 2)")
-    ap.add_argument("--only", default=",".join(SECTIONS), help="sections to run: " + ",".join(SECTIONS))
+    ap.add_argument("--only", default=",".join(SECTIONS[:3]), help="sections to run: " + ",".join(SECTIONS))
     ap.add_argument("--app-only", action="store_true", help="attach: time only the app (no read_events reference)")
     ap.add_argument("--pipelines", type=int, default=8)
     ap.add_argument("--steps", type=int, help="step reports per pipeline in the attached run (default 100000)")
     ap.add_argument("--count", type=int, help="step reports per flood worker (default 25000)")
     ap.add_argument("--epochs", type=int, help="epochs of the training run (default 4)")
+    ap.add_argument("--baseline", type=Path, help="cpu: another torchherd checkout to compare with (it must import "
+                    "its own engine: `python -c 'import torchherd.engine'` with PYTHONPATH=it)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
@@ -87,9 +95,11 @@ def read_tagged(proc: subprocess.Popen, tag: str) -> dict:
             return json.loads(line[len(tag):])
 
 
-def child(*args: str, stdin=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, *args], stdin=stdin, stdout=subprocess.PIPE,
-                            text=True, env=ENV)
+def child(*args: str, stdin=None, root: Path = ROOT, extra_env: dict | None = None) -> subprocess.Popen:
+    """This script in a process of its own, importing torchherd from `root` (this tree, or a --baseline one)."""
+    env = {**(ENV if root == ROOT else {**os.environ, "PYTHONPATH": str(root)}), **(extra_env or {})}
+    return subprocess.Popen([sys.executable, str(root / "benchmarks" / Path(__file__).name), *args], stdin=stdin,
+                            stdout=subprocess.PIPE, text=True, env=env)
 
 
 # ============================================================ 1. attach
@@ -390,7 +400,8 @@ async def supervise(args: argparse.Namespace) -> None:
                                                                         "batch": args.batch}}
                           for i in range(workers)],
             "devices": {"placement": "cpu", "cpu_slots": workers, "threads_per_worker": 1},
-            "validation": {"mode": "off"}, "telemetry": {"enabled": False}, "restart": {"max_restarts": 0}}
+            "validation": {"mode": "off"}, "telemetry": {"enabled": False}, "restart": {"max_restarts": 0},
+            "tensorboard": os.environ.get(NO_TENSORBOARD) != "1"}
     config = parse_config(data, str(gate / "flood.toml"), gate)
     sup = Supervisor(config, launcher=FloodLauncher(), inventory=Inventory(cpu_count=workers))
     published = {"n": 0, "first": 0.0, "last": 0.0}
@@ -467,14 +478,15 @@ def rate(r: dict) -> float:
     return r["n"] / (r["last"] - r["first"]) if r["last"] > r["first"] else math.nan
 
 
-def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PACED) -> dict:
+def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PACED, root: Path = ROOT,
+                 tensorboard: bool = True) -> dict:
     gate = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp))
     sup = child("--child", "supervise", "--mode", mode, "--count", str(count), "--gate", str(gate),
-                "--batch", str(batch))
+                "--batch", str(batch), root=root, extra_env={} if tensorboard else {NO_TENSORBOARD: "1"})
     procs = []
     try:
         run_dir = read_tagged(sup, READY)["run_dir"]
-        procs = [child("--child", "client", "--run-dir", run_dir) for _ in range(clients)]
+        procs = [child("--child", "client", "--run-dir", run_dir, root=root) for _ in range(clients)]
         for p in procs:
             read_tagged(p, READY)
         deadline = time.monotonic() + 180
@@ -538,6 +550,31 @@ def fanout_section(args: argparse.Namespace, tmp: Path) -> None:
           + (f" (they got {', '.join(f'{n:,}' for n in burst['short'])} of {8 * args.count:,} events, using "
              f"{max(r['cpu'] for r in burst['remote']):.2f} s CPU at most)" if burst["short"] else
              f", {burst['delivered']:,.0f} events/s each") + " (goal: none dropped)")
+
+
+def cpu_section(args: argparse.Namespace, tmp: Path) -> None:
+    """The supervising process's CPU per step event, served, with none and with 4 clients attached: this tree
+    against --baseline (another checkout), their rounds alternating so that the machine's load hits both; and
+    this tree's run without its TensorBoard files (the run directory sink alone: what issue 26's bar counts)."""
+    total = 4 * args.count
+    trees = {"now": (ROOT, True), "now, no TensorBoard": (ROOT, False),
+             **({"baseline": (args.baseline.resolve(), True)} if args.baseline else {})}
+    got: dict[tuple[str, int], list[float]] = {(t, n): [] for t in trees for n in (0, 4)}
+    for i in range(args.rounds):
+        for clients in (0, 4):
+            for tree, (root, tensorboard) in trees.items():
+                r = fanout_round(tmp, "served", args.count, clients, root=root, tensorboard=tensorboard)
+                if not r["short"]:  # a round that dropped a client is not the same work
+                    got[tree, clients].append(1e6 * r["cpu"] / total)
+        print(f"round {i + 1} (load {os.getloadavg()[0]:.1f}): " + "; ".join(
+            f"{tree} {n} clients {got[tree, n][-1]:.1f} us" for tree in trees for n in (0, 4) if got[tree, n]))
+    for n in (0, 4):
+        line = {t: got[t, n] for t in trees if got[t, n]}
+        text = ", ".join(f"{t} median {statistics.median(v):.1f} us (least {min(v):.1f})" for t, v in line.items())
+        if "baseline" in line and "now" in line:
+            text += f"; baseline/now {statistics.median(line['baseline']) / statistics.median(line['now']):.2f}x"
+        print(f"supervisor CPU per step event, {n} clients attached, {args.rounds} rounds of 4 x {args.count:,}: "
+              f"{text} (goal <= 10 us)")
 
 
 # ============================================================ 4. training under the service
@@ -667,7 +704,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="service-attach-") as tmpdir:
         tmp = Path(tmpdir)
         for name, section in (("attach", attach_section), ("fanout", fanout_section),
-                              ("training", training_section)):
+                              ("training", training_section), ("cpu", cpu_section)):
             if name in only:
                 t = time.perf_counter()
                 section(args, tmp)

@@ -53,18 +53,50 @@ def per_event(n: int, config) -> tuple[float, float, float, float]:
         import tensorboardX  # noqa: F401  (and torch with it, once per supervisor)
         imported = time.perf_counter() - t
         tap = TensorBoardTap(Path(tmp) / "tap", config)
-        t = time.perf_counter()
-        for e in events:
-            tap.on_event(e)
-        loop = (time.perf_counter() - t) / len(events) * 1e6
+
+        async def feed() -> float:  # on a running loop, as the supervisor's: a worker's batch per turn
+            t = time.perf_counter()
+            for i in range(0, len(events), 250):
+                for e in events[i:i + 250]:
+                    tap.on_event(e)
+                await asyncio.sleep(0)
+            return time.perf_counter() - t
+        loop = asyncio.run(feed()) / len(events) * 1e6
         tap.on_event(RunFinished(ok=True, statuses={}))  # waits for the thread to drain
         tb = TensorBoardExport(Path(tmp) / "tb", config)
-        t = time.perf_counter()
+        t = time.process_time()
         for e in events:
             tb.on_event(e)
         tb.close()
-        thread = (time.perf_counter() - t) / len(events) * 1e6
-    return imported, base, loop, thread
+        thread = (time.process_time() - t) / len(events) * 1e6
+        before = {crc: tensorboardx_writer(Path(tmp) / f"x-{crc}", events, crc) for crc in ("native", "python")}
+    return imported, base, loop, thread, before
+
+
+def tensorboardx_writer(folder: Path, events: list, crc: str) -> float:
+    """CPU microseconds per event of the same step scalars through tensorboardX's own EventsWriter (as torchherd
+    wrote them before tfrecord.py), its checksums in C (`crc32c` installed) or in its pure-Python fallback."""
+    import tensorboardX.record_writer as rw
+    from tensorboardX.crc32c import _crc32c
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event as TfEvent
+    from tensorboardX.proto.summary_pb2 import Summary
+
+    saved = rw.crc32c
+    rw.crc32c = saved if crc == "native" else _crc32c
+    try:
+        folder.mkdir()
+        w = EventsWriter(str(folder / "events"))
+        t = time.process_time()
+        for e in events:
+            if isinstance(e, StepMetrics):
+                values = [("train/loss", e.loss), ("train/lr", e.lr), ("train/samples_per_s", e.samples_per_s)]
+                summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values])
+                w.write_event(TfEvent(wall_time=e.time, step=e.step, summary=summary))
+        w.close()
+        return (time.process_time() - t) / len(events) * 1e6
+    finally:
+        rw.crc32c = saved
 
 
 async def throughput(tmp: Path, tensorboard: bool) -> tuple[float, float]:
@@ -96,10 +128,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = parse_config({"defaults": {"task": "regression"}, "pipelines": [{"name": "p"}]},
                               str(Path(tmp) / "x.toml"), Path(tmp))
-        imported, base, loop, thread = per_event(args.events, config)
+        imported, base, loop, thread, before = per_event(args.events, config)
         print(f"supervisor loop, per event: events.jsonl {base:.1f} us, TensorBoard queueing {loop:.1f} us "
-              f"(ratio {loop / base:.2f}); writer thread {thread:.1f} us per event (ratio {thread / base:.2f}); "
-              f"importing tensorboardX (and torch) once, on that thread: {imported:.2f}s")
+              f"(ratio {loop / base:.2f}); writer thread {thread:.1f} us CPU per event (ratio {thread / base:.2f})")
+        print(f"  before, through tensorboardX's EventsWriter: {before['python']:.1f} us CPU per event with its "
+              f"pure-Python CRC ({before['python'] / thread:.1f}x the writer thread's now), {before['native']:.1f} "
+              f"us with crc32c ({before['native'] / thread:.1f}x); importing tensorboardX (and torch), which the "
+              f"files no longer need but a sweep's HParams do: {imported:.2f}s")
         on, off = [], []
         for i in range(args.rounds):
             for flag, into in ((False, off), (True, on)):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from torchherd.engine.worker import checkpoint as ckpt
-from torchherd.engine.protocol.channel import StatusSender, decode_batch
+from torchherd.engine.protocol.channel import StatusSender, decode_batch, encode_batch
 from torchherd.engine.config.schema import RestartConfig
 from torchherd.engine.protocol.messages import Event, EpochEnd, Heartbeat, Message, Notice, StepMetrics
 from torchherd.engine.protocol.records import from_record, message_types, to_record
@@ -289,6 +289,16 @@ def pipe():
         s.close()
     reader.close()
     writer.close()
+
+
+def test_a_batch_keeps_its_order_and_every_field_whatever_travels_packed():
+    note = Notice(level="info", text="between")
+    odd = dataclasses.replace(step(9), loss=None, metrics={"acc": 0.5})  # a loss of another type than declared
+    unknown = dataclasses.replace(step(10), metrics={"t": Path("x")})  # a value msgpack cannot encode
+    batch = [step(1), step(2), note, step(3), odd, Heartbeat(pipeline="p", step=3), unknown, step(11)]
+    got = decode_batch(encode_batch(batch))
+    assert got == batch and [type(e) for e in got] == [type(e) for e in batch]
+    assert decode_batch(encode_batch([])) == []
 
 
 def test_dropped_steps_are_counted_on_the_next_delivered(pipe):

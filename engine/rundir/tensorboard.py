@@ -1,18 +1,16 @@
-"""TensorBoard event files of a run, written in the supervisor from its events (never in a worker) with
-tensorboardX: per pipeline its training loss, lr, every reported metric, validation results, samples/s, and
-its GPUs' utilisation and memory; a sweep's trials also get the HParams summary (values and final metrics).
+"""TensorBoard event files of a run, written in the supervisor from its events (never in a worker) by
+`tfrecord.py`: per pipeline its training loss, lr, every reported metric, validation results, samples/s, and
+its GPUs' utilisation and memory; a sweep's trials also get the HParams summary (tensorboardX builds that one).
 
 `TensorBoardTap` writes a live session's on a thread of its own; `export_run` writes a past run's from its files.
 """
 from __future__ import annotations
 
-import itertools
+import asyncio
 import math
-import os
 import queue
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,52 +20,22 @@ from ..protocol.progress import better, metric_value
 from ..protocol.records import from_record
 from ..protocol.telemetry import TelemetrySnapshot
 from .directory import load_resolved_configs, read_events, read_records
+from .tfrecord import EventFile
 
 FOLDER = "tensorboard"  # under the run directory: `tensorboard --logdir runs/` shows every run
-_FILES = itertools.count()  # a file name of its own for each writer this process opens
 DRAIN_WAIT = 10.0  # seconds run_finished may wait for the files to be written and closed
-FLUSH_SECS = 5.0  # seconds an event may wait in the file's buffer (tensorboardX's flush also fsyncs)
+FLUSH_SECS = 5.0  # seconds an event may wait in the file's buffer
+WRITTEN = (StepMetrics, EpochEnd, ValResult, WorkerStarted, TelemetrySnapshot, PipelineFinished, RunFinished)
 
 
 def _finite(value: Any) -> bool:
+    if type(value) is float:
+        return value - value == 0.0  # not for inf or nan: the common case, without the calls below
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-class EventFile:
-    """One pipeline's event file: tensorboardX's synchronous record writer, one event per torchherd event.
-    (tensorboardX's SummaryWriter hands every scalar to a writer thread through a multiprocessing queue,
-    about ten times the cost of writing the record here, on the supervisor's loop.)"""
-
-    def __init__(self, folder: Path):
-        from tensorboardX.event_file_writer import EventsWriter
-
-        folder.mkdir(parents=True, exist_ok=True)
-        self._writer = EventsWriter(str(folder / "events"), f".{os.getpid()}.{next(_FILES)}")
-        self._flushed = time.monotonic()
-
-    def scalars(self, values: list[tuple[str, float]], step: int, wall: float) -> None:
-        from tensorboardX.proto.summary_pb2 import Summary
-
-        if values:
-            self.summary(Summary(value=[Summary.Value(tag=t, simple_value=v) for t, v in values]), step, wall)
-
-    def summary(self, summary: Any, step: int, wall: float) -> None:
-        from tensorboardX.proto.event_pb2 import Event as TfEvent
-
-        self._writer.write_event(TfEvent(wall_time=wall, step=step, summary=summary))
-        if time.monotonic() - self._flushed > FLUSH_SECS:
-            self.flush()
-
-    def flush(self) -> None:
-        self._writer.flush()
-        self._flushed = time.monotonic()
-
-    def close(self) -> None:
-        self._writer.close()
-
-
 class TensorBoardExport:
-    """One tensorboardX writer per pipeline under `logdir`, fed the run's events in order."""
+    """One event file per pipeline under `logdir`, fed the run's events in order."""
 
     def __init__(self, logdir: Path, config: RunConfig):
         self.logdir = Path(logdir)
@@ -93,14 +61,20 @@ class TensorBoardExport:
         if finite:
             self.writer(pipeline).scalars(finite, step, wall)
 
+    def flush_due(self) -> None:
+        """Hand every file's buffer to the OS that has held it FLUSH_SECS or more."""
+        for w in self._writers.values():
+            if w.due(FLUSH_SECS):
+                w.flush()
+
     def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
         """Write what `event` says (a bus tap: `kept` is unused; telemetry comes as a transient event)."""
         if isinstance(event, StepMetrics):
             self._steps[event.pipeline] = event.step
-            self._scalars(event.pipeline, (("train/loss", event.loss), ("train/lr", event.lr),
-                                           ("train/samples_per_s", event.samples_per_s),
-                                           *((f"train/{k}", v) for k, v in event.metrics.items())),
-                          event.step, event.time)
+            values = [("train/loss", event.loss), ("train/lr", event.lr), ("train/samples_per_s", event.samples_per_s)]
+            if event.metrics:
+                values += [(f"train/{k}", v) for k, v in event.metrics.items()]
+            self._scalars(event.pipeline, values, event.step, event.time)
         elif isinstance(event, EpochEnd):
             self._scalars(event.pipeline, (("epoch/train_loss", event.train_loss), ("epoch/duration_s", event.duration),
                                            ("epoch/samples_per_s", event.samples_per_s),
@@ -159,32 +133,57 @@ class TensorBoardExport:
 
 
 class TensorBoardTap:
-    """A live session's TensorBoard files, written on a thread of their own: the supervisor's loop only queues
-    each event (tensorboardX imports torch on first use, seconds the loop must not wait). At run_finished the
-    loop waits (at most DRAIN_WAIT) until every file is written and closed, so readers find them whole."""
+    """A live session's TensorBoard files, written on a thread of their own: the supervisor's loop only collects
+    the events they take and hands them over once per turn of the loop, a batch at a time (a sweep's HParams
+    import tensorboardX, and torch with it: seconds the loop must not wait). At run_finished the loop waits
+    (at most DRAIN_WAIT) until every file is written and closed, so readers find them whole."""
 
     def __init__(self, logdir: Path, config: RunConfig):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._batch: list[Event] = []  # collected on the loop, not handed over yet
         self.export = TensorBoardExport(logdir, config)
         self.errors = 0  # events that could not be written (a full disk, ...); the run goes on regardless
         threading.Thread(target=self._run, name="torchherd-tensorboard", daemon=True).start()
 
     def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
-        self._queue.put(event)
+        if not isinstance(event, WRITTEN):
+            return  # nothing in the files: not worth the thread's time
+        self._batch.append(event)
         if isinstance(event, RunFinished):
+            self._hand_over()
             done = threading.Event()
             self._queue.put(done)
             done.wait(DRAIN_WAIT)
+        elif len(self._batch) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._hand_over)
+            except RuntimeError:  # no loop (a caller of its own): at once
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._queue.put(batch)
 
     def _run(self) -> None:
+        if self.export.trials:  # a sweep's HParams need tensorboardX, and torch with it: import it before
+            try:                # the first trial ends rather than hold the files' writes up then
+                import tensorboardX.summary  # noqa: F401
+            except Exception:  # noqa: BLE001 (its HParams will say why, when written)
+                pass
         while True:
             item = self._queue.get()
             if isinstance(item, threading.Event):
                 item.set()
                 continue
+            for event in item:
+                try:
+                    self.export.on_event(event)
+                except Exception:  # noqa: BLE001 (the files are a copy of events.jsonl: never worth a run)
+                    self.errors += 1
             try:
-                self.export.on_event(item)
-            except Exception:  # noqa: BLE001 (the files are a copy of events.jsonl: never worth a run)
+                self.export.flush_due()
+            except OSError:
                 self.errors += 1
 
 
