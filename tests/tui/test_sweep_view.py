@@ -130,3 +130,59 @@ async def test_a_run_that_is_no_sweep_has_no_sweep_view(make_app, session):
         assert "k" in shown and "t" not in shown and "u" not in shown
         await pilot.press("t")
         assert not dashboard.sweep_view and not dashboard.query_one(SweepTable).display
+
+
+# ------------------------------------------------------------ the logic beside them
+
+
+def test_the_columns_drop_the_names_where_they_do_not_fit_and_keep_every_value():
+    from torchherd.tui.ranking import TrialRow
+
+    rows = [TrialRow(f"mlp-lr{lr}-weight_decay{wd}-dropout0.1", {"params.lr": lr, "params.weight_decay": wd,
+                                                                  "params.dropout": 0.1}, best=lr)
+            for lr in (0.1, 0.01) for wd in (0.0, 0.0001)]
+    table = SweepTable()
+    table.update_trials(rows, {}, 0.0, 80, "accuracy")
+    keys = [c.key for c in table.columns]
+    assert "name" not in keys and keys[0] == "rank"
+    assert [c.label for c in table.columns[1:4]] == ["lr", "weight_decay", "dropout"]
+    assert sum(c.width + 1 for c in table.columns) <= 78
+    assert table.cells[rows[0].name]["best"] == "0.1" and table.cells[rows[0].name]["state"] == "queued"
+    table.update_trials(rows, {}, 0.0, 160, "accuracy")
+    assert [c.key for c in table.columns][1] == "name"
+    assert table.columns[4].label == "dropout" and "best acc" in [c.label for c in table.columns]
+
+
+def test_the_cursor_stays_on_its_trial_when_the_ranking_changes():
+    from torchherd.tui.ranking import TrialRow
+
+    a, b, c = (TrialRow(n, {"params.lr": v}) for n, v in (("a", 1), ("b", 2), ("c", 3)))
+    table = SweepTable()
+    table.update_trials([a, b, c], {}, 0.0, 80, "val_loss")
+    table.cursor = 1  # on b
+    table.update_trials([b, c, a], {}, 0.0, 80, "val_loss")
+    assert table.selected == "b" and table.cursor == 0
+    table.update_trials([c, a], {}, 0.0, 80, "val_loss")  # b gone (cannot happen in a run, but no crash)
+    assert table.selected in ("c", "a")
+
+
+def test_the_chart_overlays_only_the_named_trials_in_their_order():
+    from torchherd.tui.series import LossSeries
+
+    chart = LossChart()
+    chart.series = {n: LossSeries() for n in ("a", "b", "c", "d")}
+    chart.selected = "a"
+    assert [n for n, _, _ in chart._visible()] == ["a"] and not chart.overlaid
+    chart.only = ["c", "a", "gone"]
+    assert [(n, colour) for n, _, colour in chart._visible()] == [("c", 0), ("a", 1)]
+    assert chart.overlaid and chart._title().startswith("loss: top 3 trials")
+
+
+def test_promote_applies_to_a_pruned_or_live_trial_and_says_why_not_otherwise():
+    from torchherd.engine.protocol.states import WorkerState as S
+    from torchherd.tui.commands import refusal
+
+    for state in (S.PRUNED, S.QUEUED, S.STARTING, S.RUNNING, S.PAUSED, S.BACKOFF):
+        assert refusal(Promote("t"), state) is None
+    assert refusal(Promote("t"), S.COMPLETED) == "t is completed, not pruned: it cannot be promoted; r starts it again"
+    assert refusal(Promote("t"), S.STOPPING) == "t is stopping: it cannot be promoted now"
