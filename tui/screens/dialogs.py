@@ -25,7 +25,7 @@ HELP = """\
   t       a sweep: its trials best first, with their
           values, state, best metric and rung, and why
           the selected one stands there; the chart
-          overlays the best 4 (#1 ●, #2 ▲, ...); t again
+          overlays the best 4 (1●, 2▲, ...); t again
           shows the pipelines
   u       promote the selected trial of a sweep: a
           pruned one trains on from its checkpoint; it
