@@ -14,6 +14,7 @@ from torchherd.engine.protocol.messages import PipelineFinished, Resumed, TrialD
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.serve.remote import RemoteRun
 from torchherd.engine.supervise.supervisor import Supervisor
+from torchherd.tui.bridge import replay_run
 from tests.conftest import make_config
 from tests.faults.support import REPO
 from tests.test_service import LONG, apoll, served, sock_dir  # noqa: F401 (sock_dir: a fixture)
@@ -70,3 +71,8 @@ async def test_a_promoted_trial_trains_on_is_never_pruned_again_and_is_recorded(
                for d in decisions), decisions
     [finished] = [e for e in later if isinstance(e, PipelineFinished) and e.pipeline == still]
     assert finished.status == "completed"
+    # The app opening the run afterwards folds the same story into its sweep view.
+    state = replay_run(sup.run_dir)
+    assert [r.name for r in state.ranked()] == [fast, still]
+    assert any(r.startswith("promoted:") for r in state.trials[still].reasons)
+    assert state.trials[still].reasons[-1].endswith("(promoted: never pruned)")

@@ -281,8 +281,7 @@ class DashboardScreen(Screen[None]):
 
     def action_sweep(self) -> None:
         """Swap the pipeline table for the sweep's trials, best first (and back)."""
-        if not self.state.trials:
-            self.notify("this run is no sweep: it has no [sweep] table", severity="warning", timeout=4)
+        if not self.state.trials:  # no sweep: check_action keeps the key away
             return
         self.sweep_view = not self.sweep_view
         table, sweep = self.query_one(PipelineTable), self.query_one(SweepTable)
@@ -304,9 +303,7 @@ class DashboardScreen(Screen[None]):
             table.focus()
 
     def action_promote(self) -> None:
-        if not self.state.trials:
-            self.notify("this run is no sweep: nothing is pruned, nothing to promote", severity="warning", timeout=4)
-        elif (name := self._target()) is not None:
+        if self.state.trials and (name := self._target()) is not None:
             self._request(Promote(name))
 
     def action_chart(self, what: str) -> None:
