@@ -137,8 +137,10 @@ class LossChart(Widget):
 
     # ------------------------------------------------------------ drawing
     def _title(self) -> str:
-        who = (f"top {len(self.only)} trials" if self.only is not None else "all pipelines" if self.overlay
-               else (self.selected or "no pipeline"))
+        if self.only is not None:
+            who = f"top {len(self.only)} trial{'s' if len(self.only) != 1 else ''}"
+        else:
+            who = "all pipelines" if self.overlay else (self.selected or "no pipeline")
         return (f"loss: {who} | x {self.x_mode} | {'log' if self.log_y else 'linear'} | "
                 f"{'EMA' if self.smooth else 'raw'}")
 
