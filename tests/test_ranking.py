@@ -36,3 +36,55 @@ def test_the_table_names_the_best_trial_its_values_and_checkpoint(tmp_path):
     assert lines[1].split() == ["#", "trial", "lr", "val_loss", "state", "rung"]
     assert lines[2].split() == ["1", "t-lr0.01", "0.01", "0.1", "queued", "-"]
     assert lines[-1] == f"best: t-lr0.01 (params.lr = 0.01): val_loss 0.1, checkpoint {tmp_path}/t-lr0.01/checkpoints/best.pt"
+
+
+def test_the_reasons_say_each_decision_and_a_promotion(tmp_path):
+    from torchherd.engine.protocol.control import ClientCommand
+
+    more = [ClientCommand(action="promote", pipeline="t-lr0.1", ok=True),
+            ClientCommand(action="promote", pipeline="t-lr0.001", ok=False, text="no"),
+            TrialDecision(pipeline="t-lr0.1", action="continue", rung=2, value=0.4, cutoff=0.1,
+                          reason="val_loss 0.4 at epoch 2, rung cut 0.1 (promoted: never pruned)")]
+    rows = {r.name: r for r in fold_trials(sweep(tmp_path), events() + more)}
+    assert rows["t-lr0.1"].reasons == [
+        "rung 1: pruned: cut", "promoted: trains on from its checkpoint, never pruned again this session",
+        "rung 2: goes on: val_loss 0.4 at epoch 2, rung cut 0.1 (promoted: never pruned)"]
+    assert rows["t-lr0.1"].rung == 2 and rows["t-lr0.001"].reasons == []  # a refused promote changes nothing
+
+
+def test_the_app_folds_the_same_rows_event_by_event_as_headless_does(tmp_path):
+    from torchherd.tui.ranking import SavedSweep
+    from torchherd.tui.runstate import RunState
+
+    config = sweep(tmp_path)
+    state = RunState()
+    state.set_sweep(SavedSweep({p.name: dict(p.trial) for p in config.pipelines}, "val_loss", "min"))
+    for event in events():
+        state.apply(event)
+    assert [(r.name, r.best, r.rung, r.reasons) for r in state.ranked()] == \
+        [(r.name, r.best, r.rung, r.reasons) for r in fold_trials(config, events())]
+    assert state.trials_version > 1
+    plain = RunState()  # no sweep: no trials, whatever events come
+    for event in events():
+        plain.apply(event)
+    assert plain.trials == {} and plain.ranked() == []
+
+
+def test_a_run_directory_says_its_sweep_without_loading_the_schema(tmp_path):
+    import json
+
+    from torchherd.tui.ranking import saved_sweep
+
+    config = sweep(tmp_path, "max")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps([config.model_dump(mode="json")]))
+    saved = saved_sweep(run)
+    assert saved is not None and (saved.metric, saved.metric_mode) == ("val_loss", "max")
+    assert saved.trials == {"t-lr0.1": {"params.lr": 0.1}, "t-lr0.01": {"params.lr": 0.01},
+                            "t-lr0.001": {"params.lr": 0.001}}
+    plain = make_config(tmp_path, [{"name": "a"}])
+    (run / "config.json").write_text(json.dumps([plain.model_dump(mode="json")]))
+    assert saved_sweep(run) is None  # no sweep
+    (run / "config.json").write_text("{not json")
+    assert saved_sweep(run) is None and saved_sweep(tmp_path / "nowhere") is None

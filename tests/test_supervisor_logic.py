@@ -272,3 +272,40 @@ def test_a_validator_far_behind_is_said_once_with_what_would_help():
     assert far_behind_text(ledger).startswith("the validator scored 2 of 20 snapshots so far")
     ledger.said_behind = True
     assert not ledger.far_behind()
+
+
+async def test_promote_unprunes_a_pruned_trial_exempts_a_running_one_and_refuses_an_ended_one(tmp_path, launcher):
+    from torchherd.engine.protocol.messages import ValResult
+
+    sweep = {"space": {"params": {"lr": [0.1, 0.0]}}, "scheduler": "asha", "grace_period": 1}
+    sup = make(tmp_path, [{"name": "t"}], launcher, defaults={"max_epochs": 4}, sweep=sweep)
+    fast, still = "t-lr0.1", "t-lr0"
+    await sup.start()
+    await until(lambda: len(launcher.handles) == 2)
+    for handle, name, loss in zip(launcher.handles, (fast, still), (0.1, 9.0)):
+        handle.on_events([TrainingStarted(pipeline=name, epoch=0, step=0, epochs_total=4, steps_per_epoch=10,
+                                          device="cpu", parameters=1),
+                          ValResult(pipeline=name, epoch=0, step=10, metrics={"val_loss": loss})])
+    await until(lambda: sup.view(still).state == WorkerState.STOPPING)  # cut at rung 1 by the fast one
+    launcher.handles[1].exit(10)  # it checkpoints and exits, as told
+    await until(lambda: sup.view(still).state == WorkerState.PRUNED)
+
+    sup.promote(still)
+    assert still in sup.sweep.exempt
+    await until(lambda: len(launcher.handles) == 3)  # back in the queue, and started again at once
+    sup.promote(fast)  # still running: it is only exempt from now on, nothing restarts
+    assert fast in sup.sweep.exempt and sup.view(fast).state == WorkerState.RUNNING
+    assert launcher.handles[0].signals == []
+    launcher.handles[0].exit(0)
+    await until(lambda: sup.view(fast).state == WorkerState.COMPLETED)
+    with pytest.raises(ValueError, match="completed, not pruned"):
+        sup.promote(fast)
+    with pytest.raises(KeyError):
+        sup.promote("nosuch")
+    await sup.shutdown(graceful=False)
+
+    plain = make(tmp_path, [{"name": "a"}], ScriptedLauncher())
+    await plain.start()
+    with pytest.raises(ValueError, match="prunes nothing"):
+        plain.promote("a")
+    await plain.shutdown(graceful=False)

@@ -192,7 +192,7 @@ class TorchherdApp(App[int]):
     def on_command_requested(self, message: CommandRequested) -> None:
         try:
             self.bridge.command(message.command)
-        except (KeyError, RuntimeError) as exc:
+        except (KeyError, RuntimeError, ValueError) as exc:
             self.notify(str(exc).strip("'\""), severity="warning", timeout=4)
         else:
             self.notify(message.command.doing(), timeout=3)

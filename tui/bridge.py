@@ -95,6 +95,7 @@ def replay_run(run_dir: Path) -> RunState:
     """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
     from ..engine.rundir.directory import read_events
 
+    from .ranking import saved_sweep
     from .runstate import RunState
 
     state = RunState(read_only=True, run_dir=run_dir, run_id=run_dir.name)
@@ -105,6 +106,7 @@ def replay_run(run_dir: Path) -> RunState:
         state.metric_mode = validation.get("metric_mode", state.metric_mode)
     except (OSError, ValueError, AttributeError, IndexError):
         pass
+    state.set_sweep(saved_sweep(run_dir))
     for event in read_events(run_dir):
         state.apply(event)
     state.run_dir = run_dir  # the directory as found now, whatever the run called it then
@@ -199,8 +201,13 @@ class Bridge:
             raise RuntimeError("the session has ended")
         made = self._factory(config, self.runs_dir)
         session = made if isinstance(made, Session) else Session(made)
-        await self._start(session, RunState(metric=config.validation.metric,
-                                            metric_mode=config.validation.metric_mode))
+        state = RunState(metric=config.validation.metric, metric_mode=config.validation.metric_mode)
+        if config.sweep is not None:
+            from .ranking import SavedSweep
+
+            v = config.validation
+            state.set_sweep(SavedSweep({p.name: dict(p.trial) for p in config.pipelines}, v.metric, v.metric_mode))
+        await self._start(session, state)
         return [p.name for p in config.pipelines]
 
     async def resume(self, run_dir: Path, only: list[str] | None = None) -> None:
@@ -232,6 +239,10 @@ class Bridge:
         state.live = True
         self.state = state
         await session.start()  # spawns processes: must run on this loop's thread
+        if not state.trials:  # resumed or attached: its sweep as its run directory saved it
+            from .ranking import saved_sweep
+
+            state.set_sweep(await asyncio.to_thread(saved_sweep, session.run_dir))
         self._sup = session
         self.run_dirs.append(session.run_dir.resolve())
         self._consumer = asyncio.get_running_loop().create_task(self._consume(session.subscribe()))
@@ -242,8 +253,9 @@ class Bridge:
             self.state = state
 
     def command(self, command: PipelineCommand) -> None:
-        """Carry out a command; raises KeyError for an unknown pipeline, RuntimeError when read-only."""
-        from .commands import Checkpoint, Kill, Pause, Restart, Resume, Stacks, Stop
+        """Carry out a command; raises KeyError for an unknown pipeline, RuntimeError when read-only, ValueError
+        when the run refuses it at once (a promote in a run that prunes nothing)."""
+        from .commands import Checkpoint, Kill, Pause, Promote, Restart, Resume, Stacks, Stop
 
         if not self.live:
             raise RuntimeError("this run is read-only" if self.state.read_only else "no run is active")
@@ -263,6 +275,8 @@ class Bridge:
                 sup.checkpoint(name)
             case Stacks():
                 sup.stacks(name)
+            case Promote():
+                sup.promote(name)
             case _:
                 raise TypeError(f"not a pipeline command: {command!r}")
 

@@ -18,7 +18,7 @@ USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR]
        torchherd attach [RUN] [--headless] [--read-only] [--from-start] [--runs-dir DIR]
        torchherd ls [--runs-dir DIR] [--json]
        torchherd stop|kill RUN [NAME]
-       torchherd pause|resume-pipeline|checkpoint|restart|stacks RUN NAME
+       torchherd pause|resume-pipeline|checkpoint|restart|stacks|promote RUN NAME
        torchherd resume RUN_DIR [--headless] [--detach] [--only NAME]
        torchherd check CONFIG [--probe]
        torchherd export RUN --tensorboard DIR [--runs-dir DIR]"""
@@ -31,6 +31,7 @@ COMMANDS = """commands:
   stop|kill RUN [NAME]             stop gracefully (checkpoint first) or kill one pipeline, or all
   pause|resume-pipeline|checkpoint|restart RUN NAME   act on one pipeline of a live run
   stacks RUN NAME   every process of a pipeline writes its Python stacks to its log (nothing stops)
+  promote RUN NAME  a sweep's pruned trial trains on from its checkpoint and is never pruned again
   resume RUN_DIR    carry on every pipeline of a run that did not complete, from its checkpoints
                     (--detach: in the background, returning at once)
   check CONFIG      validate a config and say what would launch where (exit 2 if it cannot run)

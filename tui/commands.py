@@ -107,6 +107,18 @@ class Stacks(PipelineCommand):
         return f"{self.pipeline}'s processes write their Python stacks to its log (l shows it)"
 
 
+@dataclass(frozen=True)
+class Promote(PipelineCommand):
+    """A sweep's trial is never pruned again this session; a pruned one trains on from its checkpoint."""
+
+    acts_in: ClassVar[frozenset[WorkerState]] = frozenset(
+        {S.PRUNED, S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED})
+    cannot: ClassVar[str] = "promoted"
+
+    def doing(self) -> str:
+        return f"promoting {self.pipeline}: it trains on and is never pruned again"
+
+
 def refusal(command: PipelineCommand, state: WorkerState) -> str | None:
     """Why `command` would do nothing to a pipeline in `state`, or None when it applies."""
     if state in command.acts_in:
@@ -114,6 +126,8 @@ def refusal(command: PipelineCommand, state: WorkerState) -> str | None:
     name = command.pipeline
     if state.final:
         hint = "; r starts it again" if not isinstance(command, Restart) else ""
+        if isinstance(command, Promote):
+            return f"{name} is {state.value}, not pruned: it cannot be promoted{hint}"
         return f"{name} is {state.value}: it cannot be {command.cannot}{hint}"
     if state == S.QUEUED:
         return f"{name} is queued, waiting for a free device: it cannot be {command.cannot} before it starts"

@@ -1,5 +1,5 @@
 """Live runs from any shell: `torchherd ls` lists runs and their state, and `torchherd stop|kill|pause|
-resume-pipeline|checkpoint|restart|stacks RUN [NAME]` asks a live run's supervisor over its control socket.
+resume-pipeline|checkpoint|restart|stacks|promote RUN [NAME]` asks a live run's supervisor over its control socket.
 
 Exit status: 0 the run took the request, 1 the run is not live or refused it, 2 bad input.
 """
@@ -19,8 +19,8 @@ EXIT_TOOK, EXIT_REFUSED, EXIT_BAD = 0, 1, 2
 # verb -> the Action's value: plain strings, so that the command line (and the app's first screen, which builds
 # its parsers) knows the verbs without loading the control protocol.
 ACTIONS = {"stop": "stop", "kill": "kill", "pause": "pause", "resume-pipeline": "resume",
-           "checkpoint": "checkpoint", "restart": "restart", "stacks": "stacks"}
-NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart", "stacks"}  # stop and kill default to every pipeline
+           "checkpoint": "checkpoint", "restart": "restart", "stacks": "stacks", "promote": "promote"}
+NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart", "stacks", "promote"}  # stop and kill default to every pipeline
 
 
 class BadRun(ValueError):

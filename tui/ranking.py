@@ -1,17 +1,21 @@
 """A sweep's trials ranked by their best validation metric, folded from events: one `TrialRow` per trial
-(its values, state, best metric and the highest rung it was judged at), and the table headless prints at
-the end. Plain data, so the app's sweep view shows the same rows.
+(its values, state, best metric, the highest rung it was judged at and why), and the table headless prints
+at the end. Plain data: the app's run state folds the same rows event by event for its sweep view.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from ..engine.config.schema import RunConfig
+from ..engine.protocol.control import Action, ClientCommand
 from ..engine.protocol.messages import Event, PipelineFinished, TrialDecision, ValResult
 from ..engine.protocol.progress import better, metric_value
 from ..engine.protocol.states import ended_label
+
+if TYPE_CHECKING:  # the config's schema (pydantic) loads with headless's ranking, not with the app's run state
+    from ..engine.config.schema import RunConfig
 
 BEST_FILE, LAST_FILE = "best.pt", "last.pt"  # engine/worker/checkpoint.py's names
 
@@ -26,7 +30,26 @@ class TrialRow:
     best: float | None = None  # its best `metric` so far
     rung: float | None = None  # the highest rung its scheduler judged it at
     epoch: int = 0  # the newest validated epoch, from 1
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # its scheduler's decisions and promotions, oldest first
+
+
+def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
+    """Take one of `row`'s trial's events into it; True when the row changed."""
+    if isinstance(ev, ValResult) and not ev.error:
+        value = metric_value(ev.metrics, metric)
+        if value is not None and better(value, row.best, mode):
+            row.best = value
+        row.epoch = max(row.epoch, ev.epoch + 1)
+    elif isinstance(ev, TrialDecision):
+        row.rung = ev.rung if row.rung is None else max(row.rung, ev.rung)
+        row.reasons.append(f"rung {ev.rung:g}: {'pruned' if ev.action == 'prune' else 'goes on'}: {ev.reason}")
+    elif isinstance(ev, PipelineFinished):
+        row.state = ended_label(ev.status, ev.reason)
+    elif isinstance(ev, ClientCommand) and ev.action == Action.PROMOTE and ev.ok:
+        row.reasons.append("promoted: trains on from its checkpoint, never pruned again this session")
+    else:
+        return False
+    return True
 
 
 def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, str] | None = None) -> list[TrialRow]:
@@ -36,21 +59,35 @@ def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, st
     rows = {p.name: TrialRow(p.name, dict(p.trial)) for p in config.pipelines}
     for ev in events:
         row = rows.get(getattr(ev, "pipeline", ""))
-        if row is None:
-            continue
-        if isinstance(ev, ValResult) and not ev.error:
-            value = metric_value(ev.metrics, v.metric)
-            if value is not None and better(value, row.best, v.metric_mode):
-                row.best = value
-            row.epoch = max(row.epoch, ev.epoch + 1)
-        elif isinstance(ev, TrialDecision):
-            row.rung = ev.rung if row.rung is None else max(row.rung, ev.rung)
-        elif isinstance(ev, PipelineFinished):
-            row.state = ended_label(ev.status, ev.reason)
+        if row is not None:
+            fold_trial(row, ev, v.metric, v.metric_mode)
     for name, state in (states or {}).items():
         if name in rows:
             rows[name].state = state
     return rank(list(rows.values()), v.metric_mode)
+
+
+@dataclass(frozen=True)
+class SavedSweep:
+    """What a run directory's config.json says of its sweep: each trial's values, and the metric ranked on."""
+
+    trials: dict[str, dict[str, Any]]
+    metric: str
+    metric_mode: str
+
+
+def saved_sweep(run_dir: Path) -> SavedSweep | None:
+    """The sweep of the run in `run_dir` (its first config's), read from config.json without the schema;
+    None for a run that is no sweep or whose config cannot be read."""
+    try:
+        first = json.loads((Path(run_dir) / "config.json").read_text())[0]
+        if not first.get("sweep"):
+            return None
+        validation = first.get("validation", {})
+        return SavedSweep({p["name"]: dict(p.get("trial") or {}) for p in first["pipelines"]},
+                          validation.get("metric", "val_loss"), validation.get("metric_mode", "min"))
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
 
 
 def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
@@ -69,7 +106,8 @@ def checkpoint_of(run_dir: Path, name: str) -> Path | None:
     return None
 
 
-def _value(v: Any) -> str:
+def short_value(v: Any) -> str:
+    """A trial's value as a column shows it: floats in 4 significant digits."""
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
@@ -80,7 +118,7 @@ def ranked_table(rows: list[TrialRow], metric: str, run_dir: Path, limit: int = 
         return []
     keys = list(rows[0].values)
     head = ["#", "trial", *(k.rsplit(".", 1)[-1] for k in keys), metric, "state", "rung"]
-    body = [[str(i + 1), r.name, *(_value(r.values.get(k, "")) for k in keys),
+    body = [[str(i + 1), r.name, *(short_value(r.values.get(k, "")) for k in keys),
              "-" if r.best is None else f"{r.best:.4g}", r.state, "-" if r.rung is None else f"{r.rung:g}"]
             for i, r in enumerate(rows[:limit])]
     widths = [max(len(line[c]) for line in [head, *body]) for c in range(len(head))]
@@ -90,7 +128,7 @@ def ranked_table(rows: list[TrialRow], metric: str, run_dir: Path, limit: int = 
         out.append(f"  ... and {len(rows) - limit} more")
     best = rows[0]
     if best.best is not None:
-        values = ", ".join(f"{k} = {_value(v)}" for k, v in best.values.items())
+        values = ", ".join(f"{k} = {short_value(v)}" for k, v in best.values.items())
         ckpt = checkpoint_of(run_dir, best.name)
         out.append(f"best: {best.name} ({values}): {metric} {best.best:.4g}, checkpoint "
                    f"{ckpt if ckpt is not None else 'none written'}")

@@ -2,8 +2,9 @@
 
 Each pipeline's figures come from the engine's one fold (`engine.progress.apply`); on top of it
 `RunState.apply(event)` keeps what only the screen needs: loss series for the chart, the event
-log's lines (epochs counted from 1) and the latest telemetry. O(1) per event; no live engine
-object, so a run replayed from its `events.jsonl` fills it the same way.
+log's lines (epochs counted from 1), the latest telemetry and, for a sweep, its trials' rows
+(`tui.ranking`). O(1) per event; no live engine object, so a run replayed from its `events.jsonl` fills it
+the same way.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..engine.protocol.names import ExitReason
 from ..engine.protocol.progress import PipelineProgress, apply as fold
 from ..engine.protocol.states import WorkerState, ended_label
 from .formats import epoch_label, finish_text, fmt_num, is_loss_metric, quiet_text
+from .ranking import SavedSweep, TrialRow, fold_trial, rank
 from .series import LossSeries
 
 LOG_KEEP = 1000  # event-log entries kept in memory
@@ -57,6 +59,8 @@ class RunState:
     series: dict[str, LossSeries] = field(default_factory=dict)
     log: deque[LogEntry] = field(default_factory=lambda: deque(maxlen=LOG_KEEP))
     telemetry: t.TelemetrySnapshot | None = None
+    trials: dict[str, TrialRow] = field(default_factory=dict)  # a sweep's trials by name; empty for no sweep
+    trials_version: int = 0
     rows_version: int = 0
     series_version: int = 0
     telemetry_version: int = 0
@@ -73,6 +77,18 @@ class RunState:
     def log_path(self, name: str) -> Path | None:
         """Where the pipeline's worker log is (or will be)."""
         return self.run_dir / name / "log.txt" if self.run_dir is not None else None
+
+    def set_sweep(self, sweep: SavedSweep | None) -> None:
+        """The run is a sweep of these trials (call before its events are applied); None: no sweep."""
+        if sweep is None:
+            return
+        self.metric, self.metric_mode = sweep.metric, sweep.metric_mode
+        self.trials = {name: TrialRow(name, values) for name, values in sweep.trials.items()}
+        self.trials_version += 1
+
+    def ranked(self) -> list[TrialRow]:
+        """The sweep's trials best first by the metric (those without a result last, in config order)."""
+        return rank(list(self.trials.values()), self.metric_mode)
 
     @property
     def metric_is_loss(self) -> bool:
@@ -101,6 +117,9 @@ class RunState:
             if after is not before:
                 self.rows[name] = after
                 self.rows_version += 1
+            trial = self.trials.get(name)
+            if trial is not None and fold_trial(trial, ev, self.metric, self.metric_mode):
+                self.trials_version += 1
         handler = _HANDLERS.get(type(ev))
         if handler is not None:
             handler(self, ev, before)

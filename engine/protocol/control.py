@@ -21,6 +21,7 @@ class Action(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"  # the pipeline, after a pause
     CHECKPOINT = "checkpoint"
+    PROMOTE = "promote"  # a sweep's trial: un-pruned (from its checkpoint) and never pruned again this session
     STACKS = "stacks"  # every process of the pipeline writes its Python stacks to its log; nothing stops
     ADD_CONFIG = "add_config"  # `path`: another config's pipelines join the run
     DETACH = "detach"  # nothing to do: the client says it is leaving, and the run goes on

@@ -145,6 +145,9 @@ class RemoteRun:
     def stacks(self, name: str) -> None:
         self.send(Action.STACKS, name)
 
+    def promote(self, name: str) -> None:
+        self.send(Action.PROMOTE, name)
+
     async def add_config_file(self, path: Path) -> list[str]:
         reply = await self.request(Action.ADD_CONFIG, path=str(Path(path).resolve()))
         if not reply.ok:

@@ -156,6 +156,10 @@ class ControlServer:
                 sup.checkpoint(name)
             case Action.STACKS:
                 sup.stacks(name)
+            case Action.PROMOTE:
+                if not name:
+                    raise ValueError("name the trial to promote")
+                sup.promote(name)
             case Action.ADD_CONFIG:
                 return "added " + ", ".join(sup.add_config(load_config(req.path)))
             case _:

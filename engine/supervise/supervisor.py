@@ -24,7 +24,8 @@ from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, 
 from . import build_check, commands
 from .attempts import AttemptLauncher
 from .bus import EventBus, EventStream
-from .lifecycle import Lifecycle, NoRoom
+from .lifecycle import Lifecycle
+from .nodes import NodeFollower
 from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
@@ -37,7 +38,6 @@ __all__ = ["EventStream", "PipelineView", "Supervisor"]
 
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
-NODE_REFRESH = 2.0  # seconds between looks at a cluster's nodes (Ray itself sees a node leave in ~2 s)
 
 
 class Supervisor:
@@ -52,8 +52,8 @@ class Supervisor:
         base = Path(runs_dir if runs_dir is not None else config.runs_dir)
         self._backend = launcher if launcher is not None else backend_for(config.cluster, base, config.source)
         # A cluster's backend brings its nodes' devices and plans slots on them.
-        self.inventory = inventory if inventory is not None else self._backend.inventory
-        slots, problems = self._backend.plan_slots(config.devices, self.inventory, config.source)
+        inventory = inventory if inventory is not None else self._backend.inventory
+        slots, problems = self._backend.plan_slots(config.devices, inventory, config.source)
         problems += gang_problems(config, slots) if slots else []
         if problems:
             raise ConfigError(problems)
@@ -64,7 +64,7 @@ class Supervisor:
         self._tick_interval = tick
         self._bus = EventBus()
         self._scheduler = Scheduler(slots)
-        self._generation = 0  # of the cluster's nodes the slots were planned for (backend.follow)
+        self._nodes = NodeFollower(self._backend, config, self._scheduler, inventory)  # a cluster's, as they change
         self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
                                     self._on_worker_events, lambda run: gpu_note(run, self.telemetry))
         self._validation = ValidationService(self._backend, self._emit_validation, self.run_dir, self.snapshot_root,
@@ -164,6 +164,10 @@ class Supervisor:
         return view_of(self._get(name), self.run_dir)
 
     @property
+    def inventory(self) -> Inventory:  # the devices slots are planned on (a cluster's change as nodes come and go)
+        return self._nodes.inventory
+
+    @property
     def alive(self) -> bool:  # some worker process exists
         return any(r.handle is not None for r in self._runs.values())
 
@@ -208,6 +212,12 @@ class Supervisor:
             self._reopen()
             self._announce_queued([run.name])
             self._schedule()
+
+    def promote(self, name: str) -> None:
+        """A sweep's trial is never pruned again this session; a pruned one trains on from its checkpoint."""
+        if self.sweep is None:
+            raise ValueError("this run prunes nothing: its config has no [sweep] scheduler")
+        self.sweep.promote(self._get(name).name)
 
     async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
         """End the session: stop (or kill) every worker, flush the run directory, end the streams."""
@@ -262,7 +272,7 @@ class Supervisor:
         if problems:
             raise ConfigError(problems)
         policy = RestartPolicy(config.restart)
-        validation = self._backend.plan_validation(config, self._scheduler.slots, self.inventory)
+        validation = self._backend.plan_validation(config, self._scheduler.slots, self._nodes.inventory)
         self._validation.start_for(validation)
         names = []
         for pipe in config.pipelines:
@@ -298,23 +308,10 @@ class Supervisor:
             run.slots = slots
             self._lifecycle.launch(run)
 
-    def _follow_cluster(self, max_age: float) -> None:
-        """On a cluster, plan the slots again when nodes have joined or left (seen at most `max_age` ago)."""
-        generation = self._backend.follow(max_age)
-        if generation != self._generation:
-            self._generation = generation
-            self.inventory = self._backend.inventory
-            slots, _ = self._backend.plan_slots(self.config.devices, self.inventory, self.config.source, fit=True)
-            self._scheduler.resize(slots)
-
     def _start_attempt(self, run: PipelineRun) -> Handle:
         """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""
         assert self._attempts is not None
-        self._follow_cluster(NODE_REFRESH / 4)
-        slots = self._scheduler.refit(run.slots)  # a slot on a node that left: another, if one is free
-        if slots is None:
-            raise NoRoom(f"its slots' node left the cluster and no live node has room for {len(run.slots)} now")
-        run.slots = slots
+        run.slots = self._nodes.refit(run.slots)  # a slot on a node that left: another, if one is free
         return self._attempts.start(run, hold=self.task_check.admit(run))
 
     def _on_worker_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
@@ -365,7 +362,7 @@ class Supervisor:
         self.task_check.settle(self._runs, self._lifecycle, self._emit)
         if not self._closing:
             self._validation.tick(now)
-        self._follow_cluster(NODE_REFRESH)
+        self._nodes.follow()
         self._schedule()
         self._feed.update(self._runs, self._validation.handle)
         if self._rundir is not None:

@@ -61,9 +61,15 @@ class SweepPruner:
         return pruner
 
     def promote(self, name: str) -> None:
-        """Un-prune: `name` trains on from its checkpoint and is never pruned again this session."""
+        """Never prune `name` again this session; a pruned trial is un-pruned and trains on from its
+        checkpoint. Raises ValueError for a trial that ended otherwise (restart starts it again)."""
+        state = self._sup.view(name).state
+        if state.final and state != S.PRUNED:
+            raise ValueError(f"{name} is {state.value}, not pruned: only a pruned trial or one still going can "
+                             "be promoted (restart starts it again)")
         self.exempt.add(name)
-        self._sup.restart(name)
+        if state == S.PRUNED:
+            self._sup.restart(name)  # PRUNED -> QUEUED: it trains on from its checkpoint
 
     def progress(self, event: ValResult, steps_per_epoch: int) -> float:
         """How far the weights scored had trained, in the sweep's unit (epochs from steps where known)."""
@@ -92,6 +98,8 @@ class SweepPruner:
         live = self._sup.view(name).state in JUDGED
         prune = verdict.prune and live and name not in self.exempt
         reason = verdict.reason if live or not verdict.prune else f"{verdict.reason} (it had ended already)"
+        if verdict.prune and live and not prune:
+            reason += " (promoted: never pruned)"
         self._sup.record(TrialDecision(pipeline=name, action="prune" if prune else "continue", rung=verdict.rung,
                                        value=verdict.value, cutoff=verdict.cutoff, reason=reason))
         if prune:

@@ -1,4 +1,5 @@
-"""The dashboard: pipeline table, loss chart, device pane, log tail and event log of one run.
+"""The dashboard: pipeline table, loss chart, device pane, log tail and event log of one run; for a sweep,
+`t` swaps the pipeline table for the sweep's trials best first, the chart overlaying the best of them.
 
 It reads a `RunState` (plain data) the app hands it and redraws at most `refresh_hz` times a second,
 however many events arrive; keys become typed commands (`tui.commands`) posted as `CommandRequested`
@@ -17,15 +18,18 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ...engine.protocol.states import WorkerState
-from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Restart, Resume, Stacks, Stop, refusal
+from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Promote, Restart, Resume, Stacks, Stop, refusal
 from ..messages import CommandRequested
 from ..runstate import RunState
 from .dialogs import ConfirmScreen
 from .log_view import LogScreen
 from ..widgets.device_pane import DevicePane
 from ..widgets.log_views import EventLog, LogTail
-from ..widgets.loss_chart import LossChart
+from ..widgets.loss_chart import GLYPHS, LossChart
 from ..widgets.pipeline_table import PipelineTable
+from ..widgets.sweep_table import SweepTable
+
+TOP_TRIALS = 4  # trials the chart overlays in the sweep view, best first
 
 
 class DashboardScreen(Screen[None]):
@@ -37,6 +41,7 @@ class DashboardScreen(Screen[None]):
         Binding("p", "pause", "pause"), Binding("s", "stop", "stop"),
         Binding("c", "checkpoint", "ckpt"), Binding("l", "full_log", "log"),
         Binding("d", "stacks", "stacks", show=False),
+        Binding("t", "sweep", "sweep"), Binding("u", "promote", "promote", show=False),
         Binding("n", "app.launch_more", "more"),
         Binding("a", "chart('overlay')", "all", show=False), Binding("g", "chart('log_y')", "log y", show=False),
         Binding("e", "chart('smooth')", "ema", show=False), Binding("x", "chart('x_mode')", "x axis", show=False),
@@ -55,10 +60,14 @@ class DashboardScreen(Screen[None]):
         self._status_text = ""
         self._last = 0.0  # monotonic time of the last redraw
         self._seen = (-1, -1, -1)  # versions of rows, series, telemetry last drawn
+        self.sweep_view = False  # the sweep's trials in place of the pipeline table (t)
+        self._seen_trials = (-1, -1)  # versions of rows and trials the sweep view last drew
 
     def compose(self) -> ComposeResult:
         yield Static(id="status")
         yield PipelineTable(id="table")
+        yield SweepTable(id="sweep")
+        yield Static(id="reason")
         with Horizontal(id="middle"):
             yield LossChart(id="chart")
             yield DevicePane(id="devices")
@@ -85,6 +94,7 @@ class DashboardScreen(Screen[None]):
     def on_resize(self) -> None:
         self.set_class(self.size.width < 100, "-narrow")
         self.set_class(self.size.height < 30, "-short")
+        self.query_one(Footer).compact = self.size.width < 100 and bool(self.state.trials)  # t and u fit too
         self._seen = (-1, self._seen[1], self._seen[2])  # the table picks its columns for the new width
         self.data_changed()
 
@@ -119,12 +129,43 @@ class DashboardScreen(Screen[None]):
             chart = self.query_one(LossChart)
             chart.metric, chart.metric_is_loss = state.metric, state.metric_is_loss
             chart.redraw()
+        if self.sweep_view and (state.rows_version, state.trials_version) != self._seen_trials:
+            self._draw_sweep()
         if state.telemetry_version != self._seen[2]:
             self.query_one(DevicePane).show(state.telemetry)
         events = self.query_one(EventLog)
         if state.log_seq != events.last_seq:
             events.add(e for e in state.log if e.seq > events.last_seq)
         self._seen = (state.rows_version, state.series_version, state.telemetry_version)
+
+    def _draw_sweep(self) -> None:
+        """The trials best first, the chart on the best TOP_TRIALS of those with a result, and why the
+        selected trial stands where it does."""
+        state = self.state
+        self._seen_trials = (state.rows_version, state.trials_version)
+        ranked = state.ranked()
+        top = [r.name for r in ranked if r.best is not None][:TOP_TRIALS]
+        marks = {name: GLYPHS[i] for i, name in enumerate(top)}
+        self.query_one(SweepTable).update_trials(ranked, state.rows, self.clock(), self.size.width, state.metric,
+                                                 marks)
+        chart = self.query_one(LossChart)
+        if chart.only != top:
+            chart.only, chart.series = top, state.series
+            chart.redraw()
+        self._say_reason()
+
+    def _say_reason(self) -> None:
+        trial = self.state.trials.get(self.selected or "")
+        if trial is None:
+            text = ""
+        else:
+            pruned = self._state_of(trial.name) == WorkerState.PRUNED
+            # A pruned trial: the decision that pruned it (a later result may have been judged as it stopped).
+            why = next((r for r in reversed(trial.reasons) if not pruned or ": pruned: " in r),
+                       trial.reasons[-1] if trial.reasons else "no rung reached yet")
+            hint = "  [dim](u promotes it)[/dim]" if pruned else ""
+            text = f"[b]{escape(trial.name)}[/b] {escape(why)}{hint}"
+        self.query_one("#reason", Static).update(text)
 
     def _status(self) -> None:
         state = self.state
@@ -142,6 +183,8 @@ class DashboardScreen(Screen[None]):
 
     def _select(self, name: str) -> None:
         self.selected = name
+        if self.sweep_view:
+            self._say_reason()
         chart = self.query_one(LossChart)
         chart.series, chart.selected = self.state.series, name
         chart.metric, chart.metric_is_loss = self.state.metric, self.state.metric_is_loss
@@ -230,6 +273,38 @@ class DashboardScreen(Screen[None]):
             self.notify(f"{name} has no log yet: its run directory is not known", severity="warning")
             return
         self.app.push_screen(LogScreen(path, name))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("sweep", "promote"):
+            return bool(self.state.trials)  # only a sweep has them: shown in the footer only then
+        return True
+
+    def action_sweep(self) -> None:
+        """Swap the pipeline table for the sweep's trials, best first (and back)."""
+        if not self.state.trials:  # no sweep: check_action keeps the key away
+            return
+        self.sweep_view = not self.sweep_view
+        table, sweep = self.query_one(PipelineTable), self.query_one(SweepTable)
+        self.set_class(self.sweep_view, "-sweep")
+        chart = self.query_one(LossChart)
+        if self.sweep_view:
+            self._seen_trials = (-1, -1)
+            self._draw_sweep()
+            if self.selected is not None:
+                sweep.select(self.selected)
+            sweep.focus()
+        else:
+            chart.only = None
+            chart.redraw()
+            if self.selected in table.names:
+                table.cursor = table.names.index(self.selected)
+                table.on_resize()
+                table.refresh()
+            table.focus()
+
+    def action_promote(self) -> None:
+        if self.state.trials and (name := self._target()) is not None:
+            self._request(Promote(name))
 
     def action_chart(self, what: str) -> None:
         chart = self.query_one(LossChart)

@@ -22,6 +22,14 @@ HELP = """\
   d       its processes write their Python stacks to its
           log, nothing stops (for one that makes no step)
   n       launch more: add a config to this session
+  t       a sweep: its trials best first, with their
+          values, state, best metric and rung, and why
+          the selected one stands there; the chart
+          overlays the best 4 (1●, 2▲, ...); t again
+          shows the pipelines
+  u       promote the selected trial of a sweep: a
+          pruned one trains on from its checkpoint; it
+          is never pruned again while the run lives
   a       chart: selected pipeline / all overlaid
   g       chart: log scale on / off
   e       chart: EMA smoothing on / off

@@ -3,7 +3,8 @@
 Validation results are markers: on the loss axis when the metric is a loss, else in a strip of
 their own under it (an accuracy of 0.9 has no place on an axis of losses near 0.01). With every
 pipeline overlaid, each has a glyph as well as a colour, at the end of its curve, on its
-validation markers and in the legend, so curves tell apart under NO_COLOR too.
+validation markers and in the legend, so curves tell apart under NO_COLOR too. A sweep's view
+overlays only its best trials (`only`), their glyphs in rank order, as its table marks them.
 
 A loss far above most of the curve (the first steps' loss, a spike) would press the rest of it flat
 on the bottom row, so by default the y axis ends above the bulk of the visible points and what lies
@@ -81,6 +82,7 @@ class LossChart(Widget):
         self.series: dict[str, LossSeries] = {}
         self.selected: str | None = None
         self.overlay = False  # all pipelines at once
+        self.only: list[str] | None = None  # these pipelines overlaid, in this order (a sweep's best trials)
         self.log_y = False
         self.smooth = False
         self.clip = True  # the y axis ends above the bulk of the points; outliers go off the top
@@ -128,15 +130,23 @@ class LossChart(Widget):
             return self._lines[y]
         return Strip.blank(self.size.width, self.rich_style)
 
+    @property
+    def overlaid(self) -> bool:
+        """Several pipelines are drawn at once, each with its glyph."""
+        return self.overlay or self.only is not None
+
     # ------------------------------------------------------------ drawing
     def _title(self) -> str:
-        who = "all pipelines" if self.overlay else (self.selected or "no pipeline")
+        if self.only is not None:
+            who = f"top {len(self.only)} trial{'s' if len(self.only) != 1 else ''}"
+        else:
+            who = "all pipelines" if self.overlay else (self.selected or "no pipeline")
         return (f"loss: {who} | x {self.x_mode} | {'log' if self.log_y else 'linear'} | "
                 f"{'EMA' if self.smooth else 'raw'}")
 
     def _legend(self) -> Text:
         val = f"val {metric_label(self.metric)}" + ("" if self.metric_is_loss else " (strip)")
-        if not self.overlay:
+        if not self.overlaid:
             shown = self.series.get(self.selected or "")
             restarted = ("  ", (RESTART, "bold magenta"), " went back") if shown is not None and shown.restarts else ()
             clipped = ((ARROW, "bold"), " clipped  ") if self.clipped else ()
@@ -145,11 +155,13 @@ class LossChart(Widget):
         out = Text.assemble((ARROW, "bold"), " clipped  ") if self.clipped else Text()
         for name, _, index in self._visible():
             out.append(GLYPHS[index], style=f"bold {PALETTE[index]}")
-            out.append(f" {name}  ")
+            out.append(f" #{index + 1}  " if self.only is not None else f" {name}  ")  # ranks: as the table shows
         out.append(f"(glyph: curve end, {val})")
         return out
 
     def _visible(self) -> list[tuple[str, LossSeries, int]]:
+        if self.only is not None:
+            return [(n, self.series[n], i % len(PALETTE)) for i, n in enumerate(self.only) if n in self.series]
         names = list(self.series)
         chosen = names if self.overlay else [n for n in names if n == self.selected]
         return [(n, self.series[n], names.index(n) % len(PALETTE)) for n in chosen]
@@ -182,7 +194,7 @@ class LossChart(Widget):
         canvas = _Canvas(pw, ph, y_hi, (rows - 1) / (y_hi - y_lo), rows)
         for columns, marks, colour in reduced:
             end = canvas.trace(columns, colour)
-            if self.overlay and end is not None:  # the curve's end carries its glyph
+            if self.overlaid and end is not None:  # the curve's end carries its glyph
                 canvas.glyph(*end, colour)
             for x, v in marks:
                 if v == v:
@@ -193,7 +205,7 @@ class LossChart(Widget):
         lines = self._plot_lines(ph, pw, canvas, (y_lo, y_hi))
         if strip:
             lines += self._strip_lines(strip, pw, visible, x_lo, x_scale)
-        restarts = [x for _, s, _ in visible for x in s.restart_points()] if not self.overlay else []
+        restarts = [x for _, s, _ in visible for x in s.restart_points()] if not self.overlaid else []
         lines.append(self._x_axis(width, pw, x_lo, x_hi, origin, [int((x - x_lo) * x_scale + 0.5) >> 1
                                                                   for x in restarts if x_lo <= x <= x_hi]))
         keys = [tuple((seg.text, str(seg.style)) for seg in line) for line in lines]
@@ -232,7 +244,7 @@ class LossChart(Widget):
         return reduced, y_lo, y_hi
 
     def _glyph(self, colour: int) -> tuple[str, Style]:
-        if self.overlay:
+        if self.overlaid:
             return GLYPHS[colour], self.rich_style + Style(color=PALETTE[colour], bold=True)
         return MARKER, self.rich_style + Style(color="yellow", bold=True)
 
