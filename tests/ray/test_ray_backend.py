@@ -149,10 +149,11 @@ async def test_removing_a_node_moves_its_pipeline_to_another(tmp_path, cluster):
         victim = next(name for name in ("a", "b") if node_of(sup, name).endswith(gone.node_id[:6]))
         cluster.remove_node(gone)
         extra = cluster.add_node(num_cpus=2, num_gpus=1)  # the module's later tests want two nodes again
+        # Ray's health checks find the node gone; on a machine whose cores are busy that can take minutes.
         notice = await wait_for(stream, lambda e: isinstance(e, Notice) and e.pipeline == victim
-                                and "left the cluster" in e.text)
+                                and "left the cluster" in e.text, timeout=240)
         assert notice.level == "error"
-        exited = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == victim)
+        exited = await wait_for(stream, lambda e: isinstance(e, WorkerExited) and e.pipeline == victim, timeout=120)
         assert exited.reason == "restarted"  # moved, not crashed: no restart spent
         statuses = await asyncio.wait_for(sup.wait(), 120)
         assert statuses == {"a": "completed", "b": "completed"}
