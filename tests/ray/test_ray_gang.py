@@ -48,6 +48,12 @@ def test_a_gang_on_another_node_meets_on_that_nodes_address_and_a_port_it_named(
     nodes = read_nodes(ray.nodes())
     here = ray.get_runtime_context().get_node_id()
     [other] = [n for n in nodes if n.node_id != here]
+    # A Ray worker on that node first: its cold start beside a CPU hog can outlast RENDEZVOUS_WAIT, which is
+    # about a node that does not answer, not about how fast Ray starts a worker.
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    warm = ray.remote(num_cpus=0)(lambda: None).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(other.node_id, soft=False)).remote()
+    ray.get(warm, timeout=240)
     addr, port = rendezvous(ray, cluster_inventory(nodes), here, other.node_id)  # a task on that node
     try:
         assert addr == other.ip and 0 < port < 65536
