@@ -27,6 +27,12 @@ RemotePids = Callable[[], dict[str, dict[str, int]]]  # {node id: {label: pid}} 
 TelemetryHook = Callable[[TelemetrySnapshot], TelemetrySnapshot]  # adds other nodes' readings to a sample
 
 
+class NoRoom(OSError):
+    """A launch found no room for its attempt now (its node left the cluster, or did not answer in time): a
+    backend raises it from `launch` or `rendezvous`, and a relaunch that meets it waits for room, spending no
+    restart."""
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Where and how to start one child: its spec, its log, its GPU and any extra environment."""

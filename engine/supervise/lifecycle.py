@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from ..protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED
-from ..launch.backend import Handle
+from ..launch.backend import Handle, NoRoom
 from ..launch.gang import GangHandle
 from ..protocol.messages import (Event, Notice, PipelineFinished, Stalled, Stop, WorkerExited, WorkerRestarting,
                                        WorkerStarted, WorkerStateChanged)
@@ -29,10 +29,6 @@ STALL_FACTOR = 5  # a live worker is flagged after this many times its slowest g
 # better than the code (`handle.cause`): "node left", an attempt lost with its cluster node, is moved
 # to a live one as a restart is, spending no budget.
 ROOM_WAIT = 1.0  # seconds between looks for room for a pipeline whose node left and that fits nowhere yet
-
-
-class NoRoom(OSError):
-    """Its slots' node left and no live node has room for it now: it waits for room, spending no restart."""
 
 
 BY_INTENT = {Intent.RESTART: R.RESTARTED, Intent.KILL: R.KILLED, Intent.HUNG: R.HUNG, Intent.NODE_LEFT: R.RESTARTED}
@@ -101,8 +97,9 @@ class Lifecycle:
         try:
             handle = self._start(run)
         except NoRoom as exc:
-            if run.state != S.BACKOFF:
-                raise
+            if run.state != S.BACKOFF:  # a first start with no room: a failed start, as any other
+                self._failed_to_start(run, exc)
+                return
             run.attempts, run.current = run.attempts - 1, previous  # none was made: it waits for room in BACKOFF
             run.restart_at = time.monotonic() + ROOM_WAIT
             if run.last_error != str(exc):
@@ -110,9 +107,7 @@ class Lifecycle:
                 self._publish(Notice(pipeline=run.name, level="warning", text=f"waiting for room: {exc}"))
             return
         except OSError as exc:
-            run.last_error = f"could not start the worker: {exc}"
-            self.set_state(run, S.STARTING)  # -> STARTING (it failed at once)
-            self.after_crash(run, uptime=0.0, exit_desc=run.last_error, stepped=False)
+            self._failed_to_start(run, exc)
             return
         attempt.handle = handle
         attempt.started_mono = attempt.last_progress = time.monotonic()
@@ -120,6 +115,11 @@ class Lifecycle:
         handle.attach(lambda events, run=run, handle=handle: self._on_events(run, handle, events))
         self.set_state(run, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
         self._announce(run, attempt)
+
+    def _failed_to_start(self, run: PipelineRun, exc: OSError) -> None:
+        run.last_error = f"could not start the worker: {exc}"
+        self.set_state(run, S.STARTING)  # -> STARTING (it failed at once)
+        self.after_crash(run, uptime=0.0, exit_desc=run.last_error, stepped=False)
 
     def _announce(self, run: PipelineRun, attempt: Attempt, force: bool = False) -> None:
         """WorkerStarted, once the launcher knows every process's pid: at once locally; on Ray when

@@ -16,6 +16,7 @@ from ...config.schema import DevicesConfig, RunConfig
 from ...hardware.devices import GpuInfo, Inventory
 from ...hardware.placement import Slot, ValidationPlan, plan_validation
 from ...protocol.names import ValidationMode
+from ..backend import NoRoom
 
 
 @dataclass(frozen=True)
@@ -138,10 +139,6 @@ def plan_cluster_validation(config: RunConfig, slots: list[Slot], inventory: Clu
                               "cluster nodes that hosts validated workers", per_node=True)
     return ValidationPlan(ValidationMode.INLINE, "", None, v.threads,
                           f"no spare core on the cluster ({busy} of {inventory.cpu_count} train)")
-
-
-class NoRoom(OSError):
-    """No live node has room for an attempt now (a node left); the restart policy tries again later."""
 
 
 class NodeBook:
