@@ -355,3 +355,17 @@ def test_a_cuda_out_of_memory_leads_its_error_wherever_it_was_raised():
     assert error_text("CUDA out of memory. Tried to allocate 1 GiB") == "CUDA out of memory. Tried to allocate 1 GiB"
     assert error_text("RuntimeError: CUDA error: out of memory").startswith("CUDA out of memory: RuntimeError")
     assert error_text("ValueError: bad lr") == "ValueError: bad lr"
+
+
+async def test_waiting_takes_what_is_queued_and_leaves_the_streams_end_for_the_iteration():
+    from torchherd.engine.supervise.bus import EventBus
+
+    bus = EventBus()
+    stream = bus.subscribe()
+    for i in range(3):
+        bus.publish(Notice(text=f"n{i}"))
+    bus.close()
+    assert [e.text for e in stream.waiting(2)] == ["n0", "n1"]
+    assert [e.text for e in stream.waiting(10)] == ["n2"]
+    assert stream.waiting(10) == []
+    assert [e async for e in stream] == []  # the end is still there: the iteration stops, it does not hang

@@ -54,6 +54,8 @@ def check_config_file(path: Path, runs_dir: Path | None = None) -> ConfigCheck:
     return ConfigCheck(path, text, report.ok, list(report.lines), [str(p) for p in report.problems])
 
 
+FOLD_AT_ONCE = 50_000  # history events folded before the dashboard first draws (an attach's history in short
+# is a few thousand); a longer one goes on in the consumer, in bursts that leave keys and redraws their turn
 NOT_CONFIGS = {"pyproject.toml", "Cargo.toml", "poetry.toml", "ruff.toml", ".ruff.toml"}  # a project's own tools
 
 
@@ -245,7 +247,10 @@ class Bridge:
             state.set_sweep(await asyncio.to_thread(saved_sweep, session.run_dir))
         self._sup = session
         self.run_dirs.append(session.run_dir.resolve())
-        self._consumer = asyncio.get_running_loop().create_task(self._consume(session.subscribe()))
+        stream = session.subscribe()
+        for event in stream.waiting(FOLD_AT_ONCE):  # the history, folded before the first frame: it draws whole
+            state.apply(event)
+        self._consumer = asyncio.get_running_loop().create_task(self._consume(stream))
 
     def show(self, state: RunState) -> None:
         """Show a replayed run (only when no live session)."""

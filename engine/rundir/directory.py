@@ -17,14 +17,16 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from ..config.schema import RunConfig
 from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
                                 StepMetrics, ValResult)
 from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .lines import encode_line
+
+if TYPE_CHECKING:  # pydantic's config: only a run's writer and a resume need it, not every reader of a run
+    from ..config.schema import RunConfig
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
 BUFFER = 1 << 20  # bytes of lines a file holds back before writing them out
@@ -351,6 +353,8 @@ def owner_alive(run_dir: Path) -> bool:
 
 def load_resolved_configs(run_dir: Path) -> list[RunConfig]:
     """The configs a run was started with (and added later), as resolved then."""
+    from ..config.schema import RunConfig
+
     data = json.loads((Path(run_dir) / "config.json").read_text())
     return [RunConfig.model_validate(c, strict=False) for c in data]
 

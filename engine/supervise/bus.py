@@ -32,6 +32,18 @@ class EventStream:
             raise StopAsyncIteration
         return item
 
+    def waiting(self, limit: int) -> list[Event]:
+        """Up to `limit` events already queued, taken without waiting; the stream's end, if queued, stays
+        queued for the iteration to see."""
+        out: list[Event] = []
+        while len(out) < limit and not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is None:  # the last item a closed bus queues: put back, nothing follows it
+                self._queue.put_nowait(None)
+                break
+            out.append(item)
+        return out
+
     def get_nowait(self) -> Event | None:
         """The next event if one is waiting, else None (also None once closed)."""
         try:
