@@ -1,8 +1,9 @@
 """A live run's control socket, served by its supervisor: every connection is checked by its peer
 credentials, welcomed with the run and the size of events.jsonl (and, when asked, the history in short),
-then sent every later event, as the events.jsonl lines the run directory wrote, in one frame per burst
-shared by every client; its requests are carried out and recorded. A client that falls more than
-`max_backlog` bytes behind is dropped, never waited for.
+then sent every later event, as the events.jsonl lines the run directory wrote, in one frame at most every
+FLUSH_EVERY seconds shared by every client; its requests are carried out and recorded. A client is dropped,
+never waited for, once `max_backlog` bytes wait for it, or a quarter of that while it has read nothing for
+STALLED seconds (a burst the supervisor sent in one turn is not a client that stopped reading).
 """
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from ..protocol.messages import Event, Message, Notice, StepMetrics
 from .summary import HistorySummary
 from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
 
-MAX_BACKLOG = 16 << 20  # bytes a client may leave unread before it is dropped (it can attach again)
-BURST = 1 << 20  # bytes of lines that make a frame at once, without waiting for the loop's next turn
+MAX_BACKLOG = 64 << 20  # bytes a client may leave unread before it is dropped at once (it can attach again)
+STALLED = 3.0  # seconds a client with a quarter of MAX_BACKLOG waiting may read nothing before it is dropped
+BURST = 1 << 20  # bytes of lines that make a frame at once, without waiting for the next flush
+FLUSH_EVERY = 0.02  # seconds: lines wait at most this long, so a client wakes for a frame of many events
 
 
 class _Connection(asyncio.Protocol):
@@ -31,6 +34,21 @@ class _Connection(asyncio.Protocol):
         self.pid = 0
         self.read_only = True
         self._frames = FrameReader()
+        self.sent = 0  # bytes handed to its transport
+        self.taken = 0  # of those, bytes the kernel has taken from it (the client reads)
+        self.stalled_since: float | None = None  # when it was last seen with a quarter of the bound waiting
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+        self.sent += len(data)
+
+    def backlog(self) -> int:
+        """Bytes waiting for it in this process; notes whether it has read anything since last asked."""
+        waiting = self.transport.get_write_buffer_size()
+        taken = self.sent - waiting
+        if taken > self.taken:
+            self.taken, self.stalled_since = taken, None
+        return waiting
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -55,10 +73,10 @@ class _Connection(asyncio.Protocol):
 class ControlServer:
     """Serves one supervisor on an AF_UNIX socket at `path` (mode 0600, in a folder only the user enters)."""
 
-    def __init__(self, sup: Any, path: Path, max_backlog: int = MAX_BACKLOG):
+    def __init__(self, sup: Any, path: Path, max_backlog: int = MAX_BACKLOG, stalled: float = STALLED):
         self.sup = sup
         self.path = Path(path)
-        self.max_backlog = max_backlog
+        self.max_backlog, self.stalled = max_backlog, stalled
         self.clients: list[_Connection] = []  # those taking the live stream
         self.dropped = 0  # clients dropped for falling behind
         self._server: asyncio.AbstractServer | None = None
@@ -107,7 +125,7 @@ class ControlServer:
             self._welcome(conn, live=msg.live, summary=msg.summary)
         elif isinstance(msg, Request):
             ok, text = self._carry_out(conn, msg)
-            conn.transport.write(encode(Reply(id=msg.id, ok=ok, text=text)))
+            conn.write(encode(Reply(id=msg.id, ok=ok, text=text)))
         else:
             conn.transport.abort()
 
@@ -116,11 +134,11 @@ class ControlServer:
         # exactly. What is pending goes to the clients already here first: it is in the file already.
         self._send()
         statuses = {v.name: v.state.value for v in self.sup.views()}
-        conn.transport.write(encode(Welcome(
+        conn.write(encode(Welcome(
             run_id=self.sup.run_id, run_dir=str(self.sup.run_dir), supervisor_pid=os.getpid(),
             events_bytes=self.sup.events_written(), pipelines=tuple(statuses), statuses=statuses)))
         if summary:
-            conn.transport.write(encode(EventLines(data=self.summary.data())))
+            conn.write(encode(EventLines(data=self.summary.data())))
         if live and conn not in self.clients:
             self.clients.append(conn)
 
@@ -177,7 +195,7 @@ class ControlServer:
             self._send()
         if not self._flush_soon:
             self._flush_soon = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_later(FLUSH_EVERY, self._flush)
 
     def _send(self) -> None:
         """What is pending as one frame, the same bytes written to every client."""
@@ -185,20 +203,28 @@ class ControlServer:
             frame = encode(EventLines(data=bytes(self.pending)))
             self.pending.clear()
             for conn in self.clients:
-                conn.transport.write(frame)
+                conn.write(frame)
 
     def _flush(self) -> None:
-        """Send what is pending; then, the loop having turned (a client could not read while the supervisor
-        was busy with one burst), drop a client whose unread bytes pass the bound."""
+        """Send what is pending, then drop the clients too far behind."""
         self._flush_soon = False
         self._send()
+        now = asyncio.get_running_loop().time()
         for conn in list(self.clients):
-            if conn.transport.get_write_buffer_size() > self.max_backlog:
-                self._drop(conn)
+            waiting = conn.backlog()
+            if waiting > self.max_backlog:
+                self._drop(conn, f"fell more than {self.max_backlog / (1 << 20):g} MiB behind")
+            elif waiting > self.max_backlog // 4:
+                conn.stalled_since = conn.stalled_since or now
+                if now - conn.stalled_since > self.stalled:
+                    self._drop(conn, f"read nothing for {self.stalled:g} s with {waiting / (1 << 20):.1f} MiB "
+                               "waiting")
+            else:
+                conn.stalled_since = None
 
-    def _drop(self, conn: _Connection) -> None:
+    def _drop(self, conn: _Connection, why: str) -> None:
         self.clients.remove(conn)
         conn.transport.abort()
         self.dropped += 1
-        self.sup.record(Notice(level="warning", text=f"client pid {conn.pid} fell more than "
-                               f"{self.max_backlog / (1 << 20):g} MiB behind and was dropped; it can attach again"))
+        self.sup.record(Notice(level="warning", text=f"client pid {conn.pid} {why} and was dropped; it can "
+                               "attach again"))
