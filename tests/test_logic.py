@@ -369,3 +369,19 @@ async def test_waiting_takes_what_is_queued_and_leaves_the_streams_end_for_the_i
     assert [e.text for e in stream.waiting(10)] == ["n2"]
     assert stream.waiting(10) == []
     assert [e async for e in stream] == []  # the end is still there: the iteration stops, it does not hang
+
+
+async def test_a_stream_gives_a_queued_burst_event_by_event_in_order_with_single_events_around_it():
+    import asyncio
+
+    from torchherd.engine.supervise.bus import EventStream
+
+    queue: asyncio.Queue = asyncio.Queue()
+    stream = EventStream(queue)
+    burst = [Notice(text="b1"), Notice(text="b2"), Notice(text="b3")]
+    for item in (Notice(text="a"), burst, Notice(text="c"), burst, None):
+        queue.put_nowait(item)
+    assert [e.text for e in stream.waiting(2)] == ["a", "b1"]  # a burst may be cut by the limit
+    assert stream.get_nowait().text == "b2"
+    assert [e.text async for e in stream] == ["b3", "c", "b1", "b2", "b3"]
+    assert [e.text for e in burst] == ["b1", "b2", "b3"]  # shared by every stream: never changed

@@ -14,11 +14,14 @@ from ..protocol.messages import Event
 from ..protocol.records import _TYPES, from_record
 
 _PREFIX = b'{"type":"'
+_START = len(_PREFIX)
 
 
 @functools.cache
-def _decoder(cls: type) -> msgspec.json.Decoder:
-    return msgspec.json.Decoder(cls)
+def _decoder(tag: bytes) -> msgspec.json.Decoder | None:
+    """The decoder of the event type `tag` names; None for a type that is not an event of this version."""
+    cls = _TYPES.get(tag.decode(errors="replace"))
+    return msgspec.json.Decoder(cls) if cls is not None and issubclass(cls, Event) else None
 
 
 def _slow(line: bytes) -> Event | None:
@@ -36,22 +39,23 @@ def _slow(line: bytes) -> Event | None:
 def decode_lines(data: bytes) -> list[Event]:
     """The events in `data`, whole lines of events.jsonl; a torn last line is left out."""
     events: list[Event] = []
+    add = events.append
     for line in data.split(b"\n"):
         if not line:
             continue
-        cls = None
+        decoder = None
         if line.startswith(_PREFIX):
-            end = line.find(b'"', len(_PREFIX))
-            cls = _TYPES.get(line[len(_PREFIX):end].decode()) if end > 0 else None
-        if cls is not None and issubclass(cls, Event):
+            end = line.find(b'"', _START)
+            decoder = _decoder(line[_START:end]) if end > 0 else None
+        if decoder is not None:
             try:
-                events.append(_decoder(cls).decode(line))
+                add(decoder.decode(line))
                 continue
             except msgspec.DecodeError:
                 pass
         event = _slow(line)
         if event is not None:
-            events.append(event)
+            add(event)
     return events
 
 

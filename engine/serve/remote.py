@@ -223,20 +223,34 @@ class RemoteRun:
             if future is not None and not future.done():
                 future.set_result(msg)
         elif isinstance(msg, EventLines):
-            for event in decode_lines(msg.data):
-                self._take(event)
+            events = decode_lines(msg.data)
+            for event in events:
+                if isinstance(event, (WorkerStateChanged, PipelineFinished)):
+                    self._note(event)
+            if events:
+                self._deliver_burst(events)
         elif isinstance(msg, Event):
-            if isinstance(msg, WorkerStateChanged):
-                self.statuses[msg.pipeline] = msg.state
-            elif isinstance(msg, PipelineFinished):
-                self.statuses[msg.pipeline] = msg.status
+            self._note(msg)
             self._deliver(msg)
+
+    def _note(self, event: Event) -> None:
+        if isinstance(event, WorkerStateChanged):
+            self.statuses[event.pipeline] = event.state
+        elif isinstance(event, PipelineFinished):
+            self.statuses[event.pipeline] = event.status
 
     def _deliver(self, event: Event) -> None:
         if not self._queues:
             self._backlog.append(event)
         for queue in self._queues:
             queue.put_nowait(event)
+
+    def _deliver_burst(self, events: list[Event]) -> None:
+        """A frame's events as one item of each stream's queue (read, never changed, by every stream)."""
+        if not self._queues:
+            self._backlog.extend(events)
+        for queue in self._queues:
+            queue.put_nowait(events)
 
     def _end(self) -> None:
         if self._ended.is_set():

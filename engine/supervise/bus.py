@@ -18,38 +18,56 @@ HISTORY = 100_000  # events kept in memory for late subscribers
 
 
 class EventStream:
-    """An async iterator of a bus's events; ends when the bus closes."""
+    """An async iterator of a bus's events, queued one by one or a burst as one list; ends when the bus closes."""
 
     def __init__(self, queue: asyncio.Queue):
         self._queue = queue
+        self._ready: deque[Event] = deque()  # the rest of the burst being taken
 
     def __aiter__(self) -> "EventStream":
         return self
 
     async def __anext__(self) -> Event:
-        item = await self._queue.get()
-        if item is None:
-            raise StopAsyncIteration
-        return item
+        while not self._ready:
+            item = await self._queue.get()
+            if item is None:
+                raise StopAsyncIteration
+            if type(item) is not list:
+                return item
+            self._ready.extend(item)
+        return self._ready.popleft()
 
     def waiting(self, limit: int) -> list[Event]:
         """Up to `limit` events already queued, taken without waiting; the stream's end, if queued, stays
         queued for the iteration to see."""
         out: list[Event] = []
-        while len(out) < limit and not self._queue.empty():
+        while len(out) < limit:
+            if self._ready:
+                out.append(self._ready.popleft())
+                continue
+            if self._queue.empty():
+                break
             item = self._queue.get_nowait()
             if item is None:  # the last item a closed bus queues: put back, nothing follows it
                 self._queue.put_nowait(None)
                 break
-            out.append(item)
+            if type(item) is list:
+                self._ready.extend(item)
+            else:
+                out.append(item)
         return out
 
     def get_nowait(self) -> Event | None:
         """The next event if one is waiting, else None (also None once closed)."""
-        try:
-            return self._queue.get_nowait()
-        except asyncio.QueueEmpty:
-            return None
+        while not self._ready:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return None
+            if type(item) is not list:
+                return item
+            self._ready.extend(item)
+        return self._ready.popleft()
 
 
 class EventBus:
