@@ -62,6 +62,7 @@ class DashboardScreen(Screen[None]):
         self._seen = (-1, -1, -1)  # versions of rows, series, telemetry last drawn
         self.sweep_view = False  # the sweep's trials in place of the pipeline table (t)
         self._seen_trials = (-1, -1)  # versions of rows and trials the sweep view last drew
+        self._mounted = False  # every widget it composed is mounted
 
     def compose(self) -> ComposeResult:
         yield Static(id="status")
@@ -117,6 +118,14 @@ class DashboardScreen(Screen[None]):
 
     def redraw(self) -> None:
         self._pending = False
+        if not self._mounted:
+            # An attach's history is folded before the screen mounts, so the first redraw may select a row and
+            # draw its chart, which its own container may not have mounted yet: then after the next refresh.
+            self._mounted = bool(self.query(LossChart))
+            if not self._mounted:
+                self._pending = True
+                self.call_after_refresh(self.redraw)
+                return
         self._last = time.monotonic()
         state = self.state
         table = self.query_one(PipelineTable)
