@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +35,40 @@ class _Connection(asyncio.Protocol):
         self.pid = 0
         self.read_only = True
         self._frames = FrameReader()
+        # Frames wait here, shared with every other client, while its transport holds its high-water mark
+        # (asyncio's flow control): a client behind costs references, not a copy of its backlog of its own.
+        self._held: deque[bytes] = deque()
+        self._held_bytes = 0
+        self._paused = False
         self.sent = 0  # bytes handed to its transport
         self.taken = 0  # of those, bytes the kernel has taken from it (the client reads)
         self.stalled_since: float | None = None  # when it was last seen with a quarter of the bound waiting
 
     def write(self, data: bytes) -> None:
-        self.transport.write(data)
-        self.sent += len(data)
+        if self._paused or self._held:
+            self._held.append(data)
+            self._held_bytes += len(data)
+        else:
+            self.transport.write(data)  # may pause writing at once
+            self.sent += len(data)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        while self._held and not self._paused:
+            data = self._held.popleft()
+            self._held_bytes -= len(data)
+            self.transport.write(data)
+            self.sent += len(data)
+
+    def finish(self) -> None:
+        """Close once everything it was sent is written, where the peer still reads."""
+        while self._held:
+            self.transport.write(self._held.popleft())
+        self._held_bytes = 0
+        self.transport.close()
 
     def backlog(self) -> int:
         """Bytes waiting for it in this process; notes whether it has read anything since last asked."""
@@ -48,7 +76,7 @@ class _Connection(asyncio.Protocol):
         taken = self.sent - waiting
         if taken > self.taken:
             self.taken, self.stalled_since = taken, None
-        return waiting
+        return waiting + self._held_bytes
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -105,7 +133,7 @@ class ControlServer:
         """Send what is pending, end every connection and remove the socket."""
         self._send()
         for conn in list(self.clients):
-            conn.transport.close()  # after its buffer is written, where the peer still reads
+            conn.finish()
         if self._server is not None:
             self._server.close()
         self.path.unlink(missing_ok=True)
