@@ -445,7 +445,7 @@ async def supervise(args: argparse.Namespace) -> None:
     print(READY + json.dumps({"run_dir": str(sup.run_dir)}), flush=True)
     while not (gate / "go").exists():
         await asyncio.sleep(0.002)
-    c0, t0 = cpu(), os.times()
+    c0 = cpu()
     await sup.wait()
     got = await asyncio.gather(*subs)
     if server is not None:  # until what the clients have not read yet has left this process
@@ -453,8 +453,7 @@ async def supervise(args: argparse.Namespace) -> None:
             return c.backlog() if hasattr(c, "backlog") else c.transport.get_write_buffer_size()
         while server.pending or any(backlog(c) for c in server.clients):
             await asyncio.sleep(0.002)
-    used, t1 = cpu() - c0, os.times()
-    print(f"supervise user {t1.user - t0.user:.2f} s, system {t1.system - t0.system:.2f} s", file=sys.stderr)
+    used = cpu() - c0
     clients, dropped = (len(server.clients), server.dropped) if server is not None else (0, 0)
     await sup.shutdown()
     if server is not None:
