@@ -55,7 +55,8 @@ class RunState:
     read_only: bool = False
     live: bool = False  # events still come from a supervisor (a replayed past run: False)
     finished: bool = False
-    rows: dict[str, PipelineProgress] = field(default_factory=dict)
+    _rows: dict[str, PipelineProgress] = field(default_factory=dict)
+    _steps: dict[str, m.StepMetrics] = field(default_factory=dict)  # the newest step reports, not folded yet
     series: dict[str, LossSeries] = field(default_factory=dict)
     log: deque[LogEntry] = field(default_factory=lambda: deque(maxlen=LOG_KEEP))
     telemetry: t.TelemetrySnapshot | None = None
@@ -67,10 +68,20 @@ class RunState:
     _seq: int = 0
 
     # ------------------------------------------------------------ queries
+    @property
+    def rows(self) -> dict[str, PipelineProgress]:
+        """Each pipeline's figures. Step reports supersede one another, so only the newest of each pipeline's
+        is folded, when the figures are read (a redraw), not every one as it arrives."""
+        if self._steps:
+            for name, ev in self._steps.items():
+                self._rows[name] = fold(self._rows[name], ev)
+            self._steps.clear()
+        return self._rows
+
     def row(self, name: str) -> PipelineProgress:
         row = self.rows.get(name)
         if row is None:
-            row = self.rows[name] = PipelineProgress(name, metric=self.metric, metric_mode=self.metric_mode)
+            row = self._rows[name] = PipelineProgress(name, metric=self.metric, metric_mode=self.metric_mode)
             self.series[name] = LossSeries()
         return row
 
@@ -110,12 +121,19 @@ class RunState:
     # ------------------------------------------------------------ reducer
     def apply(self, ev: m.Event) -> None:
         name = getattr(ev, "pipeline", "")
+        if type(ev) is m.StepMetrics:  # the stream's bulk: its fold waits for a read (`rows`)
+            if name not in self._rows:
+                self.row(name)
+            self._steps[name] = ev
+            self.rows_version += 1
+            self._step(ev, None)
+            return
         before = None
         if name:
             before = self.row(name)
             after = fold(before, ev)
             if after is not before:
-                self.rows[name] = after
+                self._rows[name] = after
                 self.rows_version += 1
             trial = self.trials.get(name)
             if trial is not None and fold_trial(trial, ev, self.metric, self.metric_mode):
