@@ -3,6 +3,8 @@
 its GPUs' utilisation and memory; a sweep's trials also get the HParams summary (tensorboardX builds that one).
 
 `TensorBoardTap` writes a live session's on a thread of its own; `export_run` writes a past run's from its files.
+Both thin the training curves (`StepThinning`: at most one point every STEP_EVERY seconds of the worker's clock,
+the first and the newest before an epoch, attempt or run ends always kept); everything else is written whole.
 """
 from __future__ import annotations
 
@@ -26,6 +28,51 @@ FOLDER = "tensorboard"  # under the run directory: `tensorboard --logdir runs/` 
 DRAIN_WAIT = 10.0  # seconds run_finished may wait for the files to be written and closed
 FLUSH_SECS = 5.0  # seconds an event may wait in the file's buffer
 WRITTEN = (StepMetrics, EpochEnd, ValResult, WorkerStarted, TelemetrySnapshot, PipelineFinished, RunFinished)
+# Seconds of a worker's own clock between two training points of a pipeline in the files (20 a second at most).
+# TensorBoard shows 1,000 points of a chart, sampled evenly from all written, so a steady rate keeps the sample
+# even along the run; a run shorter than 50 s that reports faster than this shows fewer, 20 a second.
+STEP_EVERY = 0.05
+ENDS = (EpochEnd, WorkerStarted, PipelineFinished, RunFinished)  # the newest step report held back goes first
+
+
+class StepThinning:
+    """Which step reports become TensorBoard points: a pipeline's first, then one at most every `every` seconds of
+    the worker's clock (the time each report carries), and the newest held back whenever its epoch, its attempt
+    or the run ends, so the curve ends where training did. A report whose extra metrics have other names than the
+    last written one's is always kept, so a metric reported now and then loses no point."""
+
+    def __init__(self, every: float = STEP_EVERY):
+        self.every = every
+        self._due: dict[str, float] = {}  # per pipeline: from when (the worker's clock) a report is written again
+        self._names: dict[str, tuple[str, ...]] = {}  # per pipeline: the metric names of the last report written
+        self._held: dict[str, StepMetrics] = {}  # per pipeline: the newest report not written
+
+    def keep(self, event: StepMetrics) -> bool:
+        """Whether `event` is written now; if not, it is held back as its pipeline's newest."""
+        name, at = event.pipeline, event.time
+        names = tuple(event.metrics) if event.metrics else ()
+        due = self._due.get(name)
+        if due is not None and due - self.every <= at < due and names == self._names.get(name, ()):
+            self._held[name] = event
+            return False
+        self._due[name] = at + self.every  # a clock that went back starts over: the report is kept
+        self._names[name] = names
+        self._held.pop(name, None)
+        return True
+
+    def release(self, event: Event) -> list[StepMetrics]:
+        """The reports held back that go before `event`: its pipeline's when an epoch, an attempt or the pipeline
+        ends, every pipeline's when the run does (none for anything else)."""
+        if not self._held or not isinstance(event, ENDS):
+            return []
+        if isinstance(event, RunFinished):
+            out = list(self._held.values())
+            self._held.clear()
+            return out
+        if isinstance(event, WorkerStarted):
+            self._due.pop(event.pipeline, None)  # a new attempt: its first report is kept
+        held = self._held.pop(event.pipeline, None)
+        return [] if held is None else [held]
 
 
 def _finite(value: Any) -> bool:
@@ -141,12 +188,20 @@ class TensorBoardTap:
     def __init__(self, logdir: Path, config: RunConfig):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._batch: list[Event] = []  # collected on the loop, not handed over yet
+        self.thinning = StepThinning()
         self.export = TensorBoardExport(logdir, config)
         self.errors = 0  # events that could not be written (a full disk, ...); the run goes on regardless
         threading.Thread(target=self._run, name="torchherd-tensorboard", daemon=True).start()
 
     def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
-        if not isinstance(event, WRITTEN):
+        if type(event) is StepMetrics:
+            if not self.thinning.keep(event):
+                return  # a point TensorBoard would not show
+            first = not self._batch
+        elif isinstance(event, WRITTEN):
+            first = not self._batch
+            self._batch += self.thinning.release(event)
+        else:
             return  # nothing in the files: not worth the thread's time
         self._batch.append(event)
         if isinstance(event, RunFinished):
@@ -154,7 +209,7 @@ class TensorBoardTap:
             done = threading.Event()
             self._queue.put(done)
             done.wait(DRAIN_WAIT)
-        elif len(self._batch) == 1:
+        elif first:
             try:
                 asyncio.get_running_loop().call_soon(self._hand_over)
             except RuntimeError:  # no loop (a caller of its own): at once
@@ -199,7 +254,14 @@ def export_run(run_dir: Path, logdir: Path) -> int:
         except (ValueError, TypeError):
             continue
     events.sort(key=lambda e: e.time)
+    thinning = StepThinning()  # the same points a live run's files have
     for event in events:
+        if type(event) is StepMetrics:
+            if thinning.keep(event):
+                export.on_event(event)
+            continue
+        for held in thinning.release(event):
+            export.on_event(held)
         export.on_event(event)
     export.close()
     return len(export.written)
