@@ -58,3 +58,5 @@ def test_the_thinning_keeps_a_new_attempts_first_report_and_a_clock_that_went_ba
     assert thin.keep(step(1, 10.7))  # the new attempt's first, though within a second of the last written
     assert thin.keep(step(2, 9.0))  # the worker's clock went back: kept, and the interval starts over
     assert not thin.keep(step(3, 9.5)) and thin.keep(step(4, 10.0))
+    assert thin.release(WorkerStarted(pipeline="p", pid=3, device="cpu", attempt=3)) == []  # nothing held back
+    assert thin.keep(step(1, 10.1))  # yet the next attempt's first report is kept all the same

@@ -43,34 +43,34 @@ class StepThinning:
 
     def __init__(self, every: float = STEP_EVERY):
         self.every = every
-        self._due: dict[str, float] = {}  # per pipeline: from when (the worker's clock) a report is written again
-        self._names: dict[str, tuple[str, ...]] = {}  # per pipeline: the metric names of the last report written
+        # Per pipeline: the worker's time of the last report written, when the next is due, and its metric names.
+        self._written: dict[str, tuple[float, float, tuple[str, ...]]] = {}
         self._held: dict[str, StepMetrics] = {}  # per pipeline: the newest report not written
 
     def keep(self, event: StepMetrics) -> bool:
         """Whether `event` is written now; if not, it is held back as its pipeline's newest."""
-        name, at = event.pipeline, event.time
-        names = tuple(event.metrics) if event.metrics else ()
-        due = self._due.get(name)
-        if due is not None and due - self.every <= at < due and names == self._names.get(name, ()):
-            self._held[name] = event
+        last = self._written.get(event.pipeline)
+        metrics = event.metrics
+        if last is not None and last[0] <= event.time < last[1] and (tuple(metrics) == last[2] if metrics
+                                                                      else not last[2]):
+            self._held[event.pipeline] = event
             return False
-        self._due[name] = at + self.every  # a clock that went back starts over: the report is kept
-        self._names[name] = names
-        self._held.pop(name, None)
+        # The first, one due, one with other metrics, or one from a clock that went back (the interval starts over).
+        self._written[event.pipeline] = (event.time, event.time + self.every, tuple(metrics))
+        self._held.pop(event.pipeline, None)
         return True
 
     def release(self, event: Event) -> list[StepMetrics]:
         """The reports held back that go before `event`: its pipeline's when an epoch, an attempt or the pipeline
         ends, every pipeline's when the run does (none for anything else)."""
-        if not self._held or not isinstance(event, ENDS):
+        if not isinstance(event, ENDS):
             return []
         if isinstance(event, RunFinished):
             out = list(self._held.values())
             self._held.clear()
             return out
         if isinstance(event, WorkerStarted):
-            self._due.pop(event.pipeline, None)  # a new attempt: its first report is kept
+            self._written.pop(event.pipeline, None)  # a new attempt: its first report is kept
         held = self._held.pop(event.pipeline, None)
         return [] if held is None else [held]
 
