@@ -27,6 +27,7 @@ from .tfrecord import EventFile
 FOLDER = "tensorboard"  # under the run directory: `tensorboard --logdir runs/` shows every run
 DRAIN_WAIT = 10.0  # seconds run_finished may wait for the files to be written and closed
 FLUSH_SECS = 5.0  # seconds an event may wait in the file's buffer
+HAND_OVER = 0.5  # seconds the loop collects events before it wakes the writer thread (it takes the GIL each time)
 WRITTEN = (StepMetrics, EpochEnd, ValResult, WorkerStarted, TelemetrySnapshot, PipelineFinished, RunFinished)
 # Seconds of a worker's own clock between two training points of a pipeline in the files (20 a second at most).
 # TensorBoard shows 1,000 points of a chart, sampled evenly from all written, so a steady rate keeps the sample
@@ -181,7 +182,7 @@ class TensorBoardExport:
 
 class TensorBoardTap:
     """A live session's TensorBoard files, written on a thread of their own: the supervisor's loop only collects
-    the events they take and hands them over once per turn of the loop, a batch at a time (a sweep's HParams
+    the events they take and hands them over every HAND_OVER seconds, a batch at a time (a sweep's HParams
     import tensorboardX, and torch with it: seconds the loop must not wait). At run_finished the loop waits
     (at most DRAIN_WAIT) until every file is written and closed, so readers find them whole."""
 
@@ -211,7 +212,7 @@ class TensorBoardTap:
             done.wait(DRAIN_WAIT)
         elif first:
             try:
-                asyncio.get_running_loop().call_soon(self._hand_over)
+                asyncio.get_running_loop().call_later(HAND_OVER, self._hand_over)
             except RuntimeError:  # no loop (a caller of its own): at once
                 self._hand_over()
 
