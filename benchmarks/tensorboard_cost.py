@@ -1,5 +1,6 @@
 """What the TensorBoard files cost: the supervisor loop's time per event (against writing the same event to
-events.jsonl, which it does anyway), the writer thread's, the one-time import, and a real run's training
+events.jsonl, which it does anyway), the writer thread's (for every step report, and for the points of a run
+reporting 1,000 steps a second that the thinning keeps), the one-time import, and a real run's training
 throughput and wall time with them on and off.
 
 The files are written in the supervisor, so a worker should train at the same speed either way; the last
@@ -20,16 +21,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from torchherd.engine.config.load import parse_config  # noqa: E402
 from torchherd.engine.protocol.messages import EpochEnd, RunFinished, StepMetrics, ValResult  # noqa: E402
 from torchherd.engine.rundir.directory import RunDirectory, read_events  # noqa: E402
-from torchherd.engine.rundir.tensorboard import TensorBoardExport, TensorBoardTap  # noqa: E402
+from torchherd.engine.rundir.tensorboard import (STEP_EVERY, StepThinning, TensorBoardExport,  # noqa: E402
+                                                 TensorBoardTap)
 from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 
+T0 = 1_700_000_000.0  # the worker's clock at the first report
+
+
 def stream(n: int) -> list:
-    """A run's events as they come: step reports, with an epoch end and a validation result every 100."""
+    """A run's events as they come, 1,000 step reports a second of the worker's clock, with an epoch end and a
+    validation result every 100."""
     out = []
     for step in range(1, n + 1):
         out.append(StepMetrics(pipeline="p", epoch=step // 100, step=step, loss=1.0 / step, lr=0.01,
-                               samples_per_s=5000.0))
+                               samples_per_s=5000.0, time=T0 + step / 1000))
         if step % 100 == 0:
             out.append(EpochEnd(pipeline="p", epoch=step // 100 - 1, step=step, train_loss=0.5, duration=1.0,
                                 samples_per_s=5000.0, epochs_total=n // 100, steps_per_epoch=100))
@@ -37,9 +43,10 @@ def stream(n: int) -> list:
     return out
 
 
-def per_event(n: int, config) -> tuple[float, float, float, float]:
+def per_event(n: int, config) -> tuple:
     """(import seconds, then microseconds per event: events.jsonl (the baseline), the loop's share of the
-    TensorBoard files (queueing), the writer thread's)."""
+    TensorBoard files (thinning and queueing), the writer thread's for every event and for those the thinning
+    keeps, then the points written, then tensorboardX's writer for comparison)."""
     events = stream(n)
     with tempfile.TemporaryDirectory() as tmp:
         rundir = RunDirectory(Path(tmp) / "run")
@@ -69,8 +76,16 @@ def per_event(n: int, config) -> tuple[float, float, float, float]:
             tb.on_event(e)
         tb.close()
         thread = (time.process_time() - t) / len(events) * 1e6
+        tb, thinning, points = TensorBoardExport(Path(tmp) / "thin", config), StepThinning(), 0
+        t = time.process_time()
+        for e in events:  # as the tap hands them over: the thinning is the loop's, the rest the thread's
+            for kept in ([e] if thinning.keep(e) else []) if type(e) is StepMetrics else [*thinning.release(e), e]:
+                tb.on_event(kept)
+                points += type(kept) is StepMetrics
+        tb.close()
+        thinned = (time.process_time() - t) / len(events) * 1e6
         before = {crc: tensorboardx_writer(Path(tmp) / f"x-{crc}", events, crc) for crc in ("native", "python")}
-    return imported, base, loop, thread, before
+    return imported, base, loop, thread, thinned, points, before
 
 
 def tensorboardx_writer(folder: Path, events: list, crc: str) -> float:
@@ -128,9 +143,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = parse_config({"defaults": {"task": "regression"}, "pipelines": [{"name": "p"}]},
                               str(Path(tmp) / "x.toml"), Path(tmp))
-        imported, base, loop, thread, before = per_event(args.events, config)
-        print(f"supervisor loop, per event: events.jsonl {base:.1f} us, TensorBoard queueing {loop:.1f} us "
-              f"(ratio {loop / base:.2f}); writer thread {thread:.1f} us CPU per event (ratio {thread / base:.2f})")
+        imported, base, loop, thread, thinned, points, before = per_event(args.events, config)
+        steps = sum(isinstance(e, StepMetrics) for e in stream(args.events))
+        print(f"supervisor loop, per event: events.jsonl {base:.1f} us, TensorBoard thinning and queueing {loop:.1f} "
+              f"us (ratio {loop / base:.2f}); writer thread, every step report a point: {thread:.1f} us CPU per "
+              f"event (ratio {thread / base:.2f})")
+        print(f"  thinned as a live run's (1,000 reports/s, one point per {1000 * STEP_EVERY:.0f} ms): {points:,} "
+              f"of {steps:,} step reports written, {thinned:.2f} us CPU per event offered "
+              f"(thinning and writing; {thread / thinned:.1f}x less than every report)")
         print(f"  before, through tensorboardX's EventsWriter: {before['python']:.1f} us CPU per event with its "
               f"pure-Python CRC ({before['python'] / thread:.1f}x the writer thread's now), {before['native']:.1f} "
               f"us with crc32c ({before['native'] / thread:.1f}x); importing tensorboardX (and torch), which the "

@@ -10,7 +10,7 @@ from torchherd.engine.protocol.progress import PipelineProgress, apply
 from torchherd.engine.protocol.records import to_record
 from torchherd.engine.rundir.directory import RunDirectory, dumps, read_records
 from torchherd.engine.rundir.history import decode_lines
-from torchherd.engine.rundir.lines import encode_line
+from torchherd.engine.rundir.lines import encode_line, encode_lines
 from torchherd.engine.serve.summary import HistorySummary
 
 
@@ -45,6 +45,26 @@ def test_a_non_finite_value_anywhere_is_written_as_null():
     # The old encoder left a nested one as Infinity, which strict JSON readers (jq, JavaScript) refuse.
     record = json.loads(encode_line(step))
     assert record["loss"] is None and record["metrics"] == {"grad": None}
+
+
+def test_a_run_of_step_reports_encoded_at_once_is_each_ones_line():
+    steps = [m.StepMetrics(pipeline="a", epoch=0, step=i, loss=math.nan if i == 2 else 1.0 / i, lr=0.1,
+                           samples_per_s=1.0, metrics={"odd\nname": i} if i == 3 else {}) for i in range(1, 6)]
+    assert encode_lines(steps) == [encode_line(s) for s in steps]  # a newline in a string is escaped, not split on
+
+
+def test_a_run_of_step_reports_written_at_once_lands_as_written_one_by_one(tmp_path):
+    steps = [m.StepMetrics(pipeline=name, epoch=0, step=i, loss=0.5, lr=0.1, samples_per_s=1.0)
+             for i, name in enumerate(["a", "a", "b", "a"])]
+    for name, runs in (("at-once", [steps[:2], steps[2:]]), ("mixed", [steps])):  # one pipeline's; several
+        out = RunDirectory(tmp_path / name)
+        for run in runs:
+            out.write_steps(run, encode_lines(run))
+        out.close()
+        assert (tmp_path / name / "events.jsonl").read_bytes() == b"".join(map(encode_line, steps))
+        for pipeline in ("a", "b"):
+            assert [r["step"] for r in read_records(tmp_path / name / pipeline / "metrics.jsonl")] == \
+                [s.step for s in steps if s.pipeline == pipeline]
 
 
 def test_step_reports_wait_in_the_buffer_and_anything_else_is_on_disk_when_write_returns(tmp_path):

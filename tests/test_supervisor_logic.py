@@ -309,3 +309,57 @@ async def test_promote_unprunes_a_pruned_trial_exempts_a_running_one_and_refuses
     with pytest.raises(ValueError, match="prunes nothing"):
         plain.promote("a")
     await plain.shutdown(graceful=False)
+
+
+async def test_a_workers_batch_reaches_the_files_taps_and_subscribers_in_the_order_it_was_sent(tmp_path, launcher):
+    # Step reports are published a run at a time (publish_steps): everything else between them keeps its place.
+    from torchherd.engine.protocol.messages import EpochEnd, StepMetrics
+    from torchherd.engine.rundir.directory import read_records
+
+    sup = make(tmp_path, [{"name": "a"}], launcher)
+    events, tapped = sup.subscribe(replay=False), []
+    sup.tap(lambda event, line, kept: tapped.append((type(event).__name__, getattr(event, "step", None), line)))
+    await sup.start()
+    await until(lambda: len(launcher.handles) == 1)
+
+    def step(i):
+        return StepMetrics(pipeline="a", epoch=0, step=i, loss=1.0 / i, lr=0.1, samples_per_s=10.0)
+    batch = [TrainingStarted(pipeline="a", epoch=0, step=0, epochs_total=1, steps_per_epoch=4, device="cpu",
+                             parameters=1), step(1), step(2), Heartbeat(pipeline="a", step=2), step(3),
+             EpochEnd(pipeline="a", epoch=0, step=3, train_loss=0.5, duration=1.0, samples_per_s=10.0,
+                      epochs_total=1, steps_per_epoch=4), step(4), step(5)]
+    launcher.handles[0].on_events(batch)
+    sent = [(type(e).__name__, e.step) for e in batch if not isinstance(e, Heartbeat)]
+    seen = []
+    while (e := events.get_nowait()) is not None:
+        seen.append(e)
+    assert [(type(e).__name__, e.step) for e in seen if hasattr(e, "step")] == sent
+    assert [(name, step) for name, step, _ in tapped if step is not None] == sent
+    sup._rundir.flush()
+    written = read_records(sup.run_dir / "events.jsonl")
+    assert [(r["type"], r.get("step")) for r in written if "step" in r] == [
+        ("training_started", 0), ("step", 1), ("step", 2), ("step", 3), ("epoch_end", 3), ("step", 4), ("step", 5)]
+    assert [r["step"] for r in read_records(sup.run_dir / "a" / "metrics.jsonl")] == [1, 2, 3, 3, 4, 5]
+    assert b"".join(line for _, step, line in tapped if step is not None) in (sup.run_dir / "events.jsonl").read_bytes()
+    assert sup.view("a").step == 5 and sup.view("a").train_loss == pytest.approx(0.2)  # the newest step report
+    launcher.handles[0].exit(0)
+    await until(lambda: sup.finished)
+    await sup.shutdown()
+
+
+def test_an_attempt_has_stepped_once_a_step_report_passes_the_step_it_resumed_at():
+    from torchherd.engine.protocol.messages import StepMetrics
+    from torchherd.engine.supervise.pipeline import Attempt
+
+    def steps(*numbers):
+        return [StepMetrics(pipeline="a", epoch=0, step=n, loss=1.0, lr=0.1, samples_per_s=1.0) for n in numbers]
+    attempt = Attempt(number=2)
+    attempt.saw_steps(steps(1, 2))  # before its TrainingStarted: nothing to compare with
+    attempt.saw(TrainingStarted(pipeline="a", epoch=1, step=40, epochs_total=2, steps_per_epoch=40, device="cpu",
+                                parameters=1))
+    attempt.saw_steps(steps(39, 40))  # replayed up to where it resumed: no step of its own yet
+    assert not attempt.stepped
+    attempt.saw_steps(steps(40, 41, 42))
+    assert attempt.stepped
+    attempt.saw_steps(steps(40))  # stays stepped
+    assert attempt.stepped

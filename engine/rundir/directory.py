@@ -197,15 +197,29 @@ class RunDirectory:
         if line is None:
             line = encode_line(event)
         self._events.write(line)
-        if isinstance(event, METRIC_TYPES):
-            pipeline = getattr(event, "pipeline")
-            fh = self._metrics.get(pipeline)
-            if fh is None:
-                (self.path / pipeline).mkdir(parents=True, exist_ok=True)
-                fh = self._metrics[pipeline] = open(self.path / pipeline / "metrics.jsonl", "ab", buffering=BUFFER)
-            fh.write(line)
-        if type(event) is not StepMetrics:
+        step = type(event) is StepMetrics  # the bulk of a run's events: no isinstance for it
+        if step or isinstance(event, METRIC_TYPES):
+            pipeline = event.pipeline  # every metric type has one
+            (self._metrics.get(pipeline) or self._metrics_file(pipeline)).write(line)
+        if not step:
             self.flush()
+
+    def write_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
+        """`write` of each of a run of step reports (`lines`: their encode_line bytes), a write per file."""
+        pipeline = steps[0].pipeline
+        if any(s.pipeline != pipeline for s in steps):  # a worker's are its own pipeline's: not seen in practice
+            for step, line in zip(steps, lines):
+                self.write(step, line)
+            return
+        data = b"".join(lines)
+        self._events.write(data)
+        (self._metrics.get(pipeline) or self._metrics_file(pipeline)).write(data)
+
+    def _metrics_file(self, pipeline: str) -> IO[bytes]:
+        """The pipeline's metrics.jsonl, opened for appending on its first metric."""
+        (self.path / pipeline).mkdir(parents=True, exist_ok=True)
+        fh = self._metrics[pipeline] = open(self.path / pipeline / "metrics.jsonl", "ab", buffering=BUFFER)
+        return fh
 
     def flush(self) -> None:
         self._events.flush()

@@ -20,14 +20,24 @@ def _fallback(value: Any) -> Any:
 
 
 _encoder = msgspec.json.Encoder(enc_hook=_fallback)
-_heads: dict[type, bytes] = {}
+_heads: dict[type, bytes] = {}  # by class: b'{"type":"step",' (what goes before its fields)
+
+
+def _head(cls: type) -> bytes:
+    head = _heads.get(cls)
+    if head is None:
+        head = _heads[cls] = b'{"type":' + _encoder.encode(cls.type) + b","
+    return head
 
 
 def encode_line(msg: Message) -> bytes:
     """`msg` as one line of events.jsonl (ending in a newline): its `type` first, then its fields in order."""
-    cls = type(msg)
-    head = _heads.get(cls)
-    if head is None:
-        head = _heads[cls] = b'{"type":' + _encoder.encode(cls.type)
-    body = _encoder.encode(msg)  # b'{"time":...}': a message always has its `time`
-    return head + b"," + body[1:] + b"\n"
+    head = _heads.get(type(msg)) or _head(type(msg))
+    return head + _encoder.encode(msg)[1:] + b"\n"  # after b'{': b'"time":...}', a message always has its time
+
+
+def encode_lines(messages: list[Message]) -> list[bytes]:
+    """`encode_line` of each of `messages`, all of one class (a run of step reports), encoded in one call: JSON
+    escapes a newline in a string, so the only newlines are those between the messages."""
+    head = _head(type(messages[0]))
+    return [head + body[1:] + b"\n" for body in _encoder.encode_lines(messages).split(b"\n")[:-1]]

@@ -3,6 +3,8 @@
 its GPUs' utilisation and memory; a sweep's trials also get the HParams summary (tensorboardX builds that one).
 
 `TensorBoardTap` writes a live session's on a thread of its own; `export_run` writes a past run's from its files.
+Both thin the training curves (`StepThinning`: at most one point every STEP_EVERY seconds of the worker's clock,
+the first and the newest before an epoch, attempt or run ends always kept); everything else is written whole.
 """
 from __future__ import annotations
 
@@ -25,7 +27,53 @@ from .tfrecord import EventFile
 FOLDER = "tensorboard"  # under the run directory: `tensorboard --logdir runs/` shows every run
 DRAIN_WAIT = 10.0  # seconds run_finished may wait for the files to be written and closed
 FLUSH_SECS = 5.0  # seconds an event may wait in the file's buffer
+HAND_OVER = 0.5  # seconds the loop collects events before it wakes the writer thread (it takes the GIL each time)
 WRITTEN = (StepMetrics, EpochEnd, ValResult, WorkerStarted, TelemetrySnapshot, PipelineFinished, RunFinished)
+# Seconds of a worker's own clock between two training points of a pipeline in the files (20 a second at most).
+# TensorBoard shows 1,000 points of a chart, sampled evenly from all written, so a steady rate keeps the sample
+# even along the run; a run shorter than 50 s that reports faster than this shows fewer, 20 a second.
+STEP_EVERY = 0.05
+ENDS = (EpochEnd, WorkerStarted, PipelineFinished, RunFinished)  # the newest step report held back goes first
+
+
+class StepThinning:
+    """Which step reports become TensorBoard points: a pipeline's first, then one at most every `every` seconds of
+    the worker's clock (the time each report carries), and the newest held back whenever its epoch, its attempt
+    or the run ends, so the curve ends where training did. A report whose extra metrics have other names than the
+    last written one's is always kept, so a metric reported now and then loses no point."""
+
+    def __init__(self, every: float = STEP_EVERY):
+        self.every = every
+        # Per pipeline: the worker's time of the last report written, when the next is due, and its metric names.
+        self._written: dict[str, tuple[float, float, tuple[str, ...]]] = {}
+        self._held: dict[str, StepMetrics] = {}  # per pipeline: the newest report not written
+
+    def keep(self, event: StepMetrics) -> bool:
+        """Whether `event` is written now; if not, it is held back as its pipeline's newest."""
+        last = self._written.get(event.pipeline)
+        metrics = event.metrics
+        if last is not None and last[0] <= event.time < last[1] and (tuple(metrics) == last[2] if metrics
+                                                                      else not last[2]):
+            self._held[event.pipeline] = event
+            return False
+        # The first, one due, one with other metrics, or one from a clock that went back (the interval starts over).
+        self._written[event.pipeline] = (event.time, event.time + self.every, tuple(metrics))
+        self._held.pop(event.pipeline, None)
+        return True
+
+    def release(self, event: Event) -> list[StepMetrics]:
+        """The reports held back that go before `event`: its pipeline's when an epoch, an attempt or the pipeline
+        ends, every pipeline's when the run does (none for anything else)."""
+        if not isinstance(event, ENDS):
+            return []
+        if isinstance(event, RunFinished):
+            out = list(self._held.values())
+            self._held.clear()
+            return out
+        if isinstance(event, WorkerStarted):
+            self._written.pop(event.pipeline, None)  # a new attempt: its first report is kept
+        held = self._held.pop(event.pipeline, None)
+        return [] if held is None else [held]
 
 
 def _finite(value: Any) -> bool:
@@ -134,19 +182,27 @@ class TensorBoardExport:
 
 class TensorBoardTap:
     """A live session's TensorBoard files, written on a thread of their own: the supervisor's loop only collects
-    the events they take and hands them over once per turn of the loop, a batch at a time (a sweep's HParams
+    the events they take and hands them over every HAND_OVER seconds, a batch at a time (a sweep's HParams
     import tensorboardX, and torch with it: seconds the loop must not wait). At run_finished the loop waits
     (at most DRAIN_WAIT) until every file is written and closed, so readers find them whole."""
 
     def __init__(self, logdir: Path, config: RunConfig):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._batch: list[Event] = []  # collected on the loop, not handed over yet
+        self.thinning = StepThinning()
         self.export = TensorBoardExport(logdir, config)
         self.errors = 0  # events that could not be written (a full disk, ...); the run goes on regardless
         threading.Thread(target=self._run, name="torchherd-tensorboard", daemon=True).start()
 
     def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
-        if not isinstance(event, WRITTEN):
+        if type(event) is StepMetrics:
+            if not self.thinning.keep(event):
+                return  # a point TensorBoard would not show
+            first = not self._batch
+        elif isinstance(event, WRITTEN):
+            first = not self._batch
+            self._batch += self.thinning.release(event)
+        else:
             return  # nothing in the files: not worth the thread's time
         self._batch.append(event)
         if isinstance(event, RunFinished):
@@ -154,9 +210,9 @@ class TensorBoardTap:
             done = threading.Event()
             self._queue.put(done)
             done.wait(DRAIN_WAIT)
-        elif len(self._batch) == 1:
+        elif first:
             try:
-                asyncio.get_running_loop().call_soon(self._hand_over)
+                asyncio.get_running_loop().call_later(HAND_OVER, self._hand_over)
             except RuntimeError:  # no loop (a caller of its own): at once
                 self._hand_over()
 
@@ -199,7 +255,14 @@ def export_run(run_dir: Path, logdir: Path) -> int:
         except (ValueError, TypeError):
             continue
     events.sort(key=lambda e: e.time)
+    thinning = StepThinning()  # the same points a live run's files have
     for event in events:
+        if type(event) is StepMetrics:
+            if thinning.keep(event):
+                export.on_event(event)
+            continue
+        for held in thinning.release(event):
+            export.on_event(held)
         export.on_event(event)
     export.close()
     return len(export.written)

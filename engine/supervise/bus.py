@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Callable
+from typing import Callable, Iterator
 
-from ..protocol.messages import Event
-from ..rundir.lines import encode_line
+from ..protocol.messages import Event, StepMetrics
+from ..rundir.lines import encode_line, encode_lines
 
 HISTORY = 100_000  # events kept in memory for late subscribers
 
@@ -78,6 +78,7 @@ class EventBus:
         self._subscribers: list[asyncio.Queue] = []
         self._sinks: list[Callable[[Event], None]] = []
         self._writers: list[Callable[[Event, bytes], None]] = []
+        self._step_writers: list[Callable[[list[StepMetrics], list[bytes]], None]] = []
         self._taps: list[Callable[[Event, bytes, bool], None]] = []
         self.closed = False
 
@@ -85,9 +86,16 @@ class EventBus:
         """Call `sink(event)` for every event published from now on, until the bus closes."""
         self._sinks.append(sink)
 
-    def add_writer(self, writer: Callable[[Event, bytes], None]) -> None:
-        """A sink that takes the event's events.jsonl line too: `writer(event, line)` (the run directory)."""
+    def add_writer(self, writer: Callable[[Event, bytes], None],
+                   steps: Callable[[list[StepMetrics], list[bytes]], None] | None = None) -> None:
+        """A sink that takes the event's events.jsonl line too: `writer(event, line)` (the run directory); `steps`,
+        if given, takes a run of step reports and their lines at once (`publish_steps`)."""
         self._writers.append(writer)
+
+        def each(events: list[StepMetrics], lines: list[bytes]) -> None:
+            for event, line in zip(events, lines):
+                writer(event, line)
+        self._step_writers.append(steps or each)
 
     def add_tap(self, tap: Callable[[Event, bytes, bool], None]) -> None:
         """Call `tap(event, line, kept)` for every event from now on, kept or transient, right after the sinks
@@ -108,6 +116,28 @@ class EventBus:
             tap(event, line, True)
         for queue in self._subscribers:
             queue.put_nowait(event)
+
+    def publish_steps(self, steps: list[StepMetrics]) -> None:
+        """`publish` of each of a run of step reports, in order, to the same sinks, taps and subscribers: one call
+        for the bulk of a worker's batch. Every line is written (into the buffers: step reports are not flushed)
+        before the first tap or subscriber sees its event."""
+        if self.closed:
+            self._history.extend(steps)
+            return
+        lines = encode_lines(steps) if self._writers or self._taps else [b""] * len(steps)
+        for write in self._step_writers:
+            write(steps, lines)
+        history, sinks, taps, queues = self._history.append, self._sinks, self._taps, self._subscribers
+        for event, line in zip(steps, lines):
+            history(event)
+            if self.closed:  # by a tap, meanwhile: what follows is kept in the history only
+                continue
+            for sink in sinks:
+                sink(event)
+            for tap in taps:
+                tap(event, line, True)
+            for queue in queues:
+                queue.put_nowait(event)
 
     def publish_transient(self, event: Event) -> None:
         """To subscribers only: not kept, not written (telemetry has its own file)."""
@@ -137,6 +167,20 @@ class EventBus:
         self.closed = True
         self._sinks.clear()
         self._writers.clear()
+        self._step_writers.clear()
         self._taps.clear()
         for queue in self._subscribers:
             queue.put_nowait(None)
+
+
+def step_runs(events: list[Event]) -> Iterator[tuple[list[StepMetrics], Event | None]]:
+    """`events` in order as (a run of step reports, maybe empty; the event after it, or None after the last):
+    a worker's batch is mostly step reports, which `publish_steps` takes in bulk."""
+    start = 0
+    for i, event in enumerate(events):
+        if type(event) is not StepMetrics:
+            yield events[start:i], event
+            start = i + 1
+    if start < len(events):
+        yield events[start:] if start else events, None
+

@@ -80,6 +80,12 @@ class Attempt:
         elif isinstance(event, WorkerError) and event.where == "train":
             self.failure = (event.error, event.step)
 
+    def saw_steps(self, steps: list[StepMetrics]) -> None:
+        """`saw` of each of a run of step reports (the bulk of a worker's batch)."""
+        if not self.stepped and self.start_step is not None:
+            start = self.start_step
+            self.stepped = any(s.step > start for s in steps)
+
 
 @dataclass
 class PipelineRun:

@@ -16,14 +16,14 @@ from ..hardware.devices import Inventory
 from ..hardware.placement import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
-from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Heartbeat, Notice, PipelineQueued, RunFinished,
-                                 RunStarted, SnapshotTaken, TrainingStarted, WorkerError)
+from ..protocol.messages import ConfigAdded, EarlyStop, Event, Notice, PipelineQueued, RunFinished, RunStarted
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
 from . import build_check, commands
 from .attempts import AttemptLauncher
 from .bus import EventBus, EventStream
+from .intake import WorkerIntake
 from .lifecycle import Lifecycle
 from .nodes import NodeFollower
 from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
@@ -66,9 +66,10 @@ class Supervisor:
         self._scheduler = Scheduler(slots)
         self._nodes = NodeFollower(self._backend, config, self._scheduler, inventory)  # a cluster's, as they change
         self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
-                                    self._on_worker_events, lambda run: gpu_note(run, self.telemetry))
+                                    lambda *batch: self._intake.take(*batch), lambda run: gpu_note(run, self.telemetry))
         self._validation = ValidationService(self._backend, self._emit_validation, self.run_dir, self.snapshot_root,
                                              lambda _, ev: self._emit_validation(ev), self._on_early_stop)
+        self._intake = WorkerIntake(self._lifecycle, self._bus, self._validation, self._emit, self._on_early_stop)
         self._runs: dict[str, PipelineRun] = {}
         self._order = 0
         self._rundir: RunDirectory | None = None
@@ -107,7 +108,7 @@ class Supervisor:
         self._attempts = AttemptLauncher(self._backend, self._rundir, self._validation, self.run_id)
         self._rundir.resuming = resuming
         self._rundir.save_config(self.config)
-        self._bus.add_writer(self._rundir.write)
+        self._bus.add_writer(self._rundir.write, self._rundir.write_steps)
         names = self._add(self.config)
         for config in (self._resume_configs or [])[1:]:
             names += self._add(config)
@@ -313,27 +314,6 @@ class Supervisor:
         assert self._attempts is not None
         run.slots = self._nodes.refit(run.slots)  # a slot on a node that left: another, if one is free
         return self._attempts.start(run, hold=self.task_check.admit(run))
-
-    def _on_worker_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
-        if run.handle is not handle:
-            return  # a late batch from an attempt already reaped
-        self._lifecycle.heard(run)
-        for event in events:
-            run.current.saw(event)
-            if isinstance(event, Heartbeat):
-                continue  # only proves progress; not worth a line anywhere
-            if isinstance(event, SnapshotTaken):
-                for out in self._validation.on_snapshot(run.name, event):
-                    self._emit(out)
-                continue
-            if isinstance(event, EarlyStop):  # inline validation's patience ran out
-                self._on_early_stop(run.name, event)
-                continue
-            if isinstance(event, TrainingStarted) and run.state == S.STARTING:
-                self._lifecycle.set_state(run, S.RUNNING)  # STARTING -> RUNNING
-            elif isinstance(event, WorkerError):
-                run.last_error, run.last_traceback = event.error, event.traceback
-            self._emit(event)
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
         self._emit_validation(event)
