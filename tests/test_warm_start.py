@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from torchherd.engine.launch.warm import WarmProcess, compatible
+from torchherd.engine.launch.warm import WarmProcess, WarmStarter, compatible
 from torchherd.engine.protocol.messages import TrainingStarted, WorkerExited
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
@@ -79,6 +79,22 @@ async def test_pipelines_that_fit_their_slots_start_cold_and_no_forker_is_starte
         assert launcher._warm is None and not isinstance(launcher.handles["a"].proc, WarmProcess)
     finally:
         await sup.shutdown(graceful=False)
+
+
+@pytest.mark.slow
+async def test_queued_pipelines_start_cold_when_the_forking_process_is_gone(tmp_path):
+    config = make_config(tmp_path, [{"name": "a", "max_epochs": 1}, {"name": "b", "max_epochs": 1}],
+                         devices={"cpu_slots": 1}, telemetry={"enabled": False})
+    launcher = RecordingLauncher()
+    # One that ends at once, as the forking process does when its imports started CUDA (a fork cannot use it).
+    launcher._warm = WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, [sys.executable, "-c", "pass"])
+    sup = Supervisor(config, launcher=launcher)
+    await sup.start()
+    try:
+        assert await asyncio.wait_for(sup.wait(), 120) == {"a": "completed", "b": "completed"}
+    finally:
+        await sup.shutdown(graceful=False)
+    assert not any(isinstance(h.proc, WarmProcess) for h in launcher.handles.values())
 
 
 HOLDER = """

@@ -217,6 +217,15 @@ def _child(request: dict, fds: list[int], parent: int) -> None:
         os._exit(1)
 
 
+def _cuda_touched() -> bool:
+    """Whether anything imported here started CUDA (its driver library is loaded once a call reaches it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return True
+    with open("/proc/self/maps") as maps:
+        return any("libcuda.so" in line for line in maps)
+
+
 def serve(fd: int, supervisor_pid: int) -> None:
     """Import what trainers need, then fork a child for each request on the socket `fd` and report how each
     ended, until the supervisor closes its end."""
@@ -229,6 +238,8 @@ def serve(fd: int, supervisor_pid: int) -> None:
             __import__(module)
         except Exception:  # not installed here: its children import it themselves, or fail as a cold one would
             pass
+    if _cuda_touched():
+        os._exit(0)  # a fork cannot use CUDA once its parent has: every child starts cold instead
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
