@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from torchherd.engine.config.load import parse_config  # noqa: E402
-from torchherd.engine.protocol.messages import (PipelineFinished, RunStarted, TrainingStarted,  # noqa: E402
-                                                ValResult, WorkerStarted)
+from torchherd.engine.protocol.messages import (EpochEnd, PipelineFinished, RunStarted,  # noqa: E402
+                                                TrainingStarted, ValResult, WorkerStarted)
 from torchherd.engine.rundir.directory import read_events  # noqa: E402
 from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
@@ -44,6 +44,8 @@ class Sweep:
     first: float  # seconds from the run's start to its first training step
     startup: list[float]  # seconds from each worker's start to its first training step
     idle: list[float]  # seconds from a trial's end to the start of the next on the slot it freed
+    epochs: int  # epochs trained, all trials together
+    pruned: int  # trials pruned
 
 
 def timings(events: list, slots: int) -> tuple[float, list[float], list[float]]:
@@ -77,7 +79,9 @@ async def torchherd_sweep(tmp: Path, scheduler: str, slots: int, epochs: int, gr
     wall = time.perf_counter() - t
     events = read_events(sup.run_dir)
     best = min((e for e in events if isinstance(e, ValResult) and not e.error), key=lambda e: e.metrics["val_loss"])
-    return Sweep(wall, best.pipeline, best.metrics["val_loss"], *timings(events, slots))
+    return Sweep(wall, best.pipeline, best.metrics["val_loss"], *timings(events, slots),
+                 epochs=sum(isinstance(e, EpochEnd) for e in events),
+                 pruned=sum(isinstance(e, PipelineFinished) and e.status == "pruned" for e in events))
 
 
 def ray_sweep(slots: int, epochs: int, grace: int) -> tuple[float, str, float]:
@@ -127,7 +131,8 @@ def ray_sweep(slots: int, epochs: int, grace: int) -> tuple[float, str, float]:
 
 def line(label: str, sweep: Sweep) -> str:
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-    return (f"{label:17s} {sweep.wall:6.1f}s, best {sweep.best} val_loss {sweep.value:.4g}\n"
+    return (f"{label:17s} {sweep.wall:6.1f}s, best {sweep.best} val_loss {sweep.value:.4g}; {sweep.epochs} "
+            f"epochs trained, {sweep.pruned} trials pruned\n"
             f"{'':19s} first step {sweep.first:.1f}s after the start; each trial's start-up mean "
             f"{mean(sweep.startup):.2f}s max {max(sweep.startup, default=0):.2f}s; a freed slot idle mean "
             f"{mean(sweep.idle):.3f}s max {max(sweep.idle, default=0):.3f}s")
