@@ -2,24 +2,30 @@
 pruning (torchherd both times), and against Ray Tune's ASHA on the same trials and slots where Ray is installed.
 
 Goals: ASHA <= 0.5x the unpruned sweep's time for the same best trial; <= 1.0x Ray Tune's time.
-Each trial is a fresh process that imports torch and builds its task before its first step; pruning saves
-only the training after a rung, so `--samples` sets epochs long enough for training to be most of a trial.
-Usage: python benchmarks/sweep_asha.py [--slots 2] [--epochs 8] [--samples 40000] [--no-ray]
+Each trial is a process of its own that builds its task before its first step; pruning saves only the
+training after a rung, so `--samples` sets epochs long enough for training to be most of a trial. Rounds
+alternate which sweep goes first, so a change in the machine's load falls on both; each sweep also says how
+long its trials took to start (worker started -> training started) and how long a freed slot stood idle.
+Usage: python benchmarks/sweep_asha.py [--slots 2] [--epochs 8] [--samples 40000] [--rounds 2] [--grace 1]
+       [--no-ray]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import importlib.util
+import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from torchherd.engine.config.load import parse_config  # noqa: E402
-from torchherd.engine.protocol.messages import ValResult  # noqa: E402
+from torchherd.engine.protocol.messages import (EpochEnd, PipelineFinished, RunStarted,  # noqa: E402
+                                                TrainingStarted, ValResult, WorkerStarted)
 from torchherd.engine.rundir.directory import read_events  # noqa: E402
 from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
@@ -28,15 +34,41 @@ BATCHES = [32, 128]
 PARAMS = {"samples": 40000, "hidden": 128}  # --samples overrides
 
 
-async def torchherd_sweep(tmp: Path, scheduler: str, slots: int, epochs: int) -> tuple[float, str, float]:
-    """(wall seconds, best trial, its best val_loss) of the grid under `scheduler` ("asha" or "none")."""
+@dataclass
+class Sweep:
+    """One torchherd sweep of the grid: its wall time, best trial and what its events say of start-ups."""
+
+    wall: float
+    best: str
+    value: float
+    first: float  # seconds from the run's start to its first training step
+    startup: list[float]  # seconds from each worker's start to its first training step
+    idle: list[float]  # seconds from a trial's end to the start of the next on the slot it freed
+    epochs: int  # epochs trained, all trials together
+    pruned: int  # trials pruned
+
+
+def timings(events: list, slots: int) -> tuple[float, list[float], list[float]]:
+    """(first step, start-ups, slot idle gaps) of a sweep, from its events.jsonl."""
+    started = {e.pipeline: e.time for e in events if isinstance(e, WorkerStarted)}
+    trained = [e for e in events if isinstance(e, TrainingStarted)]
+    startup = [e.time - started[e.pipeline] for e in trained]
+    first = min(e.time for e in trained) - min(e.time for e in events if isinstance(e, RunStarted))
+    starts = sorted(started.values())
+    ends = sorted(e.time for e in events if isinstance(e, PipelineFinished))
+    # The k-th trial to end frees the slot that the (slots + k)-th to start takes.
+    return first, startup, [starts[slots + k] - ends[k] for k in range(len(starts) - slots)]
+
+
+async def torchherd_sweep(tmp: Path, scheduler: str, slots: int, epochs: int, grace: int) -> Sweep:
+    """The grid under `scheduler` ("asha" or "none")."""
     config = parse_config({
         "runs_dir": str(tmp / "runs"), "tensorboard": False,
         "defaults": {"task": "regression", "max_epochs": epochs, "params": PARAMS},
         "pipelines": [{"name": "reg"}], "devices": {"placement": "cpu", "cpu_slots": slots},
         "validation": {"mode": "inline"}, "telemetry": {"enabled": False},
         "sweep": {"space": {"params": {"lr": LRS}, "batch_size": BATCHES}, "scheduler": scheduler,
-                  "grace_period": 1, "reduction_factor": 2}}, str(tmp / "sweep.toml"), tmp)
+                  "grace_period": grace, "reduction_factor": 2}}, str(tmp / "sweep.toml"), tmp)
     sup = Supervisor(config)
     t = time.perf_counter()
     await sup.start()
@@ -45,12 +77,14 @@ async def torchherd_sweep(tmp: Path, scheduler: str, slots: int, epochs: int) ->
     finally:
         await sup.shutdown(graceful=False)
     wall = time.perf_counter() - t
-    best = min((e for e in read_events(sup.run_dir) if isinstance(e, ValResult) and not e.error),
-               key=lambda e: e.metrics["val_loss"])
-    return wall, best.pipeline, best.metrics["val_loss"]
+    events = read_events(sup.run_dir)
+    best = min((e for e in events if isinstance(e, ValResult) and not e.error), key=lambda e: e.metrics["val_loss"])
+    return Sweep(wall, best.pipeline, best.metrics["val_loss"], *timings(events, slots),
+                 epochs=sum(isinstance(e, EpochEnd) for e in events),
+                 pruned=sum(isinstance(e, PipelineFinished) and e.status == "pruned" for e in events))
 
 
-def ray_sweep(slots: int, epochs: int) -> tuple[float, str, float]:
+def ray_sweep(slots: int, epochs: int, grace: int) -> tuple[float, str, float]:
     """(wall seconds, best trial, its best val_loss) of the same grid under Ray Tune's ASHAScheduler, the
     same training loop per epoch (torchherd's built-in regression task), `slots` trials at a time."""
     import ray
@@ -82,9 +116,10 @@ def ray_sweep(slots: int, epochs: int) -> tuple[float, str, float]:
         tuner = tune.Tuner(
             tune.with_resources(trainable, {"cpu": 1}),
             param_space={"lr": tune.grid_search(LRS), "batch_size": tune.grid_search(BATCHES)},
-            tune_config=tune.TuneConfig(scheduler=ASHAScheduler(metric="val_loss", mode="min", grace_period=1,
+            tune_config=tune.TuneConfig(scheduler=ASHAScheduler(metric="val_loss", mode="min", grace_period=grace,
                                                                 reduction_factor=2, max_t=epochs),
-                                        max_concurrent_trials=slots))
+                                        max_concurrent_trials=slots),
+            run_config=tune.RunConfig(verbose=0))  # no status table every few seconds
         results = tuner.fit()
         best = results.get_best_result(metric="val_loss", mode="min", scope="all")
         wall = time.perf_counter() - t
@@ -94,34 +129,62 @@ def ray_sweep(slots: int, epochs: int) -> tuple[float, str, float]:
         ray.shutdown()
 
 
+def line(label: str, sweep: Sweep) -> str:
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    return (f"{label:17s} {sweep.wall:6.1f}s, best {sweep.best} val_loss {sweep.value:.4g}; {sweep.epochs} "
+            f"epochs trained, {sweep.pruned} trials pruned\n"
+            f"{'':19s} first step {sweep.first:.1f}s after the start; each trial's start-up mean "
+            f"{mean(sweep.startup):.2f}s max {max(sweep.startup, default=0):.2f}s; a freed slot idle mean "
+            f"{mean(sweep.idle):.3f}s max {max(sweep.idle, default=0):.3f}s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--samples", type=int, default=PARAMS["samples"], help="regression samples per trial")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of both sweeps, alternating which goes first")
+    ap.add_argument("--grace", type=int, default=1, help="ASHA's grace_period (its first rung), in epochs")
     ap.add_argument("--no-ray", action="store_true", help="skip Ray Tune even where it is installed")
     args = ap.parse_args()
     PARAMS["samples"] = args.samples
     trials = len(LRS) * len(BATCHES)
     print(f"{trials} trials (lr x batch_size) of {args.epochs} epochs of {args.samples} samples on {args.slots} "
-          "CPU slots")
-    with tempfile.TemporaryDirectory() as tmp:
-        full = asyncio.run(torchherd_sweep(Path(tmp) / "none", "none", args.slots, args.epochs))
-        asha = asyncio.run(torchherd_sweep(Path(tmp) / "asha", "asha", args.slots, args.epochs))
-    print(f"no pruning:       {full[0]:6.1f}s, best {full[1]} val_loss {full[2]:.4g}")
-    print(f"torchherd ASHA:   {asha[0]:6.1f}s, best {asha[1]} val_loss {asha[2]:.4g}")
-    same = "same best trial" if asha[1] == full[1] else "a DIFFERENT best trial"
-    print(f"ASHA / no pruning: {asha[0] / full[0]:.2f}x the time, {same} (goal <= 0.5x)")
+          f"CPU slots; ASHA grace_period {args.grace}, reduction_factor 2; load {os.getloadavg()[0]:.2f}")
+    totals = {"none": 0.0, "asha": 0.0}
+    same_every_time = True
+    for r in range(args.rounds):
+        results = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for scheduler in ("none", "asha") if r % 2 == 0 else ("asha", "none"):
+                results[scheduler] = asyncio.run(torchherd_sweep(Path(tmp) / scheduler, scheduler, args.slots,
+                                                                 args.epochs, args.grace))
+        full, asha = results["none"], results["asha"]
+        totals["none"] += full.wall
+        totals["asha"] += asha.wall
+        same = asha.best == full.best
+        same_every_time &= same
+        print(f"round {r + 1} (load {os.getloadavg()[0]:.2f}):")
+        print("  " + line("no pruning:", full))
+        print("  " + line("torchherd ASHA:", asha))
+        print(f"  ASHA / no pruning: {asha.wall / full.wall:.2f}x the time, "
+              f"{'same best trial' if same else 'a DIFFERENT best trial'}")
+    print(f"ASHA / no pruning over {args.rounds} round(s): {totals['asha'] / totals['none']:.2f}x the time, "
+          f"{'the same best trial every round' if same_every_time else 'a DIFFERENT best trial in some round'} "
+          "(goal <= 0.5x, same best trial)")
     if args.no_ray or importlib.util.find_spec("ray") is None:
         print("Ray Tune: skipped (not installed, or --no-ray)")
         return
     try:
-        ray_result = ray_sweep(args.slots, args.epochs)
+        ray_result = ray_sweep(args.slots, args.epochs, args.grace)
     except ImportError as exc:  # ray without its tune extra
         print(f"Ray Tune: skipped ({exc})")
         return
-    print(f"Ray Tune ASHA:    {ray_result[0]:6.1f}s, best {ray_result[1]} val_loss {ray_result[2]:.4g}")
-    print(f"torchherd ASHA / Ray Tune ASHA: {asha[0] / ray_result[0]:.2f}x the time (goal <= 1.0x)")
+    mean_asha = totals["asha"] / args.rounds
+    print(f"Ray Tune ASHA:    {ray_result[0]:6.1f}s, best {ray_result[1]} val_loss {ray_result[2]:.4g} "
+          f"(load {os.getloadavg()[0]:.2f})")
+    print(f"torchherd ASHA (mean of rounds) / Ray Tune ASHA: {mean_asha / ray_result[0]:.2f}x the time "
+          "(goal <= 1.0x)")
 
 
 if __name__ == "__main__":

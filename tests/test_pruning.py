@@ -71,3 +71,43 @@ def test_the_median_rule_waits_for_its_grace_and_its_peers():
     assert verdict.prune and verdict.cutoff == pytest.approx(0.15)
     assert verdict.reason == "val_loss 0.4 at epoch 3, median of 2 others 0.15"
     assert not rule.result("c", 3.0, 0.1).prune
+
+
+def ray_tunes_verdicts(results, reduction_factor, mode, rungs):
+    """Ray Tune's AsyncHyperBandScheduler bracket (ray/tune/schedulers/async_hyperband.py), restated: rewards
+    are the metric signed so that more is better; at the highest rung reached and not yet recorded a trial
+    stops when its reward is below the (1 - 1/rf) percentile of the rewards recorded there before it."""
+    sign = -1.0 if mode == "min" else 1.0
+    recorded = {r: {} for r in rungs}
+    out = []
+    for trial, t, value in results:
+        verdict = None
+        for rung in sorted(rungs, reverse=True):
+            if t < rung or trial in recorded[rung]:
+                continue
+            seen = list(recorded[rung].values())
+            cut = percentile(seen, (1 - 1 / reduction_factor) * 100) if seen else None
+            verdict = cut is not None and sign * value < cut
+            recorded[rung][trial] = sign * value
+            break
+        out.append(verdict)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+@pytest.mark.parametrize("reduction_factor", [2, 3, 4])
+def test_asha_prunes_exactly_whom_ray_tunes_asha_stops(mode, reduction_factor):
+    import random
+
+    rng = random.Random(reduction_factor)
+    rungs = [1, 2, 4]
+    results = []
+    for trial in range(40):  # trials start in turn; each reports epochs 1..6, interleaved with the others
+        for epoch in range(1, 7):
+            results.append((f"t{trial}", float(epoch), round(rng.uniform(0, 1), 2)))  # rounded: ties happen
+    rng.shuffle(results)
+    results.sort(key=lambda r: (r[1], int(r[0][1:])))  # each epoch's results arrive trial by trial
+    asha = Asha(rungs, reduction_factor, "m", mode)
+    ours = [v.prune if (v := asha.result(trial, t, value)) is not None else None for trial, t, value in results]
+    assert ours == ray_tunes_verdicts(results, reduction_factor, mode, rungs)
+    assert sum(bool(p) for p in ours) > 10  # it did prune

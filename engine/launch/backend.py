@@ -159,6 +159,12 @@ class Backend(ABC):
         core when there is one (engine/hardware/placement.py)."""
         return plan_validation(config, slots, inventory)
 
+    def hold_launches(self, queued: int, free: int) -> bool:
+        """Before the scheduler starts any of `queued` waiting pipelines on `free` slots: True to hold them a
+        while, as the backend is getting ready to start them faster (asked every supervision pass, so cheap).
+        Default: never."""
+        return False
+
     def rendezvous(self, node: str) -> tuple[str, int]:
         """MASTER_ADDR and a held MASTER_PORT (ports.release_port frees it) for a gang whose ranks all run
         on `node`. Default: this machine's loopback and a port free here."""

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import traceback
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -57,9 +58,12 @@ def kill_own_group() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, transport: dict | None = None) -> None:
+    """Run the child the spec file argv[0] describes; `transport`: fields that replace the spec's (a child
+    forked by a warm start: its pipes' numbers there and the process it dies with, engine/launch/warm.py)."""
     argv = sys.argv[1:] if argv is None else argv
-    spec, transport = read_spec(Path(argv[0]))
+    spec, written = read_spec(Path(argv[0]))
+    transport = replace(written, **transport) if transport else written
     die_with_parent(transport.supervisor_pid)
     faulthandler.enable(all_threads=True)  # a segfault leaves its stack in the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor's "where are you stuck?"

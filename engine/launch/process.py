@@ -15,10 +15,11 @@ import time
 from multiprocessing.connection import Connection
 from typing import Mapping
 
-from ..protocol.spec import Transport, write_spec
+from ..protocol.spec import CHILD_MODULE, Transport, write_spec
 from .backend import Backend, LaunchSpec
 from .channel_handle import ChannelHandle
 from .environment import child_env
+from .warm import WARM_HOLD, WARM_MODULE, WarmProcess, WarmStarter, compatible
 
 __all__ = ["LaunchSpec", "ProcessHandle", "ProcessLauncher", "local_env", "python_module_command"]
 
@@ -41,7 +42,7 @@ def local_env(spec: LaunchSpec, inherit: Mapping[str, str]) -> dict[str, str]:
 class ProcessHandle(ChannelHandle):
     """A real worker process on this machine, heard over its status pipe and commanded over its control pipe."""
 
-    def __init__(self, proc: subprocess.Popen, status: Connection, control: Connection):
+    def __init__(self, proc: subprocess.Popen | WarmProcess, status: Connection, control: Connection):
         super().__init__(status, control)
         self.proc = proc
         self.pid = proc.pid
@@ -90,9 +91,26 @@ class ProcessHandle(ChannelHandle):
 class ProcessLauncher(Backend):
     """The local backend: children as fresh Python interpreters (the `spawn` model) in their own sessions.
 
-    Every other ability is Backend's default: this machine's devices and slots, one validator here,
-    gangs meeting on the loopback, no remote telemetry.
+    Once more pipelines wait than fit (`hold_launches`), their children are forked from a process that
+    has imported torch already (engine/launch/warm.py); every other ability is Backend's default: this
+    machine's devices and slots, one validator here, gangs meeting on the loopback, no remote telemetry.
     """
+
+    _warm: WarmStarter | None = None  # the forking process, once pipelines wait for slots
+
+    def hold_launches(self, queued: int, free: int) -> bool:
+        """More pipelines wait than fit (a sweep): start the forking process, and hold them until its imports
+        are done (for WARM_HOLD seconds at most), so even the first of them skip theirs."""
+        if self._warm is None and queued > free:
+            # Popen from the event-loop thread, as every child: the parent-death signal follows that thread.
+            self._warm = WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, python_module_command(WARM_MODULE))
+        warm = self._warm
+        return warm is not None and not warm.ready() and not warm.gone and warm.age() < WARM_HOLD
+
+    def close(self) -> None:
+        if self._warm is not None:
+            self._warm.close()
+            self._warm = None
 
     def launch(self, spec: LaunchSpec) -> ProcessHandle:
         status_r, status_w = os.pipe()
@@ -106,9 +124,10 @@ class ProcessLauncher(Backend):
         log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} ====\n".encode())
         log.flush()
         try:
+            proc = self._warm_start(spec, str(spec_path), env, (log.fileno(), status_w, control_r))
             # Popen is called from the event-loop thread on purpose: the parent-death
             # signal fires when the *thread* that forked the child exits.
-            proc = subprocess.Popen(
+            proc = proc or subprocess.Popen(
                 python_module_command(spec.module) + [str(spec_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(status_w, control_r), start_new_session=True, env=env,
@@ -118,3 +137,15 @@ class ProcessLauncher(Backend):
             os.close(status_w)
             os.close(control_r)
         return ProcessHandle(proc, Connection(status_r, writable=False), Connection(control_w, readable=False))
+
+    def _warm_start(self, spec: LaunchSpec, spec_path: str, env: dict[str, str],
+                    fds: tuple[int, int, int]) -> WarmProcess | None:
+        """The child forked from the warm process, when that is ready and the child's environment allows;
+        None to start it cold."""
+        warm = self._warm
+        if warm is None or spec.module != CHILD_MODULE or not warm.ready() or not compatible(env, warm.env):
+            return None
+        try:
+            return warm.start(spec_path, env, os.getcwd(), fds)
+        except OSError:
+            return None

@@ -302,7 +302,8 @@ class Supervisor:
         self._finished_sent = False
 
     def _schedule(self) -> None:
-        if self._closed or self.task_check.holding:
+        if self._closed or self.task_check.holding or \
+                self._backend.hold_launches(len(self._scheduler.queued()), len(self._scheduler.free)):
             return
         for name, slots in self._scheduler.allocate():
             run = self._runs[name]

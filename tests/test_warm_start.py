@@ -1,0 +1,138 @@
+"""Warm starts (engine/launch/warm.py): pipelines that wait for a slot are forked, once it is ready, from a
+process that has imported torch already; they train, log, are killed and die with their supervisor as a
+cold-started worker does, and the forking process leaves with the session."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torchherd.engine.launch.warm import WarmProcess, WarmStarter, compatible
+from torchherd.engine.protocol.messages import TrainingStarted, WorkerExited
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import Supervisor
+from tests.conftest import make_config, still_alive, wait_for
+from tests.faults.support import RecordingLauncher
+
+ROOT = Path(__file__).resolve().parent.parent
+SLOW = {"delay": 0.004}  # tiny.py: an epoch takes a while, so a test acts while it trains
+
+
+def test_a_child_is_forked_only_when_its_environment_differs_in_what_is_read_after_start():
+    base = {"PATH": "/bin", "HOME": "/h"}
+    assert compatible({**base, "CUDA_VISIBLE_DEVICES": "1", "OMP_NUM_THREADS": "2", "RANK": "3",
+                       "TORCHELASTIC_RUN_ID": "x", "PYTHONUNBUFFERED": "1"}, base)
+    assert not compatible({**base, "TORCH_LOGS": "+dynamo"}, base)  # torch reads it at import
+    assert not compatible({"PATH": "/usr/bin", "HOME": "/h"}, base)
+    assert not compatible({"PATH": "/bin"}, base)
+
+
+async def wait_until(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.slow
+async def test_queued_pipelines_start_warm_train_are_killed_and_leave_nothing_behind(tmp_path):
+    config = make_config(tmp_path, [{"name": "warm", "max_epochs": 2}, {"name": "killed", "params": SLOW}],
+                         devices={"cpu_slots": 1}, telemetry={"enabled": False})
+    launcher = RecordingLauncher()
+    sup = Supervisor(config, launcher=launcher)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        assert sup.view("warm").state.value == "queued"  # held while the forking process imports torch
+        await wait_for(stream, lambda e: isinstance(e, TrainingStarted) and e.pipeline == "killed", 120)
+        server = launcher._warm.proc.pid
+        assert psutil.Process(launcher.handles["killed"].pid).ppid() == server  # forked by it
+        sup.kill("killed")
+        statuses = await asyncio.wait_for(sup.wait(), 60)
+    finally:
+        await sup.shutdown(graceful=False)
+    assert statuses == {"warm": "completed", "killed": "killed"}
+    assert all(isinstance(h.proc, WarmProcess) for h in launcher.handles.values())
+    exited = {e.pipeline: e for e in read_events(sup.run_dir) if isinstance(e, WorkerExited)}
+    assert exited["warm"].exit_code == 0 and exited["killed"].signal == "SIGTERM"  # as the forker saw them end
+    log = (sup.run_dir / "warm" / "log.txt").read_text()
+    assert "torchherd worker pid" in log and "epoch 2/2 done" in log  # its output, in its own log
+    assert launcher._warm is None and still_alive([server]) == []  # gone with the session
+
+
+@pytest.mark.slow
+async def test_pipelines_that_fit_their_slots_start_cold_and_no_forker_is_started(tmp_path):
+    config = make_config(tmp_path, [{"name": "a", "max_epochs": 1}], telemetry={"enabled": False})
+    launcher = RecordingLauncher()
+    sup = Supervisor(config, launcher=launcher)
+    await sup.start()
+    try:
+        assert await asyncio.wait_for(sup.wait(), 120) == {"a": "completed"}
+        assert launcher._warm is None and not isinstance(launcher.handles["a"].proc, WarmProcess)
+    finally:
+        await sup.shutdown(graceful=False)
+
+
+@pytest.mark.slow
+async def test_queued_pipelines_start_cold_when_the_forking_process_is_gone(tmp_path):
+    config = make_config(tmp_path, [{"name": "a", "max_epochs": 1}, {"name": "b", "max_epochs": 1}],
+                         devices={"cpu_slots": 1}, telemetry={"enabled": False})
+    launcher = RecordingLauncher()
+    # One that ends at once, as the forking process does when its imports started CUDA (a fork cannot use it).
+    launcher._warm = WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, [sys.executable, "-c", "pass"])
+    sup = Supervisor(config, launcher=launcher)
+    await sup.start()
+    try:
+        assert await asyncio.wait_for(sup.wait(), 120) == {"a": "completed", "b": "completed"}
+    finally:
+        await sup.shutdown(graceful=False)
+    assert not any(isinstance(h.proc, WarmProcess) for h in launcher.handles.values())
+
+
+HOLDER = """
+import asyncio, json, sys
+from tests.conftest import make_config
+from tests.faults.support import RecordingLauncher
+from torchherd.engine.supervise.supervisor import Supervisor
+
+async def main(tmp):
+    config = make_config(tmp, [{"name": "warm", "params": {"delay": 0.004}, "max_epochs": 50}, {"name": "queued"}],
+                         devices={"cpu_slots": 1}, telemetry={"enabled": False})
+    launcher = RecordingLauncher()
+    sup = Supervisor(config, launcher=launcher)
+    await sup.start()
+    while sup.view("warm").state.value != "running":
+        await asyncio.sleep(0.05)
+    print(json.dumps({"worker": launcher.handles["warm"].pid, "server": launcher._warm.proc.pid,
+                      "warm": type(launcher.handles["warm"].proc).__name__}), flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main(__import__("pathlib").Path(sys.argv[1])))
+"""
+
+
+@pytest.mark.slow
+def test_warm_started_workers_and_their_forker_die_with_their_supervisor(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline()  # blocks until it prints (or dies: then "")
+        assert line, "the supervisor ended before a warm-started worker trained"
+        pids = json.loads(line)
+        assert pids["warm"] == "WarmProcess"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert still_alive([pids["worker"], pids["server"]], timeout=10) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
