@@ -97,11 +97,15 @@ class ProcessLauncher(Backend):
     """
 
     _warm: WarmStarter | None = None  # the forking process, once pipelines wait for slots
+    warm_start = True  # [cluster] warm_start: false starts every child cold
+
+    def __init__(self, warm_start: bool = True):
+        self.warm_start = warm_start
 
     def hold_launches(self, queued: int, free: int) -> bool:
         """More pipelines wait than fit (a sweep): start the forking process, and hold them until its imports
         are done (for WARM_HOLD seconds at most), so even the first of them skip theirs."""
-        if self._warm is None and queued > free:
+        if self._warm is None and queued > free and self.warm_start:
             # Popen from the event-loop thread, as every child: the parent-death signal follows that thread.
             self._warm = WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, python_module_command(WARM_MODULE))
         warm = self._warm

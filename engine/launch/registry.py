@@ -25,7 +25,7 @@ def _ray(cluster: ClusterConfig, runs_dir: Path, source: str) -> Backend:
 
 
 BACKENDS: dict[str, BackendFactory] = {
-    "local": lambda cluster, runs_dir, source: ProcessLauncher(),
+    "local": lambda cluster, runs_dir, source: ProcessLauncher(warm_start=cluster.warm_start),
     "ray": _ray,
 }
 
