@@ -158,7 +158,7 @@ class HeldRun:
         self.run_dir, self.run_id, self.names = run_dir, run_dir.name, names
         self._dir = RunDirectory(run_dir)  # opens events.jsonl for appending; writes nothing here
 
-    def tap(self, fn) -> None:
+    def tap(self, fn, steps=None) -> None:
         pass  # no live events: the attach reads the whole history
 
     def record(self, event) -> None:

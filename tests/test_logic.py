@@ -385,3 +385,19 @@ async def test_a_stream_gives_a_queued_burst_event_by_event_in_order_with_single
     assert stream.get_nowait().text == "b2"
     assert [e.text async for e in stream] == ["b3", "c", "b1", "b2", "b3"]
     assert [e.text for e in burst] == ["b1", "b2", "b3"]  # shared by every stream: never changed
+
+
+def test_a_tap_with_steps_of_its_own_takes_a_run_of_step_reports_at_once_and_every_other_event_one_by_one():
+    from torchherd.engine.rundir.lines import encode_line
+    from torchherd.engine.supervise.bus import EventBus
+
+    bus = EventBus()
+    each, runs, plain = [], [], []
+    bus.add_tap(lambda e, line, kept: each.append(e), steps=lambda steps, lines: runs.append((steps, lines)))
+    bus.add_tap(lambda e, line, kept: plain.append(e))
+    steps = [StepMetrics(pipeline="a", epoch=0, step=i, loss=0.1, lr=0.1, samples_per_s=1.0) for i in (1, 2, 3)]
+    bus.publish_steps(steps)
+    bus.publish(Notice(text="n"))
+    assert runs == [(steps, [encode_line(s) for s in steps])]
+    assert [type(e) for e in each] == [Notice]  # the runs' reports reached it through `steps` only
+    assert plain == [*steps, each[0]]  # a tap without `steps` still sees each report

@@ -30,7 +30,7 @@ class HeldRun:
     def __init__(self, run_dir: Path):
         self.run_dir, self.taps, self.recorded = run_dir, [], []
 
-    def tap(self, fn) -> None:
+    def tap(self, fn, steps=None) -> None:
         self.taps.append(fn)
 
     def record(self, event) -> None:

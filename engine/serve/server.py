@@ -127,7 +127,7 @@ class ControlServer:
                 self.summary.add_file(fh.read(written))
         except OSError:
             pass
-        self.sup.tap(self._on_event)
+        self.sup.tap(self._on_event, self._on_steps)
 
     async def close(self) -> None:
         """Send what is pending, end every connection and remove the socket."""
@@ -221,6 +221,22 @@ class ControlServer:
         self.pending += line
         if len(self.pending) >= BURST:
             self._send()
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_later(FLUSH_EVERY, self._flush)
+
+    def _on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
+        """`_on_event` of each of a run of step reports, at once."""
+        add = self.summary.add
+        for step, line in zip(steps, lines):
+            add(line, step.pipeline)
+        if not self.clients:
+            return
+        pending = self.pending
+        for line in lines:
+            pending += line
+            if len(pending) >= BURST:  # frames stay about BURST bytes, however long the run
+                self._send()
         if not self._flush_soon:
             self._flush_soon = True
             asyncio.get_running_loop().call_later(FLUSH_EVERY, self._flush)

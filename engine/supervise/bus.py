@@ -80,6 +80,8 @@ class EventBus:
         self._writers: list[Callable[[Event, bytes], None]] = []
         self._step_writers: list[Callable[[list[StepMetrics], list[bytes]], None]] = []
         self._taps: list[Callable[[Event, bytes, bool], None]] = []
+        self._each_step_taps: list[Callable[[Event, bytes, bool], None]] = []  # the taps with no `steps` of their own
+        self._step_taps: list[Callable[[list[StepMetrics], list[bytes]], None]] = []
         self.closed = False
 
     def add_sink(self, sink: Callable[[Event], None]) -> None:
@@ -97,11 +99,17 @@ class EventBus:
                 writer(event, line)
         self._step_writers.append(steps or each)
 
-    def add_tap(self, tap: Callable[[Event, bytes, bool], None]) -> None:
+    def add_tap(self, tap: Callable[[Event, bytes, bool], None],
+                steps: Callable[[list[StepMetrics], list[bytes]], None] | None = None) -> None:
         """Call `tap(event, line, kept)` for every event from now on, kept or transient, right after the sinks
         (so a tap that reads the sinks' files sees the event written); for the control socket's fan-out.
-        `line` is the event's one encoding, the bytes events.jsonl has (or would have, for a transient)."""
+        `line` is the event's one encoding, the bytes events.jsonl has (or would have, for a transient).
+        `steps`, if given, takes a run of step reports (all kept) and their lines at once instead."""
         self._taps.append(tap)
+        if steps is None:
+            self._each_step_taps.append(tap)
+        else:
+            self._step_taps.append(steps)
 
     def publish(self, event: Event) -> None:
         self._history.append(event)
@@ -127,7 +135,9 @@ class EventBus:
         lines = encode_lines(steps) if self._writers or self._taps else [b""] * len(steps)
         for write in self._step_writers:
             write(steps, lines)
-        history, sinks, taps, queues = self._history.append, self._sinks, self._taps, self._subscribers
+        for tap_steps in self._step_taps:
+            tap_steps(steps, lines)
+        history, sinks, taps, queues = self._history.append, self._sinks, self._each_step_taps, self._subscribers
         for event, line in zip(steps, lines):
             history(event)
             if self.closed:  # by a tap, meanwhile: what follows is kept in the history only
@@ -169,6 +179,8 @@ class EventBus:
         self._writers.clear()
         self._step_writers.clear()
         self._taps.clear()
+        self._each_step_taps.clear()
+        self._step_taps.clear()
         for queue in self._subscribers:
             queue.put_nowait(None)
 

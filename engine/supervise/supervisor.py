@@ -148,8 +148,8 @@ class Supervisor:
         """A stream of every event from now on (and, with `replay`, those already emitted)."""
         return self._bus.subscribe(replay)
 
-    def tap(self, fn) -> None:  # fn(event, line, kept) on every event as published, kept (written) or not
-        self._bus.add_tap(fn)
+    def tap(self, fn, steps=None) -> None:  # fn(event, line, kept) on every event as published, kept or not
+        self._bus.add_tap(fn, steps)  # steps(reports, lines): a run of step reports at once, if given
 
     def record(self, event: Event) -> None:  # an event from outside the engine (a client's command)
         self._emit(event)
