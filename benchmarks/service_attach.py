@@ -379,7 +379,7 @@ def tmux_attach(run_dir: Path, pipelines: int, steps: int, timeout: float = 60.0
             rows = [line for line in pane.splitlines() if f" {last} " in line and "running" in line]
             if len(rows) >= pipelines:
                 return time.perf_counter() - start
-            time.sleep(0.005)
+            time.sleep(0.005)  # the poll interval of the measurement, as in benchmarks/first_screen.py
         raise RuntimeError(f"`torchherd attach` showed no full table in {timeout:g} s:\n{pane}")
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)

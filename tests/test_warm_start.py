@@ -81,38 +81,37 @@ async def test_pipelines_that_fit_their_slots_start_cold_and_no_forker_is_starte
         await sup.shutdown(graceful=False)
 
 
-@pytest.mark.slow
-async def test_warm_start_false_starts_queued_pipelines_cold(tmp_path):
-    from torchherd.engine.launch.registry import backend_for
-
+async def two_queued_on_one_slot(tmp_path, launcher: RecordingLauncher, **top) -> None:
+    """Run two one-epoch pipelines on one CPU slot (so one waits) to completion."""
     config = make_config(tmp_path, [{"name": "a", "max_epochs": 1}, {"name": "b", "max_epochs": 1}],
-                         devices={"cpu_slots": 1}, telemetry={"enabled": False}, cluster={"warm_start": False})
-    backend = backend_for(config.cluster, tmp_path)
-    assert backend.warm_start is False and not backend.hold_launches(queued=2, free=1)  # nothing held, none started
-    launcher = RecordingLauncher()
-    launcher.warm_start = config.cluster.warm_start
+                         devices={"cpu_slots": 1}, telemetry={"enabled": False}, **top)
     sup = Supervisor(config, launcher=launcher)
     await sup.start()
     try:
         assert await asyncio.wait_for(sup.wait(), 120) == {"a": "completed", "b": "completed"}
     finally:
         await sup.shutdown(graceful=False)
+
+
+@pytest.mark.slow
+async def test_warm_start_false_starts_queued_pipelines_cold(tmp_path):
+    from torchherd.engine.config.schema import ClusterConfig
+    from torchherd.engine.launch.registry import backend_for
+
+    backend = backend_for(ClusterConfig(warm_start=False), tmp_path)
+    assert backend.warm_start is False and not backend.hold_launches(queued=2, free=1)  # nothing held, none started
+    launcher = RecordingLauncher()
+    launcher.warm_start = False
+    await two_queued_on_one_slot(tmp_path, launcher, cluster={"warm_start": False})
     assert launcher._warm is None and not any(isinstance(h.proc, WarmProcess) for h in launcher.handles.values())
 
 
 @pytest.mark.slow
 async def test_queued_pipelines_start_cold_when_the_forking_process_is_gone(tmp_path):
-    config = make_config(tmp_path, [{"name": "a", "max_epochs": 1}, {"name": "b", "max_epochs": 1}],
-                         devices={"cpu_slots": 1}, telemetry={"enabled": False})
     launcher = RecordingLauncher()
     # One that ends at once, as the forking process does when its imports started CUDA (a fork cannot use it).
     launcher._warm = WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, [sys.executable, "-c", "pass"])
-    sup = Supervisor(config, launcher=launcher)
-    await sup.start()
-    try:
-        assert await asyncio.wait_for(sup.wait(), 120) == {"a": "completed", "b": "completed"}
-    finally:
-        await sup.shutdown(graceful=False)
+    await two_queued_on_one_slot(tmp_path, launcher)
     assert not any(isinstance(h.proc, WarmProcess) for h in launcher.handles.values())
 
 

@@ -221,9 +221,7 @@ class ControlServer:
         self.pending += line
         if len(self.pending) >= BURST:
             self._send()
-        if not self._flush_soon:
-            self._flush_soon = True
-            asyncio.get_running_loop().call_later(FLUSH_EVERY, self._flush)
+        self._flush_later()
 
     def _on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
         """`_on_event` of each of a run of step reports, at once."""
@@ -237,6 +235,10 @@ class ControlServer:
             pending += line
             if len(pending) >= BURST:  # frames stay about BURST bytes, however long the run
                 self._send()
+        self._flush_later()
+
+    def _flush_later(self) -> None:
+        """What is pending goes out within FLUSH_EVERY seconds."""
         if not self._flush_soon:
             self._flush_soon = True
             asyncio.get_running_loop().call_later(FLUSH_EVERY, self._flush)
