@@ -39,6 +39,25 @@ def test_a_line_is_the_record_the_old_encoder_wrote_and_reads_back_as_the_event(
     assert back[1] == events[1] and math.isnan(back[2].loss) and back[5].reason == "épochs done"
 
 
+def test_runs_of_step_lines_decode_as_their_events_whatever_lies_between_them():
+    steps = [m.StepMetrics(pipeline="ab"[i % 2], epoch=0, step=i, loss=1.0 / (i + 1), lr=0.1, samples_per_s=1.0,
+                           metrics={"acc": 0.5} if i == 4 else {}) for i in range(8)]
+    nan = m.StepMetrics(pipeline="a", epoch=0, step=9, loss=math.nan, lr=0.1, samples_per_s=1.0)  # written null
+    # A string that holds a step line's start (its quotes and newline escaped in JSON, so never at a line's start)
+    notice = m.Notice(pipeline="a", text='see\n{"type":"step", here')
+    end = m.EpochEnd(pipeline="a", epoch=0, step=8, train_loss=0.2, duration=1.0, samples_per_s=1.0,
+                     epochs_total=2, steps_per_epoch=8)
+    frames = [steps, steps[:1], [*steps[:3], nan, *steps[3:]], [notice, *steps], [*steps[:2], end, notice, *steps[2:]],
+              [end, *steps, notice], [notice]]
+    for events in frames:
+        back = decode_lines(b"".join(encode_line(e) for e in events))
+        assert [encode_line(e) for e in back] == [encode_line(e) for e in events]  # NaN as NaN: its line is null
+        assert [type(e) for e in back] == [type(e) for e in events]
+    assert math.isnan(decode_lines(encode_line(nan))[0].loss)
+    data = b"".join(encode_line(e) for e in steps)
+    assert decode_lines(data[:-9]) == steps[:-1]  # a torn last line is left out, the run before it kept
+
+
 def test_a_non_finite_value_anywhere_is_written_as_null():
     step = m.StepMetrics(pipeline="a", epoch=0, step=1, loss=math.inf, lr=0.1, samples_per_s=1.0,
                          metrics={"grad": -math.inf})

@@ -230,11 +230,14 @@ class ControlServer:
             add(line, step.pipeline)
         if not self.clients:
             return
-        pending = self.pending
-        for line in lines:
-            pending += line
-            if len(pending) >= BURST:  # frames stay about BURST bytes, however long the run
-                self._send()
+        run = b"".join(lines)
+        if len(self.pending) + len(run) < BURST:
+            self.pending += run
+        else:  # frames stay about BURST bytes, however long the run
+            for line in lines:
+                self.pending += line
+                if len(self.pending) >= BURST:
+                    self._send()
         self._flush_later()
 
     def _flush_later(self) -> None:
