@@ -1,6 +1,7 @@
 """The control socket's rule for dropping clients, on real sockets: a burst written in one turn drops no
 client that reads it, while a client that reads nothing is dropped once its backlog has passed a quarter of
-the bound for `stalled` seconds; past the bound it goes at once."""
+the bound for `stalled` seconds; past the bound it goes at once. What the socket carries itself is what
+events.jsonl does not keep (telemetry): the lines here are that."""
 from __future__ import annotations
 
 import asyncio
@@ -46,7 +47,7 @@ class HeldRun:
         event = StepMetrics(pipeline="p", epoch=0, step=1, loss=0.5, lr=0.1, samples_per_s=1.0)
         for _ in range(lines):
             for tap in self.taps:
-                tap(event, LINE, True)
+                tap(event, LINE, False)  # not kept in events.jsonl: sent on the socket
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import psutil
 import pytest
 from torchherd.engine.config.load import load_config
 from torchherd.engine.protocol.control import Action, ClientRefused, Hello
-from torchherd.engine.protocol.messages import Event, Notice, RunFinished, StepMetrics
+from torchherd.engine.protocol.messages import Event, RunFinished, StepMetrics
 from torchherd.engine.protocol.progress import PipelineProgress, apply
 from torchherd.engine.protocol.records import to_record
 from torchherd.engine.rundir.directory import (
@@ -43,7 +43,7 @@ from torchherd.engine.serve.remote import NotLive, RemoteRun
 from torchherd.engine.serve.runtime import publish, read_control, withdraw
 from torchherd.engine.serve.server import ControlServer
 from torchherd.engine.serve.service import ServiceFailed, spawn
-from torchherd.engine.serve.wire import FrameReader, encode, peer_credentials, same_user
+from torchherd.engine.serve.wire import encode, peer_credentials, same_user
 from torchherd.engine.supervise.supervisor import Supervisor
 
 from tests.conftest import TASKS, service_of
@@ -545,15 +545,14 @@ FLOOD = {"batch_size": 1, "log_every_n_steps": 1, "max_epochs": 2}  # a step rep
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_a_client_that_stops_reading_is_dropped_and_the_run_goes_on(tmp_path, sock_dir):
+async def test_a_client_that_stops_reading_costs_the_run_nothing_and_catches_up_from_the_file(tmp_path, sock_dir):
     gate = tmp_path / "gate"  # the flood waits until every client is attached and has stopped reading
     config = faulty_config(tmp_path, [{"name": "flood"}], defaults={
         **FLOOD, "params": {"samples": 4000, "gate_file": str(gate), "gate_at_call": 1}})
     sup = Supervisor(config)
-    bound = 32 << 10
+    bound = 32 << 10  # the flood's lines are over a MiB: a client sent them would pass this many times over
     out_path = tmp_path / "attached.txt"
     async with served(sup, sock_dir / "c.sock", max_backlog=bound) as server:
-        stream = sup.subscribe(replay=False)
         raw = raw_client(server.path)  # says hello, then never reads
         # An attached CLI, then frozen: the same as a terminal that stopped reading.
         cli = attach_cli(sup.run_dir, out_path)
@@ -562,33 +561,22 @@ async def test_a_client_that_stops_reading_is_dropped_and_the_run_goes_on(tmp_pa
                         "the CLI to attach and print the run's start")
             cli.send_signal(signal.SIGSTOP)
             gate.touch()
-            dropped = await asyncio.wait_for(
-                _first_matching(stream, lambda e: isinstance(e, Notice) and "was dropped" in e.text), LONG)
-            await apoll(lambda: server.dropped == 2, LONG, "both stalled clients to be dropped")
-            assert server.clients == [] and "fell more than" in dropped.text and dropped.level == "warning"
-            # Woken, the dropped CLI reads what it had been sent, then the end of its connection, and exits.
-            # (It says "the run was cut short: its supervisor is gone", though it was only dropped.)
-            cli.send_signal(signal.SIGCONT)
-            assert await asyncio.to_thread(cli.wait, LONG) == 1, out_path.read_text(errors="replace")
-            said = out_path.read_text(errors="replace")
-            assert "dropped" in said and "cut short" not in said, said  # it knows the run was not cut short
-            # The run was not held back by them: it trains to the end.
-            statuses = await asyncio.wait_for(sup.wait(), LONG)
-            assert statuses == {"flood": "completed"}
-            # The dropped raw client reads what the kernel had taken, then the end: nothing waits for it.
-            assert await asyncio.to_thread(_drain, raw) > 0
-            # A fresh client attaches and sees the run's completion.
-            fresh = await RemoteRun.connect(sup.run_dir, read_only=True)
-            assert any(isinstance(e, RunFinished) and e.ok for e in fresh.history)
-            assert fresh.statuses == {"flood": "completed"} and not fresh.alive
-            await fresh.close()
+            done = asyncio.ensure_future(asyncio.wait_for(sup.wait(), LONG))
+            waiting = []  # what waits in the supervisor for the two clients, sampled while the flood runs
+            while not done.done():
+                waiting.append(sum(c.backlog() for c in server.clients))
+                await asyncio.wait({done}, timeout=0.02)
+            assert done.result() == {"flood": "completed"}
             recs = records(sup.run_dir)
-            drops = [i for i, r in enumerate(recs) if r["type"] == "notice" and "was dropped" in r["text"]]
-            assert len(drops) == 2
-            pids = {int(recs[i]["text"].split("client pid ")[1].split()[0]) for i in drops}
-            assert pids == {os.getpid(), cli.pid}
-            # Dropped mid-flood, not after it: the run went on stepping once nobody held it.
-            assert of_type(recs[drops[-1]:], "step") and recs[-1]["type"] == "run_finished"
+            assert len(of_type(recs, "step")) > 4000 and len(waiting) > 1
+            # Neither held the run back or cost it memory: each is only told how far events.jsonl goes.
+            assert max(waiting) < bound // 4 and server.dropped == 0 and len(server.clients) == 2, waiting
+            # Woken, the CLI reads on in the file from where it stopped, prints the run's end and exits 0.
+            cli.send_signal(signal.SIGCONT)
+            assert await asyncio.to_thread(cli.wait, LONG) == 0, out_path.read_text(errors="replace")
+            said = out_path.read_text(errors="replace")
+            assert "flood" in said and "completed" in said and "dropped" not in said, said
+            assert not of_type(records(sup.run_dir), "notice", level="warning")
         finally:
             raw.close()
             if cli.poll() is None:
@@ -604,24 +592,3 @@ def attach_cli(run_dir: Path, out_path: Path) -> subprocess.Popen:
                                  "--from-start", "--read-only"], stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=REPO,
                                 env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1"))
-
-
-async def _first_matching(stream, predicate: Callable[[Event], bool]) -> Event:
-    async for event in stream:
-        if predicate(event):
-            return event
-    raise AssertionError("the stream ended before the expected event")
-
-
-def _drain(raw: socket.socket) -> int:
-    """Read a dropped connection to its end; the bytes it still held."""
-    raw.settimeout(LONG)
-    total = 0
-    frames = FrameReader()
-    try:
-        while chunk := raw.recv(1 << 16):
-            total += len(chunk)
-            frames.feed(chunk)
-    except ConnectionResetError:
-        pass
-    return total

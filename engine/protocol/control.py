@@ -1,7 +1,8 @@
 """The messages of a live run's control socket: a client's hello and requests, the supervisor's welcome
 and replies, and the `ClientCommand` event that records in events.jsonl what each client asked.
 
-Events cross the socket as `EventLines`: their events.jsonl lines, the very bytes written to the file.
+A live client reads the run's events from events.jsonl itself, as far as each `Appended` says is written;
+the socket carries only what the file does not keep (telemetry) as `EventLines`, and the history in short.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class Hello(Message):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Welcome(Message):
     """The supervisor's answer to a hello: the run, and how many bytes of events.jsonl were on disk when the
-    live stream began (a client reads those from the file, then takes every later event from the socket)."""
+    live stream began (a client's history; it reads every later event from the file, as `Appended` says)."""
 
     type: ClassVar[str] = "welcome"
     run_id: str
@@ -54,11 +55,21 @@ class Welcome(Message):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EventLines(Message):
-    """Events as whole lines of events.jsonl: the live stream (encoded once, the same frame to every client),
-    or the history in short that a `summary` hello asked for."""
+    """Events as whole lines of events.jsonl: those it does not keep (telemetry; encoded once, the same frame
+    to every client), or the history in short that a `summary` hello asked for."""
 
     type: ClassVar[str] = "event_lines"
     data: bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Appended(Message):
+    """events.jsonl now holds every event published so far in its first `events_bytes` bytes: a live client
+    reads on from where it is to there (each client reads the run's file itself, so a thousand viewers cost
+    the supervisor what one does, and one that stops reading costs it nothing)."""
+
+    type: ClassVar[str] = "appended"
+    events_bytes: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

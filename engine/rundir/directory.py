@@ -168,6 +168,7 @@ class RunDirectory:
         self._owner = _hold(path / PID_FILE)
         self._events: IO[bytes] = open(path / "events.jsonl", "ab", buffering=BUFFER)
         self._metrics: dict[str, IO[bytes]] = {}
+        self._size = 0  # events.jsonl's bytes when `written` last looked
 
     def pipeline_dir(self, pipeline: str) -> Path:
         return self.path / pipeline
@@ -227,13 +228,17 @@ class RunDirectory:
             fh.flush()
 
     def written(self) -> int:
-        """Bytes of events.jsonl on disk, after writing out what is buffered."""
-        self.flush()
-        return os.fstat(self._events.fileno()).st_size
+        """Bytes of events.jsonl on disk, after writing out what it has buffered (what live clients may read of
+        it; the metrics files wait for the next flush)."""
+        if not self._events.closed:
+            self._events.flush()
+            self._size = os.fstat(self._events.fileno()).st_size
+        return self._size  # once closed: its size then
 
     def close(self) -> None:
         (self.path / PID_FILE).unlink(missing_ok=True)
         os.close(self._owner)  # the lock goes with it
+        self.written()
         self.flush()
         self._events.close()
         for fh in self._metrics.values():

@@ -1,6 +1,6 @@
 """A client of a live run: its history (all of events.jsonl, or in short from the supervisor), then its live
-events from the control socket, as one stream (what `Supervisor.subscribe` gives in-process), and requests
-the supervisor answers.
+events, read from events.jsonl as far as the control socket says it is written (telemetry from the socket
+itself), as one stream (what `Supervisor.subscribe` gives in-process), and requests the supervisor answers.
 
 `RemoteRun` has the surface of `Supervisor` that the app and the headless printer use, so either drives them.
 """
@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from ..protocol.control import Action, EventLines, Hello, Reply, Request, Welcome
+from ..protocol.control import Action, Appended, EventLines, Hello, Reply, Request, Welcome
 from ..protocol.messages import Event, Notice, PipelineFinished, WorkerStateChanged
 from ..protocol.states import WorkerState
 from ..rundir.directory import run_held
@@ -20,6 +20,9 @@ from ..rundir.history import decode_lines, read_history
 from ..supervise.bus import EventStream
 from .runtime import clean_stale, read_control
 from .wire import FrameError, FrameReader, encode
+
+
+READ_AT_ONCE = 4 << 20  # bytes of events.jsonl a client reads and decodes in one turn of its loop
 
 
 class NotLive(RuntimeError):
@@ -41,7 +44,7 @@ class RemoteRun:
     """One connection to a live run's supervisor."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, welcome: Welcome,
-                 frames: FrameReader, read_only: bool):
+                 frames: FrameReader, read_only: bool, events: int | None = None):
         self.welcome = welcome
         self.run_id = welcome.run_id
         self.run_dir = Path(welcome.run_dir)
@@ -55,6 +58,8 @@ class RemoteRun:
         self._ids = itertools.count(1)
         self._ended = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._events = events  # events.jsonl, open for reading (None: not live)
+        self._read_to = self._readable = welcome.events_bytes  # where this client is in it; how far it may read
 
     @classmethod
     async def connect(cls, run_dir: Path, *, read_only: bool = False, live: bool = True,
@@ -75,7 +80,14 @@ class RemoteRun:
         except ConnectionError as exc:  # refused by its peer check: the supervisor aborts the connection
             writer.close()
             raise NotLive(f"{run_dir}: the supervisor refused this connection ({exc.strerror or exc})") from None
-        run = cls(reader, writer, welcome, frames, read_only)
+        events = None
+        if live:
+            try:
+                events = os.open(Path(run_dir) / "events.jsonl", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                writer.close()
+                raise NotLive(f"{run_dir}: cannot read its events.jsonl ({exc.strerror})") from None
+        run = cls(reader, writer, welcome, frames, read_only, events)
         if summary:
             short, *rest = rest
             run.history = decode_lines(short.data)
@@ -209,26 +221,53 @@ class RemoteRun:
         try:
             for msg in rest:
                 self._take(msg)
+            await self._read_appended()
             while data := await self._reader.read(1 << 20):
                 for msg in self._frames.feed(data):
                     self._take(msg)
+                await self._read_appended()
         except (ConnectionError, FrameError, OSError):
             pass
         finally:
             self._end()
+
+    def _read_some(self) -> bool:
+        """Read on in events.jsonl, at most READ_AT_ONCE bytes, towards where the supervisor said it is written;
+        whether there is more."""
+        if self._events is None or self._read_to >= self._readable:
+            return False
+        data = os.pread(self._events, min(self._readable - self._read_to, READ_AT_ONCE), self._read_to)
+        whole = data[:data.rfind(b"\n") + 1]  # a line cut by the read's size is read again from its start
+        if not whole:
+            return False
+        self._read_to += len(whole)
+        self._lines(whole)
+        return self._read_to < self._readable
+
+    async def _read_appended(self) -> None:
+        """All of it, a few MiB at a time: a client far behind leaves the loop its turns in between."""
+        while self._read_some():
+            await asyncio.sleep(0)
+
+    def _lines(self, data: bytes) -> None:
+        events = decode_lines(data)
+        for event in events:
+            if isinstance(event, (WorkerStateChanged, PipelineFinished)):
+                self._note(event)
+        if events:
+            self._deliver_burst(events)
 
     def _take(self, msg) -> None:
         if isinstance(msg, Reply):
             future = self._replies.pop(msg.id, None)
             if future is not None and not future.done():
                 future.set_result(msg)
+        elif isinstance(msg, Appended):
+            self._readable = max(self._readable, msg.events_bytes)
         elif isinstance(msg, EventLines):
-            events = decode_lines(msg.data)
-            for event in events:
-                if isinstance(event, (WorkerStateChanged, PipelineFinished)):
-                    self._note(event)
-            if events:
-                self._deliver_burst(events)
+            while self._read_some():  # the file's events first: the supervisor told of them before these
+                pass
+            self._lines(msg.data)
         elif isinstance(msg, Event):
             self._note(msg)
             self._deliver(msg)
@@ -253,6 +292,9 @@ class RemoteRun:
             queue.put_nowait(events)
 
     def _end(self) -> None:
+        if self._events is not None:
+            os.close(self._events)
+            self._events = None
         if self._ended.is_set():
             return
         self._ended.set()

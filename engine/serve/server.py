@@ -1,9 +1,9 @@
 """A live run's control socket, served by its supervisor: every connection is checked by its peer
 credentials, welcomed with the run and the size of events.jsonl (and, when asked, the history in short),
-then sent every later event, as the events.jsonl lines the run directory wrote, in one frame at most every
-FLUSH_EVERY seconds shared by every client; its requests are carried out and recorded. A client is dropped,
-never waited for, once `max_backlog` bytes wait for it, or a quarter of that while it has read nothing for
-STALLED seconds (a burst the supervisor sent in one turn is not a client that stopped reading).
+then told at most every FLUSH_EVERY seconds how far events.jsonl holds the run's events (each client reads
+the file itself) and sent what the file does not keep, one frame shared by every client; its requests are
+carried out and recorded. A client is dropped, never waited for, once `max_backlog` bytes wait for it, or a
+quarter of that while it has read nothing for STALLED seconds.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Any
 
 from ..config.load import load_config
 from ..config.problems import ConfigError
-from ..protocol.control import Action, ClientCommand, ClientRefused, EventLines, Hello, Reply, Request, Welcome
+from ..protocol.control import (Action, Appended, ClientCommand, ClientRefused, EventLines, Hello, Reply, Request,
+                                Welcome)
 from ..protocol.messages import Event, Message, Notice, StepMetrics
 from .summary import HistorySummary
 from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
@@ -23,7 +24,7 @@ from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
 MAX_BACKLOG = 64 << 20  # bytes a client may leave unread before it is dropped at once (it can attach again)
 STALLED = 3.0  # seconds a client with a quarter of MAX_BACKLOG waiting may read nothing before it is dropped
 BURST = 1 << 20  # bytes of lines that make a frame at once, without waiting for the next flush
-FLUSH_EVERY = 0.02  # seconds: lines wait at most this long, so a client wakes for a frame of many events
+FLUSH_EVERY = 0.02  # seconds: events wait at most this long, so a client wakes for many at once
 
 
 class _Connection(asyncio.Protocol):
@@ -109,7 +110,8 @@ class ControlServer:
         self.dropped = 0  # clients dropped for falling behind
         self._server: asyncio.AbstractServer | None = None
         self._flush_soon = False
-        self.pending = bytearray()  # lines since the last flush, for every client alike
+        self.pending = bytearray()  # lines events.jsonl does not keep, since the last flush, for every client alike
+        self._appended = False  # events.jsonl has grown since the clients were last told
         self.summary = HistorySummary()
 
     async def start(self) -> None:
@@ -131,6 +133,7 @@ class ControlServer:
 
     async def close(self) -> None:
         """Send what is pending, end every connection and remove the socket."""
+        self._appended = True  # whatever the file holds last, every client reads
         self._send()
         for conn in list(self.clients):
             conn.finish()
@@ -158,8 +161,8 @@ class ControlServer:
             conn.transport.abort()
 
     def _welcome(self, conn: _Connection, live: bool, summary: bool = False) -> None:
-        # No await from here on: the size read now (and the summary) and the events queued from now on meet
-        # exactly. What is pending goes to the clients already here first: it is in the file already.
+        # No await from here on: the size read now (and the summary) and the events from now on meet exactly.
+        # The clients already here are told first how far the file goes, and get what was pending.
         self._send()
         statuses = {v.name: v.state.value for v in self.sup.views()}
         conn.write(encode(Welcome(
@@ -216,29 +219,22 @@ class ControlServer:
     def _on_event(self, event: Event, line: bytes, kept: bool) -> None:
         if kept:
             self.summary.add(line, event.pipeline if isinstance(event, StepMetrics) else None)
-        if not self.clients:
-            return
-        self.pending += line
-        if len(self.pending) >= BURST:
-            self._send()
-        self._flush_later()
+            self._appended = True
+        elif self.clients:
+            self.pending += line
+            if len(self.pending) >= BURST:
+                self._send()
+        if self.clients:
+            self._flush_later()
 
     def _on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
         """`_on_event` of each of a run of step reports, at once."""
         add = self.summary.add
         for step, line in zip(steps, lines):
             add(line, step.pipeline)
-        if not self.clients:
-            return
-        run = b"".join(lines)
-        if len(self.pending) + len(run) < BURST:
-            self.pending += run
-        else:  # frames stay about BURST bytes, however long the run
-            for line in lines:
-                self.pending += line
-                if len(self.pending) >= BURST:
-                    self._send()
-        self._flush_later()
+        self._appended = True
+        if self.clients:
+            self._flush_later()
 
     def _flush_later(self) -> None:
         """What is pending goes out within FLUSH_EVERY seconds."""
@@ -247,12 +243,18 @@ class ControlServer:
             asyncio.get_running_loop().call_later(FLUSH_EVERY, self._flush)
 
     def _send(self) -> None:
-        """What is pending as one frame, the same bytes written to every client."""
+        """How far events.jsonl now holds the run's events, then what it does not keep: the same bytes to every
+        client."""
+        frames = b""
+        if self._appended and self.clients:
+            frames = encode(Appended(events_bytes=self.sup.events_written()))
+        self._appended = False
         if self.pending:
-            frame = encode(EventLines(data=bytes(self.pending)))
+            frames += encode(EventLines(data=bytes(self.pending)))
             self.pending.clear()
+        if frames:
             for conn in self.clients:
-                conn.write(frame)
+                conn.write(frames)
 
     def _flush(self) -> None:
         """Send what is pending, then drop the clients too far behind."""
