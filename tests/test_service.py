@@ -567,16 +567,19 @@ async def test_a_client_that_stops_reading_costs_the_run_nothing_and_catches_up_
                 waiting.append(sum(c.backlog() for c in server.clients))
                 await asyncio.wait({done}, timeout=0.02)
             assert done.result() == {"flood": "completed"}
-            recs = records(sup.run_dir)
-            assert len(of_type(recs, "step")) > 4000 and len(waiting) > 1
+            # The run wrote many times the bound while they read nothing (fewer step reports on a loaded
+            # machine, where a worker folds those its supervisor has not taken yet, but always hundreds of KiB).
+            written = (sup.run_dir / "events.jsonl").stat().st_size
+            assert written > 8 * bound and len(waiting) > 1, (written, len(waiting))
             # Neither held the run back or cost it memory: each is only told how far events.jsonl goes.
-            assert max(waiting) < bound // 4 and server.dropped == 0 and len(server.clients) == 2, waiting
+            assert max(waiting) < bound // 4, waiting
+            drops = [r["text"] for r in of_type(records(sup.run_dir), "notice") if "was dropped" in r["text"]]
+            assert server.dropped == 0 and not drops and len(server.clients) == 2, (server.dropped, drops)
             # Woken, the CLI reads on in the file from where it stopped, prints the run's end and exits 0.
             cli.send_signal(signal.SIGCONT)
-            assert await asyncio.to_thread(cli.wait, LONG) == 0, out_path.read_text(errors="replace")
+            code = await asyncio.to_thread(cli.wait, LONG)
             said = out_path.read_text(errors="replace")
-            assert "flood" in said and "completed" in said and "dropped" not in said, said
-            assert not of_type(records(sup.run_dir), "notice", level="warning")
+            assert code == 0 and "flood" in said and "completed" in said and "dropped" not in said, (code, said[-3000:])
         finally:
             raw.close()
             if cli.poll() is None:

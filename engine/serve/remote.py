@@ -219,13 +219,9 @@ class RemoteRun:
     # ------------------------------------------------------------ internals
     async def _read(self, rest: list) -> None:
         try:
-            for msg in rest:
-                self._take(msg)
-            await self._read_appended()
+            await self._handle(rest)
             while data := await self._reader.read(1 << 20):
-                for msg in self._frames.feed(data):
-                    self._take(msg)
-                await self._read_appended()
+                await self._handle(self._frames.feed(data))
         except (ConnectionError, FrameError, OSError):
             pass
         finally:
@@ -236,13 +232,24 @@ class RemoteRun:
         whether there is more."""
         if self._events is None or self._read_to >= self._readable:
             return False
-        data = os.pread(self._events, min(self._readable - self._read_to, READ_AT_ONCE), self._read_to)
+        left = self._readable - self._read_to
+        data = os.pread(self._events, min(left, READ_AT_ONCE), self._read_to)
         whole = data[:data.rfind(b"\n") + 1]  # a line cut by the read's size is read again from its start
+        if not whole and left > READ_AT_ONCE:  # one line longer than that: all that is written, at once
+            data = os.pread(self._events, left, self._read_to)
+            whole = data[:data.rfind(b"\n") + 1]
         if not whole:
             return False
         self._read_to += len(whole)
         self._lines(whole)
         return self._read_to < self._readable
+
+    async def _handle(self, messages: list) -> None:
+        for msg in messages:
+            if isinstance(msg, EventLines):  # the file's events first: the supervisor told of them before these
+                await self._read_appended()
+            self._take(msg)
+        await self._read_appended()
 
     async def _read_appended(self) -> None:
         """All of it, a few MiB at a time: a client far behind leaves the loop its turns in between."""
@@ -265,8 +272,6 @@ class RemoteRun:
         elif isinstance(msg, Appended):
             self._readable = max(self._readable, msg.events_bytes)
         elif isinstance(msg, EventLines):
-            while self._read_some():  # the file's events first: the supervisor told of them before these
-                pass
             self._lines(msg.data)
         elif isinstance(msg, Event):
             self._note(msg)

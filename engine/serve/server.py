@@ -28,7 +28,7 @@ FLUSH_EVERY = 0.02  # seconds: events wait at most this long, so a client wakes 
 
 
 class _Connection(asyncio.Protocol):
-    """One client: its credentials, its frames in, and the events it has yet to be sent."""
+    """One client: its credentials, its frames in, and the frames it has yet to be sent."""
 
     def __init__(self, server: "ControlServer"):
         self.server = server
@@ -36,22 +36,36 @@ class _Connection(asyncio.Protocol):
         self.pid = 0
         self.read_only = True
         self._frames = FrameReader()
-        # Frames wait here, shared with every other client, while its transport holds its high-water mark
-        # (asyncio's flow control): a client behind costs references, not a copy of its backlog of its own.
+        # Frames wait here, shared with every other client, while its transport cannot take more (asyncio's flow
+        # control): a client behind costs references, not a copy of its backlog of its own.
         self._held: deque[bytes] = deque()
         self._held_bytes = 0
+        self._told: bytes | None = None  # the newest `appended` while it is behind: it says all an older one did
         self._paused = False
         self.sent = 0  # bytes handed to its transport
         self.taken = 0  # of those, bytes the kernel has taken from it (the client reads)
         self.stalled_since: float | None = None  # when it was last seen with a quarter of the bound waiting
 
-    def write(self, data: bytes) -> None:
+    def tell(self, frame: bytes) -> None:
+        """An `appended` frame: sent now, or kept (in place of an older one) until the client catches up."""
         if self._paused or self._held:
-            self._held.append(data)
-            self._held_bytes += len(data)
+            self._told = frame
+        else:
+            self.write(frame)
+
+    def write(self, data: bytes) -> None:
+        if self._told is not None:  # what it was told comes before whatever follows
+            self._hold(self._told)
+            self._told = None
+        if self._paused or self._held:
+            self._hold(data)
         else:
             self.transport.write(data)  # may pause writing at once
             self.sent += len(data)
+
+    def _hold(self, data: bytes) -> None:
+        self._held.append(data)
+        self._held_bytes += len(data)
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -63,9 +77,14 @@ class _Connection(asyncio.Protocol):
             self._held_bytes -= len(data)
             self.transport.write(data)
             self.sent += len(data)
+        if self._told is not None and not self._paused:
+            self.write(self._told)
 
     def finish(self) -> None:
         """Close once everything it was sent is written, where the peer still reads."""
+        if self._told is not None:
+            self._hold(self._told)
+            self._told = None
         while self._held:
             self.transport.write(self._held.popleft())
         self._held_bytes = 0
@@ -77,10 +96,11 @@ class _Connection(asyncio.Protocol):
         taken = self.sent - waiting
         if taken > self.taken:
             self.taken, self.stalled_since = taken, None
-        return waiting + self._held_bytes
+        return waiting + self._held_bytes + len(self._told or b"")
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        transport.set_write_buffer_limits(high=0)  # what the kernel does not take at once waits in `_held`
         pid, uid, _ = peer_credentials(transport.get_extra_info("socket"))
         self.pid = pid
         if not same_user(uid):
@@ -245,16 +265,16 @@ class ControlServer:
     def _send(self) -> None:
         """How far events.jsonl now holds the run's events, then what it does not keep: the same bytes to every
         client."""
-        frames = b""
         if self._appended and self.clients:
-            frames = encode(Appended(events_bytes=self.sup.events_written()))
+            told = encode(Appended(events_bytes=self.sup.events_written()))
+            for conn in self.clients:
+                conn.tell(told)
         self._appended = False
         if self.pending:
-            frames += encode(EventLines(data=bytes(self.pending)))
+            frame = encode(EventLines(data=bytes(self.pending)))
             self.pending.clear()
-        if frames:
             for conn in self.clients:
-                conn.write(frames)
+                conn.write(frame)
 
     def _flush(self) -> None:
         """Send what is pending, then drop the clients too far behind."""
