@@ -580,6 +580,11 @@ async def test_a_client_that_stops_reading_costs_the_run_nothing_and_catches_up_
             code = await asyncio.to_thread(cli.wait, LONG)
             said = out_path.read_text(errors="replace")
             assert code == 0 and "flood" in said and "completed" in said and "dropped" not in said, (code, said[-3000:])
+            # A fresh client attaches and sees the run's completion.
+            fresh = await RemoteRun.connect(sup.run_dir, read_only=True)
+            assert any(isinstance(e, RunFinished) and e.ok for e in fresh.history)
+            assert fresh.statuses == {"flood": "completed"} and not fresh.alive
+            await fresh.close()
         finally:
             raw.close()
             if cli.poll() is None:
