@@ -78,7 +78,9 @@ class _Connection(asyncio.Protocol):
             self.transport.write(data)
             self.sent += len(data)
         if self._told is not None and not self._paused:
-            self.write(self._told)
+            told, self._told = self._told, None
+            self.transport.write(told)
+            self.sent += len(told)
 
     def finish(self) -> None:
         """Close once everything it was sent is written, where the peer still reads."""
