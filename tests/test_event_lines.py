@@ -2,14 +2,16 @@
 the run directory's buffered writes, and the history in short an attaching app starts from."""
 from __future__ import annotations
 
+import gc
 import json
 import math
 
+import pytest
 from torchherd.engine.protocol import messages as m
 from torchherd.engine.protocol.progress import PipelineProgress, apply
 from torchherd.engine.protocol.records import to_record
 from torchherd.engine.rundir.directory import RunDirectory, dumps, read_records
-from torchherd.engine.rundir.history import decode_lines
+from torchherd.engine.rundir.history import decode_history, decode_lines
 from torchherd.engine.rundir.lines import encode_line, encode_lines
 from torchherd.engine.serve.summary import HistorySummary
 
@@ -56,6 +58,31 @@ def test_runs_of_step_lines_decode_as_their_events_whatever_lies_between_them():
     assert math.isnan(decode_lines(encode_line(nan))[0].loss)
     data = b"".join(encode_line(e) for e in steps)
     assert decode_lines(data[:-9]) == steps[:-1]  # a torn last line is left out, the run before it kept
+
+
+def test_a_history_decodes_as_its_lines_do_and_leaves_the_collector_as_it_found_it(monkeypatch):
+    events = _sample_events()
+    data = b"".join(encode_line(e) for e in events)
+    seen = []
+    real = decode_lines
+
+    def decode(lines: bytes):
+        seen.append(gc.isenabled())  # held off while the history decodes
+        return real(lines)
+    monkeypatch.setattr("torchherd.engine.rundir.history.decode_lines", decode)
+    assert gc.isenabled()
+    assert [encode_line(e) for e in decode_history(data)] == [encode_line(e) for e in events]
+    assert gc.isenabled() and seen == [False]
+    gc.disable()
+    try:  # a process that keeps its collector off keeps it off
+        decode_history(data)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    monkeypatch.setattr("torchherd.engine.rundir.history.decode_lines", lambda lines: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        decode_history(data)
+    assert gc.isenabled()  # on again after a decode that raised
 
 
 def test_a_non_finite_value_anywhere_is_written_as_null():

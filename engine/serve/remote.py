@@ -16,7 +16,7 @@ from ..protocol.control import Action, Appended, EventLines, Hello, Reply, Reque
 from ..protocol.messages import Event, Notice, PipelineFinished, WorkerStateChanged
 from ..protocol.states import WorkerState
 from ..rundir.directory import run_held
-from ..rundir.history import decode_lines, read_history
+from ..rundir.history import decode_history, decode_lines, read_history
 from ..supervise.bus import EventStream
 from .runtime import clean_stale, read_control
 from .wire import FrameError, FrameReader, encode
@@ -90,7 +90,7 @@ class RemoteRun:
         run = cls(reader, writer, welcome, frames, read_only, events)
         if summary:
             short, *rest = rest
-            run.history = decode_lines(short.data)
+            run.history = decode_history(short.data)
         elif history:
             run.history = await asyncio.to_thread(read_history, Path(run_dir), welcome.events_bytes)
         run._task = asyncio.get_running_loop().create_task(run._read(rest))
