@@ -178,6 +178,25 @@ async def test_kill_takes_the_process_group_with_it(tmp_path):
         await sup.shutdown(graceful=False)
 
 
+async def test_a_shutdown_that_kills_starts_no_queued_pipeline_in_the_slot_it_frees(tmp_path):
+    config = make_config(tmp_path, [{"name": n, "params": {"delay": 0.01}} for n in ("a", "b")],
+                         defaults={"max_epochs": 50}, devices={"placement": "cpu", "cpu_slots": 1})
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted))
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics))
+    finally:
+        await sup.shutdown(graceful=False)
+    events = read_events(sup.run_dir)
+    assert [e.pipeline for e in events if isinstance(e, WorkerStarted)] == [started.pipeline]
+    ends = {e.pipeline: (e.status, e.reason) for e in events if isinstance(e, PipelineFinished)}
+    queued = ({"a", "b"} - {started.pipeline}).pop()
+    assert ends[queued] == ("killed", "session ended before it started") and ends[started.pipeline][0] == "killed"
+    assert still_alive([started.pid]) == []
+
+
 async def test_user_restart_resumes_without_spending_budget(tmp_path):
     config = make_config(tmp_path, [{"name": "a", "params": {"delay": 0.004}}], defaults={"max_epochs": 3},
                          restart={"max_restarts": 0})

@@ -6,7 +6,8 @@ import signal
 import pytest
 
 from torchherd.engine.hardware.devices import Inventory
-from torchherd.engine.protocol.messages import Heartbeat, Pause, Resume, Stop, TrainingStarted, WorkerRestarting
+from torchherd.engine.protocol.messages import Heartbeat, Pause, PipelineFinished, Resume, Stop, TrainingStarted, \
+    WorkerRestarting
 from torchherd.engine.protocol.states import WorkerState
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config
@@ -102,6 +103,24 @@ async def test_queued_pipeline_waits_for_a_slot_and_can_be_stopped_unstarted(tmp
     await until(lambda: sup.finished)
     assert {v.name: v.state.value for v in sup.views()} == {"a": "completed", "b": "stopped", "c": "completed"}
     await sup.shutdown()
+
+
+async def test_a_shutdown_that_kills_launches_nothing_into_the_slots_it_frees(tmp_path, launcher):
+    sup = make(tmp_path, [{"name": "a"}, {"name": "b"}, {"name": "c"}], launcher, devices={"cpu_slots": 1})
+    events = sup.subscribe()
+    await sup.start()
+    await until(lambda: launcher.handles)
+    await sup.shutdown(graceful=False)
+    # The running one is killed; the queued ones never start, though its slot came free while the session ended.
+    assert len(launcher.handles) == 1 and launcher.handles[0].signals == [signal.SIGKILL]
+    started = launcher.specs[0].child.name
+    ends = {}
+    while (e := events.get_nowait()) is not None:
+        if isinstance(e, PipelineFinished):
+            ends[e.pipeline] = (e.status, e.reason)
+    assert {name: end for name, end in ends.items() if name != started} == \
+        {name: ("killed", "session ended before it started") for name in "abc" if name != started}
+    assert ends[started][0] == "killed"
 
 
 async def test_pause_resume_and_stop_send_commands(tmp_path, launcher):

@@ -77,7 +77,7 @@ class Supervisor:
         self._tick_task: asyncio.Task | None = None
         self._finished = asyncio.Event()
         self._finished_sent = False
-        self._closing = False  # shutdown has begun: no more restarts of the validator
+        self._closing = False  # shutdown has begun: nothing more is launched, the validator not restarted
         self._closed = False
         self._feed = TelemetryFeed()  # the pids the sampler thread reads, and the sampler
         self._resume_configs: list[RunConfig] | None = None
@@ -302,7 +302,7 @@ class Supervisor:
         self._finished_sent = False
 
     def _schedule(self) -> None:
-        if self._closed or self.task_check.holding or \
+        if self._closed or self._closing or self.task_check.holding or \
                 self._backend.hold_launches(len(self._scheduler.queued()), len(self._scheduler.free)):
             return
         for name, slots in self._scheduler.allocate():
