@@ -9,18 +9,20 @@ import asyncio
 import signal
 
 from torchherd.engine.launch.backend import Backend, Handle
-from torchherd.engine.protocol.messages import TrainingStarted
+from torchherd.engine.protocol.channel import EXIT_STOPPED
+from torchherd.engine.protocol.messages import Stop, TrainingStarted
 
 
 class FakeHandle(Handle):
-    """A worker that exits when told to; `ignore_term` makes it shrug off `terminate()`.
+    """A worker that exits when told to; `ignore_term` makes it shrug off `terminate()`; `obey_stop` makes it
+    exit at a Stop command as a real child does (EXIT_STOPPED), else it waits for the test.
 
     `signals` records what it was asked, as the signals a local process would get. It is a `Handle`,
     so a method the contract adds and this fake lacks is a TypeError when a test makes one.
     """
 
-    def __init__(self, pid: int, ignore_term: bool = False):
-        self.pid, self.code, self.ignore_term = pid, None, ignore_term
+    def __init__(self, pid: int, ignore_term: bool = False, obey_stop: bool = False):
+        self.pid, self.code, self.ignore_term, self.obey_stop = pid, None, ignore_term, obey_stop
         self.signals: list[int] = []
         self.sent: list[object] = []
         self.on_events = None
@@ -52,6 +54,8 @@ class FakeHandle(Handle):
 
     def send(self, command):
         self.sent.append(command)
+        if self.obey_stop and isinstance(command, Stop) and self.code is None:
+            self.code = EXIT_STOPPED
         return True
 
     def attach(self, on_events):
@@ -73,16 +77,16 @@ class ScriptedLauncher(Backend):
 
     Every other ability is the `Backend` default, as for the local backend."""
 
-    def __init__(self, ignore_term: bool = False):
+    def __init__(self, ignore_term: bool = False, obey_stop: bool = False):
         self.handles: list[FakeHandle] = []
         self.specs: list = []
-        self.ignore_term = ignore_term
+        self.ignore_term, self.obey_stop = ignore_term, obey_stop
         self.make = None
 
     def launch(self, spec):
         self.specs.append(spec)
         n = len(self.handles)
-        handle = self.make(n) if self.make is not None else FakeHandle(10_000 + n, self.ignore_term)
+        handle = self.make(n) if self.make is not None else FakeHandle(10_000 + n, self.ignore_term, self.obey_stop)
         self.handles.append(handle)
         return handle
 

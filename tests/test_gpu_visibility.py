@@ -34,7 +34,7 @@ async def launched(tmp_path: Path, pipelines: list[dict], inventory: Inventory, 
     """The launch specs of the first `count` children the real supervisor starts (over a scripted backend)."""
     top.setdefault("validation", {"mode": "off"})
     config = make_config(tmp_path, pipelines, telemetry={"enabled": False}, **top)
-    backend = ScriptedLauncher()
+    backend = ScriptedLauncher(obey_stop=True)  # the validator ends at the shutdown's Stop, as a real one does
     sup = Supervisor(config, launcher=backend, inventory=inventory, tick=0.005)
     await sup.start()
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torchherd.engine.protocol import messages as m
 from torchherd.engine.protocol import telemetry as tm
-from torchherd.engine.protocol.channel import EXIT_ERROR, EXIT_STOPPED
+from torchherd.engine.protocol.channel import EXIT_ERROR
 from torchherd.engine.config.schema import RunConfig
 from torchherd.engine.hardware.devices import Inventory
 from torchherd.engine.protocol.names import ValidationMode
@@ -48,21 +48,12 @@ class ObedientLauncher(ScriptedLauncher):
     """Scripted workers that exit the way a real one does when told to stop: code 10 after a checkpoint."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(obey_stop=True)
         self.names: list[str] = []  # pipeline of each handle, in launch order
 
     def launch(self, spec):
         handle = super().launch(spec)
         self.names.append(spec.child.name)
-        send = handle.send
-
-        def send_and_obey(command):
-            sent = send(command)
-            if isinstance(command, m.Stop) and handle.code is None:
-                handle.code = EXIT_STOPPED
-            return sent
-
-        handle.send = send_and_obey
         return handle
 
     def handle(self, name: str):
