@@ -70,11 +70,13 @@ def session(clock) -> Session:
 
 @pytest.fixture
 def make_app(runs_dir: Path, session: Session):
-    """An app on the fixture configs whose launches build a real Supervisor over scripted workers."""
+    """An app on the fixture configs whose launches build a real Supervisor over scripted workers. It redraws
+    at up to 10 Hz: at the app's 2 Hz every wait for what the screen shows would take up to half a second."""
 
     def make(target: Path = CONFIGS, **kwargs) -> TorchherdApp:
         kwargs.setdefault("factory", session)
         kwargs.setdefault("clock", lambda: T0 + 600)
+        kwargs.setdefault("refresh_hz", 10.0)
         return TorchherdApp(target, runs_dir, **kwargs)
 
     return make
