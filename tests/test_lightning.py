@@ -6,25 +6,26 @@ Lightning's import (seconds a process) is paid a few times, not once per asserti
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
+import torch
 
-pl = pytest.importorskip("lightning.pytorch")
-
-import torch  # noqa: E402
-
-from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed,  # noqa: E402
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed,
                                        SnapshotTaken, StepMetrics, ValResult, WorkerExited,
                                        WorkerStarted, WorkerStateChanged)
-from torchherd.engine.rundir.directory import read_events  # noqa: E402
-from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
-from tests.conftest import TASKS, make_config, wait_for  # noqa: E402
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import Supervisor
+from tests.conftest import TASKS, make_config, wait_for
 
-pytestmark = pytest.mark.slow
+# Looked up, not imported: collecting the fast tier (every xdist worker) would pay Lightning's import for nothing.
+NO_LIGHTNING = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                                  reason='Lightning is not installed: pip install "torchherd[lightning]"')
+pytestmark = [pytest.mark.slow, NO_LIGHTNING]
 TINY = f"lightning:{TASKS / 'lit_tiny.py'}"
 
 
@@ -89,6 +90,8 @@ def test_background_result_equals_trainer_validate_on_the_same_weights(backgroun
     final = [e for e in events if isinstance(e, ValResult) and e.pipeline == "tiny"][-1]
     # The last checkpoint holds the weights of the final snapshot (both at step 32).
     model = LitTiny.load_from_checkpoint(run_dir / "tiny" / "checkpoints" / "last.ckpt", val_file="")
+    import lightning.pytorch as pl
+
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     [expected] = trainer.validate(model, verbose=False)
     assert final.metrics == {k: float(v) for k, v in expected.items()}
@@ -103,25 +106,32 @@ def test_module_without_validation_step_gets_a_notice_not_a_crash(background):
     assert not [e for e in events if isinstance(e, ValResult) and e.pipeline == "novalstep" and e.error]
 
 
-class LrTrace(pl.Callback):
-    """Plain Lightning's learning rate at each reported step, and its validation results per epoch."""
+def lr_trace(every: int):
+    """A callback that keeps plain Lightning's learning rate at each reported step, and its validation results
+    per epoch."""
+    import lightning.pytorch as pl
 
-    def __init__(self, every: int):
-        self.every, self.lrs, self.losses, self.vals, self._step = every, {}, {}, [], 0
+    class LrTrace(pl.Callback):
+        def __init__(self):
+            self.lrs, self.losses, self.vals, self._step = {}, {}, [], 0
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        step = trainer.global_step
-        if step != self._step and step % self.every == 0:
-            self.lrs[step] = float(trainer.optimizers[0].param_groups[0]["lr"])
-            self.losses[step] = float(trainer.callback_metrics["train_loss"])  # as self.log()ged this step
-        self._step = step
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            step = trainer.global_step
+            if step != self._step and step % every == 0:
+                self.lrs[step] = float(trainer.optimizers[0].param_groups[0]["lr"])
+                self.losses[step] = float(trainer.callback_metrics["train_loss"])  # as self.log()ged this step
+            self._step = step
 
-    def on_validation_end(self, trainer, module):
-        self.vals.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val")})
+        def on_validation_end(self, trainer, module):
+            self.vals.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val")})
+
+    return LrTrace()
 
 
 def plain_lightning(cls_name: str, **params):
     """The same module trained by plain Lightning in this process, as the worker does (one thread)."""
+    import lightning.pytorch as pl
+
     from tests.tasks import lit_tiny
 
     threads = torch.get_num_threads()
@@ -129,7 +139,7 @@ def plain_lightning(cls_name: str, **params):
     try:
         pl.seed_everything(0, verbose=False)
         model = getattr(lit_tiny, cls_name)(**params)
-        trace = LrTrace(every=2)
+        trace = lr_trace(every=2)
         trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                              enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
                              log_every_n_steps=2, callbacks=[trace])

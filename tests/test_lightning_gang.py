@@ -12,21 +12,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-pl = pytest.importorskip("lightning.pytorch")
-
-import torch  # noqa: E402
-
-from torchherd.engine.config.problems import ConfigError  # noqa: E402
-from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed,  # noqa: E402
+from torchherd.engine.config.problems import ConfigError
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed,
                                                 StepMetrics, ValResult, WorkerExited, WorkerStarted)
-from torchherd.engine.rundir.directory import read_events  # noqa: E402
-from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
-from tests.conftest import TASKS, make_config, still_alive, wait_for  # noqa: E402
-from tests.test_gangs import checksums  # noqa: E402
-from tests.test_lightning import session  # noqa: E402
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import Supervisor
+from tests.conftest import TASKS, make_config, still_alive, wait_for
+from tests.test_gangs import checksums
+from tests.test_lightning import NO_LIGHTNING, session
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, NO_LIGHTNING]
 MODULE = f"lightning:{TASKS / 'lit_gang.py'}:LitRegression"
 DATA = f"{TASKS / 'lit_gang.py'}:RegressionData"
 
@@ -68,6 +65,8 @@ def test_a_lightning_gangs_background_validation_equals_trainer_validate(gang_ru
     final = vals[-1]
     assert final.step == 16
     model = LitRegression.load_from_checkpoint(run_dir / "g" / "checkpoints" / "last.ckpt")
+    import lightning.pytorch as pl
+
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                          enable_model_summary=False)
     [expected] = trainer.validate(model, datamodule=RegressionData(), verbose=False)
