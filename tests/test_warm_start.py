@@ -35,6 +35,43 @@ def test_a_child_is_forked_only_when_its_environment_differs_in_what_is_read_aft
     assert not compatible({"PATH": "/bin"}, base)
 
 
+# A CUDA driver library below ctypes, as far as the forking process asks it: its device count, which the real
+# driver refuses with CUDA_ERROR_NOT_INITIALIZED (3) until cuInit has run. FAKE_CUDA_INITIALIZED=1: it has.
+FAKE_DRIVER = r"""
+#include <stdlib.h>
+int cuDeviceGetCount(int *count) {
+    const char *init = getenv("FAKE_CUDA_INITIALIZED");
+    if (!init || init[0] != '1') return 3;
+    *count = 1;
+    return 0;
+}
+"""
+TOUCHED = "import ctypes, sys; {load}from torchherd.engine.launch.warm import _cuda_touched; print(_cuda_touched())"
+
+
+def test_a_loaded_cuda_driver_stops_forks_only_once_it_is_initialized(tmp_path):
+    from tests.nvml_fake import compiler
+
+    if compiler() is None:
+        pytest.skip("no C compiler (cc or gcc) to build the fake CUDA driver with")
+    (tmp_path / "fake_cuda.c").write_text(FAKE_DRIVER)
+    (tmp_path / "empty.c").write_text("int unrelated(void) { return 0; }\n")
+    for source, name in (("fake_cuda.c", "libcuda.so.1"), ("empty.c", "dir/libcuda.so.1")):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        subprocess.run([compiler(), "-shared", "-fPIC", "-o", str(tmp_path / name), str(tmp_path / source)],
+                       check=True, capture_output=True)
+
+    def touched(library: str | None, initialized: bool) -> str:
+        load = f"ctypes.CDLL({str(tmp_path / library)!r}); " if library else ""
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "FAKE_CUDA_INITIALIZED": "1" if initialized else "0"}
+        return subprocess.run([sys.executable, "-c", TOUCHED.format(load=load)], env=env, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    assert touched(None, False) == "False"  # no driver here at all
+    assert touched("libcuda.so.1", False) == "False"  # loaded with torch, never initialized: forks may use CUDA
+    assert touched("libcuda.so.1", True) == "True"  # initialized before the fork: children start cold
+    assert touched("dir/libcuda.so.1", False) == "True"  # one that cannot be asked: cold, to be safe
+
+
 async def wait_until(condition, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

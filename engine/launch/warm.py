@@ -217,13 +217,27 @@ def _child(request: dict, fds: list[int], parent: int) -> None:
         os._exit(1)
 
 
+CUDA_ERROR_NOT_INITIALIZED = 3  # what the CUDA driver answers every call but cuInit until cuInit has run
+
+
 def _cuda_touched() -> bool:
-    """Whether anything imported here started CUDA (its driver library is loaded once a call reaches it)."""
+    """Whether anything imported here initialized CUDA's driver. Its library merely loaded does not count (torch
+    built for CUDA 13 links it at import): asked for its device count, a driver not yet initialized answers
+    CUDA_ERROR_NOT_INITIALIZED and initializes nothing. A driver that cannot be asked counts as initialized."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return True
     with open("/proc/self/maps") as maps:
-        return any("libcuda.so" in line for line in maps)
+        loaded = sorted({line.split()[-1] for line in maps if "libcuda.so" in line})
+    if not loaded:
+        return False
+    import ctypes
+
+    try:
+        driver = ctypes.CDLL(loaded[0], mode=os.RTLD_NOLOAD)  # the one loaded: never a second load
+        return driver.cuDeviceGetCount(ctypes.byref(ctypes.c_int())) != CUDA_ERROR_NOT_INITIALIZED
+    except (OSError, AttributeError):
+        return True
 
 
 def serve(fd: int, supervisor_pid: int) -> None:
