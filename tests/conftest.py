@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from pathlib import Path
@@ -14,6 +15,14 @@ from torchherd.engine.config.load import parse_config
 from torchherd.engine.config.schema import RunConfig
 
 TASKS = Path(__file__).parent / "tasks"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def repo_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child that imports torchherd from this checkout: the repository first on
+    PYTHONPATH, then what was there (a machine may bring its dependencies that way), then `extra`."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def make_config(tmp_path: Path, pipelines: list[dict[str, Any]], **top: Any) -> RunConfig:

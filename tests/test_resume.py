@@ -1,21 +1,18 @@
 """An unfinished run (its supervisor SIGKILLed) is noticed and carried on from its checkpoints."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from torchherd.engine.protocol.messages import PipelineFinished, Resumed, TrainingStarted
 from torchherd.engine.rundir.directory import list_runs, read_events, read_records
-from tests.conftest import TASKS, service_of, still_alive
+from tests.conftest import TASKS, service_of, still_alive, repo_env
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 
 CONFIG = f"""
 [defaults]
@@ -37,7 +34,7 @@ params = {{ delay = 0.004 }}
 
 
 def cli(*args: str, **kw) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = repo_env()
     return subprocess.Popen([sys.executable, "-m", "torchherd", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 

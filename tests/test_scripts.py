@@ -21,14 +21,13 @@ from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notic
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.runners.script.events import ScriptEvents
 from torchherd.engine.supervise.supervisor import Supervisor
-from tests.conftest import make_config, still_alive, wait_for
+from tests.conftest import make_config, still_alive, wait_for, repo_env
 
 SCRIPTS = Path(__file__).parent / "tasks" / "scripts"
 PLAIN = str(SCRIPTS / "plain_loop.py")
 CLIENT = str(SCRIPTS / "client_loop.py")
 EPOCH_LOSS = r"Epoch (?P<epoch>\d+), Loss: (?P<loss>[-+.\deE]+)"
 NO_GPU = Inventory(cpu_count=2, note="no NVIDIA GPU (test inventory)")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def of(events, cls, pipeline):
@@ -164,7 +163,7 @@ def test_a_script_error_is_the_exception_its_traceback_ends_in_rank_prefixes_str
 def test_run_with_a_bad_script_pipeline_launches_nothing(tmp_path):
     config = write_config(tmp_path, 'script = "train.py"\nmetrics = "no groups"')
     out = subprocess.run([sys.executable, "-m", "torchherd", "run", str(config), "--headless"], capture_output=True,
-                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         text=True, timeout=120, env=repo_env())
     assert out.returncode == 2 and "pipelines[0].metrics: has no named group" in out.stderr
     assert not (tmp_path / "runs").exists()
 

@@ -46,7 +46,7 @@ from torchherd.engine.serve.service import ServiceFailed, spawn
 from torchherd.engine.serve.wire import encode, peer_credentials, same_user
 from torchherd.engine.supervise.supervisor import Supervisor
 
-from tests.conftest import TASKS, service_of
+from tests.conftest import TASKS, service_of, repo_env
 from tests.faults.support import (
     REPO,
     faulty_config,
@@ -67,7 +67,7 @@ LONG = 180.0  # seconds: the deadline of every wait on a run (a loaded two-core 
 def torchherd(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m torchherd ARGS` from another shell, as a person would type it."""
     return subprocess.run([sys.executable, "-m", "torchherd", *args], capture_output=True, text=True,
-                          check=False, timeout=timeout, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          check=False, timeout=timeout, cwd=REPO, env=repo_env(),
                           stdin=subprocess.DEVNULL)
 
 
@@ -599,4 +599,4 @@ def attach_cli(run_dir: Path, out_path: Path) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "torchherd", "attach", str(run_dir), "--headless",
                                  "--from-start", "--read-only"], stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1"))
+                                env=repo_env(PYTHONUNBUFFERED="1"))

@@ -15,7 +15,7 @@ from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.serve.remote import RemoteRun
 from torchherd.engine.supervise.supervisor import Supervisor
 from torchherd.tui.bridge import replay_run
-from tests.conftest import make_config
+from tests.conftest import make_config, repo_env
 from tests.faults.support import REPO
 from tests.test_service import LONG, apoll, served, sock_dir  # noqa: F401 (sock_dir: a fixture)
 
@@ -29,7 +29,7 @@ SWEEP = {"space": {"params": {"lr": [0.1, 0.0]}}, "scheduler": "asha", "grace_pe
 async def _cli(*args: str) -> tuple[int, str, str, int]:
     """`python -m torchherd ARGS` from another shell, without blocking the supervisor on this loop."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "torchherd", *args, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+        sys.executable, "-m", "torchherd", *args, cwd=REPO, env=repo_env(),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
     out, err = await asyncio.wait_for(proc.communicate(), LONG)
     return proc.returncode, out.decode(), err.decode(), proc.pid

@@ -19,7 +19,7 @@ from torchherd.engine.launch.warm import WarmProcess, WarmStarter, compatible
 from torchherd.engine.protocol.messages import TrainingStarted, WorkerExited
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
-from tests.conftest import make_config, still_alive, wait_for
+from tests.conftest import make_config, still_alive, wait_for, repo_env
 from tests.faults.support import RecordingLauncher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def test_a_loaded_cuda_driver_stops_forks_only_once_it_is_initialized(tmp_path):
 
     def touched(library: str | None, initialized: bool) -> str:
         load = f"ctypes.CDLL({str(tmp_path / library)!r}); " if library else ""
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "FAKE_CUDA_INITIALIZED": "1" if initialized else "0"}
+        env = repo_env(FAKE_CUDA_INITIALIZED="1" if initialized else "0")
         return subprocess.run([sys.executable, "-c", TOUCHED.format(load=load)], env=env, capture_output=True,
                               text=True, check=True).stdout.strip()
     assert touched(None, False) == "False"  # no driver here at all
@@ -176,7 +176,7 @@ asyncio.run(main(__import__("pathlib").Path(sys.argv[1])))
 
 @pytest.mark.slow
 def test_warm_started_workers_and_their_forker_die_with_their_supervisor(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = repo_env()
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:

@@ -19,7 +19,7 @@ from torchherd.engine.launch.process import LaunchSpec, ProcessHandle, ProcessLa
 from torchherd.engine.protocol.messages import Event
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import EventStream, Supervisor
-from tests.conftest import TASKS, make_config
+from tests.conftest import TASKS, make_config, repo_env
 
 FAULTY = f"{TASKS / 'faulty.py'}:build"
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ class HeadlessCli:
         self.runs_dir = runs_dir
         self.output = runs_dir.parent / "cli-output.txt"
         self._out = stdout if stdout is not None else open(self.output, "wb")
-        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        env = repo_env(PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torchherd", "run", str(config), "--headless", "--runs-dir", str(runs_dir)],
             stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,

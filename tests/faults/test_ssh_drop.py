@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from tests.conftest import repo_env
 from tests.faults.support import FAULTY, REPO, HeadlessCli, poll_until, wait_gone, write_toml
 
 pytestmark = pytest.mark.slow
@@ -72,7 +73,7 @@ def assert_stopped_gracefully(cli: HeadlessCli, signame: str) -> None:
 
 def torchherd(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torchherd", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                          cwd=REPO, env=repo_env())
 
 
 def steps(cli: HeadlessCli) -> int:

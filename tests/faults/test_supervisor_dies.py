@@ -9,7 +9,6 @@ says it is resumable, and its control socket is cleaned up.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,13 +17,14 @@ import time
 import pytest
 
 from torchherd.engine.serve.runtime import read_control
+from tests.conftest import repo_env
 from tests.faults.support import FAULTY, REPO, HeadlessCli, is_alive, tree, write_toml
 
 
 def torchherd(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "torchherd", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)), **kw)
+                            env=repo_env(), **kw)
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def test_sigkilled_supervisor_takes_every_worker_and_loader_with_it(tmp_path):
             described = [f"{p.pid} {' '.join(p.cmdline()[:3])}" for p in left if is_alive(p)]
             assert not described, f"still alive {deadline:g}s after the supervisor died: {described}"
         listed = subprocess.run([sys.executable, "-m", "torchherd", "ls", "--json", "--runs-dir", str(cli.runs_dir)],
-                                capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                                capture_output=True, text=True, cwd=REPO, env=repo_env())
         [run] = json.loads(listed.stdout)
         assert (run["live"], run["state"], run["resumable"]) == (False, "cut short, resumable", True)
         assert not control.socket.exists() and read_control(run_dir) is None  # cleaned up on sight

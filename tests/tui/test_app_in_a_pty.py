@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from torchherd.engine.rundir.directory import read_records, run_held
-from tests.conftest import TASKS
+from tests.conftest import TASKS, repo_env
 from tests.faults.support import REPO, poll_until, wait_gone
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_sighup_to_the_apps_terminal_leaves_the_run_training(tmp_path):
     config.write_text(CONFIG)
     runs = tmp_path / "runs"
     master, slave = pty.openpty()
-    env = dict(os.environ, PYTHONPATH=str(REPO), TERM="xterm-256color", COLUMNS="120", LINES="40")
+    env = repo_env(TERM="xterm-256color", COLUMNS="120", LINES="40")
     app = subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(config), "--runs-dir", str(runs)],
                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True, cwd=tmp_path, env=env)
     os.close(slave)
@@ -82,7 +82,7 @@ def test_sighup_to_the_apps_terminal_leaves_the_run_training(tmp_path):
         assert run_held(run_dir) and service.is_running()
 
         stop = subprocess.run([sys.executable, "-m", "torchherd", "stop", str(run_dir)], capture_output=True,
-                              text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
+                              text=True, cwd=REPO, env=repo_env(), timeout=60)
         assert stop.returncode == 0, stop.stderr
         assert not wait_gone([service], 60)
         records = read_records(run_dir / "events.jsonl")
@@ -105,7 +105,7 @@ def test_torchherd_run_on_an_invalid_config_closes_its_screen_and_says_why(tmp_p
     config = tmp_path / "bad.toml"
     config.write_text('[defaults]\ntask = "regression"\nmax_epoch = 3\n\n[[pipelines]]\nname = "g"\n')
     master, slave = pty.openpty()
-    env = dict(os.environ, PYTHONPATH=str(REPO), TERM="xterm-256color", COLUMNS="120", LINES="40")
+    env = repo_env(TERM="xterm-256color", COLUMNS="120", LINES="40")
     app = subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(config), "--runs-dir", str(tmp_path / "runs")],
                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True, cwd=tmp_path, env=env)
     os.close(slave)

@@ -31,7 +31,7 @@ from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.dialogs import ConfirmScreen, QuitScreen
 from torchherd.tui.widgets.pipeline_table import PipelineTable
 
-from tests.conftest import TASKS
+from tests.conftest import TASKS, repo_env
 from tests.faults.support import REPO, is_alive, kill_all, records, tree, wait_gone
 from tests.tui.pilots import wait_for
 
@@ -113,7 +113,7 @@ async def service_ended(pid: int) -> None:
 
 def run_detached(config: Path, runs_dir: Path) -> tuple[Path, int]:
     """`torchherd run CONFIG --detach`: it returns once the service serves; where the run is, and its pid."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = repo_env()
     command = [sys.executable, "-m", "torchherd", "run", str(config), "--detach", "--runs-dir", str(runs_dir)]
     done = subprocess.run(command, check=False, capture_output=True, text=True, cwd=REPO, env=env, timeout=SLOW,
                           stdin=subprocess.DEVNULL)
