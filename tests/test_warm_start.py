@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -19,10 +18,9 @@ from torchherd.engine.launch.warm import WarmProcess, WarmStarter, compatible
 from torchherd.engine.protocol.messages import TrainingStarted, WorkerExited
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
-from tests.conftest import make_config, still_alive, wait_for, repo_env
+from tests.conftest import REPO, make_config, still_alive, wait_for, repo_env
 from tests.faults.support import RecordingLauncher
 
-ROOT = Path(__file__).resolve().parent.parent
 SLOW = {"delay": 0.004}  # tiny.py: an epoch takes a while, so a test acts while it trains
 
 
@@ -177,7 +175,7 @@ asyncio.run(main(__import__("pathlib").Path(sys.argv[1])))
 @pytest.mark.slow
 def test_warm_started_workers_and_their_forker_die_with_their_supervisor(tmp_path):
     env = repo_env()
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], env=env, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         line = proc.stdout.readline()  # blocks until it prints (or dies: then "")

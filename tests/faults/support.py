@@ -19,10 +19,9 @@ from torchherd.engine.launch.process import LaunchSpec, ProcessHandle, ProcessLa
 from torchherd.engine.protocol.messages import Event
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import EventStream, Supervisor
-from tests.conftest import TASKS, make_config, repo_env
+from tests.conftest import REPO, TASKS, make_config, repo_env
 
 FAULTY = f"{TASKS / 'faulty.py'}:build"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def faulty_config(tmp_path: Path, pipelines: list[dict[str, Any]], **top: Any) -> RunConfig:
