@@ -4,7 +4,9 @@
    and one stream's reader taking every event, as the fan-out's clients do, CPU per step event with the file
    read in stretches of `READ_AT_ONCE` over the same with stretches of 4 MiB (what it read before), rounds
    alternating. The supervisor tells a client of a few thousand new lines at a time (`--told`).
-2. History: `read_history` (the collector paused while it decodes) over `decode_lines` of the same bytes
+2. Collector: the same live read with the young collected every `remote.YOUNG` allocations (what
+   `RemoteRun.connect` sets in a process that follows a live run) over Python's default 700, rounds alternating.
+3. History: `read_history` (the collector paused while it decodes) over `decode_lines` of the same bytes
    with the collector running, CPU per event, rounds alternating.
 
 Usage: python benchmarks/client_read.py [--events 200000] [--told 2500] [--history 800000] [--rounds 5]
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import statistics
 import sys
@@ -74,6 +77,16 @@ async def live_read(path: Path, size: int, told: int, read_at_once: int) -> floa
     return (time.process_time() - c) / n
 
 
+def collected_every(young: int, path: Path, size: int, told: int) -> float:
+    """`live_read` with the young collected every `young` allocations."""
+    before = gc.get_threshold()
+    gc.set_threshold(young, *before[1:])
+    try:
+        return asyncio.run(live_read(path, size, told, NEW_READ))
+    finally:
+        gc.set_threshold(*before)
+
+
 def history_read(path: Path, paused: bool) -> float:
     c = time.process_time()
     n = len(read_history(path.parent) if paused else decode_lines(path.read_bytes()))
@@ -100,6 +113,15 @@ def main() -> int:
               f"{NEW_READ >> 10} KiB {1e6 * statistics.median(now):.2f} us CPU/event, of "
               f"{OLD_READ >> 20} MiB {1e6 * statistics.median(before):.2f}; ratio {statistics.median(ratios):.2f} "
               f"(median of {args.rounds} rounds' ratios)")
+        spared, default = [], []
+        for _ in range(args.rounds):
+            spared.append(collected_every(remote.YOUNG, path, size, args.told))
+            default.append(collected_every(700, path, size, args.told))
+        ratios = [a / b for a, b in zip(spared, default)]
+        print(f"collector: the same live read, the young collected every {remote.YOUNG:,} allocations "
+              f"{1e6 * statistics.median(spared):.2f} us CPU/event, every 700 (Python's default) "
+              f"{1e6 * statistics.median(default):.2f}; ratio {statistics.median(ratios):.2f} (median of "
+              f"{args.rounds} rounds' ratios)")
         size = write_events(path, args.history)
         paused, running = [], []
         for _ in range(args.rounds):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import json
 import os
@@ -39,7 +40,7 @@ from torchherd.engine.rundir.directory import (
 )
 from torchherd.engine.rundir.history import read_history
 from torchherd.engine.serve import server as server_module
-from torchherd.engine.serve.remote import NotLive, RemoteRun
+from torchherd.engine.serve.remote import YOUNG, NotLive, RemoteRun
 from torchherd.engine.serve.runtime import publish, read_control, withdraw
 from torchherd.engine.serve.server import ControlServer
 from torchherd.engine.serve.service import ServiceFailed, spawn
@@ -128,6 +129,15 @@ async def served(sup: Supervisor, sock: Path, **kw: Any) -> AsyncIterator[Contro
         await sup.shutdown(graceful=False)
         await server.close()
         withdraw(sup.run_dir, sock)
+
+
+@pytest.fixture
+def default_collector():
+    """Python's own collector thresholds for the test, whatever an earlier test's client set; put back after."""
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    yield
+    gc.set_threshold(*before)
 
 
 def raw_client(sock: Path, *, read_only: bool = True, live: bool = True) -> socket.socket:
@@ -278,7 +288,8 @@ async def test_a_client_the_credential_check_rejects_gets_no_welcome_and_is_reco
 
 
 @pytest.mark.slow
-async def test_a_read_only_client_is_refused_actions_and_every_request_is_recorded(tmp_path, sock_dir):
+async def test_a_read_only_client_is_refused_actions_and_every_request_is_recorded(tmp_path, sock_dir,
+                                                                                    default_collector):
     sup = Supervisor(_quiet_config(tmp_path))
     async with served(sup, sock_dir / "c.sock"):
         watcher = await RemoteRun.connect(sup.run_dir, read_only=True, live=False, history=False)
@@ -296,6 +307,7 @@ async def test_a_read_only_client_is_refused_actions_and_every_request_is_record
         finally:
             await writer.close()
         assert sup.views()[0].state.value not in ("stopping", "stopped")  # the refused stop did nothing
+        assert gc.get_threshold()[0] == 700  # clients that follow nothing leave the collector alone
         recs = await apoll(lambda: (found := of_type(records(sup.run_dir), "client_command"))[1:] and found, LONG,
                            "both client commands on disk")
         assert [(r["action"], r["pipeline"], r["ok"], r["client_pid"]) for r in recs] == [
@@ -498,7 +510,7 @@ async def test_history_and_live_stream_meet_without_gap_or_duplicate(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_the_history_in_short_then_every_live_event_with_no_gap(tmp_path, sock_dir):
+async def test_the_history_in_short_then_every_live_event_with_no_gap(tmp_path, sock_dir, default_collector):
     # What the app attaches with: the supervisor's summary (a few of the step reports, everything else),
     # then the live stream; the fold of it gives the figures the whole history gives.
     config = load_config(long_config(tmp_path / "short.toml", ("a",), batch_size=8, log_every_n_steps=1,
@@ -508,6 +520,7 @@ async def test_the_history_in_short_then_every_live_event_with_no_gap(tmp_path, 
         server.summary.points = 8
         await apoll(stepping(sup.run_dir, {"a"}, more_than=30), LONG, "30 steps before attaching")
         run = await RemoteRun.connect(sup.run_dir, read_only=True, summary=True)
+        assert gc.get_threshold() == (YOUNG, 10, 10)  # a process that follows a run spares its events in flight
         sup.stop()  # the run ends; its last events, run_finished among them, arrive live
         streamed = await asyncio.wait_for(_until(run.subscribe(replay=True), RunFinished), LONG)
         await run.close()
