@@ -6,7 +6,9 @@
    alternating. The supervisor tells a client of a few thousand new lines at a time (`--told`).
 2. Collector: the same live read with the young collected every `remote.YOUNG` allocations (what
    `RemoteRun.connect` sets in a process that follows a live run) over Python's default 700, rounds alternating.
-3. History: `read_history` (the collector paused while it decodes) over `decode_lines` of the same bytes
+3. Decode: `decode_lines` of READ_AT_ONCE bytes of step lines (msgspec's decode_lines, the lines as they are)
+   over what it did before (the lines copied into one JSON array, decoded as a list), rounds alternating.
+4. History: `read_history` (the collector paused while it decodes) over `decode_lines` of the same bytes
    with the collector running, CPU per event, rounds alternating.
 
 Usage: python benchmarks/client_read.py [--events 200000] [--told 2500] [--history 800000] [--rounds 5]
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import timeit
 import os
 import statistics
 import sys
@@ -25,9 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import msgspec  # noqa: E402
+
 from torchherd.engine.protocol.control import Welcome  # noqa: E402
 from torchherd.engine.protocol.messages import EpochEnd, StepMetrics  # noqa: E402
-from torchherd.engine.rundir.history import decode_lines, read_history  # noqa: E402
+from torchherd.engine.rundir.history import _NEXT_STEP, _STEP, decode_lines, read_history  # noqa: E402
 from torchherd.engine.rundir.lines import encode_line  # noqa: E402
 from torchherd.engine.serve import remote  # noqa: E402
 
@@ -87,6 +92,23 @@ def collected_every(young: int, path: Path, size: int, told: int) -> float:
         gc.set_threshold(*before)
 
 
+_AS_LIST = msgspec.json.Decoder(list[StepMetrics])
+
+
+def decode_before(data: bytes) -> list:
+    """What `decode_lines` did with a stretch of step lines before: a copy of them as one JSON array."""
+    assert data.startswith(_STEP) and data.count(_NEXT_STEP) == data.count(b"\n") - 1
+    return _AS_LIST.decode(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+
+
+def decode_ratio(path: Path) -> float:
+    """CPU to decode READ_AT_ONCE bytes of step lines now over before, 100 times each, alternating."""
+    data = b"".join(line + b"\n" for line in path.read_bytes()[:NEW_READ].split(b"\n")[:-1] if line.startswith(_STEP))
+    assert decode_lines(data) == decode_before(data)
+    now = timeit.timeit(lambda: decode_lines(data), number=100)
+    return now / timeit.timeit(lambda: decode_before(data), number=100)
+
+
 def history_read(path: Path, paused: bool) -> float:
     c = time.process_time()
     n = len(read_history(path.parent) if paused else decode_lines(path.read_bytes()))
@@ -122,6 +144,9 @@ def main() -> int:
               f"{1e6 * statistics.median(spared):.2f} us CPU/event, every 700 (Python's default) "
               f"{1e6 * statistics.median(default):.2f}; ratio {statistics.median(ratios):.2f} (median of "
               f"{args.rounds} rounds' ratios)")
+        ratios = [decode_ratio(path) for _ in range(8 * args.rounds)]
+        print(f"decode: {NEW_READ >> 10} KiB of step lines, msgspec's decode_lines over the lines copied into one JSON "
+              f"list first: ratio {statistics.median(ratios):.2f} (median of {8 * args.rounds} rounds' ratios)")
         size = write_events(path, args.history)
         paused, running = [], []
         for _ in range(args.rounds):

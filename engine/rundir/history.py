@@ -19,6 +19,7 @@ _START = len(_PREFIX)
 _STEP = b'{"type":"step",'  # how every step report's line starts (the tag first, as encode_line writes it)
 _NEXT_STEP = b"\n" + _STEP
 _STEPS = msgspec.json.Decoder(list[StepMetrics])
+_STEP_LINES = msgspec.json.Decoder(StepMetrics)  # its decode_lines: lines as they are, blank ones skipped
 
 
 @functools.cache
@@ -69,12 +70,15 @@ def _decode_steps(lines: list[bytes], events: list[Event]) -> None:
 def decode_lines(data: bytes) -> list[Event]:
     """The events in `data`, whole lines of events.jsonl; a torn last line is left out."""
     events: list[Event] = []
-    # A JSON string escapes its newlines, so STEP after a newline starts a line: all step reports, one call.
-    if data.startswith(_STEP) and data.endswith(b"\n") and data.count(_NEXT_STEP) == data.count(b"\n") - 1:
+    if data.startswith(_STEP) and data.endswith(b"\n"):  # most of a live stream: all step reports, one call
         try:
-            return _STEPS.decode(b"[" + data[:-1].replace(b"\n", b",") + b"]")
+            steps = _STEP_LINES.decode_lines(data)
         except msgspec.DecodeError:
-            pass  # line by line, below
+            steps = []  # line by line, below
+        # A JSON string escapes its newlines, so STEP after a newline starts a line: as many as lines decoded
+        # (msgspec ignores the tag; a line of another type that decodes as a step report is one more).
+        if steps and len(steps) == data.count(_NEXT_STEP) + 1:
+            return steps
     run: list[bytes] = []
     for line in data.split(b"\n"):
         if line.startswith(_STEP):
