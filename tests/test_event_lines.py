@@ -11,7 +11,7 @@ from torchherd.engine.protocol import messages as m
 from torchherd.engine.protocol.progress import PipelineProgress, apply
 from torchherd.engine.protocol.records import to_record
 from torchherd.engine.rundir.directory import RunDirectory, dumps, read_records
-from torchherd.engine.rundir.history import decode_history, decode_lines
+from torchherd.engine.rundir.history import decode_history, decode_lines, decode_stretch
 from torchherd.engine.rundir.lines import encode_line, encode_lines
 from torchherd.engine.serve.summary import HistorySummary
 
@@ -52,7 +52,8 @@ def test_runs_of_step_lines_decode_as_their_events_whatever_lies_between_them():
     frames = [steps, steps[:1], [*steps[:3], nan, *steps[3:]], [notice, *steps], [*steps[:2], end, notice, *steps[2:]],
               [end, *steps, notice], [notice]]
     for events in frames:
-        back = decode_lines(b"".join(encode_line(e) for e in events))
+        back, steps_only = decode_stretch(b"".join(encode_line(e) for e in events))
+        assert steps_only == (events in (steps, steps[:1]))  # a stretch a client need not look into
         assert [encode_line(e) for e in back] == [encode_line(e) for e in events]  # NaN as NaN: its line is null
         assert [type(e) for e in back] == [type(e) for e in events]
     assert math.isnan(decode_lines(encode_line(nan))[0].loss)
@@ -61,7 +62,7 @@ def test_runs_of_step_lines_decode_as_their_events_whatever_lies_between_them():
     # A line of a type this version does not know, with every field a step report has: skipped, not a step.
     other = b'{"type":"from_a_newer_torchherd","pipeline":"a","epoch":0,"step":3,"loss":0.5,"lr":0.1,' \
             b'"samples_per_s":1.0}\n'
-    assert decode_lines(encode_line(steps[0]) + other + encode_line(steps[1])) == steps[:2]
+    assert decode_stretch(encode_line(steps[0]) + other + encode_line(steps[1])) == (steps[:2], False)
 
 
 def test_a_history_decodes_as_its_lines_do_and_leaves_the_collector_as_it_found_it(monkeypatch):

@@ -69,7 +69,11 @@ def _decode_steps(lines: list[bytes], events: list[Event]) -> None:
 
 def decode_lines(data: bytes) -> list[Event]:
     """The events in `data`, whole lines of events.jsonl; a torn last line is left out."""
-    events: list[Event] = []
+    return decode_stretch(data)[0]
+
+
+def decode_stretch(data: bytes) -> tuple[list[Event], bool]:
+    """`decode_lines`, and whether every line was a step report (then no event in it changes a status)."""
     if data.startswith(_STEP) and data.endswith(b"\n"):  # most of a live stream: all step reports, one call
         try:
             steps = _STEP_LINES.decode_lines(data)
@@ -78,7 +82,8 @@ def decode_lines(data: bytes) -> list[Event]:
         # A JSON string escapes its newlines, so STEP after a newline starts a line: as many as lines decoded
         # (msgspec ignores the tag; a line of another type that decodes as a step report is one more).
         if steps and len(steps) == data.count(_NEXT_STEP) + 1:
-            return steps
+            return steps, True
+    events: list[Event] = []
     run: list[bytes] = []
     for line in data.split(b"\n"):
         if line.startswith(_STEP):
@@ -91,7 +96,7 @@ def decode_lines(data: bytes) -> list[Event]:
             _decode_line(line, events.append)
     if run:
         _decode_steps(run, events)
-    return events
+    return events, False
 
 
 def decode_history(data: bytes) -> list[Event]:

@@ -18,7 +18,7 @@ from ..protocol.control import Action, Appended, EventLines, Hello, Reply, Reque
 from ..protocol.messages import Event, Notice, PipelineFinished, WorkerStateChanged
 from ..protocol.states import WorkerState
 from ..rundir.directory import run_held
-from ..rundir.history import decode_history, decode_lines, read_history
+from ..rundir.history import decode_history, decode_stretch, read_history
 from ..supervise.bus import EventStream
 from .runtime import clean_stale, read_control
 from .wire import FrameError, FrameReader, encode
@@ -281,8 +281,8 @@ class RemoteRun:
             await asyncio.sleep(0)
 
     def _lines(self, data: bytes) -> None:
-        events = decode_lines(data)
-        if b"worker_state" in data or b"pipeline_finished" in data:  # not in a stretch of step reports alone
+        events, steps_only = decode_stretch(data)
+        if not steps_only:
             for event in events:
                 if isinstance(event, (WorkerStateChanged, PipelineFinished)):
                     self._note(event)
