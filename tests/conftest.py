@@ -25,6 +25,40 @@ def repo_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+# The marks every test under tests/ray carries (its modules' pytestmark), and no other.
+RAY_MARKS = frozenset({"ray", "slow"})
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave tests/ray out of a session whose -m expression selects none of its tests (the fast tier, the main
+    tier): collecting it imports Ray, 0.6 s in every process that collects. Anything else is collected as usual."""
+    if collection_path != Path(__file__).parent / "ray" or not config.option.markexpr:
+        return None
+    return True if _selects(config.option.markexpr, RAY_MARKS) is False else None
+
+
+class _Marked(dict):
+    """Names for eval: a mark name is True when the test carries that mark."""
+
+    def __init__(self, marks: frozenset[str]):
+        super().__init__()
+        self.marks = marks
+
+    def __missing__(self, name: str) -> bool:
+        return name in self.marks
+
+
+def _selects(expression: str, marks: frozenset[str]) -> bool | None:
+    """Whether a -m expression selects a test with exactly `marks`; None when it is more than and, or, not,
+    parentheses and mark names (keyword matches, say), so the caller collects as if it might."""
+    if not all(word.isidentifier() for word in expression.replace("(", " ").replace(")", " ").split()):
+        return None
+    try:
+        return bool(eval(expression, {"__builtins__": {}}, _Marked(marks)))  # and, or, not: Python's meaning
+    except Exception:
+        return None
+
+
 def make_config(tmp_path: Path, pipelines: list[dict[str, Any]], **top: Any) -> RunConfig:
     """A validated config as if read from tmp_path/test.toml; tasks default to tests/tasks/tiny.py."""
     defaults = {"task": f"{TASKS / 'tiny.py'}:build", "max_epochs": 3, "batch_size": 32,

@@ -166,6 +166,7 @@ def test_what_every_rank_says_is_said_once():
     assert [e.text for e in got] == [nan, "rank 1: only rank 1 says this"]
 
 
+@pytest.mark.slow  # a pause of 2.4 s
 def test_a_paused_gang_does_not_count_the_pause_against_max_time(monkeypatch):
     # Regression: rank 0 judged max_time in the last pause round, before the pause was credited.
     import torch.distributed as dist

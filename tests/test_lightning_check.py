@@ -31,6 +31,7 @@ def test_lightning_missing_is_one_line_saying_what_to_install(tmp_path, monkeypa
     assert str(err.value).endswith('pipelines[0].task: Lightning is not installed: pip install "torchherd[lightning]"')
 
 
+@pytest.mark.slow  # imports Lightning: seconds
 def test_sample_config_is_a_lightning_pipeline_with_its_datamodule_resolved():
     pytest.importorskip("lightning")
     report = check_config(SAMPLES / "lightning_digits.toml", inventory=Inventory(cpu_count=4, note="test"))
