@@ -32,8 +32,9 @@ READ_AT_ONCE = 64 << 10
 
 # Objects the collector tracks that a client may allocate, net of those freed, before it collects the young:
 # Python's default is 700. Each step report read is two (the event, its metrics), held from the read until every
-# stream has taken it, so at 700 the collector walks every event in flight, again and again: 12% of a client's CPU
-# when it follows a fast run (benchmarks/client_read.py). Many stretches of READ_AT_ONCE fit in this.
+# stream has taken it, so at 700 the collector walks every event in flight, again and again: 12% of the CPU of a
+# client following a fast run (benchmarks/service_attach.py's fan-out; client_read.py: 0.9x). Many stretches of
+# READ_AT_ONCE fit in this.
 YOUNG = 50_000
 
 
