@@ -280,6 +280,21 @@ def test_a_worker_that_exits_is_dropped_without_an_error():
     assert_none_alive([a, b])
 
 
+def test_a_worker_that_ended_but_is_not_reaped_yet_is_dropped_too():
+    # Regression: a finished pipeline's row read "RSS 0M" in the devices pane: its worker, a zombie until
+    # reaped, was still read (no memory, a last CPU share), and the run's last snapshot kept it.
+    with workers(2) as (a, b):
+        sampler = TelemetrySampler(pids=lambda: {"a": a.pid, "b": b.pid}, nvml=FakeNvml(), in_container=False)
+        assert [p.pipeline for p in sampler.sample_once().processes] == ["a", "b"]
+        os.killpg(a.pid, signal.SIGKILL)
+        wait_for(lambda: psutil.Process(a.pid).status() == psutil.STATUS_ZOMBIE)  # not waited for: not reaped
+        snap = sampler.sample_once()
+        assert [(p.pipeline, p.rss > 0) for p in snap.processes] == [("b", True)]
+        a.wait(timeout=10)
+        sampler.stop()
+    assert_none_alive([a, b])
+
+
 # ----------------------------------------------------------- thread and file
 
 def test_the_thread_delivers_snapshots_survives_a_bad_callback_and_stops():

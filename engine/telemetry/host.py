@@ -79,6 +79,8 @@ class ProcessTrees:
                 # no oneshot(): for these two reads it costs more than it saves (~2x, measured)
                 cpu = proc.cpu_percent()  # percent of one core since this object's last call
                 rss = proc.memory_info().rss  # bytes
+                if not rss:  # ended and not yet reaped: Linux reads a zombie as using no memory
+                    raise psutil.ZombieProcess(pid)
             except psutil.Error:  # NoSuchProcess, ZombieProcess, AccessDenied: leave it out
                 self._procs.pop(pid, None)
                 if pid == root:
