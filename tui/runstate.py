@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..engine.protocol import messages as m
@@ -238,6 +238,7 @@ class RunState:
     def _finished(self, ev: m.PipelineFinished, _) -> None:
         level = "error" if ev.status == WorkerState.FAILED else "info"
         self.note(level, ev.pipeline, "finished " + finish_text(ev.status, ev.reason), at=ev.time)
+        self._telemetry(self.telemetry, None)
 
     def _stalled(self, ev: m.Stalled, _) -> None:
         if ev.quiet:
@@ -260,9 +261,16 @@ class RunState:
         self.note("info" if ev.ok else "error", "", "run finished: " +
                   ", ".join(f"{k} {v}" for k, v in labels.items()), at=ev.time)
 
-    def _telemetry(self, ev: t.TelemetrySnapshot, _) -> None:
-        self.telemetry = ev
-        self.telemetry_version += 1
+    def _telemetry(self, ev: t.TelemetrySnapshot | None, _) -> None:
+        """The newest readings, less those of pipelines that have finished: a process that is gone (the last
+        pass before the run's end, or one that raced the finish, would show it as live)."""
+        if ev is not None:
+            rows = self._rows
+            live = tuple(p for p in ev.processes if p.pipeline not in rows or not rows[p.pipeline].state.final)
+            ev = ev if len(live) == len(ev.processes) else replace(ev, processes=live)
+        if ev is not self.telemetry:
+            self.telemetry = ev
+            self.telemetry_version += 1
 
 
 _HANDLERS = {

@@ -90,3 +90,23 @@ async def test_rows_that_do_not_fit_scroll_and_the_border_says_which_are_shown()
         pane.show(snapshot(gpus=1, workers=2))  # everything fits again: nothing to say
         await pilot.pause()
         assert pane.border_subtitle == "" and shown(pane)[1].startswith("│ GPU0 ")
+
+
+async def test_a_pipeline_that_finished_leaves_the_pane_whatever_reading_comes_after():
+    # Regression: a finished pipeline kept its last reading ("CPU 58% RSS 392M", or "RSS 0M" as it ended) until
+    # the run was closed: the last snapshot before the run's end still held its worker.
+    from torchherd.engine.protocol import messages as m
+    from torchherd.tui.runstate import RunState
+    from torchherd.tui.widgets.device_pane import describe
+
+    state = RunState()
+    state.apply(m.RunStarted(run_id="r", run_dir="/tmp/r", config_path="c.toml", pipelines=("reg-0", "reg-1")))
+    state.apply(snapshot(gpus=0, workers=2))
+    assert "reg-0" in describe(state.telemetry).plain and "reg-1" in describe(state.telemetry).plain
+    seen = state.telemetry_version
+    state.apply(m.PipelineFinished(pipeline="reg-0", status="completed", reason="epochs done"))
+    assert "reg-0" not in describe(state.telemetry).plain and "reg-1" in describe(state.telemetry).plain
+    assert state.telemetry_version > seen  # the pane redraws
+    state.apply(snapshot(gpus=0, workers=2))  # a pass that raced the finish
+    assert [p.pipeline for p in state.telemetry.processes] == ["reg-1"]
+    assert state.telemetry.host_cpu_percent == 45.0  # the rest of the reading stands
