@@ -8,8 +8,9 @@ from textual.widgets import OptionList
 from tests.tui.scripting import Session
 
 
-async def wait_for(pilot, condition, timeout: float = 10.0, what: str = "condition") -> None:
-    """Let the app run until `condition()` holds; fail after `timeout` seconds."""
+async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition") -> None:
+    """Let the app run until `condition()` holds; fail after `timeout` seconds (generous: on a loaded 2-core
+    machine the dashboard's first draws have taken over 10 s; a passing test never waits that long)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
