@@ -18,8 +18,7 @@ _PREFIX = b'{"type":"'
 _START = len(_PREFIX)
 _STEP = b'{"type":"step",'  # how every step report's line starts (the tag first, as encode_line writes it)
 _NEXT_STEP = b"\n" + _STEP
-_STEPS = msgspec.json.Decoder(list[StepMetrics])
-_STEP_LINES = msgspec.json.Decoder(StepMetrics)  # its decode_lines: lines as they are, blank ones skipped
+_STEPS = msgspec.json.Decoder(StepMetrics)  # its decode_lines: step lines as they are, blank ones skipped
 
 
 @functools.cache
@@ -61,7 +60,7 @@ def _decode_steps(lines: list[bytes], events: list[Event]) -> None:
     """A run of step lines in one msgspec call (most of a live stream: no Python per line); a run that call
     refuses (a NaN loss written as null, a torn last line) line by line."""
     try:
-        events += _STEPS.decode(b"[" + b",".join(lines) + b"]")
+        events += _STEPS.decode_lines(b"\n".join(lines))
     except msgspec.DecodeError:
         for line in lines:
             _decode_line(line, events.append)
@@ -76,7 +75,7 @@ def decode_stretch(data: bytes) -> tuple[list[Event], bool]:
     """`decode_lines`, and whether every line was a step report (then no event in it changes a status)."""
     if data.startswith(_STEP) and data.endswith(b"\n"):  # most of a live stream: all step reports, one call
         try:
-            steps = _STEP_LINES.decode_lines(data)
+            steps = _STEPS.decode_lines(data)
         except msgspec.DecodeError:
             steps = []  # line by line, below
         # A JSON string escapes its newlines, so STEP after a newline starts a line: as many as lines decoded
