@@ -3,6 +3,7 @@ is checking the tasks, how long that took, and counts its clock from the start o
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from torchherd.tui.cli import main
+from tests.conftest import repo_env
 
 TASKS = Path(__file__).resolve().parent / "tasks"
 
@@ -45,6 +47,19 @@ def test_top_level_help_lists_the_apps_options_and_the_commands(capsys):
     assert re.search(r"^  --runs-dir DIR ", text, re.M)  # the app's own option, documented
     for command in ("run CONFIG", "attach \\[RUN\\]", "ls", "resume RUN_DIR", "check CONFIG"):
         assert re.search(rf"^  {command} ", text, re.M), command
+
+
+@pytest.mark.slow  # starts the CLI
+def test_output_into_a_pipe_its_reader_closed_ends_quietly(tmp_path: Path):
+    # Regression: `torchherd ls | head -1` ended in a BrokenPipeError traceback.
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before a byte is written
+    try:
+        done = subprocess.run([sys.executable, "-m", "torchherd", "ls", "--runs-dir", str(tmp_path)], stdout=write,
+                              stderr=subprocess.PIPE, text=True, env=repo_env(), timeout=120)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 def start(config: Path, cwd: Path) -> subprocess.Popen:

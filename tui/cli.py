@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -273,7 +274,17 @@ def _ls(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, not in the interpreter's last flush, where a closed pipe's error is not ours
+        return code
+    except BrokenPipeError:  # `torchherd ls | head -1`: what reads the output has what it wanted
+        # Nothing more may reach the closed pipe, the interpreter's last flush included (a second error).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     app_parser, commands = _parsers()
     if argv and argv[0] in commands:
         args = commands[argv[0]].parse_args(argv[1:])
