@@ -153,10 +153,18 @@ class TorchherdApp(App[int]):
             self._show_dashboard(self.bridge.state)
 
     async def _attach(self, run_dir: Path, read_only: bool = False) -> None:
+        from ..engine.rundir.directory import run_held
+
         self.attached = True
         try:
             await self.bridge.attach(run_dir, read_only=read_only)
-        except Exception as exc:  # not live any more, or its socket refused us: say so, stay usable
+        except Exception as exc:
+            if not run_held(run_dir) and (run_dir / "events.jsonl").is_file():  # it has ended: show how
+                self.attached = False
+                self.notify(f"{run_dir.name} is no longer live: shown as it ended", title="past run", timeout=6)
+                self._replay(run_dir)
+                return
+            # starting, refused us, or unreadable: say so, stay usable
             self.notify(f"{exc}", title="cannot attach", severity="error", timeout=10)
             self.push_screen(self._picker(adding=False), self._picked)
             return

@@ -101,6 +101,21 @@ async def test_past_run_opens_read_only(make_app, runs_dir, clock):
         await wait_for(pilot, lambda: not app.is_running, what="exit")
 
 
+async def test_attach_to_a_run_that_has_ended_opens_it_as_it_ended(make_app, runs_dir, clock):
+    run_dir = await write_past_run(runs_dir, clock)
+    app = make_app(attach=run_dir)  # as `torchherd attach RUN` once its supervisor has gone
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="dashboard")
+        state = app.screen.state
+        assert state.read_only and state.rows["alpha"].state is S.FAILED and state.rows["alpha"].step == 100
+        assert any("no longer live" in n.message for n in app._notifications)
+        assert not any(n.title == "cannot attach" for n in app._notifications)
+        await pilot.press("escape")
+        assert isinstance(app.screen, PickerScreen)
+        await pilot.press("q")
+        await wait_for(pilot, lambda: not app.is_running, what="exit")
+
+
 async def test_escape_from_a_live_run_opens_the_picker_and_comes_back(make_app, session):
     # Regression: escape did nothing on a live dashboard, though the help offered it.
     app = make_app()
