@@ -73,9 +73,13 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
     is cut short (EXIT_FAILED)."""
     from ..engine.serve.remote import NotLive, RemoteRun
 
+    from ..engine.rundir.directory import run_held
+
     try:
         run = await RemoteRun.connect(run_dir, read_only=read_only, history=from_start)
     except NotLive as exc:
+        if not run_held(run_dir) and (run_dir / "events.jsonl").is_file():
+            return print_ended(run_dir, printer, from_start=from_start)
         printer.write(f"torchherd: {exc}\n")
         return EXIT_FAILED
     loop = asyncio.get_running_loop()
@@ -99,6 +103,8 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
 
     for sig in SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
+    if from_start and not owner:  # its history arrives at once: timed by the run's own clock
+        printer.by_event_time()
     finished = False
     try:
         stream = run.subscribe(replay=from_start)
@@ -124,6 +130,26 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
         return EXIT_OK
     printer.write(f"torchherd: {await run.why_ended()}\n")
     return EXIT_FAILED
+
+
+def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int:
+    """A run nobody supervises any more: its history (with `from_start`), how it ended, and the status that
+    following it to its end would have given; EXIT_FAILED when it was cut short."""
+    from ..engine.rundir.directory import summarize
+    from ..engine.rundir.history import read_history
+    from .control import state_of
+
+    if from_start:
+        printer.by_event_time()
+        for event in read_history(run_dir):
+            printer.handle(event)
+    summary = summarize(run_dir)
+    state = state_of(summary) if summary is not None else "never started"
+    printer.write(f"torchherd: {run_dir} is not live: {state}"
+                  + ("" if from_start else " (--from-start prints its history)") + "\n")
+    if summary is None or summary.status == "unfinished":
+        return EXIT_FAILED
+    return exit_status(summary.statuses)
 
 
 async def _print(stream, printer: LinePrinter, old: int = 0, skip: int = 0) -> bool:

@@ -57,6 +57,11 @@ class LinePrinter:
         self.refused: list[str] = []  # the problems of tasks that did not build: the run trained nothing
         self.run_dir: Path | None = None  # named by run_started
         self.results: list[Event] = []  # val_result and trial_decision events: a sweep's ranking at the end
+        # Set (by_event_time): lines show seconds from the run's start by each event's own stamp, as a history
+        # printed at once needs; None: seconds on this printer's clock from `start`.
+        self.run_began: float | None = None
+        self.by_events = False
+        self.at = 0.0  # the stamp of the event being printed
 
     def where(self, pipeline: str, epoch: int, step: int) -> str:
         """A saved state's place as people count epochs: 'after epoch 2' or 'in epoch 3, step 2,600'."""
@@ -65,8 +70,15 @@ class LinePrinter:
             return f"after epoch {epoch}, step {step:,}"
         return f"in epoch {epoch + 1}, step {step:,}"
 
+    def by_event_time(self) -> None:
+        """Time lines by the events' stamps from the run's start (once its run_started is seen): for a history."""
+        self.by_events = True
+
     def line(self, text: str) -> None:
-        elapsed = time.monotonic() - self.start
+        if self.run_began is not None:
+            elapsed = self.at - self.run_began
+        else:
+            elapsed = time.monotonic() - self.start
         self.write(f"[{elapsed:7.1f}s] {text}\n")
 
     def write(self, text: str) -> None:
@@ -83,10 +95,13 @@ class LinePrinter:
         """Print what `ev` is worth to a person watching (often nothing)."""
         method = _LINES.get(type(ev))
         if method is not None:
+            self.at = ev.time
             method(self, ev)
 
     def _run_started(self, ev: RunStarted) -> None:
         self.run_id, self.run_dir = ev.run_id, Path(ev.run_dir)
+        if self.by_events and self.run_began is None:
+            self.run_began = ev.time
         self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
 
     def _config_added(self, ev: ConfigAdded) -> None:

@@ -116,6 +116,31 @@ async def test_attach_to_a_run_that_has_ended_opens_it_as_it_ended(make_app, run
         await wait_for(pilot, lambda: not app.is_running, what="exit")
 
 
+async def test_headless_attach_to_a_run_that_has_ended_says_how_it_ended(runs_dir, clock):
+    import io
+
+    from torchherd.tui.attach import follow_run
+    from torchherd.tui.headless import EXIT_FAILED, LinePrinter
+
+    run_dir = await write_past_run(runs_dir, clock)
+    out = io.StringIO()
+    assert await follow_run(run_dir, LinePrinter(out), from_start=False) == EXIT_FAILED  # alpha failed
+    assert out.getvalue() == f"torchherd: {run_dir} is not live: failed, resumable (--from-start prints its history)\n"
+    out = io.StringIO()
+    assert await follow_run(run_dir, LinePrinter(out), from_start=True) == EXIT_FAILED
+    text = out.getvalue()
+    assert text.startswith("[    0.0s] run 20231114-220000-old: 1 pipeline(s)") and "alpha: failed" in text, text
+    assert "[   10.0s] alpha: epoch 2/4" in text  # timed by the run's own clock, not when it was printed
+    assert text.endswith(f"torchherd: {run_dir} is not live: failed, resumable\n")
+    # Cut short: its supervisor died before the end was written.
+    events = run_dir / "events.jsonl"
+    events.write_text("".join(line for line in events.read_text().splitlines(keepends=True)
+                              if '"type":"pipeline_finished"' not in line and '"type":"run_finished"' not in line))
+    out = io.StringIO()
+    assert await follow_run(run_dir, LinePrinter(out), from_start=False) == EXIT_FAILED
+    assert "is not live: cut short, resumable" in out.getvalue()
+
+
 async def test_escape_from_a_live_run_opens_the_picker_and_comes_back(make_app, session):
     # Regression: escape did nothing on a live dashboard, though the help offered it.
     app = make_app()
