@@ -71,9 +71,8 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
                      read_only: bool = False) -> int:
     """Print a live run's events until it finishes (its exit status), the terminal goes away or the run
     is cut short (EXIT_FAILED)."""
-    from ..engine.serve.remote import NotLive, RemoteRun
-
     from ..engine.rundir.directory import run_held
+    from ..engine.serve.remote import NotLive, RemoteRun
 
     try:
         run = await RemoteRun.connect(run_dir, read_only=read_only, history=from_start)
