@@ -260,13 +260,16 @@ class RunState:
         labels = {k: ended_label(v, self.rows[k].finish_reason if k in self.rows else "") for k, v in ev.statuses.items()}
         self.note("info" if ev.ok else "error", "", "run finished: " +
                   ", ".join(f"{k} {v}" for k, v in labels.items()), at=ev.time)
+        self._telemetry(self.telemetry, None)
 
     def _telemetry(self, ev: t.TelemetrySnapshot | None, _) -> None:
-        """The newest readings, less those of pipelines that have finished: a process that is gone (the last
-        pass before the run's end, or one that raced the finish, would show it as live)."""
+        """The newest readings, less those of pipelines that have finished and, once the run has, every
+        process's (the validator's too): a process that is gone (the last pass before the end, or one that
+        raced the finish, would show it as live)."""
         if ev is not None:
             rows = self._rows
-            live = tuple(p for p in ev.processes if p.pipeline not in rows or not rows[p.pipeline].state.final)
+            live = () if self.finished else tuple(
+                p for p in ev.processes if p.pipeline not in rows or not rows[p.pipeline].state.final)
             ev = ev if len(live) == len(ev.processes) else replace(ev, processes=live)
         if ev is not self.telemetry:
             self.telemetry = ev

@@ -110,3 +110,26 @@ async def test_a_pipeline_that_finished_leaves_the_pane_whatever_reading_comes_a
     state.apply(snapshot(gpus=0, workers=2))  # a pass that raced the finish
     assert [p.pipeline for p in state.telemetry.processes] == ["reg-1"]
     assert state.telemetry.host_cpu_percent == 45.0  # the rest of the reading stands
+
+
+async def test_once_the_run_has_finished_no_process_is_shown_the_validator_included():
+    # Regression: after the run finished the pane still read "(validator) pid 6046 CPU 19% RSS 323M".
+    import dataclasses
+
+    from torchherd.engine.protocol import messages as m
+    from torchherd.engine.supervise.telemetry_feed import VALIDATOR
+    from torchherd.tui.runstate import RunState
+    from torchherd.tui.widgets.device_pane import describe
+
+    reading = snapshot(gpus=0, workers=1)
+    reading = dataclasses.replace(reading, processes=(*reading.processes, t.ProcessSample(
+        pipeline=VALIDATOR, pid=20000, cpu_percent=19.0, rss=int(0.3 * GIB), children=0, gpu_memory=None)))
+    state = RunState()
+    state.apply(m.RunStarted(run_id="r", run_dir="/tmp/r", config_path="c.toml", pipelines=("reg-0",)))
+    state.apply(reading)
+    state.apply(m.PipelineFinished(pipeline="reg-0", status="completed", reason="epochs done"))
+    assert [p.pipeline for p in state.telemetry.processes] == [VALIDATOR]  # it scores the last snapshots
+    state.apply(m.RunFinished(statuses={"reg-0": "completed"}, ok=True))
+    assert state.telemetry.processes == () and "(validator)" not in describe(state.telemetry).plain
+    state.apply(reading)  # a pass that raced the end
+    assert state.telemetry.processes == () and state.telemetry.host_cpu_percent == 45.0
