@@ -159,7 +159,9 @@ class RunState:
         self.note("info", "", f"config {ev.name} added: {', '.join(ev.pipelines)}", at=ev.time)
 
     def _queued(self, ev: m.PipelineQueued, _) -> None:
-        self.finished = False  # a pipeline added to, or restarted in, a finished session
+        if self.finished:  # a pipeline added to, or restarted in, a finished session
+            self.finished = False
+            self.telemetry_version += 1  # the pane waits for readings again
         where = f"position {ev.position}" if ev.position else "waiting for a free device"
         self.note("info", ev.pipeline, f"queued ({where})", at=ev.time)
 
@@ -261,6 +263,7 @@ class RunState:
         self.note("info" if ev.ok else "error", "", "run finished: " +
                   ", ".join(f"{k} {v}" for k, v in labels.items()), at=ev.time)
         self._telemetry(self.telemetry, None)
+        self.telemetry_version += 1  # the pane says so when no reading ever came
 
     def _telemetry(self, ev: t.TelemetrySnapshot | None, _) -> None:
         """The newest readings, less those of pipelines that have finished and, once the run has, every

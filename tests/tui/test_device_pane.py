@@ -133,3 +133,28 @@ async def test_once_the_run_has_finished_no_process_is_shown_the_validator_inclu
     assert state.telemetry.processes == () and "(validator)" not in describe(state.telemetry).plain
     state.apply(reading)  # a pass that raced the end
     assert state.telemetry.processes == () and state.telemetry.host_cpu_percent == 45.0
+
+
+async def test_a_run_that_ended_with_no_reading_says_so_rather_than_waiting():
+    # Regression: a past run opened in the app read "waiting for telemetry…" for ever.
+    from torchherd.engine.protocol import messages as m
+    from torchherd.tui.runstate import RunState
+    from torchherd.tui.widgets.device_pane import describe
+
+    state = RunState()
+    state.apply(m.RunStarted(run_id="r", run_dir="/tmp/r", config_path="c.toml", pipelines=("reg-0",)))
+    assert describe(state.telemetry, ended=state.finished).plain == "waiting for telemetry…"
+    seen = state.telemetry_version
+    state.apply(m.PipelineFinished(pipeline="reg-0", status="completed", reason="epochs done"))
+    state.apply(m.RunFinished(statuses={"reg-0": "completed"}, ok=True))
+    assert state.telemetry_version > seen  # the pane redraws
+    assert describe(state.telemetry, ended=state.finished).plain == "no readings: the run has ended"
+    seen = state.telemetry_version
+    state.apply(m.PipelineQueued(pipeline="more", priority=0, position=0))  # added to the finished session
+    assert state.telemetry_version > seen and not state.finished
+    app = pane_app(f"DevicePane {{ width: {WIDE}; height: 10; }}")
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(DevicePane)
+        pane.show(None, ended=True)
+        await pilot.pause()
+        assert shown(pane)[1].startswith("│ no readings: the run has ended"), shown(pane)

@@ -141,7 +141,7 @@ class DashboardScreen(Screen[None]):
         if self.sweep_view and (state.rows_version, state.trials_version) != self._seen_trials:
             self._draw_sweep()
         if state.telemetry_version != self._seen[2]:
-            self.query_one(DevicePane).show(state.telemetry)
+            self.query_one(DevicePane).show(state.telemetry, ended=state.finished)
         events = self.query_one(EventLog)
         if state.log_seq != events.last_seq:
             events.add(e for e in state.log if e.seq > events.last_seq)

@@ -105,11 +105,12 @@ def _process_line(p: ProcessSample, name: int) -> list[Part]:
     return parts
 
 
-def describe(snapshot: TelemetrySnapshot | None, width: int | None = None) -> Text:
-    """The pane's text for one snapshot (None: nothing sampled yet); with `width`, one row of it a line."""
+def describe(snapshot: TelemetrySnapshot | None, width: int | None = None, ended: bool = False) -> Text:
+    """The pane's text for one snapshot (None: nothing sampled yet, or ever, once the run has `ended`); with
+    `width`, one row of it a line."""
     out = Text()
     if snapshot is None:
-        out.append("waiting for telemetry…", style="dim")
+        out.append("no readings: the run has ended" if ended else "waiting for telemetry…", style="dim")
         return out
     lines: list[list[Part] | list[list[Part]]] = []  # a line, or its forms, the shorter later
     if not snapshot.gpus:
@@ -157,16 +158,17 @@ class DevicePane(Widget, can_focus=True):
         self.border_title = "devices"
         self.top = 0  # first row shown
         self._snapshot: TelemetrySnapshot | None = None
+        self._ended = False  # the run has ended: no reading will come
         self._text = describe(None)
         self._rows: list[Strip] = []
         self._width = 0  # the width the rows were laid out for
 
     # ------------------------------------------------------------ API
-    def show(self, snapshot: TelemetrySnapshot | None) -> None:
-        """Take the newest readings; repaint only if the text changed."""
-        self._snapshot = snapshot
+    def show(self, snapshot: TelemetrySnapshot | None, ended: bool = False) -> None:
+        """Take the newest readings (and whether the run has ended); repaint only if the text changed."""
+        self._snapshot, self._ended = snapshot, ended
         width = self.size.width
-        text = describe(snapshot, width or None)
+        text = describe(snapshot, width or None, ended)
         if text.plain == self._text.plain and width == self._width:
             return
         count = len(self._rows)
@@ -187,7 +189,7 @@ class DevicePane(Widget, can_focus=True):
         return [Strip(list(line.render(console)), line.cell_len) for line in text.wrap(console, width)]
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        text = describe(self._snapshot, width or None)
+        text = describe(self._snapshot, width or None, self._ended)
         return len(text.wrap(self.app.console, width)) if width else 1
 
     def render_line(self, y: int) -> Strip:
@@ -198,7 +200,7 @@ class DevicePane(Widget, can_focus=True):
         return self._rows[index].apply_style(base).crop_extend(0, width, base)
 
     def on_resize(self) -> None:
-        self.show(self._snapshot)
+        self.show(self._snapshot, self._ended)
         self._scroll_to(self.top)
 
     # ------------------------------------------------------------ scrolling
