@@ -24,6 +24,9 @@ pytestmark = pytest.mark.slow
 # One slot: the fast learner trains its four epochs first and sets every rung's cut; lr 0 never learns, so it
 # is pruned at its first rung, and (promoted) would be cut again at the next one.
 SWEEP = {"space": {"params": {"lr": [0.1, 0.0]}}, "scheduler": "asha", "grace_period": 1, "reduction_factor": 2}
+# Seconds each sample takes (256 an epoch: half a second): the cut reaches lr 0 in its second epoch. Without it
+# an epoch took milliseconds and, on a loaded machine, lr 0 had trained all four before its first rung's verdict.
+DELAY = 0.002
 
 
 async def _cli(*args: str) -> tuple[int, str, str, int]:
@@ -37,8 +40,8 @@ async def _cli(*args: str) -> tuple[int, str, str, int]:
 
 @pytest.mark.timeout(600)
 async def test_a_promoted_trial_trains_on_is_never_pruned_again_and_is_recorded(tmp_path, sock_dir):  # noqa: F811
-    config = make_config(tmp_path, [{"name": "t"}], defaults={"max_epochs": 4}, sweep=SWEEP,
-                         devices={"cpu_slots": 1}, telemetry={"enabled": False})
+    config = make_config(tmp_path, [{"name": "t"}], defaults={"max_epochs": 4, "params": {"delay": DELAY}},
+                         sweep=SWEEP, devices={"cpu_slots": 1}, telemetry={"enabled": False})
     fast, still = [p.name for p in config.pipelines]
     sup = Supervisor(config)
     async with served(sup, sock_dir / "p.sock"):
