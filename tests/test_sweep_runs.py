@@ -30,8 +30,10 @@ SWEEP = {"space": {"params": {"lr": LRS}}, "scheduler": "asha", "grace_period": 
 
 
 async def test_asha_prunes_the_worst_at_their_first_rung_and_the_best_runs_to_the_end(tmp_path):
-    config = make_config(tmp_path, [{"name": "t"}], defaults={"max_epochs": 4}, sweep=SWEEP,
-                         telemetry={"enabled": False})
+    # 1 ms a sample (a quarter of a second an epoch): the worst's first rung verdict reaches it before it has
+    # trained on to its end, however loaded the machine (an epoch of milliseconds raced it).
+    config = make_config(tmp_path, [{"name": "t"}], defaults={"max_epochs": 4, "params": {"delay": 0.001}},
+                         sweep=SWEEP, telemetry={"enabled": False})
     assert len(config.pipelines) == 12
     sup = Supervisor(config)
     await sup.start()
