@@ -66,6 +66,7 @@ class TorchherdApp(App[int]):
         self.hung_up = False  # SIGHUP: the terminal went away
         self.detached = False  # quit leaving the runs going
         self.attached = False  # watching a run another command started: SIGTERM ends only this client
+        self.launched = False  # it started or resumed a run (from the picker too): its exit status is the run's
 
     # ------------------------------------------------------------ lifecycle
     def on_mount(self) -> None:
@@ -147,6 +148,7 @@ class TorchherdApp(App[int]):
             if not adding:
                 self.push_screen(self._picker(adding=False), self._picked)
             return
+        self.launched = True
         if adding:
             self.notify(f"added {', '.join(names)}", timeout=4)
         else:
@@ -214,6 +216,9 @@ class TorchherdApp(App[int]):
         if not self.bridge.live:
             self.notify("a past run is read-only: quit and launch from the picker", severity="warning")
             return
+        if self.bridge.state.read_only:
+            self.notify("this view is read-only (attach without --read-only to add configs)", severity="warning")
+            return
         self.push_screen(self._picker(adding=True), self._picked)
 
     async def action_back_to_picker(self) -> None:
@@ -241,6 +246,9 @@ class TorchherdApp(App[int]):
             return
         if not self.bridge.alive:
             await self._stop_and_exit(True)
+            return
+        if self.bridge.remote and self.bridge.state.read_only:  # it can stop nothing: it only leaves
+            await self._detach_and_exit()
             return
         rows = self.bridge.state.rows.values()
         running = [r.name for r in rows if not r.state.final and r.state != WorkerState.QUEUED]
@@ -283,7 +291,7 @@ def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bo
     if every pipeline completed."""
     app = TorchherdApp(target, runs_dir, launch=launch, only=only, attach=attach, read_only=read_only)
     app.run()
-    return report_runs(app, launch)
+    return report_runs(app, launch or app.launched)
 
 
 def report_runs(app: TorchherdApp, launch: bool) -> int:

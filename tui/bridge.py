@@ -319,11 +319,12 @@ class Bridge:
             burst += 1
             if burst % 2000 == 0:
                 await asyncio.sleep(0)  # a very long burst must not starve keys and redraws
-        if self.remote and not self.state.finished:  # the connection ended under a run still going
-            from ..engine.protocol.messages import Notice
+        if self.remote:  # its service has ended (with the run), or the connection under a run still going
+            if not self.state.finished:
+                from ..engine.protocol.messages import Notice
 
-            self.state.apply(Notice(level="error", text=await self._sup.sup.why_ended()))
-            self.state.live = False
+                self.state.apply(Notice(level="error", text=await self._sup.sup.why_ended()))
+            self.state.live = False  # nothing will carry out a command now
         self._signal()
 
     def _signal(self) -> None:

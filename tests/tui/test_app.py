@@ -55,6 +55,7 @@ async def test_launch_and_data_reach_the_table(make_app, session):
         assert table.cell("alpha", "val") != "-"
         assert table.cell("beta", "state") == "running"
         assert app.bridge.state.rows["beta"].state is S.RUNNING  # typed, not a string
+        assert app.launched  # from the picker: the app's exit status is the run's
 
 
 @pytest.mark.slow  # builds a second config's tasks in a probe process
@@ -92,6 +93,7 @@ async def test_past_run_opens_read_only(make_app, runs_dir, clock):
         state = app.screen.state
         assert state.read_only and state.rows["alpha"].state is S.FAILED
         assert state.rows["alpha"].step == 100
+        assert not app.launched  # only looked at: its failure is not this command's
         await pilot.press("k")
         await pilot.pause()
         assert any("read-only" in n.message for n in app._notifications)
@@ -279,6 +281,13 @@ async def test_the_app_exits_as_headless_would_after_a_user_stop(monkeypatch, ca
     monkeypatch.setattr(app_module.TorchherdApp, "run", fake_run)
     assert app_module.run_app(CONFIGS / "good.toml", launch=True) == EXIT_STOPPED
     assert "torchherd: run 20231114-230000-stopped stopped" in capsys.readouterr().out
+
+    def picked_and_launched(self) -> None:  # `torchherd`, the config launched from the picker (exited 0)
+        self.bridge.run_dirs.append(sup.run_dir)
+        self.launched = True
+
+    monkeypatch.setattr(app_module.TorchherdApp, "run", picked_and_launched)
+    assert app_module.run_app(CONFIGS) == EXIT_STOPPED
 
 
 async def test_torchherd_run_in_the_app_reports_its_run_after_exit(monkeypatch, capsys, runs_dir, clock):

@@ -244,6 +244,12 @@ async def test_kill_from_the_app_is_carried_out_by_the_service_and_recorded_with
 
             gate.touch()  # the bystander trains on to the end
             await wait_for(pilot, lambda: app.bridge.state.finished, timeout=SLOW, what="the run to finish")
+            # Its service ended with it: a key says nothing can act now, never "restarting victim".
+            await wait_for(pilot, lambda: not app.bridge.state.live, timeout=SLOW, what="the service's end")
+            await pilot.press("r")
+            await wait_for(pilot, lambda: len(toasts) == 2, what="the app to say why not")
+            assert toasts[1] == (f"the run has ended and its supervisor with it: nothing can act on victim now "
+                                 f"(`torchherd resume {run_dir}` carries on what did not finish)")
             await pilot.press("q")
             await wait_for(pilot, lambda: not app.is_running, timeout=SLOW, what="the app to exit")
         await asyncio.wait_for(watcher.wait(), SLOW)
@@ -295,11 +301,16 @@ async def test_read_only_app_cannot_kill(tmp_path, runs_dir):
             assert [(c["action"], c["pipeline"], c["client_pid"], c["ok"], c["text"]) for c in refused] == [
                 ("kill", "watched", os.getpid(), False, "this client is read-only")]
 
-            gate.touch()  # nothing was killed: it trains to the end
-            await wait_for(pilot, lambda: state.finished, timeout=SLOW, what="the run to finish")
-            assert state.rows["watched"].state.value == "completed"
+            before = len(toasts)
+            await pilot.press("n")  # nor can it add a config to the run
+            await wait_for(pilot, lambda: len(toasts) > before, what="the app to say why not")
+            assert toasts[before:] == ["this view is read-only (attach without --read-only to add configs)"]
+            # Quitting asks nothing (it can stop nothing): it leaves, the run going.
             await pilot.press("q")
             await wait_for(pilot, lambda: not app.is_running, timeout=SLOW, what="the app to exit")
+            assert not isinstance(app.screen, QuitScreen)
+        assert app.detached and run_held(run_dir)
+        gate.touch()  # nothing was killed: it trains to the end
         await service_ended(started.pid)
         assert of_type(run_dir, "run_finished")[-1]["statuses"] == {"watched": "completed"}
         assert [r["step"] for r in steps_of(run_dir, "watched")] == list(range(1, STEPS + 1))

@@ -221,6 +221,11 @@ class DashboardScreen(Screen[None]):
                         if self.state.live else "a past run is read-only: nothing can be changed",
                         severity="warning", timeout=4)
             return
+        if not self.state.live:  # its supervisor has gone, with the run's end or cut short
+            self.notify(f"the run has ended and its supervisor with it: nothing can act on {command.pipeline} "
+                        f"now (`torchherd resume {self.state.run_dir}` carries on what did not finish)",
+                        severity="warning", timeout=8)
+            return
         why = refusal(command, self._state_of(command.pipeline))
         if why is not None:
             self.notify(why, severity="warning", timeout=5)
@@ -254,7 +259,7 @@ class DashboardScreen(Screen[None]):
             return
         command = Kill(name)
         state = self._state_of(name)
-        if self.state.read_only or refusal(command, state) is not None:
+        if self.state.read_only or not self.state.live or refusal(command, state) is not None:
             self._request(command)  # says why not
             return
         if state == WorkerState.QUEUED:
