@@ -101,9 +101,12 @@ class LogTail(Log):
         message.stop()
         if message.path != self.path:
             return
-        if message.reset:
+        if message.reset:  # a file followed afresh shows its newest lines, wherever the last one's view stood
             self.clear()
-        self.write_lines(message.lines)
+            self.write_lines(message.lines, scroll_end=False)
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+            return
+        self.write_lines(message.lines)  # follows on while the view stays at the end (not scrolled back)
 
 
 def format_entry(entry: LogEntry) -> Text:

@@ -1,0 +1,43 @@
+"""The log pane follows the selected pipeline's log to its newest line, however often the selection moves."""
+from __future__ import annotations
+
+import pytest
+from textual.app import App
+
+from torchherd.tui.widgets.log_views import LogTail
+from tests.tui.pilots import wait_for
+
+pytestmark = pytest.mark.asyncio
+
+
+class TailOnly(App):
+    CSS = "LogTail { height: 8; }"
+
+    def compose(self):
+        yield LogTail()
+
+
+async def test_back_on_a_log_after_another_it_shows_and_follows_the_newest_lines(tmp_path):
+    # Regression: attached at 80x24, down to a queued pipeline (no log yet) and back up, the pane showed
+    # "epoch 27" lines of a pipeline at epoch 42, and stayed there as its log grew.
+    narrow, wide, medium = tmp_path / "narrow.txt", tmp_path / "wide.txt", tmp_path / "medium.txt"
+    narrow.write_text("".join(f"epoch {i}\n" for i in range(1, 101)))
+    wide.write_text("".join(f"wide epoch {i}\n" for i in range(1, 81)))  # fewer lines: a view further up
+    app = TailOnly()
+    async with app.run_test(size=(60, 20)) as pilot:
+        tail = app.query_one(LogTail)
+
+        def at_the_end(last: str) -> bool:
+            return bool(tail.lines) and tail.lines[-1] == last and tail.scroll_offset.y == tail.max_scroll_y > 0
+
+        tail.follow(narrow)
+        await wait_for(pilot, lambda: at_the_end("epoch 100"), what="narrow's newest line shown")
+        tail.follow(medium)  # queued: no log yet
+        await wait_for(pilot, lambda: not tail.lines and tail.border_title == "log", what="an empty pane")
+        tail.follow(wide)
+        await wait_for(pilot, lambda: at_the_end("wide epoch 80"), what="wide's newest line shown")
+        tail.follow(narrow)  # its lines replace wide's while the view still stands where wide's ended
+        await wait_for(pilot, lambda: at_the_end("epoch 100"), what="narrow's newest line shown again")
+        with narrow.open("a") as fh:
+            fh.write("".join(f"epoch {i}\n" for i in range(101, 121)))
+        await wait_for(pilot, lambda: at_the_end("epoch 120"), what="the lines written since, followed")
