@@ -105,6 +105,30 @@ async def test_queued_pipeline_waits_for_a_slot_and_can_be_stopped_unstarted(tmp
     await sup.shutdown()
 
 
+async def test_pause_resume_and_checkpoint_refuse_a_pipeline_they_cannot_act_on(tmp_path, launcher):
+    # Regression: `torchherd pause RUN medium` on a queued pipeline said "pause medium", exit 0, and medium
+    # ran unpaused once it got a slot; a pause of a paused one took too, doing nothing.
+    sup = make(tmp_path, [{"name": "a"}, {"name": "b"}], launcher, devices={"cpu_slots": 1})
+    await sup.start()
+    await until(lambda: launcher.handles)
+    running = launcher.specs[0].child.name
+    queued = ({"a", "b"} - {running}).pop()
+    launcher.handles[0].started(running)
+    for act, why in ((sup.pause, "it cannot be paused before it starts"),
+                     (sup.checkpoint, "it cannot be checkpointed before it starts"),
+                     (sup.resume, "is queued, not paused: nothing to resume")):
+        with pytest.raises(ValueError, match=why):
+            act(queued)
+    with pytest.raises(ValueError, match="is running, not paused"):
+        sup.resume(running)
+    sup.pause(running)
+    with pytest.raises(ValueError, match=f"{running} is paused already"):
+        sup.pause(running)
+    assert [type(c) for c in launcher.handles[0].sent] == [Pause]  # only what took reached the worker
+    assert sup.view(queued).state == WorkerState.QUEUED
+    await sup.shutdown(graceful=False)
+
+
 async def test_a_shutdown_that_kills_launches_nothing_into_the_slots_it_frees(tmp_path, launcher):
     sup = make(tmp_path, [{"name": "a"}, {"name": "b"}, {"name": "c"}], launcher, devices={"cpu_slots": 1})
     events = sup.subscribe()

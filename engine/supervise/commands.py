@@ -40,21 +40,31 @@ def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str, ending: WorkerStat
 
 
 def pause(lifecycle: Lifecycle, run: PipelineRun) -> None:
-    if run.state in (S.STARTING, S.RUNNING):
-        run.handle.send(Pause())
-        lifecycle.set_state(run, S.PAUSED)  # STARTING/RUNNING -> PAUSED
+    if run.state not in (S.STARTING, S.RUNNING):
+        raise ValueError(f"{run.name} is paused already" if run.state == S.PAUSED else _cannot(run, "paused"))
+    run.handle.send(Pause())
+    lifecycle.set_state(run, S.PAUSED)  # STARTING/RUNNING -> PAUSED
 
 
 def resume(lifecycle: Lifecycle, run: PipelineRun) -> None:
-    if run.state == S.PAUSED:
-        run.current.last_progress = time.monotonic()
-        run.handle.send(Resume())
-        lifecycle.set_state(run, S.RUNNING)  # PAUSED -> RUNNING
+    if run.state != S.PAUSED:
+        raise ValueError(f"{run.name} is {run.state.value}, not paused: nothing to resume")
+    run.current.last_progress = time.monotonic()
+    run.handle.send(Resume())
+    lifecycle.set_state(run, S.RUNNING)  # PAUSED -> RUNNING
 
 
 def checkpoint(run: PipelineRun) -> None:
-    if run.state in LIVE:
-        run.handle.send(CheckpointNow())
+    if run.state not in LIVE:
+        raise ValueError(_cannot(run, "checkpointed"))
+    run.handle.send(CheckpointNow())
+
+
+def _cannot(run: PipelineRun, what: str) -> str:
+    """Why a command that needs a training process does nothing to `run` as it is (queued, ended, ...)."""
+    if run.state == S.QUEUED:
+        return f"{run.name} is queued, waiting for a free device: it cannot be {what} before it starts"
+    return f"{run.name} is {run.state.value}: it cannot be {what} now"
 
 
 def kill(lifecycle: Lifecycle, run: PipelineRun) -> None:
