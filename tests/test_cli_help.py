@@ -32,7 +32,7 @@ def help_text(capsys, *argv: str) -> str:
     ("ls", "usage: torchherd ls [-h] [--runs-dir DIR] [--json]"),
     ("kill", "usage: torchherd kill [-h] [--runs-dir DIR] RUN [NAME]"),
     ("pause", "usage: torchherd pause [-h] [--runs-dir DIR] RUN NAME"),
-    ("resume", "usage: torchherd resume [-h] [--headless] [--detach] [--only NAME] RUN_DIR"),
+    ("resume", "usage: torchherd resume [-h] [--runs-dir DIR] [--headless] [--detach] [--only NAME] RUN"),
     ("check", "usage: torchherd check [-h] [--probe] CONFIG"),
 ])
 def test_each_command_has_its_own_clean_help(capsys, command: str, usage: str):

@@ -80,7 +80,8 @@ async def test_resume_only_picks_pipelines_and_leaves_completed_ones_alone(tmp_p
     last = [e for e in events if isinstance(e, RunFinished)][-1]
     assert last.statuses == {"a": "stopped", "b": "completed", "c": "stopped"}
     started = [e.pipeline for e in events if isinstance(e, TrainingStarted)]
-    proc = cli("resume", str(run_dir), "--headless")
+    # By its run id, as `torchherd ls` lists it (regression: "not a torchherd run directory", exit 2).
+    proc = cli("resume", run_dir.name, "--runs-dir", str(run_dir.parent), "--headless")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     again = [e.pipeline for e in read_events(run_dir) if isinstance(e, TrainingStarted)][len(started):]
     assert sorted(again) == ["a", "c"]  # b had completed: not trained again
@@ -89,3 +90,5 @@ async def test_resume_only_picks_pipelines_and_leaves_completed_ones_alone(tmp_p
     assert done.returncode == 0 and "nothing to resume" in done.stderr, done.stdout + done.stderr
     bad = cli("resume", str(run_dir), "--headless", "--only", "nope")
     assert bad.returncode == 2 and "nope" in bad.stderr
+    nosuch = cli("resume", "no-such-run", "--runs-dir", str(run_dir.parent), "--headless")
+    assert nosuch.returncode == 2 and "no-such-run: no such run" in nosuch.stderr, nosuch.stderr

@@ -71,7 +71,10 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "(stopped, killed, failed, never started, or cut short when its torchherd died) from its "
         "checkpoints, in the same run directory, with a fresh restart budget. Completed pipelines stay "
         "as they are.")
-    resume.add_argument("run_dir", metavar="RUN_DIR", help="the run directory, e.g. runs/20250101-120000-digits")
+    resume.add_argument("run_dir", metavar="RUN", help="the run directory (e.g. runs/20250101-120000-digits) or "
+                        "its run id under --runs-dir, as `torchherd ls` lists it")
+    resume.add_argument("--runs-dir", metavar="DIR", default="runs", help="where run ids are looked up (default: "
+                        "./runs)")
     resume.add_argument("--headless", action="store_true", help="no screen: print one line per event")
     resume.add_argument("--detach", action="store_true",
                         help="carry it on in the background and return at once (exit 0), printing how to attach")
@@ -193,8 +196,13 @@ def run_app_checked(config: Path, runs_dir: Path | None) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from ..engine.rundir.directory import summarize
+    from .control import BadRun, resolve_run
 
-    run_dir = Path(args.run_dir)
+    try:
+        run_dir = resolve_run(args.run_dir, Path(args.runs_dir))
+    except BadRun as exc:
+        print(f"torchherd: {exc}", file=sys.stderr)
+        return 2
     summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
     if summary is None or not (run_dir / "config.json").exists():
         print(f"torchherd: {run_dir}: not a torchherd run directory", file=sys.stderr)
