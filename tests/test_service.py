@@ -352,10 +352,11 @@ def test_cli_detached_run_is_listed_steered_stopped_and_then_not_live(tmp_path):
         listed = torchherd("ls", "--json", "--runs-dir", str(runs))
         assert listed.returncode == 0, listed.stderr
         [entry] = json.loads(listed.stdout)
-        assert (entry["run_id"], entry["live"], entry["state"]) == (run_dir.name, True, "live")
+        assert (entry["run_id"], entry["live"], entry["state"], entry["pid"]) == (run_dir.name, True, "live",
+                                                                                 service.pid)
         plain = torchherd("ls", "--runs-dir", str(runs))
         assert plain.returncode == 0 and plain.stdout.startswith(run_dir.name), plain.stdout
-        assert " live " in plain.stdout and "first, second" in plain.stdout
+        assert f" live (pid {service.pid}) " in plain.stdout and "first, second" in plain.stdout
 
         # Bad input: exit 2, and nothing reaches the run.
         nosuch = torchherd("kill", str(run_dir), "nosuch")
@@ -406,7 +407,8 @@ def test_cli_detached_run_is_listed_steered_stopped_and_then_not_live(tmp_path):
         assert "no torchherd supervisor is running it" in again.stderr
         after = torchherd("ls", "--json", "--runs-dir", str(runs))
         [entry] = json.loads(after.stdout)
-        assert (entry["live"], entry["state"], entry["resumable"]) == (False, "stopped, resumable", True)
+        assert (entry["live"], entry["state"], entry["resumable"], entry["pid"]) == (False, "stopped, resumable",
+                                                                                    True, None)
 
         # Carried on in the background too: the CLI returns, a new service trains on from the checkpoints.
         resumed = torchherd("resume", str(run_dir), "--detach")

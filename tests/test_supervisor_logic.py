@@ -129,6 +129,25 @@ async def test_pause_resume_and_checkpoint_refuse_a_pipeline_they_cannot_act_on(
     await sup.shutdown(graceful=False)
 
 
+async def test_a_pipeline_restarted_after_it_ended_is_not_listed_as_ended(tmp_path, launcher):
+    # Regression: `torchherd ls --json` said "wide": "stopped" while wide, restarted, trained on (try 2).
+    from torchherd.engine.rundir.directory import summarize
+
+    sup = make(tmp_path, [{"name": "a"}, {"name": "b"}], launcher)
+    await sup.start()
+    await until(lambda: len(launcher.handles) == 2)
+    sup.stop("a")
+    by_name = {spec.child.name: handle for spec, handle in zip(launcher.specs, launcher.handles)}
+    by_name["a"].code = 10  # stopped after a checkpoint
+    await until(lambda: sup.view("a").state == WorkerState.STOPPED)
+    assert summarize(sup.run_dir).statuses == {"a": "stopped"}
+    sup.restart("a")
+    await until(lambda: len(launcher.handles) == 3)
+    summary = summarize(sup.run_dir)
+    assert summary.statuses == {} and summary.to_resume == ("a", "b")  # neither has ended
+    await sup.shutdown(graceful=False)
+
+
 async def test_a_shutdown_that_kills_launches_nothing_into_the_slots_it_frees(tmp_path, launcher):
     sup = make(tmp_path, [{"name": "a"}, {"name": "b"}, {"name": "c"}], launcher, devices={"cpu_slots": 1})
     events = sup.subscribe()

@@ -54,15 +54,19 @@ def state_of(summary) -> str:
 def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int:
     """`torchherd ls`: every run under `runs_dir`, newest first, with its state; stale sockets cleaned."""
     from ..engine.rundir.directory import list_runs
-    from ..engine.serve.runtime import clean_stale
+    from ..engine.serve.runtime import clean_stale, read_control
 
     runs = list_runs(runs_dir)
+    pids: dict[Path, int | None] = {}
     for r in runs:
         if not r.live:
             clean_stale(r.path)  # a supervisor that died (SIGKILL, reboot) left its socket behind
+        else:
+            control = read_control(r.path)
+            pids[r.path] = control.pid if control is not None else None
     if as_json:
         json.dump([{"run_id": r.run_id, "path": str(r.path), "state": state_of(r), "live": r.live,
-                    "resumable": r.resumable, "status": r.status, "started": r.started,
+                    "pid": pids.get(r.path), "resumable": r.resumable, "status": r.status, "started": r.started,
                     "statuses": r.statuses} for r in runs], out, indent=2)
         out.write("\n")
         return EXIT_TOOK
@@ -72,7 +76,8 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int
     width = max(len(r.run_id) for r in runs)
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started))
-        out.write(f"{r.run_id:<{width}}  {started}  {state_of(r):<24} {', '.join(r.pipelines)}\n")
+        state = f"live (pid {pids[r.path]})" if pids.get(r.path) else state_of(r)
+        out.write(f"{r.run_id:<{width}}  {started}  {state:<24} {', '.join(r.pipelines)}\n")
     return EXIT_TOOK
 
 

@@ -340,6 +340,9 @@ def summarize(run_dir: Path) -> RunSummary | None:
     for r in records:
         if r.get("type") == PipelineFinished.type:
             statuses[r["pipeline"]], reasons[r["pipeline"]] = r["status"], r.get("reason", "")
+        elif r.get("type") == PipelineQueued.type:  # restarted, promoted or resumed: not ended any more
+            statuses.pop(r["pipeline"], None)
+            reasons.pop(r["pipeline"], None)
     finished = [r for r in records if r.get("type") == RunFinished.type]
     pipelines = tuple(started.get("pipelines", ()))
     for r in records:
