@@ -148,6 +148,34 @@ async def test_a_pipeline_restarted_after_it_ended_is_not_listed_as_ended(tmp_pa
     await sup.shutdown(graceful=False)
 
 
+async def test_a_pipeline_that_ran_and_waits_in_the_queue_again_ends_as_stopped_not_never_ran(tmp_path, launcher):
+    # Regression: after a resume and a stop, the table read "medium never ran 1 15/300" for a pipeline that had
+    # trained 15 epochs: queued again and stopped there, its reason was "stopped before it started".
+    from torchherd.engine.protocol.states import ended_label
+
+    sup = make(tmp_path, [{"name": "a"}, {"name": "b"}], launcher, devices={"cpu_slots": 1})
+    events = sup.subscribe()
+    await sup.start()
+    await until(lambda: launcher.handles)
+    first = launcher.specs[0].child.name
+    other = ({"a", "b"} - {first}).pop()
+    sup.stop(first)
+    launcher.handles[0].code = 10  # stopped after a checkpoint; the other takes the slot
+    await until(lambda: len(launcher.handles) == 2)
+    sup.restart(first)  # queued again behind the other
+    assert sup.view(first).state == WorkerState.QUEUED
+    sup.stop(first)
+    sup.kill(other)
+    await until(lambda: sup.finished)
+    ends = {}
+    while (e := events.get_nowait()) is not None:
+        if isinstance(e, PipelineFinished):
+            ends[e.pipeline] = (e.status, e.reason)
+    assert ends[first] == ("stopped", "stopped while queued")
+    assert ended_label(*ends[first]) == "stopped"
+    await sup.shutdown()
+
+
 async def test_a_shutdown_that_kills_launches_nothing_into_the_slots_it_frees(tmp_path, launcher):
     sup = make(tmp_path, [{"name": "a"}, {"name": "b"}, {"name": "c"}], launcher, devices={"cpu_slots": 1})
     events = sup.subscribe()

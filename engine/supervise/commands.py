@@ -22,7 +22,7 @@ def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str, ending: WorkerStat
     """Gracefully stop: finish the step, checkpoint, exit (or end now what has nothing to save). `ending`:
     the final state it ends in (early_stopped, pruned: a completion rather than a stop on request)."""
     if run.state in (S.QUEUED, S.BACKOFF):
-        why = f"stopped {BEFORE_START}" if run.state == S.QUEUED and ending == S.STOPPED else reason
+        why = _unstarted(run, "stopped") if run.state == S.QUEUED and ending == S.STOPPED else reason
         lifecycle.finish(run, ending, why)  # QUEUED/BACKOFF -> STOPPED (or ending)
         return
     if run.state in LIVE or (run.state in (S.KILLING, S.HUNG) and run.intent in (Intent.RESTART, Intent.HUNG)):
@@ -60,6 +60,14 @@ def checkpoint(run: PipelineRun) -> None:
     run.handle.send(CheckpointNow())
 
 
+def _unstarted(run: PipelineRun, what: str) -> str:
+    """Why a pipeline with no process ended: `what` before it started (it never ran: people read "never ran"),
+    or, when an attempt of it ran (this session or one this run resumes), where it was waiting."""
+    if not run.attempts:
+        return f"{what} {BEFORE_START}"
+    return f"{what} while waiting to restart" if run.state == S.BACKOFF else f"{what} while queued"
+
+
 def _cannot(run: PipelineRun, what: str) -> str:
     """Why a command that needs a training process does nothing to `run` as it is (queued, ended, ...)."""
     if run.state == S.QUEUED:
@@ -70,7 +78,7 @@ def _cannot(run: PipelineRun, what: str) -> str:
 def kill(lifecycle: Lifecycle, run: PipelineRun) -> None:
     """End the worker now: the polite signal to its process group, the hard one after the grace period."""
     if run.state in (S.QUEUED, S.BACKOFF):
-        lifecycle.finish(run, S.KILLED, "killed before it started")  # QUEUED/BACKOFF -> KILLED
+        lifecycle.finish(run, S.KILLED, _unstarted(run, "killed"))  # QUEUED/BACKOFF -> KILLED
     elif run.handle is not None and run.state != S.KILLING:
         run.current.intent = Intent.KILL
         lifecycle.terminate(run)
@@ -108,7 +116,7 @@ def end_at_shutdown(lifecycle: Lifecycle, run: PipelineRun) -> None:
 def settle_unreaped(lifecycle: Lifecycle, run: PipelineRun) -> None:
     """The session has ended and `run` has no process, yet no final state: it ends killed (stopped if asked)."""
     if not run.state.final and run.handle is None:
-        why = run.finish_reason or ("session ended" + (f" {BEFORE_START}" if run.state == S.QUEUED else ""))
+        why = run.finish_reason or (_unstarted(run, "session ended") if run.state == S.QUEUED else "session ended")
         lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else run.stop_as, why)
 
 
