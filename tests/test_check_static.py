@@ -101,8 +101,10 @@ def test_probe_problems_use_the_same_path_style_as_config_problems(project: Path
     config = write(project / "configs" / "run.toml", '[defaults]\ntask = "../task.py:build"\n' + TWO_PIPELINES)
     report = check_config(config, probe=True, inventory=NO_GPU)
     assert [str(p) for p in report.problems] == [
-        "configs/run.toml: pipelines[0].task: task factory task.py:build raised ValueError: bad lr 0.1",
-        "configs/run.toml: pipelines[1].task: task factory task.py:build raised ValueError: bad lr 0.2"]
+        "configs/run.toml: pipelines[0].task: task factory task.py:build raised ValueError: bad lr 0.1 (its params: "
+        "lr = 0.1)",
+        "configs/run.toml: pipelines[1].task: task factory task.py:build raised ValueError: bad lr 0.2 (its params: "
+        "lr = 0.2)"]
     assert str(project) not in report.render()
 
 

@@ -107,7 +107,7 @@ def test_the_check_waits_for_every_held_build_and_names_the_task_that_failed(tmp
     assert check.verdict() is None  # b has not built yet
     check.heard("b", WorkerError(pipeline="b", error="task factory regression raised ValueError: no", where="build"))
     assert [str(p) for p in check.verdict()] == [f"{tmp_path / 'run.toml'}: pipelines[1].task: task factory "
-                                                 "regression raised ValueError: no"]
+                                                 "regression raised ValueError: no (its params: hidden = 8)"]
 
 
 def test_the_check_passes_once_every_held_worker_built(tmp_path: Path):

@@ -123,7 +123,8 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
             loop.remove_signal_handler(sig)
         await (run.close() if finished else run.detach())
     if finished:
-        printer.write(f"run directory: {run.run_dir}\n")
+        if not printer.refused:  # a task that did not build: nothing trained, and no run directory is kept
+            printer.write(f"run directory: {run.run_dir}\n")
         return exit_status(run.statuses)
     if hung_up.is_set():
         return EXIT_OK

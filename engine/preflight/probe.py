@@ -108,7 +108,16 @@ def task_problems(config: RunConfig, errors: dict[int, str]) -> list[Problem]:
     """
     file = display_path(config.source) if config.source else ""
     tasks = {i: p.task for i, p in enumerate(config.pipelines)}
+    errors = {i: _with_params(message, config.pipelines[i].params) for i, message in errors.items()}
     return grouped_task_problems(file, config.defaults.task, tasks, errors)
+
+
+def _with_params(message: str, params: dict) -> str:
+    """A factory that raised was called with the pipeline's params, often the cause: say what they were."""
+    if not params or not message.startswith("task factory ") or " raised " not in message:
+        return message
+    shown = ", ".join(f"{k} = {json.dumps(v, default=str)}" for k, v in params.items())
+    return f"{message} (its params: {shown})"
 
 
 def grouped_task_problems(file: str, defaults_task: str | None, tasks: dict[int, str | None],

@@ -14,6 +14,18 @@ from ...protocol.names import PipelineKind
 from ..base import Runner, Scorer, cuda_index, error_text, set_up_torch
 
 
+def factory_traceback(exc: BaseException) -> str:
+    """What a TaskError's factory raised, from the factory's own frames: the torchherd frames that called it
+    (and the TaskError saying so) tell the person nothing the error line does not."""
+    cause = exc.__cause__
+    if cause is None:
+        return "".join(traceback.format_exception(exc))
+    tb = cause.__traceback__
+    if tb is not None and tb.tb_next is not None:  # the first frame is torchherd's call of the factory
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(cause), cause, tb))
+
+
 class TaskRunner(Runner):
     """`task = "file.py:build"`: a factory that returns a torchherd Task (or a LightningTask, then Lightning trains)."""
 
@@ -55,7 +67,7 @@ class TaskRunner(Runner):
         except TaskError as exc:
             print(f"torchherd: {exc}", file=sys.stderr)
             sender.send(WorkerError(pipeline=pipe.name, error=error_text(str(exc)), where="build",
-                                    traceback=traceback.format_exc()))
+                                    traceback=factory_traceback(exc)))
             return EXIT_FATAL
         if spec.hold:  # its build is the run's task check (engine/supervise/build_check.py): no step until all built
             sender.send(TaskBuilt(pipeline=pipe.name))
