@@ -81,6 +81,10 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
             return print_ended(run_dir, printer, from_start=from_start)
         printer.write(f"torchherd: {exc}\n")
         return EXIT_FAILED
+    if not owner:  # which run this is, and what the keys do to it, before its lines
+        keys = ("read-only: Ctrl-C leaves it going" if read_only else
+                "Ctrl-C stops every pipeline (twice: kills them); closing this terminal leaves it going")
+        printer.write(f"torchherd: following run {run_dir.name} ({run_dir}): {keys}\n")
     loop = asyncio.get_running_loop()
     hung_up = asyncio.Event()
     interrupts = 0

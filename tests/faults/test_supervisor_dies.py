@@ -85,7 +85,9 @@ def test_sigkilled_supervisor_takes_every_worker_and_loader_with_it(tmp_path):
         control = read_control(run_dir)
         assert control is not None and control.socket.exists()
         second = torchherd("attach", str(run_dir), "--headless", "--from-start")
-        first_line = second.stdout.readline()  # the run's first event, once it has attached
+        opening = second.stdout.readline()  # once it has attached: which run, what Ctrl-C does to it
+        assert opening.startswith(f"torchherd: following run {run_dir.name} ") and "Ctrl-C stops" in opening, opening
+        first_line = second.stdout.readline()  # the run's first event
         assert first_line.startswith("[") and " run " in first_line, first_line
 
         service.send_signal(signal.SIGKILL)
