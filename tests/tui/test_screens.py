@@ -242,6 +242,38 @@ async def test_a_failure_reason_reads_without_brackets_in_brackets(make_app, ses
         assert not any("))" in text for text in log_texts(app))
 
 
+# Regression: at 120 columns a sweep's trials read "reg-lr0.03-ba…" twice over (names cut at 14 cells) with 10
+# columns empty at the right; at 100 it dropped progress, best, samples/s and elapsed, 20 columns left empty.
+@pytest.mark.parametrize("width, shown, dropped", [
+    (120, ["progress", "elapsed", "best"], ["rate"]),  # the names whole first, then what fits
+    (100, ["elapsed"], ["progress", "best", "rate"]),
+    (80, [], ["progress", "elapsed", "best", "rate"]),  # 78 cells: the columns people act on, names cut
+])
+async def test_names_take_the_spare_width_first_then_the_columns_that_fit(width, shown, dropped):
+    from textual.app import App
+
+    from torchherd.engine.protocol.progress import PipelineProgress
+
+    class TableOnly(App):
+        def compose(self):
+            yield PipelineTable()
+
+    names = ["reg-lr0.03-batch_size32", "reg-lr0.03-batch_size128"]
+    app = TableOnly()
+    async with app.run_test(size=(width, 12)) as pilot:
+        table = app.query_one(PipelineTable)
+        table.update_rows([PipelineProgress(n) for n in names], now=0.0, terminal_width=width)
+        await pilot.pause()
+        keys = [c.key for c in table.visible_columns()]
+        assert all(k in keys for k in shown) and not any(k in keys for k in dropped), keys
+        assert sum(c.width + 1 for c in table.visible_columns()) <= table.size.width
+        rows = [table.render_line(i + 1).text for i in range(2)]
+        if width >= 100:
+            assert [r.split()[0] for r in rows] == names, rows  # told apart
+        else:
+            assert all(r.startswith("reg-lr0.03-ba… ") for r in rows), rows
+
+
 # Regression: at 80x24 the table dropped the device and try columns (which GPU, how many restarts spent) but
 # kept elapsed; with 12 pipelines 4 rows showed and nothing said there were 8 more.
 async def test_at_80_columns_the_table_keeps_device_and_try_and_says_how_many_rows_are_hidden():

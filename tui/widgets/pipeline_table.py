@@ -9,7 +9,7 @@ header names the validation metric (`best` is the best of it so far).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from rich.cells import cell_len, set_cell_size
@@ -102,6 +102,9 @@ COLUMNS = (
 )
 # Only while some pipeline runs on another cluster node; placed after the device column.
 NODE = Column("node", "node", 10, lambda r, now, w: r.node or "-", False)
+# What a table narrower than every column keeps besides the compact ones, first kept first, while it fits.
+OPTIONAL = ("node", "progress", "elapsed", "best", "rate")
+NAME_MAX = 32  # cells the name column may widen to, before those
 
 
 def _fit(text: str, width: int) -> str:
@@ -137,8 +140,10 @@ class PipelineTable(Widget, can_focus=True):
         self.metric = "val_loss"  # named in the val column's header
         self.cursor = 0
         self.top = 0  # first row shown
-        self.compact = False
+        self.compact = False  # the terminal is narrower than WIDE: not every column fits
         self.nodes = False  # some pipeline runs on another node: the node column is shown
+        self.longest = 0  # cells of the longest pipeline name
+        self._layout: tuple[tuple, list[Column]] = ((), [])  # (width, nodes, longest, compact), its columns
 
     # ------------------------------------------------------------ API
     @property
@@ -174,6 +179,8 @@ class PipelineTable(Widget, can_focus=True):
             old = self.cells.get(row.name)
             if old is None:
                 self.names.append(row.name)
+                if cell_len(row.name) > self.longest:
+                    self.longest, relayout = cell_len(row.name), True
             elif old == values:
                 continue
             self.cells[row.name] = values
@@ -222,9 +229,30 @@ class PipelineTable(Widget, can_focus=True):
             self.refresh(Region(0, y, self.size.width, 1))
 
     def visible_columns(self) -> list[Column]:
-        """The columns shown at the current width, left to right."""
-        columns = [c for c in COLUMNS if c.compact or not self.compact]
-        if self.nodes and not self.compact:
+        """The columns shown at the current width, left to right: every one people act on, then those of
+        OPTIONAL that fit; the name column widened into the cells left over, up to the longest name."""
+        key = (self.size.width, self.nodes, self.longest, self.compact)
+        if key != self._layout[0]:
+            self._layout = (key, self._lay_out(*key))
+        return self._layout[1]
+
+    def _lay_out(self, width: int, nodes: bool, longest: int, compact: bool) -> list[Column]:
+        if not width:  # not laid out yet: as the terminal's width says
+            return [c for c in (*COLUMNS[:2], *([NODE] if nodes else []), *COLUMNS[2:]) if c.compact or not compact]
+        shown = {c.key for c in COLUMNS if c.compact}
+        used = sum(c.width + 1 for c in COLUMNS if c.compact)
+        name = COLUMNS[0]
+        # Names first (rows people cannot tell apart help nobody: a sweep's trials differ at their ends).
+        grow = min(name.width + width - used, longest, NAME_MAX) - name.width
+        if grow > 0:
+            name, used = replace(name, width=name.width + grow), used + grow
+        by_key = {c.key: c for c in (*COLUMNS, NODE)}
+        for key in OPTIONAL:
+            if (key != "node" or nodes) and used + by_key[key].width + 1 <= width:
+                shown.add(key)
+                used += by_key[key].width + 1
+        columns = [name, *(c for c in COLUMNS[1:] if c.key in shown)]
+        if "node" in shown:
             columns.insert(2, NODE)  # after pipeline and device
         return columns
 
