@@ -85,8 +85,14 @@ async def test_past_run_opens_read_only(make_app, runs_dir, clock):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.screen.runs, what="runs listed")
+        # Regression: the first picker's footer offered "esc back" (it did nothing) and "r resume run" on a
+        # config (nothing either). Only keys that act are offered: r on a past run, no escape at all.
+        def offered() -> set[str]:
+            return {b.binding.action for b in app.screen.active_bindings.values() if b.enabled and b.binding.show}
+        await wait_for(pilot, lambda: offered() == {"app.help", "app.request_quit"}, what="a config's keys")
         choices = app.screen.query_one("#choices", OptionList)
         choices.highlighted = choices.option_count - 1
+        await wait_for(pilot, lambda: offered() == {"resume", "app.help", "app.request_quit"}, what="a run's keys")
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="dashboard")
         await pilot.pause()

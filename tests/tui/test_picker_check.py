@@ -85,8 +85,9 @@ async def test_torchherd_run_opens_on_the_check_and_then_launches(tmp_path: Path
 async def test_launch_more_footer_does_not_offer_resume(tmp_path: Path, runs_dir, make_app, session):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
         keys = [k.description for k in app.screen.query(FooterKey)]
-        assert "resume run" in keys  # the first picker resumes unfinished runs
+        assert keys == ["help", "quit"]  # a config is highlighted: r resumes past runs only; nothing is behind
         await launch(pilot, session)
         await pilot.press("n")
         await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen) and app.screen.adding, what="launch more")

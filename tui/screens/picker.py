@@ -135,8 +135,23 @@ class PickerScreen(Screen[PickerResult]):
         self.call_after_refresh(self._list)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # Launch more adds configs to a live session; resuming another run is not on offer there.
-        return not (action == "resume" and self.adding)
+        """Only keys that do something are offered: escape goes back to the run that launch more came from
+        (the first picker has nothing behind it; q quits), r resumes the highlighted past run, or says why
+        it cannot (launch more adds configs to a live session: resuming another run is not on offer)."""
+        if action == "back":
+            return self.adding
+        if action == "resume":
+            return not self.adding and self._highlighted_run()
+        return True
+
+    def _highlighted_run(self) -> bool:
+        try:
+            choices = self.query_one(OptionList)
+        except Exception:  # not composed yet
+            return False
+        option = choices.get_option_at_index(choices.highlighted) if choices.highlighted is not None else None
+        chosen = self._chosen(option.id if option is not None else None)
+        return chosen is not None and chosen[0] == "run"
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="list")
     def _list(self) -> None:
@@ -189,6 +204,7 @@ class PickerScreen(Screen[PickerResult]):
         return (kind, self.configs[int(index)] if kind == "cfg" else self.runs[int(index)])
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        self.refresh_bindings()  # r is offered on a past run only
         chosen = self._chosen(event.option.id)
         if chosen is None:
             return
@@ -319,7 +335,4 @@ class PickerScreen(Screen[PickerResult]):
         self.dismiss(("resume", run.path))
 
     def action_back(self) -> None:
-        if self.adding:
-            self.dismiss(None)
-        else:
-            self.app.action_request_quit()
+        self.dismiss(None)  # offered only over a live run (check_action)
