@@ -210,7 +210,7 @@ class TorchherdApp(App[int]):
     # ------------------------------------------------------------ actions
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(picker=isinstance(self.screen, PickerScreen)))
 
     def action_launch_more(self) -> None:
         if not self.bridge.live:

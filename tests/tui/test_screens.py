@@ -6,11 +6,14 @@ import math
 
 import pytest
 from rich.cells import cell_len
+from textual.geometry import Region
+from textual.widgets import Static
 
 from torchherd.engine.protocol import messages as m
 from torchherd.tui.screens.dashboard import DashboardScreen
 from torchherd.tui.screens.dialogs import HelpScreen
 from torchherd.tui.screens.log_view import LogScreen
+from torchherd.tui.screens.picker import PickerScreen
 from torchherd.tui.widgets.log_views import EventLog
 from torchherd.tui.widgets.loss_chart import GLYPHS, GUTTER, MARKER, RESTART, LossChart
 from torchherd.tui.widgets.pipeline_table import PipelineTable
@@ -188,6 +191,23 @@ async def test_help_scrolls_at_80x24(make_app, session):
         await wait_for(pilot, lambda: text.scroll_y == text.max_scroll_y, what="scrolled to the end")
         await pilot.press("escape")
         assert isinstance(app.screen, DashboardScreen)
+
+
+async def test_help_from_the_picker_starts_with_its_keys_and_no_line_wraps(make_app):
+    # Regression: ? on the picker showed the dashboard's keys (the picker's came last), and at 80x24 the
+    # d line wrapped "its" and "step)" to the dialog's first column.
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen), what="the picker")
+        await pilot.press("question_mark")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="the help")
+        await pilot.pause()
+        text = app.screen.query_one("#help-text")
+        lines = [strip.text for strip in text.query_one(Static).render_lines(
+            Region(0, 0, text.query_one(Static).size.width, text.query_one(Static).size.height))]
+        assert lines[0].strip() == "Picker keys", lines[:3]
+        starts = [line.strip() for line in lines if line.strip() and not line.startswith(" ")]
+        assert starts == ["Picker keys", "Dashboard keys", "Table columns", "Chart"], starts  # wraps start at 0
 
 
 async def test_help_explains_the_try_column(make_app):

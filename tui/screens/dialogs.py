@@ -10,6 +10,17 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+PICKER_HELP = """\
+[b]Picker keys[/b]
+  ↑/↓     select a config or a past run
+  enter   launch the config / open the run read-only
+  r       resume a past run that did not finish, from
+          its checkpoints (offered on a past run)
+  escape  launch more only: back to the run
+  ?       this help
+  q       quit
+"""
+
 HELP = """\
 [b]Dashboard keys[/b]
   ↑/↓     select a pipeline
@@ -19,8 +30,9 @@ HELP = """\
   s       stop it gracefully: checkpoint, then exit
   c       write a checkpoint now
   l       its full log (escape comes back)
-  d       its processes write their Python stacks to its
-          log, nothing stops (for one that makes no step)
+  d       its processes write their Python stacks to
+          its log, nothing stops (for one that makes no
+          step)
   n       launch more: add a config to this session
   t       a sweep: its trials best first, with their
           values, state, best metric and rung, and why
@@ -63,12 +75,6 @@ HELP = """\
   steps' loss, a spike) go off the top of the y axis
   unless o is pressed: ↑ marks where, and the legend
   says "↑ clipped".
-
-[b]Picker keys[/b]
-  ↑/↓     select a config or a past run
-  enter   launch the config / open the run read-only
-  r       resume an unfinished run from its checkpoints
-  escape  back (or quit)
 """
 
 
@@ -147,9 +153,13 @@ class HelpScreen(ModalScreen[None]):
     CSS_PATH = "dialogs.tcss"
     BINDINGS = [Binding("escape,question_mark,q,enter", "close", "close")]
 
+    def __init__(self, picker: bool = False) -> None:
+        super().__init__()
+        self.picker = picker  # opened from the picker: its keys first
+
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog help", id="help-text"):
-            yield Static(HELP)
+            yield Static(f"{PICKER_HELP}\n{HELP}" if self.picker else f"{HELP}\n{PICKER_HELP}")
 
     def on_mount(self) -> None:
         text = self.query_one("#help-text", VerticalScroll)
