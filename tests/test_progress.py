@@ -53,6 +53,11 @@ def test_a_lifecycle_folds_into_the_figures_the_supervisor_reports():
     assert p.fraction == pytest.approx(1 / 3)
     queued = apply(p, m.PipelineQueued(pipeline="a", priority=0, position=1))  # restarted, waiting for a slot
     assert (queued.device, queued.pid, queued.eta()) == ("", None, None)
+    # Regression: a 10 s pause moved an ETA from 3:37 to 8:52; the step rate counts training time only.
+    p = fold(p, m.WorkerStateChanged(pipeline="a", state="paused", previous="running", time=102.0),
+             m.WorkerStateChanged(pipeline="a", state="running", previous="paused", time=112.0),
+             m.StepMetrics(pipeline="a", epoch=1, step=15, loss=1.0, lr=0.1, samples_per_s=60.0, time=113.0))
+    assert p.step_rate == 5.0 and p.eta() == 3.0  # 15 steps in 3 s of training: 15 left
 
 
 def test_crashes_count_restarts_and_learn_the_budget_and_the_end_is_final():

@@ -81,8 +81,9 @@ class PipelineProgress:
     last_error: str = ""  # "ExceptionType: message" of the newest failure
     traceback: str = ""
     finish_reason: str = ""  # why it reached its final state
-    rate_origin: tuple[float, int] | None = None  # (time, step) of this attempt's first step report
-    step_rate: float = 0.0  # steps per second over this attempt
+    rate_origin: tuple[float, int] | None = None  # (time, step) of this attempt's first step report, + pauses
+    step_rate: float = 0.0  # steps per second over this attempt, its pauses left out
+    paused_at: float | None = None  # seconds since the epoch it was paused, while paused
     stalled_since: float | None = None  # seconds since the epoch of its last news, while flagged for no step
 
     @property
@@ -137,7 +138,13 @@ def _stalled(p: PipelineProgress, ev: m.Stalled) -> PipelineProgress:
 
 
 def _state(p: PipelineProgress, ev: m.WorkerStateChanged) -> PipelineProgress:
-    return replace(p, state=WorkerState(ev.state))
+    state = WorkerState(ev.state)
+    if state == WorkerState.PAUSED:
+        return replace(p, state=state, paused_at=ev.time)
+    origin = p.rate_origin
+    if p.paused_at is not None and origin is not None:  # the step rate counts training time, not the pause
+        origin = (origin[0] + max(0.0, ev.time - p.paused_at), origin[1])
+    return replace(p, state=state, paused_at=None, rate_origin=origin)
 
 
 def _training_started(p: PipelineProgress, ev: m.TrainingStarted) -> PipelineProgress:
