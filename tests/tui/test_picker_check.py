@@ -107,3 +107,20 @@ async def test_a_missing_config_folder_is_named_with_how_to_pick_one(tmp_path: P
         choices = app.screen.query_one("#choices", OptionList)
         assert "sample_configs/ does not exist" in str(choices.get_option_at_index(1).prompt)
         assert "torchherd DIR" in verdict(app) and "torchherd CONFIG" in verdict(app)
+
+
+# Regression: a config fixed in an editor while highlighted kept its old preview and ✗ verdict until the person
+# moved away and back.
+async def test_a_highlighted_config_saved_again_is_checked_again(tmp_path: Path, runs_dir, session):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    config = folder / "mine.toml"
+    config.write_text('[defaults]\nmax_epoch = 2\n\n[[pipelines]]\nname = "a"\n')  # a typo
+    app = TorchherdApp(folder, runs_dir, factory=session)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen) and "max_epoch" in verdict(app),
+                       what="the typo named")
+        config.write_text('[defaults]\nmax_epochs = "two"\n\n[[pipelines]]\nname = "a"\n')  # another problem
+        await wait_for(pilot, lambda: "max_epochs" in verdict(app) and "max_epoch:" not in verdict(app),
+                       what="the saved file checked again, without moving")
+        assert 'max_epochs = "two"' in str(app.screen.query_one("#source").content.code)

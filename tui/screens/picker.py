@@ -75,6 +75,18 @@ class Indented:
     def __str__(self) -> str:
         return "\n".join([self.head.plain, *("  " + line for line in self.lines)])
 
+EDITS_EVERY = 1.0  # seconds between looks at whether the highlighted config was saved again
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """What changes when a file is saved: its modification time and size ((0, 0) once it is gone)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
+
+
 class PickerScreen(Screen[PickerResult]):
     """Choose a config to launch (or add to the session), or a past run to open."""
 
@@ -113,6 +125,7 @@ class PickerScreen(Screen[PickerResult]):
         self.checks: dict[Path, ConfigCheck] = {}  # final verdicts
         self.building: dict[Path, PickerScreen.Building] = {}  # configs whose tasks are being built now
         self.launch_when_checked: Path | None = None
+        self.stamps: dict[Path, tuple[int, int]] = {}  # (mtime, size) of each config when last checked
 
     def compose(self) -> ComposeResult:
         if self.launch and self.initial is not None:
@@ -133,6 +146,7 @@ class PickerScreen(Screen[PickerResult]):
         # After the first frame: listing past runs and checking the first config load the engine, whose
         # imports in a thread would hold up the frame this screen draws first.
         self.call_after_refresh(self._list)
+        self.set_interval(EDITS_EVERY, self._check_again_if_edited)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Only keys that do something are offered: escape goes back to the run that launch more came from
@@ -218,6 +232,7 @@ class PickerScreen(Screen[PickerResult]):
                 self._show(check)
             elif building is not None:
                 self._show_building(building)
+            self.stamps[item] = _stamp(item)
             self._check(item)
         else:
             self._show_run(item)
@@ -263,6 +278,16 @@ class PickerScreen(Screen[PickerResult]):
             if check is None:  # cancelled: another config was highlighted
                 return
         self.post_message(self.Checked(check))
+
+    def _check_again_if_edited(self) -> None:
+        """The highlighted config was saved since its check: check it again, as moving onto it would."""
+        path = self._highlighted_config()
+        if path is None or self.stamps.get(path) in (None, stamp := _stamp(path)):
+            return
+        self.stamps[path] = stamp
+        self.checks.pop(path, None)
+        self.query_one("#verdict", Static).update(Text("checking… (the file changed)", style="dim"))
+        self._check(path)
 
     def _highlighted_config(self) -> Path | None:
         option = self.query_one("#choices", OptionList).highlighted_option
