@@ -69,6 +69,9 @@ async def test_launch_more_adds_to_the_session_and_queues(make_app, session):
         await pilot.press("down", "down")  # tiny.toml
         await wait_for(pilot, lambda: any(p.name == "tiny.toml" for p in app.screen.checks), timeout=60,
                        what="tiny checked")
+        # Regression: the check said "enter launches ... -> cpu0" with both slots busy, and nothing of names.
+        verdict = str(app.screen.query_one("#verdict").content)
+        assert verdict.startswith("✓ ready: enter adds it to this session") and "queue for free devices" in verdict
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="back on dashboard")
         table = app.screen.query_one(PipelineTable)

@@ -325,7 +325,11 @@ class PickerScreen(Screen[PickerResult]):
 
     def _show(self, check: ConfigCheck) -> None:
         self._show_source(check)
-        if check.ok:
+        if check.ok and self.adding:  # where it would go alone is not where it goes in a session already busy
+            verdict = Indented(Text("✓ ready: enter adds it to this session", style="bold green"), [
+                "its pipelines queue for free devices; a name the session has already gets a number (a -> a-2)",
+                *check.lines])
+        elif check.ok:
             verdict = Indented(Text("✓ ready: enter launches", style="bold green"), check.lines)
         else:
             verdict = Indented(Text(f"✗ cannot launch: {_plural(len(check.problems), 'problem')}", style="bold red"),
