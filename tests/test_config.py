@@ -107,6 +107,15 @@ def test_defaults_problem_reported_once(tmp_path):
     assert [p.key for p in found] == ["defaults.batch_size"]
 
 
+def test_a_pipeline_with_a_bad_key_still_has_its_task_checked(tmp_path):
+    # Regression: a pipeline with a bad name and an unknown task was reported for its name only; the task's
+    # problem surfaced on the next check, after the name was fixed.
+    found = problems({"pipelines": [{"name": "b c", "task": "nosuchtask"},
+                                    {"name": "d", "task": "regression", "batch_size": 0}]}, tmp_path)
+    assert [p.key for p in found] == ["pipelines[0].name", "pipelines[0].task", "pipelines[1].batch_size"]
+    assert "unknown task 'nosuchtask'" in found[1].message
+
+
 @pytest.mark.parametrize("data, key, suggestion", [
     ({"pipelines": [{"name": "a", "task": "regression", "bach_size": 8}]}, "pipelines[0].bach_size", "batch_size"),
     ({"restart": {"max_restart": 2}, "pipelines": [{"name": "a", "task": "regression"}]},

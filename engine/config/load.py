@@ -271,6 +271,7 @@ def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], 
             if key.split("[")[0] in raw_defaults and key.split("[")[0] not in pipe:
                 continue  # reported once, under [defaults]
             problems.append(p)
+        _resolve_past(exc, i, pipe, raw_defaults, shown, base_dir, problems)
         return None
     if model.name in names:
         problems.append(Problem(shown, f"pipelines[{i}].name",
@@ -286,6 +287,23 @@ def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], 
                                     "(task = \"lightning:...\") take a datamodule"))
         update["datamodule"] = dm_ref
     return model.model_copy(update=update)
+
+
+def _resolve_past(exc: ValidationError, i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], shown: str,
+                  base_dir: Path, problems: list[Problem]) -> None:
+    """A pipeline with a bad key still has what it runs resolved, so every problem is named at once (a bad name
+    and a task that does not exist, say): validated again without its bad keys (a stand-in name for a bad one)."""
+    bad = {str(e["loc"][0]) for e in exc.errors() if e.get("loc")}
+    if bad & {"task", "script", "validate", "cwd", "datamodule"}:
+        return
+    merged = {k: v for k, v in _merged(pipe, raw_defaults).items() if k not in bad}
+    if "name" in bad:
+        merged["name"] = "x"
+    try:
+        model = Pipeline.model_validate(merged)
+    except ValidationError:
+        return
+    problems += [p for p in resolve_kind(model, pipe, i, shown, base_dir)[1] if p not in problems]
 
 
 def _parse_top(data: dict[str, Any], shown: str, problems: list[Problem]) -> RunConfig | None:
