@@ -286,6 +286,34 @@ async def test_unmodified_scripts_report_epochs_restart_after_a_crash_and_stop_o
 
 
 @pytest.mark.slow
+async def test_a_script_that_ends_at_its_max_steps_is_let_finish_and_one_that_would_not_is_stopped(tmp_path):
+    # Regression: max_steps = 200 with a script that trains 200 steps, then saves: torchherd's SIGINT reached it
+    # at its last step, and the save after its loop never ran (KeyboardInterrupt, exit -2; "completed").
+    done, interrupted = tmp_path / "saved-at-the-end", tmp_path / "interrupted"
+    steps = r"Epoch (?P<step>\d+), Loss: (?P<loss>[-+.\deE]+)"
+    config = make_config(tmp_path, [
+        {"name": "ends", "script": PLAIN, "args": ["--epochs", "3", "--done", str(done), "--on-interrupt",
+                                                   str(interrupted)], "metrics": steps, "max_steps": 3},
+        {"name": "endless", "script": PLAIN, "args": ["--epochs", "100000", "--delay", "0.02"], "metrics": steps,
+         "max_steps": 3},
+    ], devices={"cpu_slots": 2}, restart={"stop_timeout": 4.0}, validation={"mode": "off"})
+    sup = Supervisor(config)
+    await sup.start()
+    try:
+        statuses = await asyncio.wait_for(sup.wait(), 120)
+    finally:
+        await sup.shutdown(graceful=False)
+    assert statuses == {"ends": "completed", "endless": "completed"}
+    assert done.read_text() == "done after epoch 3\n" and not interrupted.exists()  # it ended by itself
+    events = read_events(sup.run_dir)
+    assert [e.exit_code for e in of(events, WorkerExited, "ends")] == [0]
+    # The other trained on past its limit until the grace (three quarters of stop_timeout) ran out, then its
+    # stop signal ended it: trained to its limits all the same.
+    assert "plain_loop: interrupted, saved" in (sup.run_dir / "endless" / "log.txt").read_text()
+    assert max(e.step for e in of(events, StepMetrics, "endless")) > 3
+
+
+@pytest.mark.slow
 async def test_silent_script_is_hung_and_a_killed_script_leaves_no_children(tmp_path):
     config = make_config(tmp_path, [
         {"name": "silent", "script": PLAIN, "args": ["--silent-hang"], "metrics": EPOCH_LOSS},

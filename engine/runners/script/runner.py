@@ -42,6 +42,7 @@ TICK = 0.05  # seconds between looks at the control pipe and the script
 CPU_ALIVE = 0.02  # seconds of CPU in a heartbeat interval that count as life for a silent script
 KILL_AFTER = 5.0  # seconds between SIGTERM and SIGKILL when a NaN policy ends the script
 SAVE_SETTLE = 0.25  # seconds a new checkpoint file stays untouched before a waiting stop signals the script
+LIMIT_GRACE = 10.0  # seconds a script at its max_steps or max_time may take to end by itself before its signal
 STACKS_QUIET = 2.0  # seconds after a stack request whose output and CPU are no sign of training
 OUTPUT_JOIN = 2.0  # seconds to wait for the output after exit (a grandchild may still hold the pipe)
 MAX_LINE = 1 << 16  # bytes of one line kept for matching; a longer one is matched on its end
@@ -222,6 +223,11 @@ class ScriptAttempt(ClientFrames):
             self.signal_at = now + 0.75 * self.spec.stop_timeout
             self._tell(f"stopping after its next save in checkpoints/ (waiting up to "
                        f"{0.75 * self.spec.stop_timeout:.0f} s), then {self.stop_signal.name}")
+        elif not self.polls_stop and self.limit:
+            # It reached the limit the config sets (max_steps: often where the script ends by itself, then
+            # saves): a moment to end on its own, then its stop signal, as at the end of a wait for a save.
+            self.stop_after = time.time()
+            self.signal_at = now + min(LIMIT_GRACE, 0.75 * self.spec.stop_timeout)
         elif not self.polls_stop:
             # No client that looks for it: its stop signal (Ctrl-C's SIGINT unless the config says
             # otherwise; a script may catch KeyboardInterrupt to save). The supervisor's stop_timeout,

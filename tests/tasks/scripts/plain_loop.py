@@ -18,6 +18,7 @@ parser.add_argument("--silent-hang", action="store_true")  # after the first epo
 parser.add_argument("--children", type=int, default=0)  # start this many long-lived children first
 parser.add_argument("--on-interrupt", default="")  # file written when Ctrl-C arrives, before exiting
 parser.add_argument("--on-sigterm", default="")  # ignore Ctrl-C; write this file and exit 0 on SIGTERM
+parser.add_argument("--done", default="")  # written half a second after the last epoch (a final save)
 args = parser.parse_args()
 if args.on_sigterm:
     import signal
@@ -46,6 +47,10 @@ try:
         print(f"Epoch {epoch + 1}, Loss: {1.0 / (epoch + 1):.4f}", flush=True)
         if args.silent_hang:
             time.sleep(600)
+    if args.done:
+        time.sleep(0.5)
+        with open(args.done, "w") as fh:
+            fh.write(f"done after epoch {epoch + 1}\n")
 except KeyboardInterrupt:
     if args.on_interrupt:
         with open(args.on_interrupt, "w") as fh:
