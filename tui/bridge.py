@@ -93,14 +93,8 @@ def list_past_runs(runs_dir: Path) -> list[PastRun]:
         return []
 
 
-def replay_run(run_dir: Path) -> RunState:
-    """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
-    from ..engine.rundir.directory import read_events
-
-    from .ranking import saved_sweep
-    from .runstate import RunState
-
-    state = RunState(read_only=True, run_dir=run_dir, run_id=run_dir.name)
+def with_saved_metric(state: RunState, run_dir: Path) -> RunState:
+    """`state` judging validation by the metric the run's config names (its config.json), not the default."""
     try:
         configs = json.loads((run_dir / "config.json").read_text())
         validation = (configs[0] if isinstance(configs, list) else configs).get("validation", {})
@@ -108,6 +102,17 @@ def replay_run(run_dir: Path) -> RunState:
         state.metric_mode = validation.get("metric_mode", state.metric_mode)
     except (OSError, ValueError, AttributeError, IndexError):
         pass
+    return state
+
+
+def replay_run(run_dir: Path) -> RunState:
+    """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
+    from ..engine.rundir.directory import read_events
+
+    from .ranking import saved_sweep
+    from .runstate import RunState
+
+    state = with_saved_metric(RunState(read_only=True, run_dir=run_dir, run_id=run_dir.name), run_dir)
     state.set_sweep(saved_sweep(run_dir))
     for event in read_events(run_dir):
         state.apply(event)
@@ -219,7 +224,7 @@ class Bridge:
 
         if self.live or self._closed:
             raise RuntimeError("a session is already running")
-        await self._start(ServiceSession(resume=run_dir, only=only), RunState())
+        await self._start(ServiceSession(resume=run_dir, only=only), with_saved_metric(RunState(), run_dir))
 
     async def attach(self, run_dir: Path, read_only: bool = False) -> None:
         """Watch (and, unless `read_only`, steer) a run that is already live: its history, then live events."""
@@ -227,7 +232,8 @@ class Bridge:
 
         if self.live or self._closed:
             raise RuntimeError("a session is already running")
-        await self._start(ServiceSession(attach=run_dir, read_only=read_only), RunState(read_only=read_only))
+        await self._start(ServiceSession(attach=run_dir, read_only=read_only),
+                          with_saved_metric(RunState(read_only=read_only), run_dir))
 
     async def detach(self) -> None:
         """Leave a remote session's run going and end this app's part in it."""

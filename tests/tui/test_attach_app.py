@@ -60,6 +60,8 @@ params = {{ samples = 640, gate_file = "{gate}", gate_at_call = {GATE} }}
 
 [validation]
 mode = "off"
+metric = "accuracy"  # what the attached table names (regression: an attach showed "val loss")
+metric_mode = "max"
 
 [devices]
 placement = "cpu"
@@ -284,6 +286,8 @@ async def test_read_only_app_cannot_kill(tmp_path, runs_dir):
             state = app.bridge.state
             await wait_for(pilot, lambda: dashboard.selected == "watched", what="the pipeline selected")
             assert state.read_only and state.rows["watched"].state.value == "running"
+            assert (state.metric, state.metric_mode) == ("accuracy", "max")  # the config's, as a launch has
+            assert "val acc" in dashboard.query_one(PipelineTable).render_line(0).text
 
             await pilot.press("k")
             await wait_for(pilot, lambda: toasts, what="the app to say why not")
