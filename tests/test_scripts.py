@@ -142,6 +142,17 @@ def test_own_validation_lines_become_val_results_and_metrics_takes_a_list(tmp_pa
         ("pipelines[0].metrics", True)], report.problems
 
 
+def test_an_epochs_samples_per_second_come_from_the_reports_own_timings():
+    # Regression: a client that flushed once an epoch gave "epoch 1/60 ... 29,954,974 samples/s": the first
+    # epoch was timed from its first report, a moment before its end.
+    events = ScriptEvents("s", epochs_total=2)
+    events.step_report(10, 0, 1.0, samples=320.0, seconds=0.5, weight=10)  # 10 steps of 32 in 0.5 s
+    assert events.epoch_end(0, None).samples_per_s == 640.0
+    events.step_report(20, 1, 0.5, samples=320.0, seconds=0.25, weight=10)
+    events.step_report(30, 1, 0.5, samples=320.0, seconds=0.75, weight=10)
+    assert events.epoch_end(1, None).samples_per_s == 640.0  # 640 samples in 1 s: this epoch's alone
+
+
 def test_samples_per_step_turns_printed_steps_into_samples_per_second():
     events = ScriptEvents("p", epochs_total=1, samples_per_step=512)
     [first] = events.from_match({"step": "10", "loss": "1.0"})
