@@ -128,6 +128,10 @@ def test_args_are_filled_in_and_resume_args_added_once_the_script_has_saved(tmp_
     no_flag = pipe.model_copy(update={"resume_args": []})
     assert "no `resume_args` tell the script to resume" in runner_for(pipe.kind).resumes_from(
         no_flag, pipe_dir / "checkpoints")
+    # Regression: said so of a script that loads its checkpoint itself through the client, then resumed it.
+    (tmp_path / "train.py").write_text("import torchherd.client as herd\npath = herd.resume_from()\n")
+    assert runner_for(pipe.kind).resumes_from(no_flag, pipe_dir / "checkpoints").startswith(
+        "from ckpt.pt, 0 s ago, which the script loads itself (herd.resume_from())")
 
 
 def test_own_validation_lines_become_val_results_and_metrics_takes_a_list(tmp_path):

@@ -13,19 +13,25 @@ from ...protocol.names import PipelineKind, ValidationMode
 from ..base import Runner, Scorer
 
 HAND_OFF = re.compile(r"\bhand_off\s*\(")
-SCAN_LIMIT = 200  # .py files beside a script searched for a hand-off, at most
+RESUME_FROM = re.compile(r"\bresume_from\s*\(")
+SCAN_LIMIT = 200  # .py files beside a script searched for a call, at most
 
 
-def calls_hand_off(script: Path) -> bool:
-    """Whether the script, or a module beside it (a training loop often lives there), calls hand_off(...)."""
+def calls(script: Path, call: re.Pattern) -> bool:
+    """Whether the script, or a module beside it (a training loop often lives there), makes `call`."""
     files = [script] + sorted(p for p in script.parent.glob("*.py") if p != script)[:SCAN_LIMIT]
     for file in files:
         try:
-            if HAND_OFF.search(file.read_text(encoding="utf-8", errors="replace")):
+            if call.search(file.read_text(encoding="utf-8", errors="replace")):
                 return True
         except OSError:
             continue
     return False
+
+
+def calls_hand_off(script: Path) -> bool:
+    """Whether the script (or a module beside it) calls hand_off(...)."""
+    return calls(script, HAND_OFF)
 
 
 class ScriptRunner(Runner):
@@ -74,6 +80,8 @@ class ScriptRunner(Runner):
         found = newest_checkpoint(checkpoints)
         if found is None:
             return "from scratch (no checkpoint yet)"
+        if not pipe.resume_args and calls(Path(pipe.script_ref), RESUME_FROM):
+            return f"from {describe_checkpoint(found)}, which the script loads itself (herd.resume_from())"
         if not pipe.resume_args:
             return (f"from the start of its script: checkpoints/ holds {describe_checkpoint(found)}, "
                     "but no `resume_args` tell the script to resume")
