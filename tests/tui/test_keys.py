@@ -138,3 +138,26 @@ async def test_crash_restarts_count_in_the_try_column(make_app, session):
         table = app.screen.query_one(PipelineTable)
         await wait_for(pilot, lambda: table.cell("beta", "attempt") == "2 ↻1/3", what="try shows the budget")
         assert table.cell("alpha", "attempt") == "1"
+
+
+async def test_a_key_on_a_run_that_has_ended_says_how_each_pipeline_is_carried_on(make_app, session):
+    # Regression: u on a finished sweep's pruned trial said "`torchherd resume RUN` carries on what did not
+    # finish", which answers "nothing to resume" for a sweep whose trials all ended well. (The real run's
+    # end, a service gone, is in test_attach_app; here the state says so.)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        state = app.bridge.state
+        state.apply(m.PipelineFinished(pipeline="alpha", status="pruned", reason="rung cut"))
+        state.apply(m.PipelineFinished(pipeline="beta", status="completed", reason="epochs done"))
+        state.live = False  # its supervisor has gone with the run
+        said = []
+        for name, key in (("alpha", "r"), ("beta", "s")):
+            await wait_for(pilot, lambda: app.screen.selected is not None, what="a selection")
+            while app.screen.selected != name:
+                await pilot.press("down")
+            await pilot.press(key)
+            await wait_for(pilot, lambda: len(app._notifications) > len(said), what="the app to say why not")
+            said.append(list(app._notifications)[-1].message)
+        assert said[0].endswith(f"(`torchherd resume {state.run_dir} --only alpha` carries it on)"), said
+        assert said[1].endswith("(beta completed)"), said

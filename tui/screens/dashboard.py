@@ -223,14 +223,23 @@ class DashboardScreen(Screen[None]):
             return
         if not self.state.live:  # its supervisor has gone, with the run's end or cut short
             self.notify(f"the run has ended and its supervisor with it: nothing can act on {command.pipeline} "
-                        f"now (`torchherd resume {self.state.run_dir}` carries on what did not finish)",
-                        severity="warning", timeout=8)
+                        f"now ({self._carry_on(command.pipeline)})", severity="warning", timeout=8)
             return
         why = refusal(command, self._state_of(command.pipeline))
         if why is not None:
             self.notify(why, severity="warning", timeout=5)
             return
         self.post_message(CommandRequested(command))
+
+    def _carry_on(self, name: str) -> str:
+        """How a pipeline of a run that has ended is carried on: resume takes what did not end well, and an
+        early-stopped or pruned one only when named."""
+        state, run = self._state_of(name), self.state.run_dir
+        if state == WorkerState.COMPLETED:
+            return f"{name} completed"
+        if state in (WorkerState.PRUNED, WorkerState.EARLY_STOPPED):
+            return f"`torchherd resume {run} --only {name}` carries it on"
+        return f"`torchherd resume {run}` carries on what did not finish"
 
     def action_restart(self) -> None:
         if (name := self._target()) is not None:
