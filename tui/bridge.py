@@ -130,6 +130,14 @@ class RunEnd:
     status: int = 1  # the exit status headless gives a run that ended so (tui/headless.py exit_status)
 
 
+def _saved(checkpoints: Path) -> bool:
+    """Whether a pipeline's checkpoints/ holds a file to carry it on from."""
+    try:
+        return any(p.is_file() for p in checkpoints.iterdir())
+    except OSError:
+        return False
+
+
 def run_end(run_dir: Path) -> RunEnd:
     """How the run in `run_dir` ended, where it is, how to carry it on (blocking: reads events.jsonl)."""
     from ..engine.rundir.directory import summarize
@@ -144,7 +152,11 @@ def run_end(run_dir: Path) -> RunEnd:
         lines.append("  " + ", ".join(f"{name} {label}" for name, label in summary.labels.items()))
     lines.append(f"  run directory: {run_dir}")
     if summary.resumable:
-        lines.append(f"  carry it on from its checkpoints: torchherd resume {run_dir}")
+        left = summary.to_resume
+        fix = "once what failed is fixed, " if any(summary.statuses.get(n) == "failed" for n in left) else ""
+        saved = any(_saved(run_dir / name / "checkpoints") for name in left)
+        how = "from its checkpoints" if saved else "from the start (nothing was saved)"
+        lines.append(f"  carry it on {fix}{how}: torchherd resume {run_dir}")
     return RunEnd(summary.status == "completed", lines,
                   exit_status(summary.statuses) if summary.statuses else EXIT_FAILED)
 

@@ -263,7 +263,14 @@ async def test_run_app_prints_the_run_directory_after_exit(monkeypatch, capsys, 
     assert app_module.run_app(CONFIGS / "good.toml", launch=True) == 1  # its pipeline failed
     out = capsys.readouterr().out.splitlines()
     assert out == ["torchherd: run 20231114-220000-old failed", "  alpha failed", f"  run directory: {run_dir}",
-                   f"  carry it on from its checkpoints: torchherd resume {run_dir}"]  # a failed run resumes too
+                   f"  carry it on once what failed is fixed, from the start (nothing was saved): torchherd resume "
+                   f"{run_dir}"]  # a failed run resumes too; this one saved nothing (regression: "from its
+    # checkpoints", for a pipeline that had none and had failed with an error no restart could fix)
+    (run_dir / "alpha" / "checkpoints").mkdir(parents=True)
+    (run_dir / "alpha" / "checkpoints" / "last.pt").write_text("saved")
+    assert app_module.run_app(CONFIGS / "good.toml", launch=True) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"  carry it on once what failed is fixed, from its checkpoints: torchherd resume {run_dir}")
 
 
 async def test_the_app_exits_as_headless_would_after_a_user_stop(monkeypatch, capsys, runs_dir, clock):
