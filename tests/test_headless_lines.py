@@ -59,3 +59,12 @@ def test_a_script_that_counts_iterations_gets_a_step_line_now_and_then_until_it_
                             epochs_total=2, steps_per_epoch=8),
                    StepMetrics(pipeline="e", epoch=1, step=10, loss=0.3, lr=0.0, samples_per_s=0.0))
     assert "e: step" not in text  # its epoch lines say enough
+
+
+def test_an_epoch_with_no_samples_counted_prints_no_rate():
+    # Regression: a plain script's epochs read "epoch 1/20 train 2.1148 val - 0 samples/s" (it reports none).
+    text = printed(EpochEnd(pipeline="p", epoch=0, step=8, train_loss=2.1148, duration=1.0, samples_per_s=0.0,
+                            epochs_total=20, steps_per_epoch=8),
+                   EpochEnd(pipeline="q", epoch=0, step=8, train_loss=1.0, duration=1.0, samples_per_s=1234.0,
+                            epochs_total=2, steps_per_epoch=8))
+    assert "p: epoch 1/20 train 2.1148 val -\n" in text and "q: epoch 1/2 train 1.0000 val - 1,234 samples/s" in text

@@ -156,8 +156,8 @@ class LinePrinter:
             val_text = f"val {_fmt(metrics.get('val_loss'))}" + (f" {extra}" if extra else "")
             if epoch != ev.epoch:
                 val_text += f" (epoch {epoch + 1})"
-        self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} "
-                  f"{val_text} {ev.samples_per_s:,.0f} samples/s")
+        rate = f" {ev.samples_per_s:,.0f} samples/s" if ev.samples_per_s > 0 else ""  # a script may not say
+        self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} {val_text}{rate}")
 
     def _val_result(self, ev: ValResult) -> None:
         if ev.error:
