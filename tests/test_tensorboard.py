@@ -81,6 +81,12 @@ async def test_export_writes_a_past_runs_files(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "1 pipeline(s)" in proc.stdout, proc.stdout + proc.stderr
     check_against_events(run_dir, out, ["t-lr0.05"])
+    # Regression: exporting again added a second event file beside the first: every curve drawn twice.
+    again = subprocess.run([sys.executable, "-m", "torchherd", "export", str(run_dir), "--tensorboard", str(out)],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and f"{out / 't-lr0.05'} already holds TensorBoard files" in again.stderr
+    assert len(list((out / "t-lr0.05").glob("events.out.tfevents.*"))) == 1
+    check_against_events(run_dir, out, ["t-lr0.05"])  # the first export stands, untouched
     bad = subprocess.run([sys.executable, "-m", "torchherd", "export", str(tmp_path / "nope"), "--tensorboard",
                           str(out)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no such run" in bad.stderr

@@ -271,7 +271,7 @@ def _export(args: argparse.Namespace) -> int:
         print(f"torchherd: {exc}", file=sys.stderr)
         return 2
     print(f"{run_dir}: TensorBoard files of {count} pipeline(s) in {args.tensorboard} "
-          f"(tensorboard --logdir {args.tensorboard})")
+          f"(tensorboard --logdir {args.tensorboard}; TensorBoard itself: pip install tensorboard)")
     return 0
 
 

@@ -247,7 +247,12 @@ def export_run(run_dir: Path, logdir: Path) -> int:
     """Write a past run's TensorBoard files into `logdir` from its events.jsonl and telemetry.jsonl
     (the telemetry in its time order among the events); returns the pipelines written."""
     run_dir = Path(run_dir)
-    export = TensorBoardExport(logdir, load_resolved_configs(run_dir)[0])
+    configs = load_resolved_configs(run_dir)
+    for name in (p.name for config in configs for p in config.pipelines):
+        if any((Path(logdir) / name).glob("events.out.tfevents.*")):  # TensorBoard would draw each curve twice
+            raise ValueError(f"{Path(logdir) / name} already holds TensorBoard files (an earlier export, or the "
+                             "run's own): export to another folder, or remove them first")
+    export = TensorBoardExport(logdir, configs[0])
     events: list[Event] = read_events(run_dir)
     for record in read_records(run_dir / "telemetry.jsonl"):
         try:
