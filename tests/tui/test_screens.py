@@ -346,6 +346,30 @@ async def test_a_stalled_pipeline_is_flagged_and_d_asks_for_its_stacks(make_app,
         await wait_for(pilot, lambda: table.cell("alpha", "state") == "running", what="the flag cleared")
 
 
+# Regression: a loss that fell from 12 to 0.086 over a fifth of the run, then stayed there, was drawn as a row
+# of arrows over a y axis of 0.0864-0.0866: the descent, the curve's whole story, was clipped as outliers.
+async def test_a_descent_onto_a_plateau_is_drawn_not_clipped():
+    from textual.app import App
+
+    from torchherd.tui.series import LossSeries
+
+    class ChartOnly(App):
+        def compose(self):
+            yield LossChart()
+
+    series = LossSeries()
+    for step in range(10, 1001, 10):
+        series.append(step, float(step), 0.086 + 12.0 * math.exp(-step / 40) + 1e-5 * math.sin(step))
+    app = ChartOnly()
+    async with app.run_test(size=(60, 16)) as pilot:
+        chart = app.query_one(LossChart)
+        chart.series, chart.selected = {"alpha": series}, "alpha"
+        chart.redraw()
+        await pilot.pause()
+        rows = chart_rows(chart)[:-1]
+        assert float(rows[0][:GUTTER - 2]) >= 5 and "clipped" not in chart.legend.plain, rows
+
+
 # Regression: the first loss (about 20) set the top of the y axis, and every later point sat on its bottom row.
 async def test_a_first_loss_far_above_the_rest_is_clipped_and_the_chart_says_so():
     from textual.app import App
