@@ -152,6 +152,20 @@ async def test_headless_attach_to_a_run_that_has_ended_says_how_it_ended(runs_di
     assert "is not live: cut short, resumable" in out.getvalue()
 
 
+async def test_a_long_run_id_is_cut_in_the_picker_not_wrapped(make_app, runs_dir, clock):
+    # Regression: "20261126-183521-script_client" wrapped its last letter alone onto the next line.
+    long_id = "20231114-220000-a-config-with-a-long-name"
+    await write_past_run(runs_dir, clock, run_id=long_id)
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.screen.runs, what="runs listed")
+        choices = app.screen.query_one("#choices", OptionList)
+        prompt = str(choices.get_option_at_index(choices.option_count - 1).prompt)
+        first = prompt.splitlines()[0]
+        assert first.endswith("…") and long_id.startswith(first.strip()[:-1]), prompt
+        assert len(first) <= choices.content_region.width - 1  # one line, room for a scroll bar
+
+
 async def test_escape_from_a_live_run_opens_the_picker_and_comes_back(make_app, session):
     # Regression: escape did nothing on a live dashboard, though the help offered it.
     app = make_app()

@@ -195,12 +195,15 @@ class PickerScreen(Screen[PickerResult]):
             if any(run.resumable for run in self.runs):
                 heading.append("  ↻ r resumes", style="dim")  # said once: on every line it wrapped
             choices.add_option(Option(heading, disabled=True))
+            room = choices.content_region.width - 4  # its indent, and a column for a scroll bar yet to come
             for i, run in enumerate(self.runs):
                 when = time.strftime("%m-%d %H:%M", time.localtime(run.started))
                 status = f"{run.status} ↻" if run.resumable else run.status
                 line = f"[dim]{when}[/dim] [b green]live[/]" if run.live else \
                     f"[dim]{when} {status}[/dim]"
-                choices.add_option(Option(f"  {run.run_id}\n    {line}", id=f"run:{i}"))
+                # A long id is cut with "…" (wrapped, its last letters stood alone on the next line).
+                shown = run.run_id if room < 12 or len(run.run_id) <= room else run.run_id[:room - 1] + "…"
+                choices.add_option(Option(f"  {shown}\n    {line}", id=f"run:{i}"))
         first = 1
         resolved = [p.resolve() for p in self.configs]
         if self.initial is not None and self.initial.resolve() in resolved:
