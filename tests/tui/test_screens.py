@@ -346,9 +346,9 @@ async def test_a_stalled_pipeline_is_flagged_and_d_asks_for_its_stacks(make_app,
         await wait_for(pilot, lambda: table.cell("alpha", "state") == "running", what="the flag cleared")
 
 
-# Regression: a loss that fell from 12 to 0.086 over a fifth of the run, then stayed there, was drawn as a row
-# of arrows over a y axis of 0.0864-0.0866: the descent, the curve's whole story, was clipped as outliers.
-async def test_a_descent_onto_a_plateau_is_drawn_not_clipped():
+# Regression: a loss that fell from 12 to 0.086, then stayed there, was drawn as a row of arrows over a y axis
+# of 0.0864-0.0866: against a plateau that flat every point of the descent onto it was an outlier.
+async def test_a_descent_onto_a_flat_plateau_shows_its_tail_not_a_zoom_into_the_plateau():
     from textual.app import App
 
     from torchherd.tui.series import LossSeries
@@ -367,7 +367,10 @@ async def test_a_descent_onto_a_plateau_is_drawn_not_clipped():
         chart.redraw()
         await pilot.pause()
         rows = chart_rows(chart)[:-1]
-        assert float(rows[0][:GUTTER - 2]) >= 5 and "clipped" not in chart.legend.plain, rows
+        top = float(rows[0][:GUTTER - 2])
+        assert 0.2 <= top < 1 and "↑ clipped" in chart.legend.plain, rows  # the first steps clipped, said
+        drawn = sum(any(ch not in " ⠀↑" for ch in row[GUTTER:]) for row in rows)
+        assert drawn > len(rows) // 2, rows  # the descent's tail runs down the plot onto the plateau
 
 
 # Regression: the first loss (about 20) set the top of the y axis, and every later point sat on its bottom row.

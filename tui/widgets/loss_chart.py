@@ -37,7 +37,7 @@ RESTART = "↺"  # on the x axis: where a restart of the one pipeline shown went
 ARROW = "↑"  # on the top row: the curve goes on above the clipped y axis here
 FENCE = 3.0  # values more than this many interquartile ranges above the third quartile are outliers
 MIN_COLUMNS = 8  # fewer columns than this are too few to call any of them an outlier
-MAX_OUTLIERS = 0.1  # a share of columns above the fence beyond this is the curve's shape, not outliers
+MIN_SPREAD = 0.5  # the interquartile range the fence assumes at least, as a share of the third quartile
 NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 TICKS = (1.0, 2.0, 2.5, 5.0, 10.0)
 
@@ -319,15 +319,15 @@ class LossChart(Widget):
 def _robust_top(reduced: list, y_lo: float, y_hi: float) -> float:
     """The top of the y axis that leaves out outliers: the highest column above `y_lo` that is no more
     than FENCE interquartile ranges above the third quartile of the columns' highs (Tukey's far-out
-    fence), or `y_hi` when nothing is that far out, too few columns are drawn to tell, or so many are
-    (more than MAX_OUTLIERS of them) that they are the curve itself, a descent onto a flat plateau."""
+    fence, the range taken as at least MIN_SPREAD of that quartile), or `y_hi` when nothing is that far
+    out or too few columns are drawn to tell."""
     highs = sorted(hi for columns, _, _ in reduced for _, lo, hi, _ in columns if lo == lo)
     if len(highs) < MIN_COLUMNS:
         return y_hi
     q1, q3 = highs[len(highs) // 4], highs[(3 * len(highs)) // 4]
-    fence = q3 + FENCE * (q3 - q1)
-    if sum(v > fence for v in highs) > len(highs) * MAX_OUTLIERS:  # a descent onto a flat plateau: its shape
-        return y_hi
+    # A plateau flat to the fourth digit has next to no spread: the fence then sat on it, every point of the
+    # descent onto it was an outlier, and the axis spanned 0.0864-0.0866. Half its level is spread enough.
+    fence = q3 + FENCE * max(q3 - q1, MIN_SPREAD * abs(q3))
     top = max(v for v in highs if v <= fence)
     marks = [v for _, ms, _ in reduced for _, v in ms if v == v and v <= fence]
     top = max([top, *marks])
