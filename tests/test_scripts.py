@@ -22,6 +22,7 @@ from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.runners.script.events import ScriptEvents
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config, still_alive, wait_for, repo_env
+from tests.test_engine_runs import run_to_end
 
 SCRIPTS = Path(__file__).parent / "tasks" / "scripts"
 PLAIN = str(SCRIPTS / "plain_loop.py")
@@ -313,11 +314,7 @@ async def test_a_script_that_ends_at_its_max_steps_is_let_finish_and_one_that_wo
          "max_steps": 3},
     ], devices={"cpu_slots": 2}, restart={"stop_timeout": 4.0}, validation={"mode": "off"})
     sup = Supervisor(config)
-    await sup.start()
-    try:
-        statuses = await asyncio.wait_for(sup.wait(), 120)
-    finally:
-        await sup.shutdown(graceful=False)
+    statuses = await run_to_end(sup)
     assert statuses == {"ends": "completed", "endless": "completed"}
     assert done.read_text() == "done after epoch 3\n" and not interrupted.exists()  # it ended by itself
     events = read_events(sup.run_dir)

@@ -346,21 +346,26 @@ async def test_a_stalled_pipeline_is_flagged_and_d_asks_for_its_stacks(make_app,
         await wait_for(pilot, lambda: table.cell("alpha", "state") == "running", what="the flag cleared")
 
 
-# Regression: a loss that fell from 12 to 0.086, then stayed there, was drawn as a row of arrows over a y axis
-# of 0.0864-0.0866: against a plateau that flat every point of the descent onto it was an outlier.
-async def test_a_descent_onto_a_flat_plateau_shows_its_tail_not_a_zoom_into_the_plateau():
+def chart_only():
+    """An app that holds only a LossChart."""
     from textual.app import App
-
-    from torchherd.tui.series import LossSeries
 
     class ChartOnly(App):
         def compose(self):
             yield LossChart()
 
+    return ChartOnly()
+
+
+# Regression: a loss that fell from 12 to 0.086, then stayed there, was drawn as a row of arrows over a y axis
+# of 0.0864-0.0866: against a plateau that flat every point of the descent onto it was an outlier.
+async def test_a_descent_onto_a_flat_plateau_shows_its_tail_not_a_zoom_into_the_plateau():
+    from torchherd.tui.series import LossSeries
+
     series = LossSeries()
     for step in range(10, 1001, 10):
         series.append(step, float(step), 0.086 + 12.0 * math.exp(-step / 40) + 1e-5 * math.sin(step))
-    app = ChartOnly()
+    app = chart_only()
     async with app.run_test(size=(60, 16)) as pilot:
         chart = app.query_one(LossChart)
         chart.series, chart.selected = {"alpha": series}, "alpha"
@@ -375,18 +380,12 @@ async def test_a_descent_onto_a_flat_plateau_shows_its_tail_not_a_zoom_into_the_
 
 # Regression: the first loss (about 20) set the top of the y axis, and every later point sat on its bottom row.
 async def test_a_first_loss_far_above_the_rest_is_clipped_and_the_chart_says_so():
-    from textual.app import App
-
     from torchherd.tui.series import LossSeries
-
-    class ChartOnly(App):
-        def compose(self):
-            yield LossChart()
 
     series = LossSeries()
     for step in range(10, 1001, 10):
         series.append(step, float(step), 20.0 if step == 10 else 0.3 + 0.3 * math.exp(-step / 300))
-    app = ChartOnly()
+    app = chart_only()
     async with app.run_test(size=(60, 16)) as pilot:
         chart = app.query_one(LossChart)
         chart.series, chart.selected = {"alpha": series}, "alpha"
