@@ -52,6 +52,12 @@ async def test_asha_prunes_the_worst_at_their_first_rung_and_the_best_runs_to_th
     finished = {e.pipeline: e for e in events if isinstance(e, PipelineFinished)}
     assert finished[worst].reason.startswith("val_loss") and finished[worst].epoch < 4
     assert [e for e in events if isinstance(e, RunFinished)][-1].ok  # pruned is a success
+    # Regression: the app's last words on a sweep were its states in config order; headless ranks them.
+    from torchherd.tui.bridge import run_end
+
+    lines = run_end(sup.run_dir).lines
+    assert lines[1] == "  sweep: 12 trials ranked by val_loss" and lines[3].split()[:2] == ["1", best], lines
+    assert any(line.startswith(f"  best: {best} ") for line in lines), lines
     # The best trial's best checkpoint loads into its model.
     from tests.tasks.tiny import build
     state = torch.load(sup.run_dir / best / "checkpoints" / "best.pt", weights_only=False)

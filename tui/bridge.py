@@ -148,7 +148,12 @@ def run_end(run_dir: Path) -> RunEnd:
     if summary is None:
         return RunEnd(False, [f"torchherd: run directory {run_dir}"], EXIT_FAILED)
     lines = [f"torchherd: run {summary.run_id} {summary.status}"]
-    if summary.statuses:
+    from .ranking import sweep_ranking
+
+    ranking = sweep_ranking(run_dir, summary.labels)  # a sweep's trials, best first, as headless ends it
+    if ranking:
+        lines += ["  " + line for line in ranking]  # each trial's state in it: no line of states as well
+    elif summary.statuses:
         lines.append("  " + ", ".join(f"{name} {label}" for name, label in summary.labels.items()))
     lines.append(f"  run directory: {run_dir}")
     if summary.resumable:

@@ -236,20 +236,12 @@ class LinePrinter:
         self.results.append(ev)  # a prune shows as the pipeline's end, with this reason
 
     def sweep_ranking(self, statuses: dict[str, str]) -> list[str]:
-        """A sweep's trials ranked by the metric (none for a run that is no sweep): from the run's saved
-        config and events (a resumed sweep's earlier results too) and those seen here."""
-        from ..engine.rundir.directory import load_resolved_configs, read_events
-        from .ranking import fold_trials, ranked_table
+        """A sweep's trials ranked by the metric (none for a run that is no sweep), those seen here too."""
+        from .ranking import sweep_ranking
 
-        try:
-            config = load_resolved_configs(self.run_dir)[0] if self.run_dir is not None else None
-        except (OSError, ValueError, IndexError):
+        if self.run_dir is None:
             return []
-        if config is None or config.sweep is None:
-            return []
-        states = {k: self.ended.get(k, v) for k, v in statuses.items()}
-        rows = fold_trials(config, [*read_events(self.run_dir), *self.results], states)
-        return ranked_table(rows, config.validation.metric, self.run_dir)
+        return sweep_ranking(self.run_dir, {k: self.ended.get(k, v) for k, v in statuses.items()}, self.results)
 
 
 _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {

@@ -133,3 +133,19 @@ def ranked_table(rows: list[TrialRow], metric: str, run_dir: Path, limit: int = 
         out.append(f"best: {best.name} ({values}): {metric} {best.best:.4g}, checkpoint "
                    f"{ckpt if ckpt is not None else 'none written'}")
     return out
+
+
+def sweep_ranking(run_dir: Path, states: dict[str, str], more: Iterable[Event] = ()) -> list[str]:
+    """`ranked_table` of the sweep in `run_dir` (none for a run that is no sweep), from its saved config and
+    events (a resumed sweep's earlier results too), `more` events not in the file yet, and each trial's
+    ended state as people read it (`states`)."""
+    from ..engine.rundir.directory import load_resolved_configs, read_events
+
+    try:
+        config = load_resolved_configs(run_dir)[0]
+    except (OSError, ValueError, IndexError):
+        return []
+    if config.sweep is None:
+        return []
+    rows = fold_trials(config, [*read_events(run_dir), *more], states)
+    return ranked_table(rows, config.validation.metric, run_dir)
