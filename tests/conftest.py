@@ -121,6 +121,13 @@ def still_alive(pids: list[int], timeout: float = 5.0) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
+def private_ledger(tmp_path_factory, monkeypatch):
+    """Each test grants devices from a ledger of its own (its runs share it; another test's never do), so two
+    test files run at once (xdist) do not queue behind each other's workers as two runs on one box would."""
+    monkeypatch.setenv("TORCHHERD_LEDGER", str(tmp_path_factory.mktemp("ledger")))
+
+
+@pytest.fixture(autouse=True)
 def no_orphans():
     """Every test must leave no child process of ours alive."""
     yield

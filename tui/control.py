@@ -64,21 +64,55 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int
         else:
             control = read_control(r.path)
             pids[r.path] = control.pid if control is not None else None
+    leases, sessions = machine_ledger()
     if as_json:
         json.dump([{"run_id": r.run_id, "path": str(r.path), "state": state_of(r), "live": r.live,
                     "pid": pids.get(r.path), "resumable": r.resumable, "status": r.status, "started": r.started,
-                    "statuses": r.statuses} for r in runs], out, indent=2)
+                    "statuses": r.statuses,
+                    "devices": [{"device": x.device, "pipeline": x.pipeline, "rank": x.rank, "memory": x.memory}
+                                for x in leases if x.run == r.run_id],
+                    "waiting": {w[0]: w[3] for s in sessions if s.run == r.run_id for w in s.waiting}}
+                   for r in runs], out, indent=2)
         out.write("\n")
         return EXIT_TOOK
     if not runs:
         out.write(f"no runs under {runs_dir}\n")
-        return EXIT_TOOK
-    width = max(len(r.run_id) for r in runs)
+    width = max((len(r.run_id) for r in runs), default=0)
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started))
         state = f"live (pid {pids[r.path]})" if pids.get(r.path) else state_of(r)
         out.write(f"{r.run_id:<{width}}  {started}  {state:<24} {', '.join(r.pipelines)}\n")
+    for line in ledger_lines(leases, sessions):
+        out.write(line + "\n")
     return EXIT_TOOK
+
+
+def machine_ledger() -> tuple[list, list]:
+    """Every lease and live session of this user's device ledger on this machine (empty if unreadable)."""
+    from ..engine.hardware.ledger import Ledger
+
+    try:
+        ledger = Ledger()
+        return ledger.leases(), ledger.sessions()
+    except (OSError, RuntimeError):
+        return [], []
+
+
+def ledger_lines(leases: list, sessions: list) -> list[str]:
+    """"devices held on this machine" and "waiting" sections for `ls`: which run holds which device, and
+    what of each live run waits for what; nothing when nothing is held or waits."""
+    lines = []
+    if leases:
+        lines.append("devices held on this machine:")
+        for lease in leases:
+            share = f" ({lease.memory / 2**30:.1f} GiB)" if lease.memory is not None else ""
+            rank = f" rank {lease.rank}" if lease.rank else ""
+            lines.append(f"  {lease.device}{share}  run {lease.run}  {lease.pipeline}{rank}")
+    waits = [(s.run, name, why) for s in sessions for name, _, _, why in s.waiting]
+    if waits:
+        lines.append("waiting:")
+        lines += [f"  run {run}  {name}: {why or 'queued'}" for run, name, why in waits]
+    return lines
 
 
 def act_command(verb: str, run: str, name: str | None, runs_dir: Path, out: TextIO = sys.stdout,

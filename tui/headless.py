@@ -17,7 +17,7 @@ from typing import Any, Callable, TextIO
 
 from ..engine.config.schema import RunConfig
 from ..engine.protocol.control import ClientCommand
-from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop, EpochEnd, Event, Notice,
+from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop, EpochEnd, Event, Notice, PipelineWaiting,
                                         PipelineFinished, Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled,
                                         StepMetrics, TasksChecked, TrainingStarted, TrialDecision, ValResult,
                                         ValidatorStarted, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted)
@@ -205,6 +205,9 @@ class LinePrinter:
         self.line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "
                   f"{ev.restarts_left} restart(s) left): {ev.reason}")
 
+    def _waiting(self, ev: PipelineWaiting) -> None:
+        self.line(f"{ev.pipeline}: {ev.why}")
+
     def _notice(self, ev: Notice) -> None:
         who = f"{ev.pipeline}: " if ev.pipeline else ""
         self.line(f"{who}{ev.level}: {ev.text}")
@@ -263,6 +266,7 @@ _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     WorkerExited: LinePrinter._worker_exited,
     WorkerRestarting: LinePrinter._restarting,
     Notice: LinePrinter._notice,
+    PipelineWaiting: LinePrinter._waiting,
     PipelineFinished: LinePrinter._pipeline_finished,
     RunFinished: LinePrinter._run_finished,
     ClientCommand: LinePrinter._client_command,

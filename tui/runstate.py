@@ -165,6 +165,9 @@ class RunState:
         where = f"position {ev.position}" if ev.position else "waiting for a free device"
         self.note("info", ev.pipeline, f"queued ({where})", at=ev.time)
 
+    def _waiting(self, ev: m.PipelineWaiting, _) -> None:
+        self.note("info", ev.pipeline, ev.why, at=ev.time)
+
     def _worker_started(self, ev: m.WorkerStarted, _) -> None:
         where = f"{ev.device} of node {ev.node}" if ev.node else ev.device
         self.note("info", ev.pipeline, f"started on {where} (pid {ev.pid}, attempt {ev.attempt})", at=ev.time)
@@ -283,6 +286,7 @@ _HANDLERS = {
     m.RunStarted: RunState._run_started,
     m.ConfigAdded: RunState._config_added,
     m.PipelineQueued: RunState._queued,
+    m.PipelineWaiting: RunState._waiting,
     m.WorkerStarted: RunState._worker_started,
     m.WorkerStateChanged: RunState._state,
     m.TrainingStarted: RunState._training_started,

@@ -63,6 +63,12 @@ class PipelineSettings(_Strict):
     gpu_memory_fraction: float | None = Field(None, gt=0, le=1, description=(
         "Cap on this pipeline's share of its GPU's memory (0-1], so it cannot starve a neighbour."))
     seed: int = Field(0, description="Seed for torch's generators and the data order.")
+    gpus_per_rank: int = Field(1, ge=1, description=(
+        "Whole GPUs each rank's process holds (on a GPU machine), chosen to share the fastest link between "
+        "them; CUDA_VISIBLE_DEVICES lists them, and TORCHHERD_GPUS says which CUDA indices are this rank's."))
+    gpu_memory: str | float | None = Field(None, description=(
+        "Instead of a whole GPU, a share of one: bytes as '6GiB' or '512MiB', or a fraction of the smallest "
+        "GPU (0-1]. Pipelines pack on a GPU while their shares fit its free memory."))
     ranks: int = Field(1, ge=1, description=(
         "Processes of one DistributedDataParallel gang, one per device slot, started and restarted as a unit "
         "(torchrun's --nproc-per-node); 1 trains in one process."))
@@ -121,6 +127,15 @@ class PipelineSettings(_Strict):
         "Lightning pipelines with ranks > 1: the Lightning strategy that trains the gang torchherd starts "
         "(gloo on CPU, NCCL on GPU); 'fsdp' needs GPUs and inline or no validation."))
 
+    @field_validator("gpu_memory")
+    @classmethod
+    def _gpu_memory(cls, v: str | float | None) -> str | float | None:
+        if isinstance(v, str):
+            memory_bytes(v)
+        elif isinstance(v, float | int) and not isinstance(v, bool) and not 0 < v <= 1:
+            raise ValueError(f"a fraction of a GPU must be in (0, 1] (got {v!r}); or give bytes as '6GiB'")
+        return v
+
     @field_validator("precision", mode="before")
     @classmethod
     def _precision_from_int(cls, v: Any) -> Any:
@@ -159,6 +174,19 @@ def patterns(value: str | list[str] | None) -> list[str]:
 # (filled in by engine/runners/script/arguments.py).
 PLACEHOLDER = r"\{\{|\}\}|\{([A-Za-z_]\w*)\}"
 PLACEHOLDERS = ("checkpoint_dir", "pipeline_dir", "run_dir", "rank", "world_size", "restart")
+
+
+MEMORY_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+                "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def memory_bytes(text: str) -> int:
+    """'6GiB', '512 MiB', '8GB' as bytes; ValueError naming what is wrong."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else ""
+    if match is None or unit not in MEMORY_UNITS or float(match.group(1)) <= 0:
+        raise ValueError(f"must be an amount like '6GiB', '512MiB' or '8GB', or a fraction like 0.25 (got {text!r})")
+    return int(float(match.group(1)) * MEMORY_UNITS[unit])
 
 
 def check_metrics_regex(pattern: str) -> str:
@@ -220,6 +248,11 @@ class DevicesConfig(_Strict):
     cpu_slots: int | Literal["auto"] = Field("auto", description=(
         "How many CPU workers run at once; 'auto' is the core count over threads_per_worker."))
     threads_per_worker: int = Field(1, ge=1, description="torch threads for each CPU worker.")
+    keep_free: int = Field(0, ge=0, description=(
+        "GPUs this run always leaves wholly free for other people (no lease of any run, no other process)."))
+    share: Literal["memory", "exclusive"] = Field("memory", description=(
+        "'memory': a gpu_memory share may go on a GPU another user's process uses, if its free memory fits; "
+        "'exclusive': never on such a GPU. A whole-GPU request never takes one."))
 
     @field_validator("cpu_slots")
     @classmethod

@@ -8,27 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config.problems import Problem, display_path
-from ..config.schema import DevicesConfig, RunConfig
+from ..config.schema import DevicesConfig, Pipeline, RunConfig
 from ..protocol.names import ValidationMode
 from ..runners.registry import runner_for
 from .devices import GpuInfo, Inventory
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One place a worker can run."""
-
-    name: str  # "gpu0", "cpu1"
-    device: str  # "cuda" or "cpu"
-    gpu: GpuInfo | None
-    threads: int
-    node: str = ""  # a cluster node's id (engine/launch/ray/placement.py); "" for this machine
-
-    @property
-    def label(self) -> str:
-        if self.gpu is not None:
-            return f"gpu{self.gpu.index} ({self.gpu.name})"
-        return f"{self.name} ({self.threads} thread{'s' if self.threads != 1 else ''})"
+from .grants import THIS_RUN, Holdings, Policy, gib, grant, held_lines, leases_for, request_of
+from .slots import Slot
 
 
 def plan_slots(devices: DevicesConfig, inventory: Inventory, file: str = "") -> tuple[list[Slot], list[Problem]]:
@@ -58,15 +43,14 @@ def plan_slots(devices: DevicesConfig, inventory: Inventory, file: str = "") -> 
 
 
 def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
-    """Gangs that could never start here (more ranks than slots; on a cluster a gang spans nodes when no one
-    node has room for it), runners that cannot run as gangs, and strategies the slots cannot run."""
+    """Requests that could never be granted here (more ranks or GPUs than the machine has, a share larger
+    than any GPU; on a cluster a gang spans nodes when no one node has room for it), runners that cannot run
+    as gangs, and strategies the slots cannot run."""
     problems = []
     for i, p in enumerate(config.pipelines):
-        if p.ranks > len(slots):
-            have = ", ".join(s.name for s in slots)
-            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", (
-                f"{p.ranks} ranks need {p.ranks} device slots at once; this machine gives {len(slots)} "
-                f"({have}): lower ranks, or add slots with [devices] cpu_slots / placement")))
+        problem = request_problem(p, slots, config.devices)
+        if problem is not None:
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].{problem[0]}", problem[1]))
         elif p.ranks > 1 and runner_for(p.kind).gang_problem:
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks",
                                     runner_for(p.kind).gang_problem))
@@ -78,6 +62,38 @@ def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
     return problems
 
 
+def request_problem(p: Pipeline, slots: list[Slot], devices: DevicesConfig) -> tuple[str, str] | None:
+    """(key, why) when no state of this machine could ever grant what `p` asks for; None if some could."""
+    gpus = [s for s in slots if s.gpu is not None]
+    have = ", ".join(s.name for s in slots)
+    asks_gpu = p.gpus_per_rank > 1 or p.gpu_memory is not None
+    if asks_gpu and not gpus:
+        key = "gpus_per_rank" if p.gpus_per_rank > 1 else "gpu_memory"
+        return key, f"asks for GPUs, but this run has CPU slots only ({have}): remove {key}, or run it on a GPU machine"
+    if asks_gpu and any(s.node for s in slots):
+        key = "gpus_per_rank" if p.gpus_per_rank > 1 else "gpu_memory"
+        return key, "is not supported on a Ray cluster yet: a rank there holds one whole GPU"
+    if p.gpus_per_rank > 1 and p.gpu_memory is not None:
+        return "gpu_memory", f"a share of one GPU cannot go with gpus_per_rank = {p.gpus_per_rank}: choose one"
+    if p.gpu_memory is not None:
+        need = request_of(p, slots).memory or 0
+        largest = max((s.gpu.memory_total or 0 for s in gpus), default=0)
+        if largest and need > largest:
+            return "gpu_memory", f"{gib(need)} is more than the largest GPU here has ({gib(largest)})"
+        return None
+    need = p.ranks * (p.gpus_per_rank if gpus else 1)
+    usable = len(slots) - (devices.keep_free if gpus else 0)
+    if need <= usable:
+        return None
+    if p.gpus_per_rank > 1:
+        return "gpus_per_rank", (f"{p.ranks} rank(s) x {p.gpus_per_rank} GPUs need {need} GPUs at once; this "
+                                 f"machine gives {usable} ({have}" + (f", less keep_free = {devices.keep_free}"
+                                                                      if devices.keep_free else "") + ")")
+    return "ranks", (f"{p.ranks} ranks need {p.ranks} device slots at once; this machine gives {usable} "
+                     f"({have}" + (f", less keep_free = {devices.keep_free}" if devices.keep_free and gpus else "")
+                     + "): lower ranks, or add slots with [devices] cpu_slots / placement")
+
+
 def order_pipelines(config: RunConfig) -> list[str]:
     """Pipeline names in start order: higher priority first, then as written."""
     indexed = list(enumerate(config.pipelines))
@@ -85,8 +101,11 @@ def order_pipelines(config: RunConfig) -> list[str]:
     return [p.name for _, p in indexed]
 
 
-def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) -> list[str]:
-    """Human lines saying what would launch where, for `torchherd check` and the picker."""
+def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory, held: Holdings | None = None) -> list[str]:
+    """Human lines saying what would launch where, for `torchherd check` and the picker: the devices, what
+    other runs and programs hold now (`held`: the ledger's leases and NVML's foreign processes), and each
+    pipeline's grant, or what it would wait for."""
+    held = held or Holdings()
     lines = []
     if inventory.gpus:
         for g in inventory.gpus:
@@ -95,19 +114,22 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory) ->
     else:
         lines.append(inventory.note or "no NVIDIA GPU; using CPU slots")
     lines.append(f"{len(slots)} slot{'s' if len(slots) != 1 else ''}: " + ", ".join(s.label for s in slots))
-    order = order_pipelines(config)
+    lines += held_lines(slots, held)
     by_name = {p.name: p for p in config.pipelines}
-    free, waiting = list(slots), 0
-    for name in order:
+    taken, waiting = list(held.leases), 0
+    policy = Policy(config.devices.keep_free, config.devices.share)
+    for name in order_pipelines(config):
         p = by_name[name]
-        if p.ranks <= len(free) and not waiting:  # strict order, as the scheduler: nobody overtakes
-            taken, free = free[:p.ranks], free[p.ranks:]
-            where = " + ".join(s.label for s in taken)
+        got = grant(request_of(p, slots), slots, taken, THIS_RUN, held.occupancy, held.links, policy) \
+            if not waiting else None  # strict order, as the scheduler: nobody overtakes
+        if isinstance(got, list):
+            taken += leases_for(got, THIS_RUN, name, 0)
+            where = " + ".join(s.label for s in got)
             if p.ranks > 1:
                 where = f"a gang of {p.ranks} ranks on {where}"
         else:
             waiting += 1
-            where = f"queued (#{waiting}) until {p.ranks} slot{'s' if p.ranks > 1 else ''} free"
+            where = f"queued (#{waiting}), " + (got.why if got is not None else "behind the pipelines above")
         lines.append(f"{name}: {runner_for(p.kind).describe(p)} -> {where}")
     v = config.validation
     plan = plan_validation(config, slots, inventory)

@@ -16,6 +16,8 @@ from typing import Callable
 from ..config.problems import Problem
 from ..config.schema import DevicesConfig, RunConfig
 from ..hardware.devices import Inventory, discover_devices
+from ..hardware.ledger import Ledger, MemoryLedger
+from ..hardware.occupancy import OccupancyReader
 from ..hardware.placement import Slot, ValidationPlan, plan_slots, plan_validation
 from ..protocol.messages import Command, Event
 from ..protocol.telemetry import TelemetrySnapshot
@@ -43,16 +45,26 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
     module: str = CHILD_MODULE
     node: str = ""  # the cluster node the scheduler placed it on (its slot's node); "" for this machine
-    # A rank of a GPU gang: every rank's GPU, in rank order. Each rank sees them all, as under torchrun,
-    # and LOCAL_RANK picks its own. () for a child that runs alone.
+    # A rank of a GPU gang: every rank's GPUs, in rank order. Each rank sees them all, as under torchrun,
+    # and TORCHHERD_GPUS (LOCAL_RANK with one GPU a rank) says which are its own. () for a child alone.
     gang_gpus: tuple[int, ...] = ()
+    own_gpus: tuple[int, ...] = ()  # its own GPUs when it holds several (gpus_per_rank); () : gpu_index alone
 
     @property
     def visible_gpus(self) -> tuple[int, ...]:
         """The GPUs its CUDA_VISIBLE_DEVICES names, in order: its gang's, else its own; () on CPU."""
         if self.gang_gpus:
             return self.gang_gpus
+        if self.own_gpus:
+            return self.own_gpus
         return () if self.gpu_index is None else (self.gpu_index,)
+
+    @property
+    def own_ordinals(self) -> tuple[int, ...]:
+        """Its own GPUs as CUDA numbers them inside `visible_gpus` (TORCHHERD_GPUS); () on CPU."""
+        own = self.own_gpus or (() if self.gpu_index is None else (self.gpu_index,))
+        visible = self.visible_gpus
+        return tuple(visible.index(g) for g in own if g in visible)
 
 
 class Handle(ABC):
@@ -158,6 +170,16 @@ class Backend(ABC):
         """Where `config`'s validation runs. Default: one validator beside the workers, on a spare GPU or
         core when there is one (engine/hardware/placement.py)."""
         return plan_validation(config, slots, inventory)
+
+    def ledger(self) -> MemoryLedger:
+        """The books devices are granted from. Default: this user's ledger on this machine, shared with every
+        other run of theirs here (engine/hardware/ledger.py)."""
+        return Ledger()
+
+    def occupancy(self) -> OccupancyReader | None:
+        """What reads the foreign processes and free memory of the GPUs slots are planned on. Default: NVML
+        on this machine."""
+        return OccupancyReader()
 
     def hold_launches(self, queued: int, free: int) -> bool:
         """Before the scheduler starts any of `queued` waiting pipelines on `free` slots: True to hold them a

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+GPUS_VARIABLE = "TORCHHERD_GPUS"  # a GPU child's own GPUs, as CUDA numbers those it sees: "0", "2,3"
+
 
 def child_env(extra: Mapping[str, str], threads: int, gpus: Sequence[int], *, inherit: Mapping[str, str] | None = None,
               gpu_set_by_host: bool = False, pci_order: bool = True) -> dict[str, str]:

@@ -16,7 +16,12 @@ from ..config.load import load_config
 from ..config.problems import ConfigError, Problem, display_path
 from ..config.schema import RunConfig
 from ..hardware.devices import Inventory, discover_devices
+from ..hardware.grants import Holdings
+from ..hardware.ledger import Ledger
+from ..hardware.occupancy import OccupancyReader
 from ..hardware.placement import describe_plan, gang_problems, plan_slots, plan_validation
+from ..hardware.slots import Slot
+from ..protocol.private import UnsafeRuntimeDir
 from ..protocol.names import ValidationMode
 from ..runners.registry import runner_for
 from .probe import grouped_task_problems, lightning_factories, probe_tasks, task_problems
@@ -58,8 +63,28 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
         problems = _probe_tasks(config, background)
     if problems:
         return CheckReport(False, config, problems)
-    lines = describe_plan(config, slots, inventory) + sweep_lines(config)
+    lines = describe_plan(config, slots, inventory, holdings_now(config, slots)) + sweep_lines(config)
     return CheckReport(True, config, [], _say_lightning(config, lines, background) if probe else lines)
+
+
+def holdings_now(config: RunConfig, slots: list[Slot]) -> Holdings:
+    """What the user's other runs (the ledger) and other programs (NVML) hold of `slots` now; nothing for a
+    cluster, whose accounting is Ray's."""
+    if config.cluster.backend != "local" or not slots:
+        return Holdings()
+    try:
+        leases = tuple(Ledger().leases())
+    except (OSError, UnsafeRuntimeDir):
+        leases = ()
+    indices = [s.gpu.index for s in slots if s.gpu is not None]
+    if not indices:
+        return Holdings(leases)
+    reader = OccupancyReader()
+    try:
+        supervisors = {s.pid for s in Ledger().sessions()}
+        return Holdings(leases, reader.read(indices, supervisors), reader.links(indices))
+    finally:
+        reader.close()
 
 
 SHOWN_TRIALS = 4  # trials `check` spells out; the pipeline lines above list every one

@@ -34,6 +34,13 @@ class Event(Message):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineEvent(Event):
+    """Base of every event about one pipeline of the run."""
+
+    pipeline: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RunStarted(Event):
     """A run began: its id, directory and the pipelines it will train."""
 
@@ -55,21 +62,27 @@ class ConfigAdded(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PipelineQueued(Event):
+class PipelineQueued(PipelineEvent):
     """A pipeline was added and waits for a free device slot."""
 
     type: ClassVar[str] = "pipeline_queued"
-    pipeline: str
     priority: int
     position: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class WorkerStarted(Event):
+class PipelineWaiting(PipelineEvent):
+    """A queued pipeline cannot be granted its devices yet: what it waits for and what holds them."""
+
+    type: ClassVar[str] = "pipeline_waiting"
+    why: str  # "waiting for 2 GPUs: gpu0, gpu1 held by run R (you)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerStarted(PipelineEvent):
     """A worker process was spawned for a pipeline on a device."""
 
     type: ClassVar[str] = "worker_started"
-    pipeline: str
     pid: int
     device: str
     attempt: int
@@ -79,21 +92,19 @@ class WorkerStarted(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class WorkerStateChanged(Event):
+class WorkerStateChanged(PipelineEvent):
     """A worker moved from one lifecycle state to another."""
 
     type: ClassVar[str] = "worker_state"
-    pipeline: str
     state: str
     previous: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TrainingStarted(Event):
+class TrainingStarted(PipelineEvent):
     """A worker built its task and is about to train (from `epoch`, `step` when resuming)."""
 
     type: ClassVar[str] = "training_started"
-    pipeline: str
     epoch: int
     step: int
     epochs_total: int
@@ -103,11 +114,10 @@ class TrainingStarted(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class StepMetrics(Event):
+class StepMetrics(PipelineEvent):
     """Training progress at a reporting interval (losses averaged over it)."""
 
     type: ClassVar[str] = "step"
-    pipeline: str
     epoch: int
     step: int
     loss: float
@@ -119,31 +129,28 @@ class StepMetrics(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Heartbeat(Event):
+class Heartbeat(PipelineEvent):
     """The training thread is alive and stepping (sent at most once a second; not in events.jsonl)."""
 
     type: ClassVar[str] = "heartbeat"
-    pipeline: str
     step: int
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Stalled(Event):
+class Stalled(PipelineEvent):
     """A live pipeline made no training step for `quiet` seconds (heard whether or not `hang_timeout` is set,
     and never killed for it); `quiet` 0 says it is stepping again."""
 
     type: ClassVar[str] = "stalled"
-    pipeline: str
     quiet: float
     first_step: bool = False  # it was still waiting for its first step
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class EpochEnd(Event):
+class EpochEnd(PipelineEvent):
     """A training epoch finished: its mean loss and how long it took."""
 
     type: ClassVar[str] = "epoch_end"
-    pipeline: str
     epoch: int
     step: int
     train_loss: float
@@ -155,11 +162,10 @@ class EpochEnd(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class CheckpointSaved(Event):
+class CheckpointSaved(PipelineEvent):
     """A checkpoint was written atomically."""
 
     type: ClassVar[str] = "checkpoint_saved"
-    pipeline: str
     path: str
     epoch: int
     step: int
@@ -167,11 +173,10 @@ class CheckpointSaved(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TaskBuilt(Event):
+class TaskBuilt(PipelineEvent):
     """A held worker built its task and waits for the run's other tasks (engine/supervise/build_check.py)."""
 
     type: ClassVar[str] = "task_built"
-    pipeline: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -186,11 +191,10 @@ class TasksChecked(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Resumed(Event):
+class Resumed(PipelineEvent):
     """A worker resumed from a checkpoint instead of starting fresh."""
 
     type: ClassVar[str] = "resumed"
-    pipeline: str
     path: str
     epoch: int
     step: int
@@ -198,11 +202,10 @@ class Resumed(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ValResult(Event):
+class ValResult(PipelineEvent):
     """Validation scores of the weights from a given epoch and step."""
 
     type: ClassVar[str] = "val_result"
-    pipeline: str
     epoch: int
     step: int
     metrics: dict[str, float]
@@ -215,11 +218,10 @@ class ValResult(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SnapshotTaken(Event):
+class SnapshotTaken(PipelineEvent):
     """A worker copied its weights into a snapshot slot for the validator and carried on."""
 
     type: ClassVar[str] = "snapshot_taken"
-    pipeline: str
     seq: int  # 1, 2, ... per pipeline and attempt chain
     epoch: int
     step: int
@@ -242,11 +244,10 @@ class ValidatorStarted(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SnapshotSkipped(Event):
+class SnapshotSkipped(PipelineEvent):
     """A snapshot was never validated (a newer one was, or the validator was down)."""
 
     type: ClassVar[str] = "snapshot_skipped"
-    pipeline: str
     seq: int
     epoch: int
     step: int
@@ -254,20 +255,18 @@ class SnapshotSkipped(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class EarlyStop(Event):
+class EarlyStop(PipelineEvent):
     """The validator saw no improvement for `patience` results and asks the pipeline to stop."""
 
     type: ClassVar[str] = "early_stop"
-    pipeline: str
     reason: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TrialDecision(Event):
+class TrialDecision(PipelineEvent):
     """A sweep's scheduler judged a trial's validation result at a rung: it goes on, or it is pruned."""
 
     type: ClassVar[str] = "trial_decision"
-    pipeline: str
     action: str  # "continue" or "prune"
     rung: float  # the milestone, in the sweep's rung_unit (epochs or steps)
     value: float  # the trial's `metric` there
@@ -276,11 +275,10 @@ class TrialDecision(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class WorkerError(Event):
+class WorkerError(PipelineEvent):
     """A worker caught an exception; sent before it exits non-zero."""
 
     type: ClassVar[str] = "worker_error"
-    pipeline: str
     error: str  # "ExceptionType: message"
     traceback: str = ""
     where: str  # "build", "train", "validate", "checkpoint"
@@ -289,11 +287,10 @@ class WorkerError(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class WorkerExited(Event):
+class WorkerExited(PipelineEvent):
     """A worker process ended: exit code or signal, and why if known."""
 
     type: ClassVar[str] = "worker_exited"
-    pipeline: str
     pid: int
     attempt: int
     exit_code: int | None
@@ -306,11 +303,10 @@ class WorkerExited(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class WorkerRestarting(Event):
+class WorkerRestarting(PipelineEvent):
     """A pipeline will be restarted after a delay."""
 
     type: ClassVar[str] = "worker_restarting"
-    pipeline: str
     attempt: int
     delay: float  # seconds
     restarts_left: int
@@ -318,11 +314,10 @@ class WorkerRestarting(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class PipelineFinished(Event):
+class PipelineFinished(PipelineEvent):
     """A pipeline reached its final status."""
 
     type: ClassVar[str] = "pipeline_finished"
-    pipeline: str
     status: str  # completed / failed / stopped / killed
     reason: str = ""
     epoch: int = 0

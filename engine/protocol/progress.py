@@ -85,6 +85,7 @@ class PipelineProgress:
     step_rate: float = 0.0  # steps per second over this attempt, its pauses left out
     paused_at: float | None = None  # seconds since the epoch it was paused, while paused
     stalled_since: float | None = None  # seconds since the epoch of its last news, while flagged for no step
+    waiting: str = ""  # while queued: what it waits for and what holds it ("" once it has its devices)
 
     @property
     def total_steps(self) -> int:
@@ -125,12 +126,16 @@ def apply(progress: PipelineProgress, event: m.Event) -> PipelineProgress:
 def _queued(p: PipelineProgress, ev: m.PipelineQueued) -> PipelineProgress:
     # Queued (again) holds no device: a restarted pipeline may start on another slot.
     return replace(p, state=WorkerState.QUEUED, device="", node="", pid=None, finished_at=None, finish_reason="",
-                   rate_origin=None, step_rate=0.0)
+                   rate_origin=None, step_rate=0.0, waiting="")
+
+
+def _waiting(p: PipelineProgress, ev: m.PipelineWaiting) -> PipelineProgress:
+    return replace(p, waiting=ev.why)
 
 
 def _started(p: PipelineProgress, ev: m.WorkerStarted) -> PipelineProgress:
     return replace(p, device=ev.device, node=ev.node, pid=ev.pid, attempt=ev.attempt, started_at=p.started_at or ev.time,
-                   finished_at=None, rate_origin=None, step_rate=0.0, stalled_since=None)
+                   finished_at=None, rate_origin=None, step_rate=0.0, stalled_since=None, waiting="")
 
 
 def _stalled(p: PipelineProgress, ev: m.Stalled) -> PipelineProgress:
@@ -200,6 +205,7 @@ def _finished(p: PipelineProgress, ev: m.PipelineFinished) -> PipelineProgress:
 
 _FOLDS = {
     m.PipelineQueued: _queued,
+    m.PipelineWaiting: _waiting,
     m.WorkerStarted: _started,
     m.WorkerStateChanged: _state,
     m.TrainingStarted: _training_started,

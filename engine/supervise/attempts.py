@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..launch import gang
 from ..launch.backend import Backend, Handle, LaunchSpec
-from ..launch.environment import cuda_device, node_ranks, rank_env
+from ..launch.environment import GPUS_VARIABLE, cuda_device, node_ranks, rank_env
 from ..launch.ports import release_port
 from .pipeline import PipelineRun
 from ..rundir.directory import RunDirectory
@@ -48,12 +48,16 @@ class AttemptLauncher:
                  hold: bool = False) -> LaunchSpec:
         slot = run.slots[rank]
         plan = run.plan
-        # A GPU gang's ranks each see every GPU of the gang on their node and use the one their LOCAL_RANK
-        # indexes, as under torchrun; alone, a worker sees its own GPU as cuda:0.
-        gang_gpus = tuple(s.gpu.index for s in run.slots if s.gpu is not None and s.node == slot.node) \
+        # A GPU gang's ranks each see every GPU of the gang on their node, in rank order, as under torchrun;
+        # alone, a worker sees its own. TORCHHERD_GPUS names a rank's own among those it sees (with one GPU a
+        # rank, the one its LOCAL_RANK indexes), and it starts on the first of them.
+        gang_gpus = tuple(g.index for s in run.slots if s.node == slot.node for g in s.gpus) \
             if len(run.slots) > 1 else ()
         local_rank = node_ranks([s.node for s in run.slots], rank)[0]
-        device = cuda_device(local_rank) if slot.device == "cuda" else slot.device
+        own = tuple(range(local_rank * len(slot.gpus), (local_rank + 1) * len(slot.gpus)))
+        device = cuda_device(own[0]) if slot.device == "cuda" else slot.device
+        if slot.gpus:
+            env = {**(env or {}), GPUS_VARIABLE: ",".join(map(str, own if gang_gpus else range(len(slot.gpus))))}
         hang = plan.run_config.restart.hang_timeout
         return LaunchSpec(
             child=WorkerSpec(pipeline=plan.config.model_dump(mode="json"),
@@ -70,4 +74,4 @@ class AttemptLauncher:
                              stop_timeout=plan.run_config.restart.stop_timeout, hold=hold),
             log_path=self._rundir.log_path(run.name, rank),
             gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node,
-            gang_gpus=gang_gpus)
+            gang_gpus=gang_gpus, own_gpus=tuple(g.index for g in slot.gpus) if len(slot.gpus) > 1 else ())

@@ -68,7 +68,7 @@ class Lifecycle:
         check_transition(run.state, state)
         previous, run.state = run.state, state
         if state == S.QUEUED:
-            self._scheduler.enqueue(run.name, run.plan.config.priority, run.plan.order, run.plan.slots_needed)
+            self._scheduler.enqueue(run.name, run.plan.config.priority, run.plan.order, run.plan.request)
         elif previous == S.QUEUED:
             self._scheduler.dequeue(run.name)
         if previous != state:
@@ -79,7 +79,7 @@ class Lifecycle:
         run.finish_reason = reason
         self.set_state(run, state)
         if run.slots:
-            self._scheduler.release(run.slots)
+            self._scheduler.release(run.slots, run.name)
             run.slots = []
         figures = run.figures()
         self._publish(PipelineFinished(pipeline=run.name, status=state.value, reason=reason,

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..config.schema import Pipeline, RunConfig
 from ..launch.backend import Handle
 from ..protocol.messages import EpochEnd, Event, Heartbeat, StepMetrics, TrainingStarted, WorkerError
+from ..hardware.grants import Request
 from ..hardware.placement import Slot, ValidationPlan
 from .policy import RestartPolicy
 from ..protocol.progress import PipelineProgress, apply
@@ -28,11 +29,7 @@ class Plan:
     policy: RestartPolicy
     order: int  # arrival: ties in priority start in this order
     validation: ValidationPlan
-
-    @property
-    def slots_needed(self) -> int:
-        """Slots it takes at once: one per rank of a gang."""
-        return self.config.ranks
+    request: Request = Request()  # what it asks of the devices: a slot per rank (engine/hardware/grants.py)
 
     @property
     def name(self) -> str:

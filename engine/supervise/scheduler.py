@@ -1,9 +1,10 @@
 """The scheduler: a pool of device slots and a priority queue of pipelines waiting for some of them.
 
-A pipeline asks for k slots (one for a single worker, N for a gang) and gets all k
-at once or waits. The queue is served strictly in order (priority, then arrival):
-nothing starts ahead of a waiting pipeline that needs more slots than are free, so
-a big gang cannot be starved for ever by small pipelines slipping past it.
+A pipeline asks for a slot per rank (engine/hardware/grants.py: whole GPUs, a share of one, or a CPU slot)
+and gets them all at once or waits. The queue is served strictly in order (priority, then arrival):
+nothing starts ahead of a waiting pipeline that needs more than is free, so a big gang cannot be starved
+for ever by small pipelines slipping past it. On this machine every grant is a lease in the user's
+ledger (engine/hardware/ledger.py), so runs never double-book a device, and the order holds across them.
 
 On a cluster the pool follows the nodes (`resize`): a slot is then counted by its node
 and device, not by its name, since the names of a cluster's slots are renumbered as
@@ -15,10 +16,15 @@ changes anything.
 """
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Hashable
 
+from ..hardware.grants import Policy, Request, Wait, grant, leases_for
+from ..hardware.ledger import Lease, MemoryLedger, Session
+from ..hardware.occupancy import OccupancyReader
 from ..hardware.placement import Slot
 
 
@@ -56,29 +62,46 @@ def _one_node(free: list[Slot], need: int) -> list[Slot] | None:
 class _Waiting:
     priority: int
     order: int
-    need: int
+    request: Request
+    since: float  # wall-clock seconds it began to wait: the order across runs
 
 
 class Scheduler:
-    """Hands out allocations of slots to queued pipelines, highest priority first."""
+    """Hands out allocations of slots to queued pipelines, highest priority first (see the module)."""
 
-    def __init__(self, slots: list[Slot]):
+    def __init__(self, slots: list[Slot], ledger: MemoryLedger | None = None, run: str = "", run_dir: str = "",
+                 occupancy: OccupancyReader | None = None, policy: Policy = Policy()):
         self.slots = list(slots)
         self._free = list(slots)
         self._taken: list[Slot] = []  # allocated now, possibly on a node no longer in the pool
         self._waiting: dict[Hashable, _Waiting] = {}
+        self._ledger = ledger if ledger is not None else MemoryLedger()
+        self._run, self._run_dir, self._policy = run, run_dir, policy
+        self._occupancy = occupancy
+        self._held: dict[Hashable, list[Lease]] = {}  # the ledger's leases of each allocation
+        self._grants: dict[Hashable, list[Slot]] = {}  # the slots of each allocation
+        self.waits: dict[Hashable, str] = {}  # why each waiting pipeline waits, as of the last pass
+        self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
+        self._announced: dict | None = None
 
     @property
     def free(self) -> list[Slot]:
         return list(self._free)
 
-    def enqueue(self, key: Hashable, priority: int, order: int, need: int = 1) -> None:
-        if need > len(self.slots):
-            raise ValueError(f"{key} needs {need} slots; this session has {len(self.slots)}")
-        self._waiting[key] = _Waiting(priority, order, need)
+    @property
+    def cluster(self) -> bool:
+        """The pool is a cluster's (Ray does the accounting; slots are counted by node)."""
+        return any(s.node for s in self.slots)
+
+    def enqueue(self, key: Hashable, priority: int, order: int, need: int | Request = 1) -> None:
+        request = need if isinstance(need, Request) else Request(ranks=need)
+        if request.ranks > len(self.slots):
+            raise ValueError(f"{key} needs {request.ranks} slots; this session has {len(self.slots)}")
+        self._waiting[key] = _Waiting(priority, order, request, time.time())
 
     def dequeue(self, key: Hashable) -> None:
         self._waiting.pop(key, None)
+        self.waits.pop(key, None)
 
     def queued(self) -> list[Hashable]:
         """Waiting pipelines in the order they will start."""
@@ -91,33 +114,128 @@ class Scheduler:
 
     def allocate(self) -> list[tuple[Hashable, list[Slot]]]:
         """Take slots for every waiting pipeline that can start now, in queue order."""
+        if not self._waiting:
+            self._announce()
+            return []
+        if self.cluster:
+            return self._allocate_pool()
+        granted = []
+        with self._ledger.locked() as leases:
+            ahead = self._ahead_elsewhere()
+            occupancy, links = self._readings()
+            for key in self.queued():
+                waiting = self._waiting[key]
+                first = ahead(waiting)
+                got = Wait(f"waiting behind {first}") if first else \
+                    grant(waiting.request, self.slots, leases, self._run, occupancy, links, self._policy)
+                if isinstance(got, Wait):
+                    self._wait_all(key, got.why)
+                    break  # strict order: the head waits for what it needs, nobody overtakes it
+                taken = leases_for(got, self._run, str(key), os.getpid(), self._run_dir)
+                self._ledger.take(taken)
+                leases = leases + taken
+                self._held[key], self._grants[key] = taken, got
+                self._taken += got
+                del self._waiting[key]
+                self.waits.pop(key, None)
+                granted.append((key, got))
+        self._seen = leases
+        self._refree_ledger(leases)
+        self._announce()
+        return granted
+
+    def release(self, slots: list[Slot], key: Hashable | None = None) -> None:
+        """Give slots back to the pool (kept in the machine's order), and `key`'s leases to the ledger; a slot
+        of a node that left is dropped."""
+        for slot in slots:
+            if slot in self._taken:
+                self._taken.remove(slot)
+        if self.cluster:
+            self._refree()
+            return
+        if key is None:  # the allocation these slots are
+            key = next((k for k, got in self._grants.items() if got == list(slots)), None)
+        if key is not None and key in self._held:
+            self._grants.pop(key, None)
+            given = self._held.pop(key)
+            self._ledger.give_back(given)
+            self._seen = [lease for lease in self._seen if lease not in given]
+            self._refree_ledger(self._seen)
+
+    def close(self) -> None:
+        """The session is over: every lease back to the ledger."""
+        self._ledger.close()
+        self._held.clear()
+        if self._occupancy is not None:
+            self._occupancy.close()
+
+    # ------------------------------------------------------------ across runs
+
+    def _ahead_elsewhere(self):
+        """A test of a waiting pipeline: the first pipeline of another of the user's runs that waits ahead of
+        it (higher priority, or the same and waiting longer), or ""."""
+        others = [(entry, s.run) for s in self._ledger.sessions() if s.run != self._run for entry in s.waiting]
+
+        def ahead(w: _Waiting) -> str:
+            for (name, priority, since, *_), run in others:
+                if priority > w.priority or (priority == w.priority and since < w.since):
+                    return f"{name} of run {run} (you, priority {priority})"
+            return ""
+        return ahead
+
+    def _wait_all(self, head: Hashable, why: str) -> None:
+        """Why each waiting pipeline waits: the head for `why`, the others behind it."""
+        for key in self.queued():
+            self.waits[key] = why if key == head else f"waiting behind {head}"
+
+    def _announce(self) -> None:
+        """Tell the ledger (so other runs and `torchherd ls`) what of this run waits, when that changes."""
+        waiting = [[str(k), w.priority, w.since, self.waits.get(k, "")] for k, w in self._waiting.items()]
+        if waiting != self._announced:
+            self._announced = waiting
+            self._ledger.announce(Session(run=self._run, pid=os.getpid(), run_dir=self._run_dir, waiting=waiting))
+
+    def _readings(self) -> tuple[dict, dict]:
+        """NVML's view of the pool's GPUs now (foreign processes, free memory) and their links; {} without GPUs."""
+        indices = [s.gpu.index for s in self.slots if s.gpu is not None]
+        if not indices or self._occupancy is None:
+            return {}, {}
+        supervisors = {s.pid for s in self._ledger.sessions()} | {os.getpid()}
+        return self._occupancy.read(indices, supervisors), self._occupancy.links(indices)
+
+    def _refree_ledger(self, leases: list[Lease]) -> None:
+        """Free = the pool's slots no lease of any run holds (what the warm starter plans by)."""
+        held = {lease.device for lease in leases}
+        self._free = [s for s in self.slots if s.name not in held]
+
+    # ------------------------------------------------------------ a cluster's pool
+
+    def _allocate_pool(self) -> list[tuple[Hashable, list[Slot]]]:
         granted = []
         for key in self.queued():
-            need = self._waiting[key].need
+            need = self._waiting[key].request.ranks
             taken = _one_node(self._free, need)
             if taken is None:
+                self._wait_all(key, f"waiting for {need} slot{'s' if need != 1 else ''}")
                 break  # strict order: the head waits for its k slots, nobody overtakes it
             self._free = [s for s in self._free if s not in taken]
             self._taken += taken
             del self._waiting[key]
+            self.waits.pop(key, None)
             granted.append((key, taken))
         return granted
-
-    def release(self, slots: list[Slot]) -> None:
-        """Give slots back to the pool (kept in the machine's order); a slot of a node that left is dropped."""
-        for slot in slots:
-            if slot in self._taken:
-                self._taken.remove(slot)
-        self._refree()
 
     def resize(self, slots: list[Slot]) -> None:
         """The pool is now `slots` (a cluster's nodes joined or left); allocations stay as they are."""
         self.slots = list(slots)
-        self._refree()
+        if self.cluster or not self._held:
+            self._refree()
 
     def refit(self, slots: list[Slot]) -> list[Slot] | None:
         """An allocation with each slot on a node that left swapped for a free live one; None if too few
         are free (the allocation is then left as it was)."""
+        if not self.cluster:
+            return slots  # this machine's devices never leave
         live = {_kind(s) for s in self.slots}
         stale = [s for s in slots if _kind(s) not in live]
         if not stale:

@@ -13,10 +13,12 @@ from pathlib import Path
 from ..config.problems import ConfigError
 from ..config.schema import RunConfig
 from ..hardware.devices import Inventory
+from ..hardware.grants import Policy, request_of
 from ..hardware.placement import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
-from ..protocol.messages import ConfigAdded, EarlyStop, Event, Notice, PipelineQueued, RunFinished, RunStarted
+from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Notice, PipelineQueued, PipelineWaiting, RunFinished,
+                                 RunStarted)
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
@@ -63,7 +65,11 @@ class Supervisor:
         self.telemetry: TelemetrySnapshot | None = None  # the newest sample
         self._tick_interval = tick
         self._bus = EventBus()
-        self._scheduler = Scheduler(slots)
+        gpus = any(s.gpu is not None for s in slots)
+        self._scheduler = Scheduler(slots, self._backend.ledger(), self.run_id, str(self.run_dir.absolute()),
+                                    self._backend.occupancy() if gpus else None,
+                                    Policy(config.devices.keep_free, config.devices.share))
+        self._waits_said: dict[str, str] = {}  # the PipelineWaiting each queued pipeline was last given
         self._nodes = NodeFollower(self._backend, config, self._scheduler, inventory)  # a cluster's, as they change
         self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
                                     lambda *batch: self._intake.take(*batch), lambda run: gpu_note(run, self.telemetry))
@@ -252,6 +258,7 @@ class Supervisor:
             except asyncio.CancelledError:
                 pass
         self._closed = True
+        self._scheduler.close()  # every lease back to the ledger
         self._backend.close()  # a cluster's: its listening socket and the actors still ending
         remove_root(self.snapshot_root)
         self._rundir.close()
@@ -280,13 +287,14 @@ class Supervisor:
             name = unique_name(pipe.name, self._runs)
             if name != pipe.name:
                 pipe = pipe.model_copy(update={"name": name})
-            plan = Plan(config=pipe, run_config=config, policy=policy, order=self._order, validation=validation)
+            plan = Plan(config=pipe, run_config=config, policy=policy, order=self._order, validation=validation,
+                        request=request_of(pipe, self._scheduler.slots))
             run = PipelineRun(plan=plan)
             self._runs[name] = run
             self._validation.ledger(name)
             self._order += 1
             names.append(name)
-            self._scheduler.enqueue(name, pipe.priority, plan.order, plan.slots_needed)  # born QUEUED
+            self._scheduler.enqueue(name, pipe.priority, plan.order, plan.request)  # born QUEUED
         return names
 
     def _announce_queued(self, names: list[str]) -> None:
@@ -305,10 +313,21 @@ class Supervisor:
         if self._closed or self._closing or self.task_check.holding or \
                 self._backend.hold_launches(len(self._scheduler.queued()), len(self._scheduler.free)):
             return
-        for name, slots in self._scheduler.allocate():
+        granted = self._scheduler.allocate()
+        self._say_waits()
+        for name, slots in granted:
             run = self._runs[name]
             run.slots = slots
             self._lifecycle.launch(run)
+
+    def _say_waits(self) -> None:
+        """A PipelineWaiting for each queued pipeline whose reason to wait changed."""
+        for name, why in self._scheduler.waits.items():
+            if self._waits_said.get(name) != why and self._runs[name].state == S.QUEUED:
+                self._waits_said[name] = why
+                self._emit(PipelineWaiting(pipeline=name, why=why))
+        for name in [n for n in self._waits_said if n not in self._scheduler.waits]:
+            del self._waits_said[name]
 
     def _start_attempt(self, run: PipelineRun) -> Handle:
         """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""

@@ -60,6 +60,8 @@ class FakeGpu:
     power_limit: int = 400_000  # milliwatts
     mig: int = 0
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes or None: n/a)
+    nvlink: list[int] = field(default_factory=list)  # GPUs it has an NVLink to
+    topology: dict[int, int] = field(default_factory=dict)  # GPU -> common ancestor level (default 50, system)
     fail: int = SUCCESS
     fails: dict[str, int] = field(default_factory=dict)  # call (see fake_nvml.c) -> NVML code
 
@@ -91,6 +93,8 @@ class FakeDriver:
                       f"power={g.power}", f"power_limit={g.power_limit}", f"mig={g.mig}", f"fail={g.fail}"]
             lines += [f"process={pid} {'n/a' if used is None else used}" for pid, used in g.processes]
             lines += [f"fail.{call}={code}" for call, code in g.fails.items()]
+            lines += [f"nvlink={peer}" for peer in g.nvlink]
+            lines += [f"topology={peer} {level}" for peer, level in g.topology.items()]
         tmp = self.state.with_suffix(".tmp")
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, self.state)

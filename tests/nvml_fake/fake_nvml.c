@@ -15,8 +15,11 @@
  *     power=250500               milliwatts; power_limit likewise
  *     mig=0                      current MIG mode
  *     process=1234 3145728000    a compute process: pid and its GPU memory in bytes (or n/a); repeatable
+ *     nvlink=1                   an NVLink to GPU 1 (P2P status OK for the NVLink index); repeatable
+ *     topology=1 10              the nearest common ancestor with GPU 1 is this nvmlGpuTopologyLevel_t
+ *                                (10 single switch ... 50 system, the default); repeatable
  *     fail.temperature=3         that call on this GPU returns this code (handle, name, uuid, memory,
- *                                utilization, temperature, power, power_limit, processes, mig)
+ *                                utilization, temperature, power, power_limit, processes, mig, topology)
  *     fail=15                    every call on this GPU returns this code (15: GPU is lost)
  *
  * No FAKE_NVML_STATE, or a file that cannot be read: nvmlInit says the driver is not loaded.
@@ -44,14 +47,18 @@ enum {
 
 #define MAX_GPUS 16
 #define MAX_PROCS 32
+#define NVML_TOPOLOGY_SYSTEM 50
+#define NVML_P2P_CAPS_INDEX_NVLINK 3
+#define NVML_P2P_STATUS_OK 0
+#define NVML_P2P_STATUS_NOT_SUPPORTED 5
 #define TEXT 96  /* NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE */
 #define NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL  /* NVML_VALUE_NOT_AVAILABLE */
 #define NOT_AVAILABLE_UINT 0xFFFFFFFFU
 
 enum call { C_HANDLE, C_NAME, C_UUID, C_MEMORY, C_UTILIZATION, C_TEMPERATURE, C_POWER, C_POWER_LIMIT,
-            C_PROCESSES, C_MIG, C_CALLS };
+            C_PROCESSES, C_MIG, C_TOPOLOGY, C_CALLS };
 static const char *call_names[C_CALLS] = {"handle", "name", "uuid", "memory", "utilization", "temperature",
-                                          "power", "power_limit", "processes", "mig"};
+                                          "power", "power_limit", "processes", "mig", "topology"};
 
 struct proc { unsigned int pid; unsigned long long used; };
 
@@ -64,6 +71,8 @@ struct nvmlDevice_st {
     struct proc procs[MAX_PROCS];
     int fail_all;
     int fail[C_CALLS];
+    int nvlink[MAX_GPUS];  /* 1: an NVLink to that GPU */
+    int topology[MAX_GPUS];  /* the common ancestor's level with that GPU; 0: not given (system) */
 };
 typedef struct nvmlDevice_st *nvmlDevice_t;
 
@@ -132,6 +141,12 @@ static int load_state(void) {
                 p->used = strcmp(used, "n/a") == 0 ? NOT_AVAILABLE_ULL : strtoull(used, NULL, 10);
                 g->nprocs++;
             }
+        } else if (strcmp(key, "nvlink") == 0) {
+            int peer = atoi(value);
+            if (peer >= 0 && peer < MAX_GPUS) g->nvlink[peer] = 1;
+        } else if (strcmp(key, "topology") == 0) {
+            int peer, level;
+            if (sscanf(value, "%d %d", &peer, &level) == 2 && peer >= 0 && peer < MAX_GPUS) g->topology[peer] = level;
         } else if (strncmp(key, "fail.", 5) == 0) {
             for (int c = 0; c < C_CALLS; c++)
                 if (strcmp(key + 5, call_names[c]) == 0)
@@ -347,5 +362,26 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode
         } else {
             *currentMode = device->mig;
             *pendingMode = device->mig;
+        });
+}
+
+/* The topology calls: both devices must be valid; what links them is as the first one's state says. */
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2, int *pathInfo) {
+    DEVICE_CALL(device1, C_TOPOLOGY,
+        if (!pathInfo || device2 < gpus || device2 >= gpus + ngpus) {
+            ret_ = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            int level = device1->topology[device2 - gpus];
+            *pathInfo = level ? level : NVML_TOPOLOGY_SYSTEM;
+        });
+}
+
+nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, int p2pIndex, int *p2pStatus) {
+    DEVICE_CALL(device1, C_TOPOLOGY,
+        if (!p2pStatus || device2 < gpus || device2 >= gpus + ngpus) {
+            ret_ = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            *p2pStatus = p2pIndex == NVML_P2P_CAPS_INDEX_NVLINK && device1->nvlink[device2 - gpus]
+                ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
         });
 }

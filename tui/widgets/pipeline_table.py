@@ -105,6 +105,7 @@ NODE = Column("node", "node", 10, lambda r, now, w: r.node or "-", False)
 # What a table narrower than every column keeps besides the compact ones, first kept first, while it fits.
 OPTIONAL = ("node", "progress", "elapsed", "best", "rate")
 NAME_MAX = 32  # cells the name column may widen to, before those
+WAITING = "waiting"  # a row's value (no column): what a queued pipeline waits for, drawn from its epoch column on
 
 
 def _fit(text: str, width: int) -> str:
@@ -174,6 +175,7 @@ class PipelineTable(Widget, can_focus=True):
         first = not self.names
         for row in rows:
             values = {c.key: c.text(row, now, c.width) for c in (*COLUMNS, NODE)}
+            values[WAITING] = row.waiting if row.state == WorkerState.QUEUED else ""
             self.states[row.name] = row.state
             self.stalled[row.name] = values["state"].startswith("stall ")
             old = self.cells.get(row.name)
@@ -184,7 +186,9 @@ class PipelineTable(Widget, can_focus=True):
             elif old == values:
                 continue
             self.cells[row.name] = values
-            if not relayout and old is not None:
+            if not relayout and old is not None and values[WAITING] != old.get(WAITING):
+                self._refresh_row(self.names.index(row.name))
+            elif not relayout and old is not None:
                 self._refresh_cells(self.names.index(row.name), [k for k in values if values[k] != old[k]])
         if relayout:
             self.refresh(layout=True)
@@ -270,8 +274,12 @@ class PipelineTable(Widget, can_focus=True):
         selected = index == self.cursor
         row_style = base + Style(reverse=True) if selected and self.has_focus else \
             base + Style(bold=True) if selected else base
-        segments = []
+        segments, x = [], 0
         for column in self.visible_columns():
+            if values.get(WAITING) and column.key == "step":  # a queued row says what it waits for, over the rest
+                segments.append(Segment(_fit(values[WAITING], max(1, width - x - 1)), row_style + Style(dim=True)))
+                break
+            x += column.width + 1
             text = _fit(values[column.key], column.width)
             state_style = STALLED_STYLE if self.stalled.get(name) else STATE_STYLE.get(self.states[name], "")
             style = row_style + Style.parse(state_style) if column.key == "state" else row_style

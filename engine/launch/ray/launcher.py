@@ -25,6 +25,7 @@ from ...protocol.spec import Transport, ValidatorSpec, write_spec
 from ..backend import Backend, Handle, LaunchSpec, RemotePids, TelemetryHook
 from ..environment import child_env
 from .handle import RayHandle
+from ...hardware.ledger import MemoryLedger
 from .placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, \
     plan_cluster_validation, read_nodes
 from .rundir import check_shared, remove_roots
@@ -84,6 +85,12 @@ class RayLauncher(Backend):
     @property
     def inventory(self) -> ClusterInventory:
         return self.book.inventory
+
+    def ledger(self) -> MemoryLedger:
+        return MemoryLedger()  # Ray's own accounting is the cluster's ledger: no second one of ours
+
+    def occupancy(self) -> None:
+        return None
 
     def plan_slots(self, devices: DevicesConfig, inventory: ClusterInventory, file: str = "",
                    fit: bool = False) -> tuple[list[Slot], list[Problem]]:
