@@ -271,7 +271,7 @@ def test_check_says_where_each_rank_goes(tmp_path):
     assert report.ok, report.render()
     text = report.render()
     assert "g: task regression" in text and "a gang of 2 ranks on cpu0" in text
-    assert "after: task regression" in text and "queued (#1), waiting for 1 CPU slot: cpu0, cpu1 held by g of this run" in text
+    assert "after: task regression" in text and "queued (#1), waiting for 1 CPU slot: cpu0, cpu1 held by this run (g)" in text
 
 
 # ------------------------------------------------------------ real gangs

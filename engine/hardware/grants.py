@@ -131,12 +131,21 @@ class _Books:
     def busy(self, slots: list[Slot], run: str) -> str:
         """"gpu0, gpu1 held by run R (you); gpu3 held by pid 4242 (user bob, 31 GiB)": what holds `slots`."""
         groups: dict[str, list[str]] = {}
+        mine: list[str] = []  # this run's pipelines that hold some
         for slot in slots:
-            for lease in self.by_device.get(slot.name, [])[:1]:
-                groups.setdefault(holder(lease, run), []).append(slot.name)
-            for foreign in self.foreign(slot)[:1]:
+            for lease in self.by_device.get(slot.name, []):
+                who = "this run" if lease.run == run else f"run {lease.run} (you)"
+                groups.setdefault(who, []).append(slot.name)
+                if lease.run == run:
+                    mine.append(lease.pipeline)
+            for foreign in self.foreign(slot):
                 groups.setdefault(foreign.describe(), []).append(slot.name)
-        return "; ".join(f"{', '.join(dict.fromkeys(names))} held by {who}" for who, names in groups.items())
+        said = []
+        for who, names in groups.items():
+            if who == "this run":
+                who = f"this run ({', '.join(dict.fromkeys(mine))})"
+            said.append(f"{', '.join(dict.fromkeys(names))} held by {who}")
+        return "; ".join(said)
 
 
 def grant(request: Request, pool: list[Slot], leases: list[Lease], run: str,
