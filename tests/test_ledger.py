@@ -173,3 +173,48 @@ def test_a_lease_dies_with_the_process_that_held_it(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+# ------------------------------------------------------------ the order across runs
+
+
+def test_across_runs_the_higher_priority_waiter_gets_the_freed_slot_first(tmp_path):
+    from torchherd.engine.supervise.scheduler import Scheduler
+
+    folder = tmp_path / "ledger"
+    holder, low, high = (Scheduler(cpu_pool(), Ledger(folder), run) for run in ("holder", "low", "high"))
+    try:
+        holder.enqueue("h1", 0, 0)
+        holder.enqueue("h2", 0, 1)
+        assert [k for k, _ in holder.allocate()] == ["h1", "h2"]
+        low.enqueue("l", priority=0, order=0)
+        assert low.allocate() == [] and low.waits["l"] == "waiting for 1 CPU slot: cpu0, cpu1 held by run holder (you)"
+        high.enqueue("h", priority=5, order=0)
+        assert high.allocate() == []  # announced: it waits too
+        [(_, slots)] = [(k, s) for k, s in holder._grants.items() if k == "h1"]
+        holder.release(slots, "h1")
+        assert low.allocate() == [] and low.waits["l"] == "waiting behind h of run high (you, priority 5)"
+        assert [(k, [s.name for s in got]) for k, got in high.allocate()] == [("h", ["cpu0"])]
+    finally:
+        for s in (holder, low, high):
+            s.close()
+
+
+def test_a_waiter_for_other_devices_is_no_rival(tmp_path):
+    from torchherd.engine.supervise.scheduler import Scheduler
+
+    folder = tmp_path / "ledger"
+    pool = gpu_pool(2)
+    first, second = Scheduler(pool[:1], Ledger(folder), "first"), Scheduler(pool[1:], Ledger(folder), "second")
+    blocker = Ledger(folder)
+    try:
+        with blocker.locked():
+            blocker.take([lease("gpu0", run="blocker")])
+        first.enqueue("a", priority=9, order=0)
+        assert first.allocate() == []  # gpu0 is held: it waits, announced
+        second.enqueue("b", priority=0, order=0)
+        assert [k for k, _ in second.allocate()] == ["b"]  # gpu1 is none of first's business
+    finally:
+        for s in (first, second):
+            s.close()
+        blocker.close()

@@ -71,7 +71,7 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int
                     "statuses": r.statuses,
                     "devices": [{"device": x.device, "pipeline": x.pipeline, "rank": x.rank, "memory": x.memory}
                                 for x in leases if x.run == r.run_id],
-                    "waiting": {w[0]: w[3] for s in sessions if s.run == r.run_id for w in s.waiting}}
+                    "waiting": {w[0]: w[3] for s in sessions if s.run == r.run_id for w in s.waiting if len(w) > 3}}
                    for r in runs], out, indent=2)
         out.write("\n")
         return EXIT_TOOK
@@ -108,7 +108,7 @@ def ledger_lines(leases: list, sessions: list) -> list[str]:
             share = f" ({lease.memory / 2**30:.1f} GiB)" if lease.memory is not None else ""
             rank = f" rank {lease.rank}" if lease.rank else ""
             lines.append(f"  {lease.device}{share}  run {lease.run}  {lease.pipeline}{rank}")
-    waits = [(s.run, name, why) for s in sessions for name, _, _, why in s.waiting]
+    waits = [(s.run, name, why) for s in sessions for name, _, _, why, *_ in s.waiting]
     if waits:
         lines.append("waiting:")
         lines += [f"  run {run}  {name}: {why or 'queued'}" for run, name, why in waits]

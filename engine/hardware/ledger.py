@@ -50,7 +50,8 @@ class Session:
     run: str
     pid: int
     run_dir: str = ""
-    waiting: dict[str, str] = field(default_factory=dict)  # pipeline -> why it waits
+    # [pipeline, priority, since (wall-clock s), why, the device names it may be granted] of each that waits
+    waiting: list = field(default_factory=list)
 
 
 class MemoryLedger:

@@ -174,7 +174,9 @@ class Scheduler:
     def _ahead_elsewhere(self):
         """A test of a waiting pipeline: the first pipeline of another of the user's runs that waits ahead of
         it (higher priority, or the same and waiting longer), or ""."""
-        others = [(entry, s.run) for s in self._ledger.sessions() if s.run != self._run for entry in s.waiting]
+        pool = {s.name for s in self.slots}
+        others = [(entry, s.run) for s in self._ledger.sessions() if s.run != self._run for entry in s.waiting
+                  if len(entry) < 5 or pool & set(entry[4])]  # one that waits for none of our devices is no rival
 
         def ahead(w: _Waiting) -> str:
             for (name, priority, since, *_), run in others:
@@ -190,7 +192,8 @@ class Scheduler:
 
     def _announce(self) -> None:
         """Tell the ledger (so other runs and `torchherd ls`) what of this run waits, when that changes."""
-        waiting = [[str(k), w.priority, w.since, self.waits.get(k, "")] for k, w in self._waiting.items()]
+        pool = [s.name for s in self.slots]
+        waiting = [[str(k), w.priority, w.since, self.waits.get(k, ""), pool] for k, w in self._waiting.items()]
         if waiting != self._announced:
             self._announced = waiting
             self._ledger.announce(Session(run=self._run, pid=os.getpid(), run_dir=self._run_dir, waiting=waiting))
