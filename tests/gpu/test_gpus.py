@@ -132,3 +132,15 @@ async def test_a_cuda_out_of_memory_crash_is_named_and_restarts(tmp_path):
     assert crash.error.startswith("CUDA out of memory"), crash.error
     [again] = [e for e in events if isinstance(e, WorkerRestarting)]
     assert "CUDA out of memory" in again.reason
+
+
+@needs_gpus(2)
+async def test_two_gpus_per_rank_a_script_trains_data_parallel_and_a_model_split_over_its_pair(tmp_path):
+    config = gpu_config(tmp_path, [{"name": "pair", "gpus_per_rank": 2, "task": None,
+                                    "script": str(TASKS / "scripts" / "two_gpus.py")}],
+                        restart={"max_restarts": 0})
+    sup = Supervisor(config)
+    finished = await run_to_end(sup)
+    assert finished == {"pair": "completed"}, (sup.run_dir / "pair" / "log.txt").read_text()[-2000:]
+    log = (sup.run_dir / "pair" / "log.txt").read_text()
+    assert "two_gpus: data_parallel ok on [0, 1]" in log and "two_gpus: split ok on cuda:0 and cuda:1" in log
