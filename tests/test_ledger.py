@@ -218,3 +218,17 @@ def test_a_waiter_for_other_devices_is_no_rival(tmp_path):
         for s in (first, second):
             s.close()
         blocker.close()
+
+
+def test_a_run_waiting_for_its_own_pipelines_only_is_a_queue_and_says_no_more(tmp_path):
+    # A sweep's 48 trials on 8 slots would otherwise tell every trial's wait again at every grant.
+    from torchherd.engine.supervise.scheduler import Scheduler
+
+    sched = Scheduler(cpu_pool(1), Ledger(tmp_path / "ledger"), "mine")
+    try:
+        for i in range(3):
+            sched.enqueue(f"t{i}", 0, i)
+        assert [k for k, _ in sched.allocate()] == ["t0"]
+        assert sched.waits == {} and sched.position("t1") == 1
+    finally:
+        sched.close()

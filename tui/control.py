@@ -108,10 +108,13 @@ def ledger_lines(leases: list, sessions: list) -> list[str]:
             share = f" ({lease.memory / 2**30:.1f} GiB)" if lease.memory is not None else ""
             rank = f" rank {lease.rank}" if lease.rank else ""
             lines.append(f"  {lease.device}{share}  run {lease.run}  {lease.pipeline}{rank}")
-    waits = [(s.run, name, why) for s in sessions for name, _, _, why, *_ in s.waiting]
-    if waits:
+    waits = [(s.run, name, why) for s in sessions for name, _, _, why, *_ in s.waiting if why]
+    queued = sum(1 for s in sessions for w in s.waiting if len(w) > 3 and not w[3])
+    if waits or queued:
         lines.append("waiting:")
-        lines += [f"  run {run}  {name}: {why or 'queued'}" for run, name, why in waits]
+        lines += [f"  run {run}  {name}: {why}" for run, name, why in waits]
+        if queued:
+            lines.append(f"  and {queued} more queued behind them")
     return lines
 
 

@@ -206,7 +206,8 @@ class LinePrinter:
                   f"{ev.restarts_left} restart(s) left): {ev.reason}")
 
     def _waiting(self, ev: PipelineWaiting) -> None:
-        self.line(f"{ev.pipeline}: {ev.why}")
+        if ev.why:  # "" : nothing outside the run holds it up any more
+            self.line(f"{ev.pipeline}: {ev.why}")
 
     def _notice(self, ev: Notice) -> None:
         who = f"{ev.pipeline}: " if ev.pipeline else ""

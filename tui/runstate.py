@@ -166,7 +166,8 @@ class RunState:
         self.note("info", ev.pipeline, f"queued ({where})", at=ev.time)
 
     def _waiting(self, ev: m.PipelineWaiting, _) -> None:
-        self.note("info", ev.pipeline, ev.why, at=ev.time)
+        if ev.why:
+            self.note("info", ev.pipeline, ev.why, at=ev.time)
 
     def _worker_started(self, ev: m.WorkerStarted, _) -> None:
         where = f"{ev.device} of node {ev.node}" if ev.node else ev.device

@@ -56,6 +56,7 @@ class Wait:
     """The request cannot be granted now: why, for people."""
 
     why: str
+    outside: bool = True  # something outside this run holds it up (another run, another program, keep_free)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,11 @@ class _Books:
         names = {s.name for s in taken}
         return sum(1 for s in self.pool if s.name not in names and self.whole_free(s))
 
+    def outside(self, slots: list[Slot], run: str) -> bool:
+        """Whether another run or another program holds any of `slots` (else this run waits for itself)."""
+        return any(lease.run != run for s in slots for lease in self.by_device.get(s.name, [])) or \
+            any(self.foreign(s) for s in slots)
+
     def busy(self, slots: list[Slot], run: str) -> str:
         """"gpu0, gpu1 held by run R (you); gpu3 held by pid 4242 (user bob, 31 GiB)": what holds `slots`."""
         groups: dict[str, list[str]] = {}
@@ -157,7 +163,7 @@ def grant(request: Request, pool: list[Slot], leases: list[Lease], run: str,
         free = [s for s in pool if books.whole_free(s)]
         if len(free) >= request.ranks:
             return free[:request.ranks]
-        return Wait(f"waiting for {request.label(False)}: {books.busy(pool, run)}")
+        return Wait(f"waiting for {request.label(False)}: {books.busy(pool, run)}", books.outside(pool, run))
     if request.memory is not None:
         return _shares(request, books, run)
     return _whole(request, books, run, links or {})
@@ -168,7 +174,7 @@ def _whole(request: Request, books: _Books, run: str, links: dict[tuple[int, int
     need = request.ranks * request.gpus
     label = request.label(True)
     if len(free) < need:
-        return Wait(f"waiting for {label}: {books.busy(books.pool, run)}")
+        return Wait(f"waiting for {label}: {books.busy(books.pool, run)}", books.outside(books.pool, run))
     slots = []
     for _ in range(request.ranks):
         group = _nearest(free, request.gpus, links)
@@ -190,7 +196,8 @@ def _shares(request: Request, books: _Books, run: str) -> list[Slot] | Wait:
         if not fits:
             said = ", ".join(f"{s.name} {gib(room[s.name])} free" for s in books.pool)
             busy = books.busy(books.pool, run)
-            return Wait(f"waiting for {request.label(True)}: {said}" + (f" ({busy})" if busy else ""))
+            return Wait(f"waiting for {request.label(True)}: {said}" + (f" ({busy})" if busy else ""),
+                        books.outside(books.pool, run))
         best = min(fits, key=lambda s: (room[s.name], s.gpu.index))  # the tightest fit: whole GPUs stay whole
         room[best.name] -= request.memory
         slots.append(replace(best, memory=request.memory))

@@ -129,7 +129,7 @@ class Scheduler:
                 got = Wait(f"waiting behind {first}") if first else \
                     grant(waiting.request, self.slots, leases, self._run, occupancy, links, self._policy)
                 if isinstance(got, Wait):
-                    self._wait_all(key, got.why)
+                    self._wait_all(key, got)
                     break  # strict order: the head waits for what it needs, nobody overtakes it
                 taken = leases_for(got, self._run, str(key), os.getpid(), self._run_dir)
                 self._ledger.take(taken)
@@ -185,10 +185,10 @@ class Scheduler:
             return ""
         return ahead
 
-    def _wait_all(self, head: Hashable, why: str) -> None:
-        """Why each waiting pipeline waits: the head for `why`, the others behind it."""
-        for key in self.queued():
-            self.waits[key] = why if key == head else f"waiting behind {head}"
+    def _wait_all(self, head: Hashable, wait: Wait) -> None:
+        """Why the head of the queue waits, when something outside this run holds it up; the others wait
+        behind it, and a run that waits for its own pipelines only is a queue, which `position` tells."""
+        self.waits = {head: wait.why} if wait.outside else {}
 
     def _announce(self) -> None:
         """Tell the ledger (so other runs and `torchherd ls`) what of this run waits, when that changes."""
@@ -219,7 +219,7 @@ class Scheduler:
             need = self._waiting[key].request.ranks
             taken = _one_node(self._free, need)
             if taken is None:
-                self._wait_all(key, f"waiting for {need} slot{'s' if need != 1 else ''}")
+                self._wait_all(key, Wait(f"waiting for {need} slot{'s' if need != 1 else ''}", outside=False))
                 break  # strict order: the head waits for its k slots, nobody overtakes it
             self._free = [s for s in self._free if s not in taken]
             self._taken += taken

@@ -321,13 +321,17 @@ class Supervisor:
             self._lifecycle.launch(run)
 
     def _say_waits(self) -> None:
-        """A PipelineWaiting for each queued pipeline whose reason to wait changed."""
-        for name, why in self._scheduler.waits.items():
+        """A PipelineWaiting for each queued pipeline whose reason to wait changed; "" once none is left to say
+        (granted, or it waits only behind this run's own pipelines)."""
+        waits = self._scheduler.waits
+        for name in [n for n in self._waits_said if n not in waits]:
+            del self._waits_said[name]
+            if self._runs[name].state == S.QUEUED:
+                self._emit(PipelineWaiting(pipeline=name, why=""))
+        for name, why in waits.items():
             if self._waits_said.get(name) != why and self._runs[name].state == S.QUEUED:
                 self._waits_said[name] = why
                 self._emit(PipelineWaiting(pipeline=name, why=why))
-        for name in [n for n in self._waits_said if n not in self._scheduler.waits]:
-            del self._waits_said[name]
 
     def _start_attempt(self, run: PipelineRun) -> Handle:
         """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""
