@@ -81,6 +81,7 @@ class Scheduler:
         self._held: dict[Hashable, list[Lease]] = {}  # the ledger's leases of each allocation
         self._grants: dict[Hashable, list[Slot]] = {}  # the slots of each allocation
         self.waits: dict[Hashable, str] = {}  # why each waiting pipeline waits, as of the last pass
+        self._said: dict[Hashable, str] = {}  # the waits changed_waits last handed out
         self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
         self._announced: dict | None = None
 
@@ -143,6 +144,14 @@ class Scheduler:
         self._refree_ledger(leases)
         self._announce()
         return granted
+
+    def changed_waits(self) -> list[tuple[Hashable, str]]:
+        """(pipeline, why) for each whose reason to wait changed since the last call: "" once it has none
+        (granted, or waiting only behind this run's own pipelines)."""
+        changed = [(k, "") for k in self._said if k not in self.waits]
+        changed += [(k, why) for k, why in self.waits.items() if self._said.get(k) != why]
+        self._said = dict(self.waits)
+        return changed
 
     def release(self, slots: list[Slot], key: Hashable | None = None) -> None:
         """Give slots back to the pool (kept in the machine's order), and `key`'s leases to the ledger; a slot

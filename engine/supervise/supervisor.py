@@ -69,7 +69,6 @@ class Supervisor:
         self._scheduler = Scheduler(slots, self._backend.ledger(), self.run_id, str(self.run_dir.absolute()),
                                     self._backend.occupancy() if gpus else None,
                                     Policy(config.devices.keep_free, config.devices.share))
-        self._waits_said: dict[str, str] = {}  # the PipelineWaiting each queued pipeline was last given
         self._nodes = NodeFollower(self._backend, config, self._scheduler, inventory)  # a cluster's, as they change
         self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
                                     lambda *batch: self._intake.take(*batch), lambda run: gpu_note(run, self.telemetry))
@@ -321,16 +320,9 @@ class Supervisor:
             self._lifecycle.launch(run)
 
     def _say_waits(self) -> None:
-        """A PipelineWaiting for each queued pipeline whose reason to wait changed; "" once none is left to say
-        (granted, or it waits only behind this run's own pipelines)."""
-        waits = self._scheduler.waits
-        for name in [n for n in self._waits_said if n not in waits]:
-            del self._waits_said[name]
+        """A PipelineWaiting for each queued pipeline whose reason to wait changed ("" : none left to say)."""
+        for name, why in self._scheduler.changed_waits():
             if self._runs[name].state == S.QUEUED:
-                self._emit(PipelineWaiting(pipeline=name, why=""))
-        for name, why in waits.items():
-            if self._waits_said.get(name) != why and self._runs[name].state == S.QUEUED:
-                self._waits_said[name] = why
                 self._emit(PipelineWaiting(pipeline=name, why=why))
 
     def _start_attempt(self, run: PipelineRun) -> Handle:
