@@ -40,21 +40,6 @@ LAST, PREV, BEST = (LightningRunner.checkpoint_name(which) for which in ("last",
 PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
 
 
-def save_ckpt(directory: Path, state: dict[str, Any], name: str) -> Path:
-    """Write a Lightning checkpoint atomically; writing `last` keeps the one it replaces as `prev`."""
-    return ckpt.save_checkpoint(directory, state, name)
-
-
-def latest_ckpt(directory: Path, trusted: bool = False) -> tuple[Path | None, dict[str, Any] | None, str]:
-    """The newest readable checkpoint: (path, its loop counters, note); CheckpointRefused for one that would
-    import code and is not `trusted`."""
-    state, path, note = ckpt.load_latest(directory, suffix=LightningRunner.checkpoint_suffix, required="state_dict",
-                                         trusted=trusted)
-    if state is None:
-        return None, None, note
-    return path, {"epoch": state.get("epoch", 0), "step": state.get("global_step", 0)}, note
-
-
 def logged_on_step(trainer: Any, device: Any) -> tuple[list[str], list[Any]]:
     """What the module `self.log`ged on this training step, by the names Lightning's loggers use
     ('train_loss', or 'train_loss_step' when it is also logged per epoch), and values logged only
@@ -283,7 +268,7 @@ class LightningAttempt:
             state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             if not trainer.is_global_zero:
                 return
-            path = save_ckpt(self.ckpt_dir, state, name)
+            path = ckpt.save_checkpoint(self.ckpt_dir, state, name)
         except ckpt.CheckpointError as exc:
             self.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
             return
@@ -331,12 +316,13 @@ class LightningAttempt:
 
     def _latest(self) -> Path | None:
         """The checkpoint this attempt resumes from, announced (CheckpointRefused: one not to be loaded)."""
-        path, counters, note = latest_ckpt(self.ckpt_dir, trusted=self.pipe.trust_checkpoints)
+        state, path, note = ckpt.load_latest(self.ckpt_dir, suffix=LightningRunner.checkpoint_suffix,
+                                             required="state_dict", trusted=self.pipe.trust_checkpoints)
         if note:
             self.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
         if path is not None:
-            self.send(Resumed(pipeline=self.name, path=str(path), epoch=counters["epoch"], step=counters["step"],
-                              note=note))
+            self.send(Resumed(pipeline=self.name, path=str(path), epoch=state.get("epoch", 0),
+                              step=state.get("global_step", 0), note=note))
         return path
 
     def run(self, task: LightningTask | None = None) -> int:
