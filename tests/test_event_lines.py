@@ -10,9 +10,9 @@ import pytest
 from torchherd.engine.protocol import messages as m
 from torchherd.engine.protocol.progress import PipelineProgress, apply
 from torchherd.engine.protocol.records import to_record
-from torchherd.engine.rundir.directory import RunDirectory, dumps, read_records
+from torchherd.engine.rundir.directory import RunDirectory, dumps, read_events, read_records
 from torchherd.engine.rundir.history import decode_history, decode_lines, decode_stretch
-from torchherd.engine.rundir.lines import encode_line, encode_lines
+from torchherd.engine.rundir.lines import encode_line, encode_lines, trim_torn_line
 from torchherd.engine.serve.summary import HistorySummary
 
 
@@ -180,3 +180,34 @@ def test_the_history_in_short_read_from_a_file_equals_the_one_kept_as_it_happene
         as_it_happened.add(line)
     from_file.add_file(b"".join(lines))
     assert from_file.data() == as_it_happened.data()
+
+
+def test_a_torn_last_line_is_trimmed_so_the_resumes_first_event_is_not_lost(tmp_path):
+    # Regression: a run folder reopened for append after a crash mid-line glued the resume's run_started to the
+    # fragment, and every reader skipped the glued line: the event was lost.
+    run = tmp_path / "run"
+    first = RunDirectory(run)
+    first.write(m.PipelineFinished(pipeline="a", status="stopped"))
+    first.close()
+    (run / "a").mkdir()
+    for name in ("events.jsonl", "a/metrics.jsonl"):
+        with open(run / name, "ab") as fh:
+            fh.write(b'{"type":"step","time":1.0,"pipel')  # the writer died here
+    again = RunDirectory(run)
+    again.write(m.RunStarted(run_id="run", run_dir=str(run), config_path=None, pipelines=("a",)))
+    again.write(m.StepMetrics(pipeline="a", epoch=0, step=7, loss=0.5, lr=0.1, samples_per_s=1.0))
+    again.close()
+    assert [type(e).__name__ for e in read_events(run)] == ["PipelineFinished", "RunStarted", "StepMetrics"]
+    assert [r["step"] for r in read_records(run / "a" / "metrics.jsonl")] == [7]
+
+
+@pytest.mark.parametrize("content, kept", [
+    (b"", b""), (b"whole\n", b"whole\n"), (b"no newline at all", b""),
+    (b"one\n" + b"x" * (200 << 10), b"one\n"),  # a fragment longer than one read back from the end
+    (b"one\ntwo\n" + b"x" * 5, b"one\ntwo\n")])
+def test_trim_torn_line_keeps_whole_lines_only(tmp_path, content, kept):
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(content)
+    assert trim_torn_line(path) == len(content) - len(kept)
+    assert path.read_bytes() == kept
+    assert trim_torn_line(tmp_path / "missing.jsonl") == 0

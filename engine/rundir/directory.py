@@ -23,7 +23,7 @@ from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, Pip
                                 StepMetrics, ValResult)
 from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
-from .lines import encode_line
+from .lines import encode_line, trim_torn_line
 
 if TYPE_CHECKING:  # pydantic's config: only a run's writer and a resume need it, not every reader of a run
     from ..config.schema import RunConfig
@@ -166,6 +166,7 @@ class RunDirectory:
         self.resuming = False  # a resumed run: config.json already holds its configs
         path.mkdir(parents=True, exist_ok=True)
         self._owner = _hold(path / PID_FILE)
+        trim_torn_line(path / "events.jsonl")  # a resume: the last run may have died mid-line
         self._events: IO[bytes] = open(path / "events.jsonl", "ab", buffering=BUFFER)
         self._metrics: dict[str, IO[bytes]] = {}
         self._size = 0  # events.jsonl's bytes when `written` last looked
@@ -219,6 +220,7 @@ class RunDirectory:
     def _metrics_file(self, pipeline: str) -> IO[bytes]:
         """The pipeline's metrics.jsonl, opened for appending on its first metric."""
         (self.path / pipeline).mkdir(parents=True, exist_ok=True)
+        trim_torn_line(self.path / pipeline / "metrics.jsonl")
         fh = self._metrics[pipeline] = open(self.path / pipeline / "metrics.jsonl", "ab", buffering=BUFFER)
         return fh
 
