@@ -11,9 +11,7 @@ import fcntl
 import json
 import math
 import os
-import secrets
 import shutil
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +22,14 @@ from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, Pip
 from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .lines import encode_line, trim_torn_line
+from .snapshots import (PID_FILE, SNAPSHOT_MARKER, _ours, claim_root, owner_alive, remove_root,  # noqa: F401
+                        remove_stale_roots, snapshot_root)  # here too: where callers have always found them
 
 if TYPE_CHECKING:  # pydantic's config: only a run's writer and a resume need it, not every reader of a run
     from ..config.schema import RunConfig
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
 BUFFER = 1 << 20  # bytes of lines a file holds back before writing them out
-PID_FILE = "supervisor.pid"  # the pid of the torchherd process writing a run (or snapshot folder)
 
 
 def _json_default(value: Any) -> Any:
@@ -45,74 +44,6 @@ def dumps(record: dict[str, Any]) -> str:
     """One JSON line; NaN and infinities become null so every reader can parse it."""
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
     return json.dumps(clean, default=_json_default, separators=(",", ":"))
-
-
-SNAPSHOT_MARKER = ".torchherd-snapshots"  # only torchherd writes it: stale cleanup touches nothing without it
-STALE_AFTER = 60.0  # seconds: a younger folder's owner may not have written its pid yet
-
-
-def snapshot_root(run_id: str, run_dir: Path) -> Path:
-    """Where a run's weight snapshots will live (claim_root creates it): RAM-backed /dev/shm when there
-    is one, else the run directory. The name ends in 64 random bits, so nobody can make it first."""
-    token = secrets.token_hex(8)
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"torchherd-{run_id}-{token}"
-    return run_dir / f".snapshots-{token}"
-
-
-def _ours(directory: Path) -> bool:
-    """A real folder (not a link) this user owns, holding torchherd's marker file, also ours."""
-    try:
-        st, marker = os.lstat(directory), os.lstat(directory / SNAPSHOT_MARKER)
-    except OSError:
-        return False
-    uid = os.getuid()
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and stat.S_ISREG(marker.st_mode) and marker.st_uid == uid
-
-
-def remove_root(root: Path) -> None:
-    """Delete a snapshot folder claim_root made; anything else at that path is left alone."""
-    if _ours(root):
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def remove_stale_roots(parent: Path, prefix: str) -> None:
-    """Free the snapshots of torchherd processes that died without (RAM a SIGKILLed supervisor never gave back).
-
-    Only folders named `prefix`* that this user owns and that carry the marker file are touched."""
-    try:
-        entries = list(parent.iterdir())
-    except OSError:
-        return
-    for other in entries:
-        if not other.name.startswith(prefix) or not _ours(other):
-            continue
-        try:
-            young = time.time() - other.lstat().st_mtime < STALE_AFTER
-        except OSError:
-            continue
-        if not young and not owner_alive(other):
-            shutil.rmtree(other, ignore_errors=True)
-
-
-def claim_root(root: Path) -> None:
-    """Create `root` fresh and private (mode 0700), mark it as torchherd's and this process's, and free
-    stale ones. A path that already exists is never adopted: FileExistsError."""
-    remove_stale_roots(root.parent, "torchherd-" if root.name.startswith("torchherd-") else ".snapshots-")
-    if root.parent != Path("/dev/shm"):
-        root.parent.mkdir(parents=True, exist_ok=True)  # the run directory: ours
-    try:
-        os.mkdir(root, 0o700)
-    except FileExistsError:
-        raise FileExistsError(f"{root} already exists: torchherd only uses a snapshot folder it has just "
-                              "created itself") from None
-    os.chmod(root, 0o700)  # whatever the umask
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-    for name, text in ((SNAPSHOT_MARKER, "weight snapshots of a torchherd run\n"), (PID_FILE, f"{os.getpid()}\n")):
-        fd = os.open(root / name, flags, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
 
 
 def new_run_id(runs_dir: Path, name: str) -> str:
@@ -161,10 +92,20 @@ def run_held(run_dir: Path) -> bool:
 class RunDirectory:
     """Writes one run's files. Not thread-safe: used from the supervisor's event loop."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, fresh: bool = False):
+        """`fresh`: a new run, whose folder this makes and never adopts (RunTaken if it exists: in a shared
+        runs folder such as /tmp someone else may have made it first, to read or plant what the run writes)."""
         self.path = path
         self.resuming = False  # a resumed run: config.json already holds its configs
-        path.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(path)  # mode 0777 less the umask, as for any folder of the user's
+            except FileExistsError:
+                raise RunTaken(f"{path}: already exists, and a new run only writes into a folder it has just "
+                               "made itself; start the run again for a fresh run id") from None
+        else:
+            path.mkdir(parents=True, exist_ok=True)
         self._owner = _hold(path / PID_FILE)
         trim_torn_line(path / "events.jsonl")  # a resume: the last run may have died mid-line
         self._events: IO[bytes] = open(path / "events.jsonl", "ab", buffering=BUFFER)
@@ -359,20 +300,6 @@ def summarize(run_dir: Path) -> RunSummary | None:
     return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,
                       pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons)
 
-
-
-def owner_alive(run_dir: Path) -> bool:
-    """Whether the torchherd process that wrote `run_dir/supervisor.pid` still runs."""
-    try:
-        pid = int((run_dir / PID_FILE).read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    try:
-        import psutil
-
-        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except Exception:
-        return False
 
 
 def load_resolved_configs(run_dir: Path) -> list[RunConfig]:

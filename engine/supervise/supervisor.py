@@ -57,6 +57,7 @@ class Supervisor:
         problems += gang_problems(config, slots) if slots else []
         if problems:
             raise ConfigError(problems)
+        self._fresh = run_id is None  # a new run id: its folder must be made by this run, never adopted
         self.run_id = run_id or new_run_id(base, config.name)
         self.run_dir = base / self.run_id
         self.snapshot_root = snapshot_root(self.run_id, self.run_dir)
@@ -104,7 +105,7 @@ class Supervisor:
             raise RuntimeError("supervisor already started")
         resuming = self._resume_configs is not None
         done, attempts = history_before(self.run_dir) if resuming else ({}, {})  # before the directory reopens
-        self._rundir = RunDirectory(self.run_dir)
+        self._rundir = RunDirectory(self.run_dir, fresh=self._fresh)
         self._attempts = AttemptLauncher(self._backend, self._rundir, self._validation, self.run_id)
         self._rundir.resuming = resuming
         self._rundir.save_config(self.config)
