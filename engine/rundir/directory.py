@@ -224,20 +224,29 @@ class RunSummary:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every JSON object of a .jsonl file; a torn last line (a crash mid-write) is skipped."""
+    """Every JSON object of a .jsonl file; a line that is not one (torn by a crash mid-write, not UTF-8, not
+    an object) is skipped: a run folder's files are data anyone may have written."""
     out = []
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError:
         return out
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    for line in data.split(b"\n"):
+        record = _record(line)
+        if record is not None:
+            out.append(record)
     return out
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    """The JSON object one line holds, or None."""
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def read_events(run_dir: Path) -> list[Event]:
@@ -248,15 +257,17 @@ def read_events(run_dir: Path) -> list[Event]:
             if v is None and k in ("loss", "train_loss"):
                 record[k] = float("nan")
         try:
-            events.append(from_record(record))
-        except (ValueError, TypeError):
+            event = from_record(record)
+        except (ValueError, TypeError, RecursionError):
             continue
+        if isinstance(event, Event):  # a command's record in the file is no event of the run
+            events.append(event)
     return events
 
 
 def _records_but_steps(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of events.jsonl but its step reports, the bulk of it, which are never parsed; a
-    torn last line is skipped."""
+    line that is not one is skipped."""
     out = []
     try:
         fh = open(path, "rb")
@@ -264,49 +275,67 @@ def _records_but_steps(path: Path) -> list[dict[str, Any]]:
         return out
     with fh:
         for line in fh:
-            if line.startswith(b'{"type":"step",') or not line.strip():
+            if line.startswith(b'{"type":"step",'):
                 continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+            record = _record(line)
+            if record is not None:
+                out.append(record)
     return out
 
 
+def _texts(value: Any) -> dict[str, str]:
+    """A record's {name: status} as written, keeping only text: the file may hold anything."""
+    return {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
+
+
 def summarize(run_dir: Path) -> RunSummary | None:
+    """What a run was, from its events.jsonl (None: not a run). Fields of the wrong type are left out."""
     records = _records_but_steps(run_dir / "events.jsonl")  # `ls` and the picker read every run
     started = next((r for r in records if r.get("type") == RunStarted.type), None)
     if started is None:
         return None
     statuses: dict[str, str] = {}
     reasons: dict[str, str] = {}
+    pipelines = tuple(p for p in started.get("pipelines") or () if isinstance(p, str)) \
+        if isinstance(started.get("pipelines"), list) else ()
     for r in records:
-        if r.get("type") == PipelineFinished.type:
-            statuses[r["pipeline"]], reasons[r["pipeline"]] = r["status"], r.get("reason", "")
+        name = r.get("pipeline")
+        if not isinstance(name, str):
+            continue
+        if r.get("type") == PipelineFinished.type and isinstance(r.get("status"), str):
+            statuses[name], reasons[name] = r["status"], str(r.get("reason", ""))
         elif r.get("type") == PipelineQueued.type:  # restarted, promoted or resumed: not ended any more
-            statuses.pop(r["pipeline"], None)
-            reasons.pop(r["pipeline"], None)
+            statuses.pop(name, None)
+            reasons.pop(name, None)
+            pipelines += (name,) if name not in pipelines else ()
     finished = [r for r in records if r.get("type") == RunFinished.type]
-    pipelines = tuple(started.get("pipelines", ()))
-    for r in records:
-        if r.get("type") == PipelineQueued.type and r["pipeline"] not in pipelines:
-            pipelines += (r["pipeline"],)
     if finished:
-        values = set(finished[-1].get("statuses", {}).values())
+        values = set(_texts(finished[-1].get("statuses")).values())
         worst = (WorkerState.FAILED, WorkerState.KILLED, WorkerState.STOPPED)  # the worst any pipeline ended in names the run
         status = next((s for s in worst if s in values), WorkerState.COMPLETED).value
     else:
         status = "unfinished"
-    return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,
-                      pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons)
+    when = started.get("time")
+    return RunSummary(run_id=run_dir.name, path=run_dir, started=float(when) if _number(when) else 0.0,
+                      status=status, pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons)
 
+
+def _number(value: Any) -> bool:
+    """A finite number (an int too big for a float is none)."""
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def load_resolved_configs(run_dir: Path) -> list[RunConfig]:
     """The configs a run was started with (and added later), as resolved then."""
     from ..config.schema import RunConfig
 
-    data = json.loads((Path(run_dir) / "config.json").read_text())
+    path = Path(run_dir) / "config.json"
+    data = json.loads(path.read_bytes())
+    if not isinstance(data, list) or not all(isinstance(c, dict) for c in data) or not data:
+        raise ValueError(f"{path}: not the list of configs torchherd writes")
     return [RunConfig.model_validate(c, strict=False) for c in data]
 
 

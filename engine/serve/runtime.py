@@ -87,7 +87,7 @@ def read_control(run_dir: Path) -> Control | None:
     try:
         data = json.loads((Path(run_dir) / CONTROL_FILE).read_text())
         return Control(Path(data["socket"]), int(data["pid"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):  # anyone may write it
         return None
 
 
