@@ -154,7 +154,7 @@ def decode_batch(payload: bytes) -> list[Event]:
     are not one."""
     try:
         items = _batch_in.decode(payload)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ChannelError(f"not a batch of events: {exc}") from None
     out: list[Event] = []
     for item in items:
@@ -171,11 +171,11 @@ def decode_batch(payload: bytes) -> list[Event]:
 def _decode_steps(data: bytes) -> list[StepMetrics]:
     try:
         return _steps_in.decode(data)
-    except (msgspec.ValidationError, RecursionError):  # a None loss, say: decoded field by field below
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # a None loss, say: decoded field by field below
         pass
     try:
         runs = msgspec.msgpack.decode(data)
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ChannelError(f"not a run of step reports: {exc}") from None
     if not isinstance(runs, list):
         raise ChannelError("not a run of step reports")
@@ -224,7 +224,7 @@ def decode_command(payload: bytes) -> Command:
     """A command from a control channel; ChannelError for bytes that are not one."""
     try:
         command = decode_record(msgspec.msgpack.decode(payload))
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ChannelError(f"not a command: {exc}") from None
     if not isinstance(command, Command):
         raise ChannelError(f"{command.type!r} is not a command")

@@ -57,7 +57,7 @@ def decode(body: bytes) -> Message:
         if cls is None:
             raise FrameError(f"unknown message type {tag!r}")
         return _decoder(cls).decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise FrameError(str(exc)) from None
     except RecursionError:  # msgpack nested deeper than the decoder's stack: no message is
         raise FrameError("nested too deep") from None
