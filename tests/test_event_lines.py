@@ -2,14 +2,18 @@
 the run directory's buffered writes, and the history in short an attaching app starts from."""
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 from torchherd.engine.protocol import messages as m
 from torchherd.engine.protocol.progress import PipelineProgress, apply
 from torchherd.engine.protocol.records import to_record
+from torchherd.engine.rundir.appending import AppendFile
 from torchherd.engine.rundir.directory import RunDirectory, dumps, read_events, read_records
 from torchherd.engine.rundir.history import decode_history, decode_lines, decode_stretch
 from torchherd.engine.rundir.lines import encode_line, encode_lines, trim_torn_line
@@ -211,3 +215,32 @@ def test_trim_torn_line_keeps_whole_lines_only(tmp_path, content, kept):
     assert trim_torn_line(path) == len(content) - len(kept)
     assert path.read_bytes() == kept
     assert trim_torn_line(tmp_path / "missing.jsonl") == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_write_the_disk_refuses_is_kept_not_raised():
+    # Regression: events.jsonl on a full disk raised OSError 28 out of every write, which killed the supervisor's
+    # tick task and lost a worker's batch.
+    out = AppendFile(Path("/dev/full"), hold=16)
+    out.write(b'{"type":"notice"}\n' * 4)  # past `hold`: tries at once, and keeps it
+    assert not out.flush() and out.error.errno == errno.ENOSPC and out.pending == 72 and out.whole == 0
+    out.close()
+
+
+def test_a_run_directory_holds_what_its_disk_refuses_and_writes_it_once_there_is_room(tmp_path, monkeypatch):
+    out = RunDirectory(tmp_path / "run")
+    real_write = os.write
+    full = [True]
+
+    def write(fd, data):  # the disk is full until the test makes room
+        if full[0] and fd == out._events.fd:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    out.write(m.PipelineFinished(pipeline="a", status="stopped"))  # a final state: flushed and fsync'd at once
+    assert out.failing is not None and out.failing.errno == errno.ENOSPC and out.written() == 0
+    full[0] = False
+    assert out.flush() and out.failing is None
+    out.close()
+    assert [type(e).__name__ for e in read_events(tmp_path / "run")] == ["PipelineFinished"]

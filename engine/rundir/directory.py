@@ -3,7 +3,9 @@
 Layout: `<runs_dir>/<run-id>/` with `config.toml` (as written), `config.json`
 (as resolved), `events.jsonl` (every event) and, per pipeline, `metrics.jsonl`
 (step, epoch_end, val_result: the same lines as in events.jsonl), `log.txt` and `checkpoints/`.
-Lines are buffered and written out on the supervisor's tick and at once for any event but a step report.
+Lines are buffered and written out on the supervisor's tick and at once for any event but a step report; a
+final state is fsync'd. A write the disk refuses never raises: the lines wait in memory (rundir/appending.py),
+`failing` says why, and every flush tries again.
 """
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
                                 StepMetrics, ValResult)
 from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
-from .lines import encode_line, trim_torn_line
+from .appending import HOLD as BUFFER, AppendFile
+from .lines import encode_line
 from .snapshots import (PID_FILE, SNAPSHOT_MARKER, _ours, claim_root, owner_alive, remove_root,  # noqa: F401
                         remove_stale_roots, snapshot_root)  # here too: where callers have always found them
 
@@ -29,7 +32,7 @@ if TYPE_CHECKING:  # pydantic's config: only a run's writer and a resume need it
     from ..config.schema import RunConfig
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
-BUFFER = 1 << 20  # bytes of lines a file holds back before writing them out
+FINAL_TYPES = (PipelineFinished, RunFinished)  # fsync'd as they are written: what a crash must not take
 
 
 def _json_default(value: Any) -> Any:
@@ -107,10 +110,8 @@ class RunDirectory:
         else:
             path.mkdir(parents=True, exist_ok=True)
         self._owner = _hold(path / PID_FILE)
-        trim_torn_line(path / "events.jsonl")  # a resume: the last run may have died mid-line
-        self._events: IO[bytes] = open(path / "events.jsonl", "ab", buffering=BUFFER)
-        self._metrics: dict[str, IO[bytes]] = {}
-        self._size = 0  # events.jsonl's bytes when `written` last looked
+        self._events = AppendFile(path / "events.jsonl")
+        self._metrics: dict[str, AppendFile] = {}
 
     def pipeline_dir(self, pipeline: str) -> Path:
         return self.path / pipeline
@@ -146,6 +147,8 @@ class RunDirectory:
             (self._metrics.get(pipeline) or self._metrics_file(pipeline)).write(line)
         if not step:
             self.flush()
+            if isinstance(event, FINAL_TYPES):
+                self._events.sync()
 
     def write_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
         """`write` of each of a run of step reports (`lines`: their encode_line bytes), a write per file."""
@@ -158,35 +161,59 @@ class RunDirectory:
         self._events.write(data)
         (self._metrics.get(pipeline) or self._metrics_file(pipeline)).write(data)
 
-    def _metrics_file(self, pipeline: str) -> IO[bytes]:
+    def _metrics_file(self, pipeline: str) -> AppendFile | _Unwritable:
         """The pipeline's metrics.jsonl, opened for appending on its first metric."""
-        (self.path / pipeline).mkdir(parents=True, exist_ok=True)
-        trim_torn_line(self.path / pipeline / "metrics.jsonl")
-        fh = self._metrics[pipeline] = open(self.path / pipeline / "metrics.jsonl", "ab", buffering=BUFFER)
+        try:
+            (self.path / pipeline).mkdir(parents=True, exist_ok=True)
+            fh = self._metrics[pipeline] = AppendFile(self.path / pipeline / "metrics.jsonl")
+        except OSError as exc:  # a full disk: no room for the folder; events.jsonl has the same lines
+            return _Unwritable(exc)
         return fh
 
-    def flush(self) -> None:
-        self._events.flush()
+    def flush(self) -> bool:
+        """Write out what every file holds; False when the disk took only part of it (see `failing`)."""
+        ok = self._events.flush()
         for fh in self._metrics.values():
-            fh.flush()
+            ok = fh.flush() and ok
+        return ok
+
+    @property
+    def failing(self) -> OSError | None:
+        """Why the run's files could not all be written at the last flush (None: all of it is on disk)."""
+        return next((f.error for f in (self._events, *self._metrics.values()) if f.error is not None), None)
+
+    @property
+    def pending(self) -> int:
+        """Bytes of lines the disk has not taken yet."""
+        return self._events.pending + sum(f.pending for f in self._metrics.values())
 
     def written(self) -> int:
-        """Bytes of events.jsonl on disk, after writing out what it has buffered (what live clients may read of
-        it; the metrics files wait for the next flush)."""
-        if not self._events.closed:
-            self._events.flush()
-            self._size = os.fstat(self._events.fileno()).st_size
-        return self._size  # once closed: its size then
+        """Bytes of events.jsonl on disk in whole lines, after writing out what it holds (what live clients may
+        read of it; the metrics files wait for the next flush)."""
+        self._events.flush()
+        return self._events.whole
 
     def close(self) -> None:
-        (self.path / PID_FILE).unlink(missing_ok=True)
+        """Write out what the disk takes, close every file and let go of the run. Never raises."""
+        try:
+            (self.path / PID_FILE).unlink(missing_ok=True)
+        except OSError:
+            pass
         os.close(self._owner)  # the lock goes with it
-        self.written()
-        self.flush()
         self._events.close()
         for fh in self._metrics.values():
             fh.close()
         self._metrics.clear()
+
+
+class _Unwritable:
+    """A metrics file that could not even be opened: its lines are dropped (events.jsonl holds them too)."""
+
+    def __init__(self, error: OSError):
+        self.error = error
+
+    def write(self, data: bytes) -> None:
+        pass
 
 
 # ------------------------------------------------------------------ reading

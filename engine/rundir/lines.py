@@ -5,6 +5,7 @@ pipeline's metrics.jsonl and, batched, to every attached client. NaN and infinit
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import msgspec
@@ -31,7 +32,10 @@ def trim_torn_line(path: os.PathLike | str) -> int:
     except FileNotFoundError:
         return 0
     try:
-        size = end = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+            return 0  # nothing to trim (a device such as /dev/full is never cut)
+        size = end = info.st_size
         while end > 0:
             start = max(0, end - TAIL_CHUNK)
             chunk = os.pread(fd, end - start, start)
