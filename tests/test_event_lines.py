@@ -2,17 +2,21 @@
 the run directory's buffered writes, and the history in short an attaching app starts from."""
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 from torchherd.engine.protocol import messages as m
 from torchherd.engine.protocol.progress import PipelineProgress, apply
 from torchherd.engine.protocol.records import to_record
-from torchherd.engine.rundir.directory import RunDirectory, dumps, read_records
+from torchherd.engine.rundir.appending import AppendFile
+from torchherd.engine.rundir.directory import RunDirectory, dumps, read_events, read_records
 from torchherd.engine.rundir.history import decode_history, decode_lines, decode_stretch
-from torchherd.engine.rundir.lines import encode_line, encode_lines
+from torchherd.engine.rundir.lines import encode_line, encode_lines, trim_torn_line
 from torchherd.engine.serve.summary import HistorySummary
 
 
@@ -180,3 +184,63 @@ def test_the_history_in_short_read_from_a_file_equals_the_one_kept_as_it_happene
         as_it_happened.add(line)
     from_file.add_file(b"".join(lines))
     assert from_file.data() == as_it_happened.data()
+
+
+def test_a_torn_last_line_is_trimmed_so_the_resumes_first_event_is_not_lost(tmp_path):
+    # Regression: a run folder reopened for append after a crash mid-line glued the resume's run_started to the
+    # fragment, and every reader skipped the glued line: the event was lost.
+    run = tmp_path / "run"
+    first = RunDirectory(run)
+    first.write(m.PipelineFinished(pipeline="a", status="stopped"))
+    first.close()
+    (run / "a").mkdir()
+    for name in ("events.jsonl", "a/metrics.jsonl"):
+        with open(run / name, "ab") as fh:
+            fh.write(b'{"type":"step","time":1.0,"pipel')  # the writer died here
+    again = RunDirectory(run)
+    again.write(m.RunStarted(run_id="run", run_dir=str(run), config_path=None, pipelines=("a",)))
+    again.write(m.StepMetrics(pipeline="a", epoch=0, step=7, loss=0.5, lr=0.1, samples_per_s=1.0))
+    again.close()
+    assert [type(e).__name__ for e in read_events(run)] == ["PipelineFinished", "RunStarted", "StepMetrics"]
+    assert [r["step"] for r in read_records(run / "a" / "metrics.jsonl")] == [7]
+
+
+@pytest.mark.parametrize("content, kept", [
+    (b"", b""), (b"whole\n", b"whole\n"), (b"no newline at all", b""),
+    (b"one\n" + b"x" * (200 << 10), b"one\n"),  # a fragment longer than one read back from the end
+    (b"one\ntwo\n" + b"x" * 5, b"one\ntwo\n")])
+def test_trim_torn_line_keeps_whole_lines_only(tmp_path, content, kept):
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(content)
+    assert trim_torn_line(path) == len(content) - len(kept)
+    assert path.read_bytes() == kept
+    assert trim_torn_line(tmp_path / "missing.jsonl") == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_write_the_disk_refuses_is_kept_not_raised():
+    # Regression: events.jsonl on a full disk raised OSError 28 out of every write, which killed the supervisor's
+    # tick task and lost a worker's batch.
+    out = AppendFile(Path("/dev/full"), hold=16)
+    out.write(b'{"type":"notice"}\n' * 4)  # past `hold`: tries at once, and keeps it
+    assert not out.flush() and out.error.errno == errno.ENOSPC and out.pending == 72 and out.whole == 0
+    out.close()
+
+
+def test_a_run_directory_holds_what_its_disk_refuses_and_writes_it_once_there_is_room(tmp_path, monkeypatch):
+    out = RunDirectory(tmp_path / "run")
+    real_write = os.write
+    full = [True]
+
+    def write(fd, data):  # the disk is full until the test makes room
+        if full[0] and fd == out._events.fd:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    out.write(m.PipelineFinished(pipeline="a", status="stopped"))  # a final state: flushed and fsync'd at once
+    assert out.failing is not None and out.failing.errno == errno.ENOSPC and out.written() == 0
+    full[0] = False
+    assert out.flush() and out.failing is None
+    out.close()
+    assert [type(e).__name__ for e in read_events(tmp_path / "run")] == ["PipelineFinished"]

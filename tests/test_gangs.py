@@ -174,7 +174,7 @@ def test_a_paused_gang_does_not_count_the_pause_against_max_time(monkeypatch):
 
     import torch
 
-    from torchherd.engine.protocol.channel import ControlReceiver
+    from torchherd.engine.protocol.channel import ControlReceiver, encode_command
     from torchherd.engine.worker.control import WorkerControl
     from torchherd.engine.runners.task.distributed import Gang
     from torchherd.engine.protocol.messages import Pause, Resume
@@ -188,8 +188,8 @@ def test_a_paused_gang_does_not_count_the_pause_against_max_time(monkeypatch):
         # Seconds of training allowed, and a longer pause: what runs besides the pause (a loaded machine's
         # delays included) must stay under the budget, and the pause alone would spend it.
         budget, started = 2.0, time.monotonic()
-        theirs.send(Pause())
-        threading.Timer(2.4, lambda: theirs.send(Resume())).start()
+        theirs.send_bytes(encode_command(Pause()))  # as a ChannelHandle sends commands down
+        threading.Timer(2.4, lambda: theirs.send_bytes(encode_command(Resume()))).start()
         time_up = gang.agree(control, save=lambda reason: None,
                              time_up=lambda: time.monotonic() - started - control.paused_time >= budget)
         assert control.paused_time >= 2.0 and not time_up

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from torchherd.engine.protocol.channel import StatusSender, decode_batch, dial_back
+from torchherd.engine.protocol.channel import StatusSender, decode_batch, dial_back, encode_batch
 from torchherd.engine.config.load import parse_config
 from torchherd.engine.config.problems import ConfigError
 from torchherd.engine.config.schema import DevicesConfig
@@ -532,3 +532,76 @@ def test_a_node_sampler_that_died_is_replaced():
     assert len(fake.made) == 2 and fake.killed == [fake.made[0]]
     remote.close()
     assert fake.killed == fake.made
+
+
+async def test_a_token_of_non_ascii_bytes_is_refused_not_raised_on():
+    # Regression: hmac.compare_digest raised TypeError on a str token with non-ASCII characters, in a callback
+    # of the event loop, and the connection was never closed.
+    listener = DialBackListener("127.0.0.1")
+    listener.expect(lambda sock: None)
+    host, port = listener.address.rsplit(":", 1)
+    try:
+        stranger = await asyncio.to_thread(socket.create_connection, (host, int(port)), 10)
+        stranger.sendall(b"\xff" * 32)
+        assert await asyncio.to_thread(stranger.recv, 1) == b""  # cut off (10 s timeout: socket.timeout)
+        stranger.close()
+        assert listener.rejected == 1
+    finally:
+        listener.close()
+
+
+async def test_connections_that_never_send_a_token_are_capped():
+    # Regression: every silent connection was held for HELLO_TIMEOUT (30 s), however many there were.
+    from torchherd.engine.launch.ray import transport
+
+    listener = DialBackListener("127.0.0.1")
+    listener.expect(lambda sock: None)
+    host, port = listener.address.rsplit(":", 1)
+    silent = []
+    try:
+        for _ in range(transport.MAX_GREETING + 5):
+            silent.append(await asyncio.to_thread(socket.create_connection, (host, int(port)), 10))
+        # The five beyond the cap are closed at once; the others wait for their token.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while listener.rejected < 5 and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        assert listener.rejected == 5 and len(listener._greeting) == transport.MAX_GREETING
+    finally:
+        for conn in silent:
+            conn.close()
+        listener.close()
+
+
+def test_a_pickle_after_the_token_is_never_unpickled(tmp_path):
+    # Regression: after the token, batches were unpickled from plain TCP: anyone on the path could run code.
+    import os
+    import pickle
+
+    from torchherd.engine.launch.channel_handle import ChannelHandle
+    from torchherd.engine.protocol.channel import ChannelError
+
+    marker = tmp_path / "ran"
+
+    class RunsCode:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    payload = pickle.dumps([RunsCode()])
+    with pytest.raises(ChannelError):
+        decode_batch(payload)
+    # Through a worker's channel: the batch is left out, saying so, and the next one is read.
+    from multiprocessing import Pipe
+
+    class Channel(ChannelHandle):  # only the channel: no process behind it
+        poll = terminate = kill = dump_stacks = close = lambda self, *a: None
+
+    reader, writer = Pipe(duplex=False)
+    handle = Channel(reader, Pipe(duplex=False)[1])
+    writer.send_bytes(payload)
+    writer.send_bytes(encode_batch([Notice(text="next")]))
+    writer.close()
+    events = handle.drain()
+    assert [type(e).__name__ for e in events] == ["Notice", "Notice"]
+    assert "not a batch" in events[0].text and events[1].text == "next"
+    assert not marker.exists()

@@ -130,3 +130,30 @@ async def test_a_real_run_snapshots_into_a_private_folder_and_removes_it(tmp_pat
     finally:
         await sup.shutdown(graceful=False, timeout=5)
     assert not root.exists()
+
+
+# Regression: a new run checked that its folder did not exist, then made it with mkdir(exist_ok=True): in a shared
+# runs folder (/tmp) a folder someone else made in between was adopted, and the run wrote its config, events and
+# checkpoints into a folder another user owns and can read or plant files in.
+async def test_a_new_run_never_adopts_a_folder_someone_made_first(tmp_path: Path, monkeypatch):
+    import torchherd.engine.supervise.supervisor as supervisor_module
+    from torchherd.engine.rundir.directory import RunTaken
+    from torchherd.engine.supervise.supervisor import Supervisor
+
+    config = make_config(tmp_path, [{"name": "a"}], telemetry={"enabled": False})
+    planted = tmp_path / "runs" / "taken"
+    monkeypatch.setattr(supervisor_module, "new_run_id", lambda base, name: "taken")  # the id checked as free...
+    sup = Supervisor(config)
+    planted.mkdir(parents=True)  # ...then made by someone else before the run makes it
+    (planted / "events.jsonl").write_text("")
+    with pytest.raises(RunTaken, match="already exists"):
+        await sup.start()
+    assert sorted(p.name for p in planted.iterdir()) == ["events.jsonl"]
+    assert (planted / "events.jsonl").read_text() == ""
+
+
+def test_a_resumed_run_reopens_its_own_folder(tmp_path: Path):
+    from torchherd.engine.rundir.directory import RunDirectory
+
+    RunDirectory(tmp_path / "run", fresh=True).close()
+    RunDirectory(tmp_path / "run").close()  # a resume: the folder is the run's own

@@ -160,25 +160,79 @@ def encode(frame: Frame) -> bytes:
     return (json.dumps({"t": frame.T, **asdict(frame)}, allow_nan=True) + "\n").encode()
 
 
+MAX_LINE = 1 << 20  # bytes: the longest frame a reader keeps; a longer line is dropped, never buffered on
+
+
+def _fits(value: Any, annotation: str) -> bool:
+    """Whether a decoded JSON value has the type a frame's field is declared with (its annotation's text)."""
+    if annotation.endswith(" | None"):
+        return value is None or _fits(value, annotation[:-len(" | None")])
+    if annotation == "bool":
+        return isinstance(value, bool)
+    if annotation == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation == "str":
+        return isinstance(value, str)
+    if annotation == "dict[str, float]":
+        return isinstance(value, dict) and all(isinstance(k, str) and _fits(v, "float") for k, v in value.items())
+    return False  # a field type this check does not know: refuse rather than pass something unchecked
+
+
 def decode(line: bytes, kinds: dict[str, type[Frame]]) -> Frame | None:
-    """The frame one line holds (`kinds`: TO_RUNNER or TO_SCRIPT), or None for a line that is not one."""
+    """The frame one line holds (`kinds`: TO_RUNNER or TO_SCRIPT), or None for a line that is not one: not
+    JSON, nested too deep, an unknown `t`, a field it must have missing, or a field of the wrong type."""
     try:
         data = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     cls = kinds.get(data.get("t")) if isinstance(data, dict) else None
     if cls is None:
         return None
+    given = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+    if not all(_fits(given[f.name], str(f.type)) for f in fields(cls) if f.name in given):
+        return None
     try:
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        return cls(**given)
     except TypeError:  # a field it must have is missing
         return None
 
 
-def split_lines(buffer: bytes, chunk: bytes) -> tuple[list[bytes], bytes]:
-    """(the whole lines of `buffer + chunk`, the unfinished rest to keep for the next chunk)."""
-    *lines, rest = (buffer + chunk).split(b"\n")
-    return lines, rest
+class LineReader:
+    """Turns a stream's bytes, in any pieces, into its lines: each byte looked at once (a line in many pieces
+    costs its length, not its length squared), and no line kept past MAX_LINE bytes (`dropped` counts those)."""
+
+    def __init__(self, max_line: int = MAX_LINE):
+        self.max_line = max_line
+        self.dropped = 0
+        self._buf = bytearray()
+        self._skipping = False  # inside a line already too long: its bytes are thrown away up to its newline
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines: list[bytes] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            if self._skipping:
+                pass
+            elif len(self._buf) + end - start > self.max_line:
+                self.dropped += 1
+            else:
+                self._buf += chunk[start:end]
+                lines.append(bytes(self._buf))
+            self._buf.clear()
+            self._skipping = False
+            start = end + 1
+        if not self._skipping:
+            self._buf += chunk[start:]
+            if len(self._buf) > self.max_line:
+                self._buf.clear()
+                self._skipping = True
+                self.dropped += 1
+        return lines
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ class Client:
         self._acked.set()
 
     def _read(self) -> None:
-        buf = b""
+        reader = wire.LineReader()
         while True:
             try:
                 chunk = self._sock.recv(4096)
@@ -81,8 +81,7 @@ class Client:
             if not chunk:
                 self._gone()
                 return
-            lines, buf = wire.split_lines(buf, chunk)
-            for line in lines:
+            for line in reader.feed(chunk):
                 self._obey(wire.decode(line, wire.TO_SCRIPT))
 
     def _obey(self, frame: wire.Frame | None) -> None:

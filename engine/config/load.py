@@ -329,6 +329,9 @@ def load_config(path: str | os.PathLike[str]) -> RunConfig:
         raise ConfigError([Problem(shown, "", "file not found")]) from None
     except OSError as exc:
         raise ConfigError([Problem(shown, "", f"cannot read: {exc.strerror}")]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError([Problem(shown, "", f"not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}); "
+                                   "TOML files are UTF-8")]) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -60,6 +60,10 @@ class PipelineSettings(_Strict):
     accumulate_grad_batches: int = Field(1, ge=1, description="Batches whose gradients add up per optimizer step.")
     log_every_n_steps: int = Field(10, ge=1, description="Report the mean loss every this many optimizer steps.")
     checkpoint_every_n_epochs: int = Field(1, ge=1, description="Write the 'last' checkpoint every this many epochs.")
+    trust_checkpoints: bool = Field(False, description=(
+        "Load this pipeline's checkpoints even when they hold objects other than tensors and plain values "
+        "(torch.load with weights_only=False), which can run any code as they load: only for files you wrote "
+        "yourself. Off, such a checkpoint is refused, naming the file and what it would import."))
     gpu_memory_fraction: float | None = Field(None, gt=0, le=1, description=(
         "Cap on this pipeline's share of its GPU's memory (0-1], so it cannot starve a neighbour."))
     seed: int = Field(0, description="Seed for torch's generators and the data order.")

@@ -12,11 +12,12 @@ import os
 from multiprocessing.connection import Connection
 from typing import Callable
 
-from ..protocol.channel import decode_batch
-from ..protocol.messages import Command, Event
+from ..protocol.channel import ChannelError, decode_batch, encode_command
+from ..protocol.messages import Command, Event, Notice
 from .backend import Handle
 
 READ_CHUNK = 1 << 16  # bytes read from the channel at a time
+MAX_BATCH = 256 << 20  # bytes: a batch longer than this is a broken or hostile peer, not a worker's events
 
 
 class FrameReader:
@@ -26,6 +27,7 @@ class FrameReader:
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> list[bytes]:
+        """The whole messages read so far; ChannelError for a length no worker sends (the stream is lost)."""
         self._buf += data
         out = []
         while True:
@@ -37,6 +39,8 @@ class FrameReader:
                 if len(self._buf) < 12:
                     return out
                 size, start = int.from_bytes(self._buf[4:12], "big"), 12
+            if not 0 <= size <= MAX_BATCH:
+                raise ChannelError(f"a batch of {size} bytes (at most {MAX_BATCH})")
             if len(self._buf) < start + size:
                 return out
             out.append(bytes(self._buf[start:start + size]))
@@ -46,6 +50,18 @@ class FrameReader:
     def held(self) -> bytes:
         """The start of a message read but not yet whole."""
         return bytes(self._buf)
+
+
+class _Lost(FrameReader):
+    """A channel whose framing was lost: whatever follows is never read."""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        return []
+
+
+def _unreadable(exc: ChannelError, then: str) -> Notice:
+    """What the run is told of bytes on a worker's channel that are not its events."""
+    return Notice(level="error", text=f"a worker sent what is not a batch of its events ({str(exc)[:200]}); {then}")
 
 
 class ChannelHandle(Handle):
@@ -97,7 +113,7 @@ class ChannelHandle(Handle):
             self._queued.append(command)
             return True
         try:
-            self._control.send(command)
+            self._control.send_bytes(encode_command(command))
             return True
         except (OSError, ValueError):
             return False
@@ -148,7 +164,18 @@ class ChannelHandle(Handle):
             chunks.append(chunk)
             if len(chunk) < READ_CHUNK:
                 break
-        return [decode_batch(p) for p in self._frames.feed(b"".join(chunks))], eof
+        try:
+            payloads = self._frames.feed(b"".join(chunks))
+        except ChannelError as exc:  # framing is lost: nothing after this can be read
+            self._frames = _Lost()
+            return [[_unreadable(exc, "nothing more is read from it")]], True
+        batches = []
+        for payload in payloads:
+            try:
+                batches.append(decode_batch(payload))
+            except ChannelError as exc:  # one bad batch: the rest of the stream is still framed
+                batches.append([_unreadable(exc, "left out")])
+        return batches, eof
 
     def drain(self) -> list[Event]:
         events: list[Event] = []

@@ -5,24 +5,29 @@ back to the supervisor (`dial_back`), opened with its attempt's token.
 
 `StatusSender` never blocks the training thread: events queue locally and a
 background thread ships them in batches; step reports beyond a bound are dropped
-and counted, everything else is always delivered. A batch is a pickled list in which
-each run of step reports, the bulk of it, is one msgpack array (several times cheaper
-to decode than pickled dataclasses). Exit codes a worker uses to say how it ended
-live here too, since they are part of the same protocol.
+and counted, everything else is always delivered. A batch is a msgpack list in which
+each run of step reports, the bulk of it, is one packed msgpack array, and any other
+event is its record (`protocol/records.py`); commands go down as records too. Nothing
+on a channel is pickled: on a cluster it crosses the network, and whatever reads it
+builds only messages of known types with fields of their declared types (ChannelError
+otherwise). Exit codes a worker uses to say how it ended live here too, since they are
+part of the same protocol.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-import pickle
 import socket
 import threading
 from collections import deque
 from multiprocessing.connection import Connection
+from typing import Any
 
 import msgspec
 
-from .messages import Command, Event, StepMetrics
+from .messages import Command, Event, Message, StepMetrics
+from .records import _hints, message_types, to_record
 
 EXIT_COMPLETED = 0
 EXIT_ERROR = 1  # an exception in training: the restart policy applies
@@ -107,13 +112,27 @@ def dial_back(address: str, token: str, timeout: float = 30.0) -> tuple[Connecti
     return Connection(fd, readable=False), Connection(os.dup(fd), writable=False)
 
 
-_steps_out = msgspec.msgpack.Encoder()
+class ChannelError(ValueError):
+    """Bytes on a channel that are not a batch (or a command) of known messages with well-typed fields."""
+
+
+def _primitive(value: Any) -> Any:
+    """What msgpack does not encode itself (a numpy scalar, a 0-d tensor, a path): a number, else its text."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if hasattr(value, "__float__"):
+        return float(value)
+    return str(value)
+
+
+_out = msgspec.msgpack.Encoder(enc_hook=_primitive)
 _steps_in = msgspec.msgpack.Decoder(list[StepMetrics])
+_batch_in = msgspec.msgpack.Decoder(list[bytes | dict[str, Any]])
 
 
 def encode_batch(events: list[Event]) -> bytes:
     """One batch of a StatusSender: the events in order, each run of step reports packed as msgpack bytes
-    (a run msgpack cannot encode, such as a metric of a type it does not know, travels pickled as it is)."""
+    and any other event as its record."""
     items: list = []
     start = 0
     for i in range(len(events) + 1):
@@ -121,31 +140,95 @@ def encode_batch(events: list[Event]) -> bytes:
             continue
         if i > start:
             try:
-                items.append(_steps_out.encode(events[start:i]))
-            except (TypeError, ValueError, OverflowError):
-                items += events[start:i]
+                items.append(_out.encode(events[start:i]))
+            except (TypeError, ValueError, OverflowError):  # a value msgpack cannot hold: one record each
+                items += [to_record(e) for e in events[start:i]]
         if i < len(events):
-            items.append(events[i])
+            items.append(to_record(events[i]))
         start = i + 1
-    return pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
+    return _out.encode(items)
 
 
 def decode_batch(payload: bytes) -> list[Event]:
-    """The events of one batch sent by a StatusSender, in the order it sent them."""
+    """The events of one batch sent by a StatusSender, in the order it sent them; ChannelError for bytes that
+    are not one."""
+    try:
+        items = _batch_in.decode(payload)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ChannelError(f"not a batch of events: {exc}") from None
     out: list[Event] = []
-    for item in pickle.loads(payload):
+    for item in items:
         if type(item) is bytes:
             out += _decode_steps(item)
         else:
-            out.append(item)
+            event = decode_record(item)
+            if not isinstance(event, Event):
+                raise ChannelError(f"{event.type!r} is not an event")
+            out.append(event)
     return out
 
 
 def _decode_steps(data: bytes) -> list[StepMetrics]:
     try:
         return _steps_in.decode(data)
-    except msgspec.ValidationError:  # a field of another type than declared (a None loss): as pickle would
-        return [StepMetrics(**fields) for fields in msgspec.msgpack.decode(data)]
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # a None loss, say: decoded field by field below
+        pass
+    try:
+        runs = msgspec.msgpack.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ChannelError(f"not a run of step reports: {exc}") from None
+    if not isinstance(runs, list):
+        raise ChannelError("not a run of step reports")
+    return [_typed(StepMetrics, fields) for fields in runs]
+
+
+def decode_record(record: Any) -> Message:
+    """The message a record holds, its fields checked against their types (ChannelError if they are not)."""
+    if not isinstance(record, dict):
+        raise ChannelError(f"not a record: {type(record).__name__}")
+    cls = message_types().get(record.get("type")) if isinstance(record.get("type"), str) else None
+    if cls is None:
+        raise ChannelError(f"unknown message type {str(record.get('type'))[:80]!r}")
+    return _typed(cls, {k: v for k, v in record.items() if k != "type"})
+
+
+def _typed(cls: type[Message], fields: Any) -> Any:
+    """`cls` from a dict of its fields, each of its declared type; a null where a float belongs is NaN, as
+    events.jsonl writes NaN as null."""
+    if not isinstance(fields, dict):
+        raise ChannelError(f"{cls.type}: not a record")
+    hints = _hints(cls)
+    fields = {k: _lenient(hints.get(k), v) for k, v in fields.items()}
+    try:
+        return msgspec.convert(fields, cls, strict=False)
+    except (msgspec.ValidationError, RecursionError, TypeError) as exc:
+        raise ChannelError(f"{cls.type}: {exc}") from None
+
+
+def _lenient(hint: Any, value: Any) -> Any:
+    """A field's value as a sender may have meant it: null for a float is NaN, and a metric that is not a
+    number (a path, a string) is left out of its dict rather than losing the whole report."""
+    if value is None and hint is float:
+        return math.nan
+    if hint == dict[str, float] and isinstance(value, dict):
+        return {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return value
+
+
+def encode_command(command: Command) -> bytes:
+    """A command as it goes down a control channel."""
+    return _out.encode(to_record(command))
+
+
+def decode_command(payload: bytes) -> Command:
+    """A command from a control channel; ChannelError for bytes that are not one."""
+    try:
+        command = decode_record(msgspec.msgpack.decode(payload))
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ChannelError(f"not a command: {exc}") from None
+    if not isinstance(command, Command):
+        raise ChannelError(f"{command.type!r} is not a command")
+    return command
 
 
 class ControlReceiver:
@@ -159,8 +242,12 @@ class ControlReceiver:
         out = []
         try:
             while self._conn.poll(timeout):
-                out.append(self._conn.recv())
+                payload = self._conn.recv_bytes()
                 timeout = 0.0
+                try:
+                    out.append(decode_command(payload))
+                except ChannelError:  # not one of ours: nothing to obey
+                    continue
         except (EOFError, OSError):
             raise SupervisorGone() from None
         return out

@@ -3,7 +3,9 @@
 Layout: `<runs_dir>/<run-id>/` with `config.toml` (as written), `config.json`
 (as resolved), `events.jsonl` (every event) and, per pipeline, `metrics.jsonl`
 (step, epoch_end, val_result: the same lines as in events.jsonl), `log.txt` and `checkpoints/`.
-Lines are buffered and written out on the supervisor's tick and at once for any event but a step report.
+Lines are buffered and written out on the supervisor's tick and at once for any event but a step report; a
+final state is fsync'd. A write the disk refuses never raises: the lines wait in memory (rundir/appending.py),
+`failing` says why, and every flush tries again.
 """
 from __future__ import annotations
 
@@ -11,26 +13,26 @@ import fcntl
 import json
 import math
 import os
-import secrets
 import shutil
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
                                 StepMetrics, ValResult)
 from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
+from .appending import HOLD as BUFFER, AppendFile
 from .lines import encode_line
+from .snapshots import (PID_FILE, SNAPSHOT_MARKER, _ours, claim_root, owner_alive, remove_root,  # noqa: F401
+                        remove_stale_roots, snapshot_root)  # here too: where callers have always found them
 
 if TYPE_CHECKING:  # pydantic's config: only a run's writer and a resume need it, not every reader of a run
     from ..config.schema import RunConfig
 
 METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
-BUFFER = 1 << 20  # bytes of lines a file holds back before writing them out
-PID_FILE = "supervisor.pid"  # the pid of the torchherd process writing a run (or snapshot folder)
+FINAL_TYPES = (PipelineFinished, RunFinished)  # fsync'd as they are written: what a crash must not take
 
 
 def _json_default(value: Any) -> Any:
@@ -45,74 +47,6 @@ def dumps(record: dict[str, Any]) -> str:
     """One JSON line; NaN and infinities become null so every reader can parse it."""
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
     return json.dumps(clean, default=_json_default, separators=(",", ":"))
-
-
-SNAPSHOT_MARKER = ".torchherd-snapshots"  # only torchherd writes it: stale cleanup touches nothing without it
-STALE_AFTER = 60.0  # seconds: a younger folder's owner may not have written its pid yet
-
-
-def snapshot_root(run_id: str, run_dir: Path) -> Path:
-    """Where a run's weight snapshots will live (claim_root creates it): RAM-backed /dev/shm when there
-    is one, else the run directory. The name ends in 64 random bits, so nobody can make it first."""
-    token = secrets.token_hex(8)
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"torchherd-{run_id}-{token}"
-    return run_dir / f".snapshots-{token}"
-
-
-def _ours(directory: Path) -> bool:
-    """A real folder (not a link) this user owns, holding torchherd's marker file, also ours."""
-    try:
-        st, marker = os.lstat(directory), os.lstat(directory / SNAPSHOT_MARKER)
-    except OSError:
-        return False
-    uid = os.getuid()
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and stat.S_ISREG(marker.st_mode) and marker.st_uid == uid
-
-
-def remove_root(root: Path) -> None:
-    """Delete a snapshot folder claim_root made; anything else at that path is left alone."""
-    if _ours(root):
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def remove_stale_roots(parent: Path, prefix: str) -> None:
-    """Free the snapshots of torchherd processes that died without (RAM a SIGKILLed supervisor never gave back).
-
-    Only folders named `prefix`* that this user owns and that carry the marker file are touched."""
-    try:
-        entries = list(parent.iterdir())
-    except OSError:
-        return
-    for other in entries:
-        if not other.name.startswith(prefix) or not _ours(other):
-            continue
-        try:
-            young = time.time() - other.lstat().st_mtime < STALE_AFTER
-        except OSError:
-            continue
-        if not young and not owner_alive(other):
-            shutil.rmtree(other, ignore_errors=True)
-
-
-def claim_root(root: Path) -> None:
-    """Create `root` fresh and private (mode 0700), mark it as torchherd's and this process's, and free
-    stale ones. A path that already exists is never adopted: FileExistsError."""
-    remove_stale_roots(root.parent, "torchherd-" if root.name.startswith("torchherd-") else ".snapshots-")
-    if root.parent != Path("/dev/shm"):
-        root.parent.mkdir(parents=True, exist_ok=True)  # the run directory: ours
-    try:
-        os.mkdir(root, 0o700)
-    except FileExistsError:
-        raise FileExistsError(f"{root} already exists: torchherd only uses a snapshot folder it has just "
-                              "created itself") from None
-    os.chmod(root, 0o700)  # whatever the umask
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-    for name, text in ((SNAPSHOT_MARKER, "weight snapshots of a torchherd run\n"), (PID_FILE, f"{os.getpid()}\n")):
-        fd = os.open(root / name, flags, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
 
 
 def new_run_id(runs_dir: Path, name: str) -> str:
@@ -161,14 +95,23 @@ def run_held(run_dir: Path) -> bool:
 class RunDirectory:
     """Writes one run's files. Not thread-safe: used from the supervisor's event loop."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, fresh: bool = False):
+        """`fresh`: a new run, whose folder this makes and never adopts (RunTaken if it exists: in a shared
+        runs folder such as /tmp someone else may have made it first, to read or plant what the run writes)."""
         self.path = path
         self.resuming = False  # a resumed run: config.json already holds its configs
-        path.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(path)  # mode 0777 less the umask, as for any folder of the user's
+            except FileExistsError:
+                raise RunTaken(f"{path}: already exists, and a new run only writes into a folder it has just "
+                               "made itself; start the run again for a fresh run id") from None
+        else:
+            path.mkdir(parents=True, exist_ok=True)
         self._owner = _hold(path / PID_FILE)
-        self._events: IO[bytes] = open(path / "events.jsonl", "ab", buffering=BUFFER)
-        self._metrics: dict[str, IO[bytes]] = {}
-        self._size = 0  # events.jsonl's bytes when `written` last looked
+        self._events = AppendFile(path / "events.jsonl")
+        self._metrics: dict[str, AppendFile] = {}
 
     def pipeline_dir(self, pipeline: str) -> Path:
         return self.path / pipeline
@@ -204,6 +147,8 @@ class RunDirectory:
             (self._metrics.get(pipeline) or self._metrics_file(pipeline)).write(line)
         if not step:
             self.flush()
+            if isinstance(event, FINAL_TYPES):
+                self._events.sync()
 
     def write_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
         """`write` of each of a run of step reports (`lines`: their encode_line bytes), a write per file."""
@@ -216,34 +161,59 @@ class RunDirectory:
         self._events.write(data)
         (self._metrics.get(pipeline) or self._metrics_file(pipeline)).write(data)
 
-    def _metrics_file(self, pipeline: str) -> IO[bytes]:
+    def _metrics_file(self, pipeline: str) -> AppendFile | _Unwritable:
         """The pipeline's metrics.jsonl, opened for appending on its first metric."""
-        (self.path / pipeline).mkdir(parents=True, exist_ok=True)
-        fh = self._metrics[pipeline] = open(self.path / pipeline / "metrics.jsonl", "ab", buffering=BUFFER)
+        try:
+            (self.path / pipeline).mkdir(parents=True, exist_ok=True)
+            fh = self._metrics[pipeline] = AppendFile(self.path / pipeline / "metrics.jsonl")
+        except OSError as exc:  # a full disk: no room for the folder; events.jsonl has the same lines
+            return _Unwritable(exc)
         return fh
 
-    def flush(self) -> None:
-        self._events.flush()
+    def flush(self) -> bool:
+        """Write out what every file holds; False when the disk took only part of it (see `failing`)."""
+        ok = self._events.flush()
         for fh in self._metrics.values():
-            fh.flush()
+            ok = fh.flush() and ok
+        return ok
+
+    @property
+    def failing(self) -> OSError | None:
+        """Why the run's files could not all be written at the last flush (None: all of it is on disk)."""
+        return next((f.error for f in (self._events, *self._metrics.values()) if f.error is not None), None)
+
+    @property
+    def pending(self) -> int:
+        """Bytes of lines the disk has not taken yet."""
+        return self._events.pending + sum(f.pending for f in self._metrics.values())
 
     def written(self) -> int:
-        """Bytes of events.jsonl on disk, after writing out what it has buffered (what live clients may read of
-        it; the metrics files wait for the next flush)."""
-        if not self._events.closed:
-            self._events.flush()
-            self._size = os.fstat(self._events.fileno()).st_size
-        return self._size  # once closed: its size then
+        """Bytes of events.jsonl on disk in whole lines, after writing out what it holds (what live clients may
+        read of it; the metrics files wait for the next flush)."""
+        self._events.flush()
+        return self._events.whole
 
     def close(self) -> None:
-        (self.path / PID_FILE).unlink(missing_ok=True)
+        """Write out what the disk takes, close every file and let go of the run. Never raises."""
+        try:
+            (self.path / PID_FILE).unlink(missing_ok=True)
+        except OSError:
+            pass
         os.close(self._owner)  # the lock goes with it
-        self.written()
-        self.flush()
         self._events.close()
         for fh in self._metrics.values():
             fh.close()
         self._metrics.clear()
+
+
+class _Unwritable:
+    """A metrics file that could not even be opened: its lines are dropped (events.jsonl holds them too)."""
+
+    def __init__(self, error: OSError):
+        self.error = error
+
+    def write(self, data: bytes) -> None:
+        pass
 
 
 # ------------------------------------------------------------------ reading
@@ -281,20 +251,29 @@ class RunSummary:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every JSON object of a .jsonl file; a torn last line (a crash mid-write) is skipped."""
+    """Every JSON object of a .jsonl file; a line that is not one (torn by a crash mid-write, not UTF-8, not
+    an object) is skipped: a run folder's files are data anyone may have written."""
     out = []
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError:
         return out
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    for line in data.split(b"\n"):
+        record = _record(line)
+        if record is not None:
+            out.append(record)
     return out
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    """The JSON object one line holds, or None."""
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def read_events(run_dir: Path) -> list[Event]:
@@ -305,15 +284,17 @@ def read_events(run_dir: Path) -> list[Event]:
             if v is None and k in ("loss", "train_loss"):
                 record[k] = float("nan")
         try:
-            events.append(from_record(record))
-        except (ValueError, TypeError):
+            event = from_record(record)
+        except (ValueError, TypeError, RecursionError):
             continue
+        if isinstance(event, Event):  # a command's record in the file is no event of the run
+            events.append(event)
     return events
 
 
 def _records_but_steps(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of events.jsonl but its step reports, the bulk of it, which are never parsed; a
-    torn last line is skipped."""
+    line that is not one is skipped."""
     out = []
     try:
         fh = open(path, "rb")
@@ -321,55 +302,56 @@ def _records_but_steps(path: Path) -> list[dict[str, Any]]:
         return out
     with fh:
         for line in fh:
-            if line.startswith(b'{"type":"step",') or not line.strip():
+            if line.startswith(b'{"type":"step",'):
                 continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+            record = _record(line)
+            if record is not None:
+                out.append(record)
     return out
 
 
+def _texts(value: Any) -> dict[str, str]:
+    """A record's {name: status} as written, keeping only text: the file may hold anything."""
+    return {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
+
+
 def summarize(run_dir: Path) -> RunSummary | None:
+    """What a run was, from its events.jsonl (None: not a run). Fields of the wrong type are left out."""
     records = _records_but_steps(run_dir / "events.jsonl")  # `ls` and the picker read every run
     started = next((r for r in records if r.get("type") == RunStarted.type), None)
     if started is None:
         return None
     statuses: dict[str, str] = {}
     reasons: dict[str, str] = {}
+    pipelines = tuple(p for p in started.get("pipelines") or () if isinstance(p, str)) \
+        if isinstance(started.get("pipelines"), list) else ()
     for r in records:
-        if r.get("type") == PipelineFinished.type:
-            statuses[r["pipeline"]], reasons[r["pipeline"]] = r["status"], r.get("reason", "")
+        name = r.get("pipeline")
+        if not isinstance(name, str):
+            continue
+        if r.get("type") == PipelineFinished.type and isinstance(r.get("status"), str):
+            statuses[name], reasons[name] = r["status"], str(r.get("reason", ""))
         elif r.get("type") == PipelineQueued.type:  # restarted, promoted or resumed: not ended any more
-            statuses.pop(r["pipeline"], None)
-            reasons.pop(r["pipeline"], None)
+            statuses.pop(name, None)
+            reasons.pop(name, None)
+            pipelines += (name,) if name not in pipelines else ()
     finished = [r for r in records if r.get("type") == RunFinished.type]
-    pipelines = tuple(started.get("pipelines", ()))
-    for r in records:
-        if r.get("type") == PipelineQueued.type and r["pipeline"] not in pipelines:
-            pipelines += (r["pipeline"],)
     if finished:
-        values = set(finished[-1].get("statuses", {}).values())
+        values = set(_texts(finished[-1].get("statuses")).values())
         worst = (WorkerState.FAILED, WorkerState.KILLED, WorkerState.STOPPED)  # the worst any pipeline ended in names the run
         status = next((s for s in worst if s in values), WorkerState.COMPLETED).value
     else:
         status = "unfinished"
-    return RunSummary(run_id=run_dir.name, path=run_dir, started=started.get("time", 0.0), status=status,
-                      pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons)
+    when = started.get("time")
+    return RunSummary(run_id=run_dir.name, path=run_dir, started=float(when) if _number(when) else 0.0,
+                      status=status, pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons)
 
 
-
-def owner_alive(run_dir: Path) -> bool:
-    """Whether the torchherd process that wrote `run_dir/supervisor.pid` still runs."""
+def _number(value: Any) -> bool:
+    """A finite number (an int too big for a float is none)."""
     try:
-        pid = int((run_dir / PID_FILE).read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    try:
-        import psutil
-
-        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except Exception:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:
         return False
 
 
@@ -377,7 +359,10 @@ def load_resolved_configs(run_dir: Path) -> list[RunConfig]:
     """The configs a run was started with (and added later), as resolved then."""
     from ..config.schema import RunConfig
 
-    data = json.loads((Path(run_dir) / "config.json").read_text())
+    path = Path(run_dir) / "config.json"
+    data = json.loads(path.read_bytes())
+    if not isinstance(data, list) or not all(isinstance(c, dict) for c in data) or not data:
+        raise ValueError(f"{path}: not the list of configs torchherd writes")
     return [RunConfig.model_validate(c, strict=False) for c in data]
 
 

@@ -31,11 +31,13 @@ def _decoder(tag: bytes) -> msgspec.json.Decoder | None:
 def _slow(line: bytes) -> Event | None:
     try:
         record = json.loads(line)
+        if not isinstance(record, dict):
+            return None
         for k in ("loss", "train_loss"):
             if k in record and record[k] is None:
                 record[k] = float("nan")
         event = from_record(record)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):  # not JSON, not UTF-8, nested too deep, fields that fit not
         return None
     return event if isinstance(event, Event) else None
 

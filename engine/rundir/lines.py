@@ -5,6 +5,7 @@ pipeline's metrics.jsonl and, batched, to every attached client. NaN and infinit
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import msgspec
@@ -17,6 +18,38 @@ def _fallback(value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     return str(value)
+
+
+TAIL_CHUNK = 64 << 10  # bytes read back at a time from a file's end, looking for its last newline
+
+
+def trim_torn_line(path: os.PathLike | str) -> int:
+    """Cut `path` back to just after its last newline, if it ends mid-line (a writer killed, or a disk that
+    filled, mid-write): a line appended after the fragment would be glued to it and lost to every reader.
+    Returns the bytes cut; a missing file is nothing to trim."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return 0
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0:
+            return 0  # nothing to trim (a device such as /dev/full is never cut)
+        size = end = info.st_size
+        while end > 0:
+            start = max(0, end - TAIL_CHUNK)
+            chunk = os.pread(fd, end - start, start)
+            if end == size and chunk.endswith(b"\n"):
+                return 0  # whole lines: the common case, one small read
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                end = start + cut + 1
+                break
+            end = start
+        os.ftruncate(fd, end)
+        return size - end
+    finally:
+        os.close(fd)
 
 
 _encoder = msgspec.json.Encoder(enc_hook=_fallback)

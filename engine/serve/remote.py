@@ -21,7 +21,7 @@ from ..rundir.directory import run_held
 from ..rundir.history import decode_history, decode_stretch, read_history
 from ..supervise.bus import EventStream
 from .runtime import clean_stale, read_control
-from .wire import FrameError, FrameReader, encode
+from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
 
 
 # Bytes of events.jsonl a client reads and decodes in one turn of its loop. Small, so that its streams take
@@ -62,6 +62,16 @@ def live_socket(run_dir: Path) -> Path:
     return control.socket
 
 
+def _check_server(writer: asyncio.StreamWriter, sock: Path) -> None:
+    """Refuse (NotLive) a socket served by another user: control.json names any path anyone wrote, and a
+    client sends commands to, and trusts the history of, whoever serves it."""
+    _, uid, _ = peer_credentials(writer.get_extra_info("socket"))
+    if not same_user(uid):
+        writer.close()
+        raise NotLive(f"{sock}: served by uid {uid}, not by this user (uid {os.getuid()}); "
+                      "torchherd only talks to its own user's supervisors")
+
+
 class RemoteRun:
     """One connection to a live run's supervisor."""
 
@@ -94,6 +104,7 @@ class RemoteRun:
             reader, writer = await asyncio.open_unix_connection(str(sock), limit=1 << 20)
         except (ConnectionRefusedError, FileNotFoundError) as exc:
             raise NotLive(f"{run_dir}: its control socket does not answer ({exc.strerror})") from None
+        _check_server(writer, sock)
         summary = summary and history
         writer.write(encode(Hello(pid=os.getpid(), read_only=read_only, live=live, summary=summary)))
         frames = FrameReader()

@@ -44,9 +44,19 @@ def publish(run_dir: Path, sock: Path) -> None:
     os.replace(tmp, Path(run_dir) / CONTROL_FILE)
 
 
+def _unlink_socket(sock: Path) -> None:
+    """Unlink `sock` only if it is a socket of this user's: never a file, a folder or someone else's."""
+    try:
+        info = os.lstat(sock)
+    except OSError:
+        return
+    if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid():
+        Path(sock).unlink(missing_ok=True)
+
+
 def withdraw(run_dir: Path, sock: Path) -> None:
-    """Remove the socket and control.json (the run is no longer served)."""
-    Path(sock).unlink(missing_ok=True)
+    """Remove the socket this process served and control.json (the run is no longer served)."""
+    _unlink_socket(Path(sock))
     (Path(run_dir) / CONTROL_FILE).unlink(missing_ok=True)
 
 
@@ -55,14 +65,27 @@ def read_control(run_dir: Path) -> Control | None:
     try:
         data = json.loads((Path(run_dir) / CONTROL_FILE).read_text())
         return Control(Path(data["socket"]), int(data["pid"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):  # anyone may write it
         return None
 
 
 def clean_stale(run_dir: Path) -> bool:
-    """Remove the socket and control.json of a run whose supervisor is gone; True if there were some."""
+    """Remove the socket and control.json of a run whose supervisor is gone; True if there were some.
+
+    control.json is data anyone may have written (run folders are copied, shared, downloaded), so the
+    path it names is unlinked only when it is the very socket a supervisor of `run_dir` would have made
+    in this user's private runtime folder, and is a socket of this user's; any other path is left alone."""
     control = read_control(run_dir)
     if control is None:
         return False
-    withdraw(run_dir, control.socket)
+    try:
+        ours = socket_path(run_dir)
+    except (OSError, UnsafeRuntimeDir):
+        ours = None
+    if ours is not None and os.path.abspath(control.socket) == str(ours):
+        _unlink_socket(ours)
+    try:
+        (Path(run_dir) / CONTROL_FILE).unlink(missing_ok=True)
+    except OSError:  # a run folder this user may read but not write (shared, read-only): leave it
+        pass
     return True

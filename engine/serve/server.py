@@ -4,11 +4,15 @@ then told at most every FLUSH_EVERY seconds how far events.jsonl holds the run's
 the file itself) and sent what the file does not keep, one frame shared by every client; its requests are
 carried out and recorded. A client is dropped, never waited for, once `max_backlog` bytes wait for it, or a
 quarter of that while it has read nothing for STALLED seconds.
+
+Connections are bounded (MAX_CONNECTIONS, MAX_REQUEST, HELLO_WITHIN, IDLE, REPLY_BACKLOG: see each); a config
+to add is read off the event loop, and what a request carries is recorded cut short.
 """
 from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,30 @@ MAX_BACKLOG = 64 << 20  # bytes a client may leave unread before it is dropped a
 STALLED = 3.0  # seconds a client with a quarter of MAX_BACKLOG waiting may read nothing before it is dropped
 BURST = 1 << 20  # bytes of lines that make a frame at once, without waiting for the next flush
 FLUSH_EVERY = 0.02  # seconds: events wait at most this long, so a client wakes for many at once
+MAX_CONNECTIONS = 64  # connections at once: any more are closed as they come
+MAX_REQUEST = 64 << 10  # bytes: the longest frame a client sends (a hello, a request)
+HELLO_WITHIN = 10.0  # seconds a new connection has to say hello
+IDLE = 60.0  # seconds a connection may hold half a frame, or send nothing when it does not follow the run
+REPLY_BACKLOG = 1 << 20  # bytes of replies a client that does not follow the run may leave unread
+MAX_NAME = 255  # characters of a pipeline name (a folder name); a request's name is recorded cut to this
+READ_AT_START = 4 << 20  # bytes of events.jsonl read at a time into the history in short at start-up
+
+
+def _short(text: str, limit: int = MAX_NAME) -> str:
+    """`text` cut to `limit` characters, saying how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _read_config(path: str):
+    """The config at `path` (in a thread: a slow or hung file system must not stall the run); only a regular
+    file is opened, never a FIFO or a device, which could block its reader for ever."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path}: not a regular file")
+    return load_config(path)
 
 
 class _Connection(asyncio.Protocol):
@@ -35,7 +63,10 @@ class _Connection(asyncio.Protocol):
         self.transport: Any = None
         self.pid = 0
         self.read_only = True
-        self._frames = FrameReader()
+        self._frames = FrameReader(MAX_REQUEST)
+        self.said_hello = False
+        self.heard = 0.0  # loop time it last sent bytes
+        self._timer: asyncio.TimerHandle | None = None
         # Frames wait here, shared with every other client, while its transport cannot take more (asyncio's flow
         # control): a client behind costs references, not a copy of its backlog of its own.
         self._held: deque[bytes] = deque()
@@ -107,8 +138,25 @@ class _Connection(asyncio.Protocol):
         self.pid = pid
         if not same_user(uid):
             self.server.refuse(self, uid)
+        elif not self.server.admit(self):
+            transport.abort()
+        else:
+            loop = asyncio.get_running_loop()
+            self.heard = loop.time()
+            self._timer = loop.call_later(HELLO_WITHIN, self._watch)
+
+    def _watch(self) -> None:
+        """Close a connection that never said hello, holds half a frame, or idles without following the run."""
+        now = asyncio.get_running_loop().time()
+        quiet = now - self.heard
+        live = self in self.server.clients
+        if not self.said_hello or ((self._frames.partial or not live) and quiet >= IDLE):
+            self.transport.abort()
+            return
+        self._timer = asyncio.get_running_loop().call_later(max(IDLE - quiet, 1.0), self._watch)
 
     def data_received(self, data: bytes) -> None:
+        self.heard = asyncio.get_running_loop().time()
         try:
             messages = self._frames.feed(data)
         except FrameError:
@@ -118,6 +166,8 @@ class _Connection(asyncio.Protocol):
             self.server.handle(self, msg)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         self.server.forget(self)
 
 
@@ -130,6 +180,8 @@ class ControlServer:
         self.max_backlog, self.stalled = max_backlog, stalled
         self.clients: list[_Connection] = []  # those taking the live stream
         self.dropped = 0  # clients dropped for falling behind
+        self.connections: set[_Connection] = set()  # every connection admitted, live or not
+        self.turned_away = 0  # connections closed at once: MAX_CONNECTIONS were open
         self._server: asyncio.AbstractServer | None = None
         self._flush_soon = False
         self.pending = bytearray()  # lines events.jsonl does not keep, since the last flush, for every client alike
@@ -148,10 +200,26 @@ class ControlServer:
         written = self.sup.events_written()
         try:
             with open(Path(self.sup.run_dir) / "events.jsonl", "rb") as fh:
-                self.summary.add_file(fh.read(written))
+                self._summarize(fh, written)
         except OSError:
             pass
         self.sup.tap(self._on_event, self._on_steps)
+
+    def _summarize(self, fh: Any, size: int) -> None:
+        """The first `size` bytes of events.jsonl into the history in short, READ_AT_START at a time (a long
+        run's file is gigabytes: never all of it in memory at once)."""
+        rest = b""
+        while size > 0:
+            data = fh.read(min(READ_AT_START, size))
+            if not data:
+                break
+            size -= len(data)
+            data = rest + data
+            cut = data.rfind(b"\n") + 1
+            self.summary.add_file(data[:cut])
+            rest = data[cut:]
+        if rest:
+            self.summary.add_file(rest)
 
     async def close(self) -> None:
         """Send what is pending, end every connection and remove the socket."""
@@ -168,19 +236,53 @@ class ControlServer:
         conn.transport.abort()
         self.sup.record(ClientRefused(pid=conn.pid, uid=uid, reason="another user's process"))
 
+    def admit(self, conn: _Connection) -> bool:
+        """Whether there is room for another connection (counted until it is lost)."""
+        if len(self.connections) >= MAX_CONNECTIONS:
+            self.turned_away += 1
+            return False
+        self.connections.add(conn)
+        return True
+
     def forget(self, conn: _Connection) -> None:
+        self.connections.discard(conn)
         if conn in self.clients:
             self.clients.remove(conn)
 
     def handle(self, conn: _Connection, msg: Message) -> None:
         if isinstance(msg, Hello):
+            conn.said_hello = True
             conn.read_only = msg.read_only
             self._welcome(conn, live=msg.live, summary=msg.summary)
-        elif isinstance(msg, Request):
-            ok, text = self._carry_out(conn, msg)
-            conn.write(encode(Reply(id=msg.id, ok=ok, text=text)))
+        elif isinstance(msg, Request) and conn.said_hello:
+            if msg.action == Action.DETACH:  # nothing done, nothing recorded
+                conn.write(encode(Reply(id=msg.id, ok=True, text="detached")))
+            elif msg.action == Action.ADD_CONFIG and not conn.read_only:
+                asyncio.get_running_loop().create_task(self._add_config(conn, msg))
+            else:
+                self._answer(conn, msg, *self._carry_out(conn, msg))
         else:
             conn.transport.abort()
+
+    def _answer(self, conn: _Connection, req: Request, ok: bool, text: str) -> None:
+        """Record what a request came to, and reply; a client that leaves its replies unread is closed."""
+        self.sup.record(ClientCommand(action=_short(req.action, 40), pipeline=_short(req.pipeline),
+                                      client_pid=conn.pid, ok=ok, text=_short(text, 2 * MAX_NAME)))
+        if conn.transport.is_closing():
+            return
+        conn.write(encode(Reply(id=req.id, ok=ok, text=text)))
+        if conn not in self.clients and conn.backlog() > REPLY_BACKLOG:
+            conn.transport.abort()
+            self.sup.record(Notice(level="warning", text=f"client pid {conn.pid} left over "
+                                   f"{REPLY_BACKLOG >> 20} MiB of replies unread and was dropped"))
+
+    async def _add_config(self, conn: _Connection, req: Request) -> None:
+        try:
+            config = await asyncio.to_thread(_read_config, req.path)
+            ok, text = True, "added " + ", ".join(self.sup.add_config(config))
+        except (ValueError, RuntimeError, ConfigError, OSError) as exc:
+            ok, text = False, str(exc)
+        self._answer(conn, req, ok, text)
 
     def _welcome(self, conn: _Connection, live: bool, summary: bool = False) -> None:
         # No await from here on: the size read now (and the summary) and the events from now on meet exactly.
@@ -196,18 +298,14 @@ class ControlServer:
             self.clients.append(conn)
 
     def _carry_out(self, conn: _Connection, req: Request) -> tuple[bool, str]:
-        if req.action == Action.DETACH:
-            return True, "detached"
         if conn.read_only:
-            ok, text = False, "this client is read-only"
-        else:
-            try:
-                ok, text = True, self._act(req)
-            except (KeyError, ValueError, RuntimeError, ConfigError) as exc:
-                ok, text = False, str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-        self.sup.record(ClientCommand(action=req.action, pipeline=req.pipeline, client_pid=conn.pid, ok=ok,
-                                      text=text))
-        return ok, text
+            return False, "this client is read-only"
+        if len(req.pipeline) > MAX_NAME:
+            return False, f"a pipeline name of {len(req.pipeline)} characters (at most {MAX_NAME})"
+        try:
+            return True, self._act(req)
+        except (KeyError, ValueError, RuntimeError, ConfigError) as exc:
+            return False, str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
 
     def _act(self, req: Request) -> str:
         sup, name = self.sup, req.pipeline
@@ -231,8 +329,6 @@ class ControlServer:
                 if not name:
                     raise ValueError("name the trial to promote")
                 sup.promote(name)
-            case Action.ADD_CONFIG:
-                return "added " + ", ".join(sup.add_config(load_config(req.path)))
             case _:
                 raise ValueError(f"unknown action {req.action!r}")
         return f"{req.action} {name or 'every pipeline'}"

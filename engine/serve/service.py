@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal is ours; a hangup is none of our business
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the clients, which ask us to stop
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit: a write fails (EFBIG) like a full disk
     return asyncio.run(serve(args))
 
 

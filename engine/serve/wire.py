@@ -57,15 +57,23 @@ def decode(body: bytes) -> Message:
         if cls is None:
             raise FrameError(f"unknown message type {tag!r}")
         return _decoder(cls).decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise FrameError(str(exc)) from None
+    except RecursionError:  # msgpack nested deeper than the decoder's stack: no message is
+        raise FrameError("nested too deep") from None
 
 
 class FrameReader:
     """Turns the bytes of a stream, as they arrive in any pieces, into messages."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
+        self.max_frame = max_frame  # bytes: the longest frame this side ever expects
+
+    @property
+    def partial(self) -> int:
+        """Bytes of a frame begun but not yet whole."""
+        return len(self._buf)
 
     def feed(self, data: bytes) -> list[Message]:
         self._buf += data
@@ -73,8 +81,8 @@ class FrameReader:
         pos = 0
         while len(self._buf) - pos >= HEADER.size:
             (size,) = HEADER.unpack_from(self._buf, pos)
-            if size > MAX_FRAME:
-                raise FrameError(f"a frame of {size} bytes (at most {MAX_FRAME})")
+            if size > self.max_frame:
+                raise FrameError(f"a frame of {size} bytes (at most {self.max_frame})")
             if len(self._buf) - pos - HEADER.size < size:
                 break
             start = pos + HEADER.size

@@ -24,6 +24,7 @@ from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
 from . import build_check, commands
 from .attempts import AttemptLauncher
+from .disk_full import DiskWatch
 from .bus import EventBus, EventStream
 from .intake import WorkerIntake
 from .lifecycle import Lifecycle
@@ -59,6 +60,7 @@ class Supervisor:
         problems += gang_problems(config, slots) if slots else []
         if problems:
             raise ConfigError(problems)
+        self._fresh = run_id is None  # a new run id: its folder must be made by this run, never adopted
         self.run_id = run_id or new_run_id(base, config.name)
         self.run_dir = base / self.run_id
         self.snapshot_root = snapshot_root(self.run_id, self.run_dir)
@@ -78,6 +80,7 @@ class Supervisor:
         self._runs: dict[str, PipelineRun] = {}
         self._order = 0
         self._rundir: RunDirectory | None = None
+        self.disk: DiskWatch | None = None  # made with the run directory
         self._attempts: AttemptLauncher | None = None  # made with the run directory
         self._tick_task: asyncio.Task | None = None
         self._finished = asyncio.Event()
@@ -109,7 +112,8 @@ class Supervisor:
             raise RuntimeError("supervisor already started")
         resuming = self._resume_configs is not None
         done, attempts = history_before(self.run_dir) if resuming else ({}, {})  # before the directory reopens
-        self._rundir = RunDirectory(self.run_dir)
+        self._rundir = RunDirectory(self.run_dir, fresh=self._fresh)
+        self.disk = DiskWatch(self._rundir, self._emit, lambda reason: self.stop(reason=reason))
         self._attempts = AttemptLauncher(self._backend, self._rundir, self._validation, self.run_id)
         self._rundir.resuming = resuming
         self._rundir.save_config(self.config)
@@ -260,6 +264,7 @@ class Supervisor:
         self._scheduler.close()  # every lease back to the ledger
         self._backend.close()  # a cluster's: its listening socket and the actors still ending
         remove_root(self.snapshot_root)
+        await self.disk.settle()
         self._rundir.close()
         self._bus.close()
 
@@ -363,6 +368,7 @@ class Supervisor:
         self._feed.update(self._runs, self._validation.handle)
         if self._rundir is not None:
             self._rundir.flush()
+            self.disk.check()
         self._check_finished()
 
     def _check_finished(self) -> None:
@@ -382,6 +388,8 @@ class Supervisor:
 
     def _emit(self, event: Event) -> None:
         self._bus.publish(event)
+        if self.disk is not None:
+            self.disk.seen(event)
         run = self._runs.get(getattr(event, "pipeline", ""))
         if run is not None:
             run.fold(event)  # the one fold of progress, as the app folds the same events

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from ..protocol.telemetry import ProcessSample, TelemetrySnapshot
 from ..protocol.records import to_record
+from ..rundir.lines import trim_torn_line
 from .gpus import GpuReader
 from .host import HostReader, ProcessTrees
 
@@ -167,6 +168,7 @@ class TelemetrySampler:
         try:
             if self._out is None:
                 self.persist_path.parent.mkdir(parents=True, exist_ok=True)
+                trim_torn_line(self.persist_path)  # a resume after a crash mid-line
                 self._out = open(self.persist_path, "a", encoding="utf-8")
             self._out.write(json.dumps(to_record(snapshot)) + "\n")
             self._out.flush()

@@ -3,10 +3,17 @@
 `save_checkpoint` never leaves a half-written file under a checkpoint's name, and
 `load_latest` falls back to the previous checkpoint when the newest cannot be read,
 saying why.
+
+A checkpoint is data, not code: it loads with `torch.load(weights_only=True)`, which builds tensors, plain
+values and torch's own state (optimizers, schedulers, scalers, RNG states) but imports nothing else. One that
+would import something else is refused (CheckpointRefused, naming the file and what it would import) unless
+the pipeline's `trust_checkpoints` says its files are the user's own.
 """
 from __future__ import annotations
 
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,19 @@ BEST = "best.pt"
 
 class CheckpointError(Exception):
     """A checkpoint could not be written; the previous one is untouched."""
+
+
+class CheckpointRefused(Exception):
+    """A checkpoint would import (and so could run) code beyond tensors and plain values, and is not trusted."""
+
+
+def _refusal(path: Path, exc: pickle.UnpicklingError) -> CheckpointRefused:
+    found = re.search(r"GLOBAL (\S+)", str(exc))
+    what = found.group(1) if found else str(exc).splitlines()[0][:200]
+    return CheckpointRefused(
+        f"{path}: refused to load: it would import {what}, and a checkpoint that imports anything but "
+        "tensors and plain values can run code as it loads. If you wrote this file yourself, set "
+        "`trust_checkpoints = true` for the pipeline in its config")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -89,9 +109,13 @@ def save_checkpoint(directory: Path, state: dict[str, Any], name: str = LAST) ->
 
 
 def load_latest(directory: Path, map_location: Any = "cpu", suffix: str = ".pt",
-                required: str = "model") -> tuple[dict[str, Any] | None, Path | None, str]:
+                required: str = "model", trusted: bool = False) -> tuple[dict[str, Any] | None, Path | None, str]:
     """The newest readable checkpoint in `directory` (files ending in `suffix`, holding key `required`):
-    (state, path, note). Nothing there: (None, None, "")."""
+    (state, path, note). Nothing there: (None, None, "").
+
+    Unless `trusted`, one that would import more than tensors and plain values raises CheckpointRefused
+    rather than falling back to an older one: a resume from prev.pt, or from nothing, would silently
+    overwrite the user's newer training."""
     import torch
 
     notes = []
@@ -100,10 +124,17 @@ def load_latest(directory: Path, map_location: Any = "cpu", suffix: str = ".pt",
         if not path.exists():
             continue
         try:
-            state = torch.load(path, map_location=map_location, weights_only=False)
+            try:
+                state = torch.load(path, map_location=map_location, weights_only=not trusted)
+            except pickle.UnpicklingError as exc:
+                if trusted or "GLOBAL" not in str(exc):
+                    raise
+                raise _refusal(path, exc) from None
             if not isinstance(state, dict) or required not in state:
                 raise ValueError("not a torchherd checkpoint" if required == "model" else
                                  f"not a checkpoint with {required!r}")
+        except CheckpointRefused:
+            raise
         except Exception as exc:  # truncated, corrupt, wrong format
             notes.append(f"{name} unreadable ({type(exc).__name__}: {str(exc)[:120]})")
             continue

@@ -2,7 +2,9 @@
 machines connect to, each opening with its attempt's token.
 
 A launcher asks `expect()` for a fresh token and says what to do with the connection that brings
-it; a connection that sends anything else, or nothing within `HELLO_TIMEOUT`, is closed unread.
+it; a connection that sends anything else, or nothing within `HELLO_TIMEOUT`, is closed unread, and
+no more than `MAX_GREETING` connections wait to say who they are at once (one more is closed at once).
+What follows a token is msgpack (protocol/channel.py), never pickle.
 Everything runs on the event loop through `add_reader`: nothing here blocks.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Callable
 from ...protocol.channel import TOKEN_CHARS
 
 HELLO_TIMEOUT = 30.0  # seconds a new connection gets to send its token
+MAX_GREETING = 64  # connections that have not yet sent a token, held at once: more than a launch wave dials
 BACKLOG = 128  # connections the kernel queues before we accept them
 
 
@@ -56,6 +59,10 @@ class DialBackListener:
                 return
             except OSError:  # out of descriptors, say: the child retries nothing, but the loop goes on
                 return
+            if len(self._greeting) >= MAX_GREETING:  # a flood of silent connections: no room held for it
+                self.rejected += 1
+                conn.close()
+                continue
             conn.setblocking(False)
             self._greeting[conn] = bytearray()
             assert self._loop is not None
@@ -79,9 +86,10 @@ class DialBackListener:
         if len(buf) < TOKEN_CHARS:
             return
         self._release(conn)
-        token = buf.decode("ascii", "replace")
-        # Compare in constant time: the token is the only thing between the network and our workers.
-        match = next((t for t in self._expected if hmac.compare_digest(t, token)), None)
+        # Compare in constant time, as bytes (compare_digest refuses a str with non-ASCII characters): the
+        # token is the only thing between the network and our workers.
+        token = bytes(buf)
+        match = next((t for t in self._expected if hmac.compare_digest(t.encode("ascii"), token)), None)
         if match is None:
             self.rejected += 1
             conn.close()

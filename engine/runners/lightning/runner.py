@@ -40,19 +40,6 @@ LAST, PREV, BEST = (LightningRunner.checkpoint_name(which) for which in ("last",
 PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
 
 
-def save_ckpt(directory: Path, state: dict[str, Any], name: str) -> Path:
-    """Write a Lightning checkpoint atomically; writing `last` keeps the one it replaces as `prev`."""
-    return ckpt.save_checkpoint(directory, state, name)
-
-
-def latest_ckpt(directory: Path) -> tuple[Path | None, dict[str, Any] | None, str]:
-    """The newest readable checkpoint: (path, its loop counters, note)."""
-    state, path, note = ckpt.load_latest(directory, suffix=LightningRunner.checkpoint_suffix, required="state_dict")
-    if state is None:
-        return None, None, note
-    return path, {"epoch": state.get("epoch", 0), "step": state.get("global_step", 0)}, note
-
-
 def logged_on_step(trainer: Any, device: Any) -> tuple[list[str], list[Any]]:
     """What the module `self.log`ged on this training step, by the names Lightning's loggers use
     ('train_loss', or 'train_loss_step' when it is also logged per epoch), and values logged only
@@ -281,7 +268,7 @@ class LightningAttempt:
             state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             if not trainer.is_global_zero:
                 return
-            path = save_ckpt(self.ckpt_dir, state, name)
+            path = ckpt.save_checkpoint(self.ckpt_dir, state, name)
         except ckpt.CheckpointError as exc:
             self.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
             return
@@ -327,6 +314,17 @@ class LightningAttempt:
             args["num_sanity_val_steps"] = 0
         return args
 
+    def _latest(self) -> Path | None:
+        """The checkpoint this attempt resumes from, announced (CheckpointRefused: one not to be loaded)."""
+        state, path, note = ckpt.load_latest(self.ckpt_dir, suffix=LightningRunner.checkpoint_suffix,
+                                             required="state_dict", trusted=self.pipe.trust_checkpoints)
+        if note:
+            self.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
+        if path is not None:
+            self.send(Resumed(pipeline=self.name, path=str(path), epoch=state.get("epoch", 0),
+                              step=state.get("global_step", 0), note=note))
+        return path
+
     def run(self, task: LightningTask | None = None) -> int:
         """Train; `task` is one a `task = "file.py:build"` factory already built (else it is built here)."""
         import lightning.pytorch as pl
@@ -356,12 +354,11 @@ class LightningAttempt:
                 return EXIT_FATAL
         prepare_once(task, self.dir)
         self._wrap_train_loader(task)
-        path, counters, note = latest_ckpt(self.ckpt_dir)
-        if note:
-            self.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
-        if path is not None:
-            self.send(Resumed(pipeline=self.name, path=str(path), epoch=counters["epoch"], step=counters["step"],
-                              note=note))
+        try:
+            path = self._latest()
+        except ckpt.CheckpointRefused as exc:  # no restart makes it safe: the pipeline fails, saying why
+            self.send(WorkerError(pipeline=self.name, error=f"CheckpointRefused: {exc}", where="checkpoint"))
+            return EXIT_FATAL
         callback = herd_callback(self)
         try:
             args = self.trainer_args(task, callback)
@@ -370,7 +367,8 @@ class LightningAttempt:
             return EXIT_FATAL
         trainer = pl.Trainer(**args)
         try:
-            trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None)
+            trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None,
+                        weights_only=not self.pipe.trust_checkpoints)  # what _latest checked, Lightning loads so
         finally:
             self.handoff.close()  # the last snapshot's copy may still be running
         if callback.exit_code is not None:

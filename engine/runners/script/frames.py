@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .... import client_frames as wire
-from ...protocol.messages import CheckpointSaved, EarlyStop, Resumed
+from ...protocol.messages import CheckpointSaved, EarlyStop, Notice, Resumed
 from ...worker.handoff import announce_snapshot
 from .validation import InlineScorer
 
@@ -26,7 +26,10 @@ class ClientFrames:
             pass
 
     def _read_client(self) -> None:
-        buf = b""
+        """Read the script's frames until it closes the socket. This thread must outlive any bad frame: the
+        script's sends block once nobody reads, and its training with them."""
+        reader = wire.LineReader()
+        said = False
         while True:
             try:
                 chunk = self.sock.recv(1 << 16)
@@ -34,11 +37,20 @@ class ClientFrames:
                 return
             if not chunk:
                 return
-            lines, buf = wire.split_lines(buf, chunk)
-            for line in lines:
+            for line in reader.feed(chunk):
                 frame = wire.decode(line, wire.TO_RUNNER)
-                if frame is not None:
-                    self._on_frame(frame)
+                try:
+                    if frame is not None:
+                        self._on_frame(frame)
+                except Exception as exc:  # a frame of the right types that still makes no sense here
+                    said = said or self._bad_frame(f"{type(exc).__name__}: {exc}")
+            if reader.dropped and not said:
+                said = self._bad_frame(f"a line of over {wire.MAX_LINE} bytes")
+
+    def _bad_frame(self, what: str) -> bool:
+        self.sender.send(Notice(pipeline=self.name, level="warning",
+                                text=f"torchherd.client: a frame was left out ({what}); said once"))
+        return True
 
     def _on_frame(self, frame: wire.Frame) -> None:
         self.client_seen = True

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from ...worker import checkpoint as ckpt
-from ...protocol.channel import EXIT_COMPLETED, EXIT_STOPPED, StatusSender
+from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED, StatusSender
 from ...config.schema import Pipeline, ValidationConfig
-from ...protocol.messages import CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult
+from ...protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult,
+                                 WorkerError)
 from ...protocol.names import PipelineKind, ValidationMode
 from ...protocol.progress import judge
 from ...worker.control import WorkerControl
@@ -126,7 +127,8 @@ class Trainer:
         }
 
     def resume(self) -> None:
-        state, path, note = ckpt.load_latest(self.ckpt_dir, map_location=self.device)
+        state, path, note = ckpt.load_latest(self.ckpt_dir, map_location=self.device,
+                                             trusted=self.pipe.trust_checkpoints)
         if note:
             self.sender.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
         if state is None:
@@ -227,7 +229,11 @@ class Trainer:
             self.handoff.close()  # the last snapshot's copy may still be running
 
     def _run(self) -> int:
-        self.resume()
+        try:
+            self.resume()
+        except ckpt.CheckpointRefused as exc:  # no restart makes it safe: the pipeline fails, saying why
+            self.sender.send(WorkerError(pipeline=self.name, error=f"CheckpointRefused: {exc}", where="checkpoint"))
+            return EXIT_FATAL
         per_epoch = self._batches_per_epoch()
         steps_per_epoch = per_epoch // self.pipe.accumulate_grad_batches if per_epoch else 0
         self._start_training(steps_per_epoch)
