@@ -10,7 +10,7 @@ from torchherd.engine.config.problems import ConfigError
 from torchherd.engine.config.sweep import SweepConfig
 from torchherd.engine.config.trials import trials
 from torchherd.engine.preflight.check import sweep_lines
-from tests.conftest import make_config
+from tests.conftest import TASKS, make_config
 
 
 def sweep_config(tmp_path, sweep, pipelines=None, **top):
@@ -78,3 +78,58 @@ def test_asha_rungs_stop_before_the_limit():
     sweep = SweepConfig(space={"params": {"lr": [1]}}, grace_period=1, reduction_factor=3)
     assert sweep.rungs(10) == [1, 3, 9] and sweep.rungs(9) == [1, 3] and sweep.rungs(1) == []
     assert trials(sweep) == [{"params.lr": 1}]
+
+
+# ------------------------------------------------------------ a script sweep passes its values to the script
+
+SCRIPT = {"name": "mlp", "script": str(TASKS / "scripts" / "plain_loop.py")}
+
+
+def test_params_and_swept_keys_fill_in_a_scripts_args_resume_args_and_cwd(tmp_path):
+    # Regression: `{params.lr}` reached the script as the literal text '{params.lr}' (argparse refused it and
+    # every trial failed twice), though check said ok.
+    (tmp_path / "work-16").mkdir()
+    config = sweep_config(tmp_path, {"space": {"params": {"lr": [0.05, 0.1]}, "batch_size": [16]}}, [{
+        **SCRIPT, "args": ["--lr", "{params.lr}", "--bs={batch_size}", "--out={checkpoint_dir}", "{{lit}}"],
+        "resume_args": ["--resume-lr={params.lr}"], "cwd": "work-{batch_size}", "params": {"width": 8}}])
+    first, second = config.pipelines
+    assert first.name == "mlp-lr0.05-batch_size16"
+    assert first.args == ["--lr", "0.05", "--bs=16", "--out={checkpoint_dir}", "{{lit}}"]
+    assert second.args[1] == "0.1" and second.resume_args == ["--resume-lr=0.1"]
+    assert first.workdir == str(tmp_path / "work-16")
+    plain = make_config(tmp_path, [{**SCRIPT, "args": ["--width", "{params.width}"], "params": {"width": 8}}])
+    assert plain.pipelines[0].args == ["--width", "8"]  # a params key fills in without a sweep too
+
+
+@pytest.mark.parametrize("pipeline, sweep, text", [
+    ({"args": ["--lr", "{params.lr}"]}, None, "'{params.lr}': {params.lr} is never filled in: this "
+     "pipeline's params have no 'lr'"),
+    ({"args": ["--lr", "{lr}"]}, {"space": {"params": {"lr": [0.1]}}}, "unknown placeholder {lr}"),
+    ({"args": ["--bs", "{batch_size}"]}, None, "batch_size is not a key this pipeline's sweep varies"),
+    ({"cwd": "run-{rank}"}, None, "unknown placeholder {rank}"),
+], ids=["params_key_missing", "plain_name_of_a_param", "unswept_key", "attempt_placeholder_in_cwd"])
+def test_a_placeholder_that_will_not_be_filled_is_refused(tmp_path, pipeline, sweep, text):
+    # Regression: only {name} placeholders were checked; {params.lr} passed check and reached the script as is.
+    with pytest.raises(ConfigError) as err:
+        (sweep_config(tmp_path, sweep, [{**SCRIPT, **pipeline}]) if sweep else
+         make_config(tmp_path, [{**SCRIPT, **pipeline}]))
+    [problem] = err.value.problems
+    key = "pipelines[0].cwd" if "cwd" in pipeline else "pipelines[0].args"
+    assert problem.key == key and text in problem.message, problem
+    if "{lr}" in pipeline.get("args", []):
+        assert problem.message.endswith("did you mean {params.lr}?")
+
+
+def test_a_placeholder_in_defaults_args_is_filled_per_pipeline(tmp_path):
+    config = sweep_config(tmp_path, {"space": {"params": {"lr": [0.1, 0.2]}}}, [{"name": "mlp"}],
+                          defaults={"script": SCRIPT["script"], "task": None, "args": ["--lr={params.lr}"]})
+    assert [p.args for p in config.pipelines] == [["--lr=0.1"], ["--lr=0.2"]]
+
+
+def test_trials_of_a_swept_args_list_are_named_by_the_values_that_differ(tmp_path):
+    # Regression: named 'mlp-args__lr0.05__epochs6__outcheckpoint_dir'.
+    lists = [["--lr", "0.05", "--epochs", "6", "--out={checkpoint_dir}"],
+             ["--lr", "0.1", "--epochs", "6", "--out={checkpoint_dir}"],
+             ["--lr=0.2", "--epochs", "6", "--out={checkpoint_dir}"]]
+    config = sweep_config(tmp_path, {"space": {"args": lists}}, [SCRIPT])
+    assert [p.name for p in config.pipelines] == ["mlp-lr0.05", "mlp-lr0.1", "mlp-lr0.2"]

@@ -139,3 +139,20 @@ def test_the_sample_sweep_prunes_and_prints_the_ranked_table(tmp_path):
     assert ": pruned (val_loss" in out and "rung cut" in out
     table = out[out.index("sweep: 8 trials ranked by val_loss"):]
     assert "#  trial" in table and "best: reg-lr" in table and "best.pt" in table
+
+
+async def test_a_script_sweep_hands_each_trial_its_own_values(tmp_path):
+    # Regression: `args = ["--epochs", "{params.epochs}"]` reached the script as the text '{params.epochs}';
+    # argparse refused it and every trial failed.
+    from torchherd.engine.protocol.messages import EpochEnd
+    from tests.test_engine_runs import run_to_end
+
+    config = make_config(tmp_path, [{"name": "s", "script": str(TASKS / "scripts" / "plain_loop.py"),
+                                     "args": ["--epochs", "{params.epochs}", "--delay", "0"],
+                                     "metrics": r"Epoch (?P<epoch>\d+), Loss: (?P<loss>[-+.\deE]+)"}],
+                         sweep={"space": {"params": {"epochs": [1, 2]}}}, validation={"mode": "off"},
+                         telemetry={"enabled": False})
+    sup = Supervisor(config)
+    assert await run_to_end(sup) == {"s-epochs1": "completed", "s-epochs2": "completed"}
+    ends = [e.pipeline for e in read_events(sup.run_dir) if isinstance(e, EpochEnd)]
+    assert (ends.count("s-epochs1"), ends.count("s-epochs2")) == (1, 2)

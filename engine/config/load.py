@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ..protocol.names import PipelineKind
+from .placeholders import fill_config
 from .problems import ConfigError, Problem, display_path
 from .sweep import SweepConfig
 from .trials import expand_pipelines, space_problems
@@ -263,12 +264,15 @@ def _merged(pipe: dict[str, Any], raw_defaults: dict[str, Any]) -> dict[str, Any
 def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], shown: str, base_dir: Path,
                     names: dict[str, int], problems: list[Problem]) -> Pipeline | None:
     """Pipeline `i` validated and resolved, or None; its problems go to `problems`, `names` notes its name."""
+    merged = fill_config(_merged(pipe, raw_defaults))
     try:
-        model = Pipeline.model_validate(_merged(pipe, raw_defaults))
+        model = Pipeline.model_validate(merged, context=merged)
     except ValidationError as exc:
         for p in _problems(exc, shown, RunConfig, ("pipelines", i)):
             key = p.key.split(".", 1)[1] if "." in p.key else ""
-            if key.split("[")[0] in raw_defaults and key.split("[")[0] not in pipe:
+            top_key = key.split("[")[0]
+            if top_key in raw_defaults and top_key not in pipe and \
+                    any(q.key.startswith(f"defaults.{top_key}") for q in problems):
                 continue  # reported once, under [defaults]
             problems.append(p)
         _resolve_past(exc, i, pipe, raw_defaults, shown, base_dir, problems)
@@ -296,11 +300,11 @@ def _resolve_past(exc: ValidationError, i: int, pipe: dict[str, Any], raw_defaul
     bad = {str(e["loc"][0]) for e in exc.errors() if e.get("loc")}
     if bad & {"task", "script", "validate", "cwd", "datamodule"}:
         return
-    merged = {k: v for k, v in _merged(pipe, raw_defaults).items() if k not in bad}
+    merged = {k: v for k, v in fill_config(_merged(pipe, raw_defaults)).items() if k not in bad}
     if "name" in bad:
         merged["name"] = "x"
     try:
-        model = Pipeline.model_validate(merged)
+        model = Pipeline.model_validate(merged, context=merged)
     except ValidationError:
         return
     problems += [p for p in resolve_kind(model, pipe, i, shown, base_dir)[1] if p not in problems]

@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..protocol.names import PipelineKind, ValidationMode
+from .placeholders import PLACEHOLDER, PLACEHOLDERS, SETTING_NAMES, unknown  # noqa: F401 (PLACEHOLDER*: re-export)
 from .sweep import SweepConfig
 
 BUILTIN_TASKS = ("regression", "digits")
@@ -76,7 +77,8 @@ class PipelineSettings(_Strict):
     args: list[str] = Field(default_factory=list, description=(
         "Command-line arguments for `script`. torchherd fills in {checkpoint_dir} (the pipeline's checkpoints/ "
         "folder in the run directory), {pipeline_dir}, {run_dir} (absolute paths), {rank}, {world_size} and "
-        "{restart} (0 on the first attempt); {{ and }} are literal braces."))
+        "{restart} (0 on the first attempt), and {params.NAME} (a key of params) and {KEY} (a key a sweep varies, "
+        "e.g. {batch_size}) from the config; {{ and }} are literal braces."))
     samples_per_step: int | None = Field(None, ge=1, description=(
         "For `script`: samples (or tokens) one of its steps trains, e.g. batch size x gradient accumulation x "
         "block size; samples/s then follows from the steps its `metrics` lines report."))
@@ -84,8 +86,8 @@ class PipelineSettings(_Strict):
         "For `script`: arguments added after `args` when an attempt starts with files in {checkpoint_dir} "
         "(a restart, or `torchherd resume`), e.g. ['--init_from=resume']; placeholders as in `args`."))
     cwd: str | None = Field(None, description=(
-        "For `script`: its working directory, relative to the config file. Default: the script's own folder, "
-        "as `cd path/to && python train.py` would run it."))
+        "For `script`: its working directory, relative to the config file ({params.NAME} and swept {KEY} filled "
+        "in). Default: the script's own folder, as `cd path/to && python train.py` would run it."))
     torchrun_env: bool = Field(False, description=(
         "For a one-rank `script`: set torchrun's variables (RANK=0, WORLD_SIZE=1, MASTER_ADDR, ...) as a "
         "one-process torchrun would. Off, it sees the environment `python train.py` would; a gang "
@@ -138,13 +140,19 @@ class PipelineSettings(_Strict):
 
     @field_validator("args", "resume_args")
     @classmethod
-    def _placeholders(cls, v: list[str]) -> list[str]:
+    def _placeholders(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        # info.context: the pipeline as the loader filled it in (config/placeholders.py); None for [defaults]
         for i, arg in enumerate(v):
-            for name in re.findall(PLACEHOLDER, arg):
-                if name and name not in PLACEHOLDERS:
-                    raise ValueError(f"[{i}] {arg!r}: unknown placeholder {{{name}}}; torchherd fills in "
-                                     + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
-                                     + f" (write {{{{{name}}}}} for literal braces)")
+            if (problem := unknown(arg, runtime=True, loaded=info.context)) is not None:
+                raise ValueError(f"[{i}] {problem}")
+        return v
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd_placeholders(cls, v: str | None, info: ValidationInfo) -> str | None:
+        problem = None if v is None or info.context is None else unknown(v, runtime=False, loaded=info.context)
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
 
@@ -155,10 +163,7 @@ SCRIPT_ONLY = ("args", "metrics", "val_metrics", "validate", "resume_args", "cwd
 def patterns(value: str | list[str] | None) -> list[str]:
     """A `metrics` or `val_metrics` value as a list of patterns."""
     return [] if value is None else [value] if isinstance(value, str) else list(value)
-# In a script's args, read left to right as str.format would: {{ and }} are braces, {name} a placeholder
-# (filled in by engine/runners/script/arguments.py).
-PLACEHOLDER = r"\{\{|\}\}|\{([A-Za-z_]\w*)\}"
-PLACEHOLDERS = ("checkpoint_dir", "pipeline_dir", "run_dir", "rank", "world_size", "restart")
+SETTING_NAMES.update(n for n in PipelineSettings.model_fields if n not in ("params", "task", "script", "name"))
 
 
 def check_metrics_regex(pattern: str) -> str:

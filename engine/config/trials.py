@@ -115,10 +115,36 @@ def _draw(rng: random.Random, spec: dict[str, Any]) -> Any:
     return rng.uniform(bounds[0], bounds[1])
 
 
-def trial_name(base: str, values: dict[str, Any]) -> str:
-    """`base` and each value with its key's last part: 'mlp-lr0.01-batch_size32'."""
-    parts = [base] + [f"{key.rsplit('.', 1)[-1]}{_short(v)}" for key, v in values.items()]
+def trial_name(base: str, values: dict[str, Any], others: list[dict[str, Any]] = ()) -> str:
+    """`base` and each value with its key's last part: 'mlp-lr0.01-batch_size32'. A list (a swept `args`) is
+    named by what differs from the `others` trials, each argument after its flag: 'mlp-lr0.05'."""
+    parts = [base]
+    for key, v in values.items():
+        if isinstance(v, list):
+            parts += _list_parts(v, [o.get(key) for o in others])
+        else:
+            parts.append(f"{key.rsplit('.', 1)[-1]}{_short(v)}")
     return "-".join(parts)
+
+
+def _list_parts(value: list[Any], others: list[Any]) -> list[str]:
+    """The flag-value pairs of `value` that not every other trial's list has ('--lr', '0.05' and '--lr=0.05'
+    are both 'lr0.05')."""
+    def pairs(items: Any) -> list[tuple[str, str]]:
+        out, items = [], [str(i) for i in items] if isinstance(items, list) else []
+        for i, item in enumerate(items):
+            if item.startswith("-") and "=" in item:
+                out.append(tuple(item.lstrip("-").split("=", 1)))
+            elif item.startswith("-"):
+                nxt = items[i + 1] if i + 1 < len(items) else ""
+                out.append((item.lstrip("-"), "" if nxt.startswith("-") else nxt))
+            elif not (i and items[i - 1].startswith("-") and "=" not in items[i - 1]):
+                out.append(("", item))
+        return out
+
+    theirs = [pairs(o) for o in others]
+    return [f"{_short(flag) if flag else ''}{_short(v) if v else ''}" for flag, v in pairs(value)
+            if not all((flag, v) in t for t in theirs)] or ["args"]
 
 
 def _short(value: Any) -> str:
@@ -141,7 +167,7 @@ def expand_pipelines(raw: list[dict[str, Any]], sweep: SweepConfig) -> list[dict
                     table["params"][key[len("params."):]] = value
                 else:
                     table[key] = value
-            name = trial_name(base, values)
+            name = trial_name(base, values, all_trials)
             if len(name) > NAME_LIMIT or name in names:
                 name = f"{name[:NAME_LIMIT - 6]}-t{i}"
             names.add(name)
