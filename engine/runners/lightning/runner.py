@@ -371,6 +371,8 @@ class LightningAttempt:
         trainer = pl.Trainer(**args)
         try:
             trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None)
+            if callback.exit_code is None and not callback.stopping and not trainer.interrupted:
+                self.handoff.finish(alive=lambda: self.control.beat(trainer.global_step))
         finally:
             self.handoff.close()  # the last snapshot's copy may still be running
         if callback.exit_code is not None:
