@@ -163,8 +163,9 @@ def test_samples_per_step_turns_printed_steps_into_samples_per_second():
     [first] = events.from_match({"step": "10", "loss": "1.0"})
     [later] = events.from_match({"step": "30", "loss": "0.9"})
     [back] = events.from_match({"step": "20", "loss": "0.9"})  # a restart went back: no rate across it
-    assert first.samples_per_s == 0.0 and later.samples_per_s > 0.0 and back.samples_per_s == 0.0
-    assert ScriptEvents("q", 1).from_match({"step": "5", "loss": "1.0"})[0].samples_per_s == 0.0
+    # unknown is None, not 0.0 (a flat zero curve in TensorBoard)
+    assert first.samples_per_s is None and later.samples_per_s > 0.0 and back.samples_per_s is None
+    assert ScriptEvents("q", 1).from_match({"step": "5", "loss": "1.0"})[0].samples_per_s is None
 
 
 def test_a_script_error_is_the_exception_its_traceback_ends_in_rank_prefixes_stripped():
