@@ -61,6 +61,14 @@ def test_a_script_that_counts_iterations_gets_a_step_line_now_and_then_until_it_
     assert "e: step" not in text  # its epoch lines say enough
 
 
+def test_a_scripts_unknown_epoch_total_and_rate_read_as_unknown():
+    # Regression: a script run with no max_epochs printed "epoch 11/11", "12/12", ... (a total invented from the
+    # epochs seen); and an epoch end whose rate is not known (None) must print no rate.
+    text = printed(EpochEnd(pipeline="s", epoch=10, step=4, train_loss=0.5, duration=1.0, samples_per_s=None,
+                            epochs_total=0, steps_per_epoch=4))
+    assert "s: epoch 11 train 0.5000 val -" in text and "/" not in text.split("epoch 11")[1].split("\n")[0]
+
+
 def test_an_epoch_with_no_samples_counted_prints_no_rate():
     # Regression: a plain script's epochs read "epoch 1/20 train 2.1148 val - 0 samples/s" (it reports none).
     text = printed(EpochEnd(pipeline="p", epoch=0, step=8, train_loss=2.1148, duration=1.0, samples_per_s=0.0,

@@ -48,6 +48,27 @@ def test_printed_epochs_from_one_become_zero_based_epoch_ends_with_a_chart_point
     assert ends[-1].epochs_total == 3  # a script that runs longer than max_epochs says so
 
 
+def test_a_script_without_max_epochs_has_an_unknown_epoch_total(tmp_path):
+    # Regression: with `--epochs 20` and no max_epochs a script printed "epoch 1/10", then "11/11", "12/12": the
+    # schema's default of 10 and then the epochs seen were taken for its total.
+    from torchherd.tui.widgets.pipeline_table import fmt_epoch_step
+    from torchherd.engine.protocol.progress import PipelineProgress, apply
+
+    from torchherd.engine.config.load import parse_config
+
+    [unset] = parse_config({"pipelines": [{"name": "s", "script": PLAIN}]}, str(tmp_path / "t.toml")).pipelines
+    assert unset.epochs_planned == 0
+    assert make_config(tmp_path, [{"name": "s", "script": PLAIN}]).pipelines[0].epochs_planned == 3  # [defaults]
+    events = ScriptEvents("s", epochs_total=unset.epochs_planned)
+    ends = [e for i in range(1, 13) for e in events.from_match({"epoch": str(i), "loss": "0.5"})
+            if isinstance(e, EpochEnd)]
+    assert {e.epochs_total for e in ends} == {0}
+    row = PipelineProgress("s", epochs_total=0)
+    for e in ends[:10]:
+        row = apply(row, e)
+    assert fmt_epoch_step(row, 10) == "11 10"
+
+
 def test_printed_epochs_from_zero_and_step_lines():
     events = ScriptEvents("p", epochs_total=5)
     steps = events.from_match({"epoch": "0", "step": "10", "loss": "2.0", "lr": "1e-3"})

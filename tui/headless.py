@@ -156,8 +156,9 @@ class LinePrinter:
             val_text = f"val {_fmt(metrics.get('val_loss'))}" + (f" {extra}" if extra else "")
             if epoch != ev.epoch:
                 val_text += f" (epoch {epoch + 1})"
-        rate = f" {ev.samples_per_s:,.0f} samples/s" if ev.samples_per_s > 0 else ""  # a script may not say
-        self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} {val_text}{rate}")
+        rate = f" {ev.samples_per_s:,.0f} samples/s" if ev.samples_per_s else ""  # a script may not say (None)
+        of = f"/{ev.epochs_total}" if ev.epochs_total else ""  # a script's total is unknown without max_epochs
+        self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}{of} train {ev.train_loss:.4f} {val_text}{rate}")
 
     def _val_result(self, ev: ValResult) -> None:
         if ev.error:

@@ -282,6 +282,7 @@ def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], 
                                 f"duplicate name {model.name!r} (also pipelines[{names[model.name]}])"))
     names[model.name] = i
     update, found = resolve_kind(model, pipe, i, shown, base_dir)
+    update["max_epochs_set"] = "max_epochs" in merged
     problems += [p for p in found if p not in problems]
     if model.datamodule:
         dm_ref, dm_err = resolve_task(model.datamodule, base_dir)

@@ -186,6 +186,8 @@ class Pipeline(PipelineSettings):
     script_ref: str = Field("", description="The script as resolved (absolute path); filled in by the loader.")
     validate_ref: str = Field("", description="`validate` as resolved; filled in by the loader.")
     workdir: str = Field("", description="The script's working directory (`cwd` resolved); from the loader.")
+    max_epochs_set: bool = Field(True, description=(
+        "Whether the config sets max_epochs (a script's epoch total is unknown otherwise); from the loader."))
     trial: dict[str, Any] = Field(default_factory=dict, description=(
         "A sweep's trial: the values of the [sweep] space keys this pipeline trains with; from the loader."))
 
@@ -193,6 +195,12 @@ class Pipeline(PipelineSettings):
     @classmethod
     def _name(cls, v: str) -> str:
         return _check_name(v)
+
+    @property
+    def epochs_planned(self) -> int:
+        """Its epoch total as far as the config says; 0 (unknown) for a script without max_epochs, which runs
+        its own loop: the default of 10 would be a guess."""
+        return 0 if self.kind == PipelineKind.SCRIPT and not self.max_epochs_set else self.max_epochs
 
     @property
     def kind(self) -> PipelineKind:
@@ -350,7 +358,7 @@ class RunConfig(_Strict):
         return v if v == "" else _check_name(v)  # "": the file's name is used
 
 
-RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir", "trial")  # filled in by the loader, not keys
+RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir", "trial", "max_epochs_set")  # filled in by the loader, not keys
 # The model of each table below the top level, by its key in the file.
 TABLES: dict[str, type[BaseModel]] = {
     "defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig, "validation": ValidationConfig,

@@ -130,7 +130,8 @@ class ScriptEvents:
                 else None
             event = EpochEnd(pipeline=self.name, epoch=epoch, step=self.step, train_loss=float(loss),
                              duration=duration, samples_per_s=rate,
-                             epochs_total=max(self.epochs_total, epoch + 1),
+                             # unknown stays unknown (0); a script that runs past max_epochs says so
+                             epochs_total=max(self.epochs_total, epoch + 1) if self.epochs_total else 0,
                              steps_per_epoch=max(self.step - self._epoch_first_step, 0), metrics=metrics or {})
             self.epoch = epoch + 1
             self._epoch_start, self._epoch_first_step = now, self.step

@@ -78,7 +78,7 @@ class ScriptAttempt(ClientFrames):
             self.state = json.loads(self.state_path.read_text())
         except (OSError, ValueError):
             self.state = {}
-        self.events = ScriptEvents(self.name, pipe.max_epochs, self.state.get("epoch_base"), pipe.samples_per_step)
+        self.events = ScriptEvents(self.name, pipe.epochs_planned, self.state.get("epoch_base"), pipe.samples_per_step)
         self.regexes = [re.compile(p) for p in patterns(pipe.metrics)]
         self.val_regexes = [re.compile(p) for p in patterns(pipe.val_metrics)]
         self.best: float | None = None  # of the script's own validation, for `patience`
@@ -163,7 +163,7 @@ class ScriptAttempt(ClientFrames):
         pipe = self.pipe
         if pipe.max_steps is not None:
             return {"epochs_total": 1, "steps_per_epoch": pipe.max_steps}
-        return {"epochs_total": pipe.max_epochs, "steps_per_epoch": 0}
+        return {"epochs_total": pipe.epochs_planned, "steps_per_epoch": 0}
 
     # ------------------------------------------------------------ supervise
 
