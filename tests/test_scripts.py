@@ -69,6 +69,24 @@ def test_a_script_without_max_epochs_has_an_unknown_epoch_total(tmp_path):
     assert fmt_epoch_step(row, 10) == "11 10"
 
 
+def test_a_metrics_pattern_that_matches_nothing_is_said_once_after_50_lines_or_60_s():
+    # Regression: a `metrics` regex that never matched was silent: the chart waited for data and the pipeline
+    # completed with 0 steps and no notice.
+    from torchherd.engine.runners.script.unmatched import UnmatchedWatch
+
+    now = [0.0]
+    watch = UnmatchedWatch(["epoch=(?P<epoch>\\d+)"], clock=lambda: now[0])
+    said = [watch.line(f"Epoch {i}/8 train_loss=0.6", False) for i in range(1, 60)]
+    assert [i for i, s in enumerate(said) if s] == [49]  # the 50th line, once
+    assert "'epoch=(?P<epoch>\\\\d+)'" in said[49] and "'Epoch 50/8 train_loss=0.6'" in said[49]
+    slow = UnmatchedWatch(["x(?P<loss>1)"], clock=lambda: now[0])
+    assert slow.line("a", False) is None
+    now[0] = 61.0
+    assert "matched none of the 2 lines" in slow.line("b", False)
+    matched = UnmatchedWatch(["x(?P<loss>1)"], clock=lambda: now[0])
+    assert matched.line("x1", True) is None and all(matched.line("y", False) is None for _ in range(100))
+
+
 def test_printed_epochs_from_zero_and_step_lines():
     events = ScriptEvents("p", epochs_total=5)
     steps = events.from_match({"epoch": "0", "step": "10", "loss": "2.0", "lr": "1e-3"})
@@ -321,6 +339,18 @@ async def test_unmodified_scripts_report_epochs_restart_after_a_crash_and_stop_o
     assert [e.exit_code for e in of(events, WorkerExited, "ctrl-c")] == [10]
     assert termed.read_text().startswith("sigterm at epoch")  # it got its own stop signal, at once
     assert [e.exit_code for e in of(events, WorkerExited, "sigterm")] == [10]
+
+
+@pytest.mark.slow
+async def test_a_run_whose_metrics_pattern_never_matches_says_so_once(tmp_path):
+    # Regression: the pipeline ended `completed` with 0 steps and no notice.
+    config = make_config(tmp_path, [{"name": "s", "script": PLAIN, "args": ["--epochs", "60", "--delay", "0"],
+                                     "metrics": r"epoch=(?P<epoch>\d+)"}], validation={"mode": "off"},
+                         telemetry={"enabled": False})
+    sup = Supervisor(config)
+    assert await run_to_end(sup) == {"s": "completed"}
+    said = [n.text for n in of(read_events(sup.run_dir), Notice, "s") if "matched none" in n.text]
+    assert len(said) == 1 and "'epoch=(?P<epoch>\\\\d+)'" in said[0] and "'Epoch " in said[0], said
 
 
 @pytest.mark.slow

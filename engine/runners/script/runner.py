@@ -33,6 +33,7 @@ from ...protocol.names import PipelineKind, ValidationMode
 from ...worker.control import HEARTBEAT_INTERVAL
 from ...worker.handoff import snapshot_meta
 from .events import ScriptEvents, parse_number
+from .unmatched import UnmatchedWatch
 from .frames import ClientFrames
 from .arguments import command_line, describe_checkpoint, newest_checkpoint
 from .process import ScriptProcess, forward_stacks, script_environment, stacks_site
@@ -80,6 +81,7 @@ class ScriptAttempt(ClientFrames):
             self.state = {}
         self.events = ScriptEvents(self.name, pipe.epochs_planned, self.state.get("epoch_base"), pipe.samples_per_step)
         self.regexes = [re.compile(p) for p in patterns(pipe.metrics)]
+        self.unmatched = UnmatchedWatch(patterns(pipe.metrics) if not spec.rank else [])
         self.val_regexes = [re.compile(p) for p in patterns(pipe.val_metrics)]
         self.best: float | None = None  # of the script's own validation, for `patience`
         self.since_best = 0
@@ -343,12 +345,17 @@ class ScriptAttempt(ClientFrames):
             if (match := regex.search(line)) is not None:
                 self._own_validation(self.events.val_from_match(match.groupdict()))
                 break
+        matched = False
         for regex in self.regexes:
             if (match := regex.search(line)) is not None:
                 groups = match.groupdict()
                 for event in self.events.from_match(groups):
                     self._emit(event, parse_number(groups.get("loss")))
+                matched = True
                 break
+        # a script reporting through the client does not need its lines matched
+        if (notice := self.unmatched.line(line, matched or self.client)) is not None:
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=notice))
 
     def _own_validation(self, result: ValResult | None) -> None:
         """A validation the script printed: sent, and judged against the best so far for `patience`."""
