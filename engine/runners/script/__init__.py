@@ -14,6 +14,7 @@ from ..base import Runner, Scorer
 
 HAND_OFF = re.compile(r"\bhand_off\s*\(")
 RESUME_FROM = re.compile(r"\bresume_from\s*\(")
+CLIENT = re.compile(r"\btorchherd\.client\b|\bfrom\s+torchherd\s+import\s+client\b")
 SCAN_LIMIT = 200  # .py files beside a script searched for a call, at most
 
 
@@ -32,6 +33,11 @@ def calls(script: Path, call: re.Pattern) -> bool:
 def calls_hand_off(script: Path) -> bool:
     """Whether the script (or a module beside it) calls hand_off(...)."""
     return calls(script, HAND_OFF)
+
+
+def uses_client(script: Path) -> bool:
+    """Whether the script (or a module beside it) imports torchherd.client, so it can take requests."""
+    return calls(script, CLIENT)
 
 
 class ScriptRunner(Runner):
