@@ -28,6 +28,14 @@ def test_a_repeated_traceback_is_printed_once():
     assert text.count("error during train") == 3 and "(the same traceback as above)" in text
 
 
+def test_a_scripts_repeated_traceback_is_the_same_whatever_output_came_before_it():
+    # Regression: "(the same traceback as above)" was said only for identical output; a script's report shows
+    # the step lines before its traceback, which differ from crash to crash.
+    text = printed(*(WorkerError(pipeline="s", error="ValueError: shapes differ", where="train",
+                                 traceback=f"iter {i}: loss 0.5\n" + TB) for i in (4, 9)))
+    assert text.count('File "task.py", line 3') == 1 and "(the same traceback as above)" in text
+
+
 def test_validation_checkpoint_and_epoch_lines_agree_on_the_epoch():
     # Regression: "val_result epoch 1 step 2500", then "checkpoint at epoch 2 step 2500", then "epoch 2/8".
     text = printed(

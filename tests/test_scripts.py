@@ -216,6 +216,17 @@ def test_a_script_error_is_the_exception_its_traceback_ends_in_rank_prefixes_str
     assert error_line(["iter 3: loss 0.5"]) == ""
 
 
+def test_a_crash_report_shows_the_traceback_and_a_few_lines_not_the_whole_tail():
+    # Regression: every crash printed ~40 lines of step output before the traceback, once per restart.
+    from torchherd.engine.runners.script.crash import crash_excerpt
+
+    steps = [f"iter {i}: loss 0.5" for i in range(40)]
+    tb = ["Traceback (most recent call last):", '  File "train.py", line 3', "ValueError: bad shape"]
+    assert crash_excerpt(steps + tb).splitlines() == steps[-3:] + tb
+    assert crash_excerpt(steps).splitlines() == steps[-10:]  # no traceback: the last lines
+    assert crash_excerpt(tb[1:]) == "\n".join(tb[1:])
+
+
 def test_run_with_a_bad_script_pipeline_launches_nothing(tmp_path):
     config = write_config(tmp_path, 'script = "train.py"\nmetrics = "no groups"')
     out = subprocess.run([sys.executable, "-m", "torchherd", "run", str(config), "--headless"], capture_output=True,
@@ -334,6 +345,7 @@ async def test_unmodified_scripts_report_epochs_restart_after_a_crash_and_stop_o
     assert "RANK=None WORLD_SIZE=None MASTER_PORT=None" in log and f"restart=0 cwd={SCRIPTS}" in log
     [error] = of(events, WorkerError, "crashy")
     assert error.error.startswith("RuntimeError: plain_loop crashed on purpose") and "Traceback" in error.traceback
+    assert [i for i, line in enumerate(error.traceback.splitlines()) if "Traceback" in line][0] <= 3
     assert sup.view("crashy").restarts == 1 and "restart=1" in (sup.run_dir / "crashy" / "log.txt").read_text()
     assert saved.read_text().startswith("interrupted at epoch")  # the script caught KeyboardInterrupt and saved
     assert [e.exit_code for e in of(events, WorkerExited, "ctrl-c")] == [10]

@@ -37,6 +37,9 @@ def _fmt(value: float | None, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+TRACEBACK = "Traceback (most recent call last)"
+
+
 class LinePrinter:
     """Turns events into the lines a person watching a headless run wants to read."""
 
@@ -190,10 +193,12 @@ class LinePrinter:
 
     def _worker_error(self, ev: WorkerError) -> None:
         self.line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")
-        if ev.traceback and ev.traceback in self.tracebacks:
+        # the traceback itself decides "the same": the output lines a script's report shows before it vary
+        key = ev.traceback[ev.traceback.find(TRACEBACK):] if TRACEBACK in ev.traceback else ev.traceback
+        if ev.traceback and key in self.tracebacks:
             self.write("    (the same traceback as above)\n")
         elif ev.traceback:
-            self.tracebacks.add(ev.traceback)
+            self.tracebacks.add(key)
             for line in ev.traceback.rstrip().splitlines():
                 self.write(f"    {line}\n")
 

@@ -32,6 +32,7 @@ from ...protocol.progress import judge, metric_value
 from ...protocol.names import PipelineKind, ValidationMode
 from ...worker.control import HEARTBEAT_INTERVAL
 from ...worker.handoff import snapshot_meta
+from .crash import crash_excerpt, error_line  # noqa: F401 (error_line: tests import it from here)
 from .events import ScriptEvents, parse_number
 from .unmatched import UnmatchedWatch
 from .frames import ClientFrames
@@ -48,17 +49,6 @@ STACKS_QUIET = 2.0  # seconds after a stack request whose output and CPU are no 
 OUTPUT_JOIN = 2.0  # seconds to wait for the output after exit (a grandchild may still hold the pipe)
 MAX_LINE = 1 << 16  # bytes of one line kept for matching; a longer one is matched on its end
 TAIL_LINES = 60  # lines of output kept to explain a crash
-ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b")
-RANK_PREFIX = re.compile(r"^\[(rank|default)\d+\]:\s?")  # what torch.distributed puts before a rank's lines
-
-
-def error_line(lines: list[str]) -> str:
-    """The exception a traceback ends in ('ValueError: bad shape'), rank prefixes stripped; "" if none."""
-    for line in reversed(lines):
-        line = RANK_PREFIX.sub("", line.strip())
-        if ERROR_LINE.match(line):
-            return line
-    return ""
 
 
 def run_script(spec, pipe, validation, sender, control) -> int:
@@ -310,7 +300,7 @@ class ScriptAttempt(ClientFrames):
         error = error_line(lines)
         who = f"rank {self.spec.rank} of the script" if self.spec.world_size > 1 else "the script"
         error = f"{error} ({who} {how})" if error else f"{who} {how}"
-        self.sender.send(WorkerError(pipeline=self.name, error=error, traceback="\n".join(lines), where="train",
+        self.sender.send(WorkerError(pipeline=self.name, error=error, traceback=crash_excerpt(lines), where="train",
                                      rank=self.spec.rank, step=self.events.step or -1))
         return EXIT_ERROR
 
