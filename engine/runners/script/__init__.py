@@ -45,6 +45,10 @@ class ScriptRunner(Runner):
 
     kind = PipelineKind.SCRIPT
 
+    def scored_in_background(self, pipe) -> bool:
+        """Only a `validate` factory gives the validator something to score; `val_metrics` are the script's own."""
+        return pipe.validate_factory is not None
+
     def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
         """A `validate` factory whose script never hands its weights off: nothing would ever be scored."""
         if not pipe.validate_factory or validation_mode == ValidationMode.OFF:
