@@ -133,3 +133,34 @@ def test_trials_of_a_swept_args_list_are_named_by_the_values_that_differ(tmp_pat
              ["--lr=0.2", "--epochs", "6", "--out={checkpoint_dir}"]]
     config = sweep_config(tmp_path, {"space": {"args": lists}}, [SCRIPT])
     assert [p.name for p in config.pipelines] == ["mlp-lr0.05", "mlp-lr0.1", "mlp-lr0.2"]
+
+
+# ------------------------------------------------------------ a Lightning sweep over what its DataModule takes
+
+LIT = {"name": "lit", "task": f"lightning:{TASKS / 'lit_tiny.py'}:LitTiny",
+       "datamodule": f"{TASKS / 'lit_gang.py'}:RegressionData"}
+
+
+def test_a_lightning_sweep_varies_the_datamodules_own_arguments(tmp_path):
+    # Regression: `datamodule_params.batch_size = [16, 64]` was refused ("must be a list of values").
+    config = sweep_config(tmp_path, {"space": {"datamodule_params": {"batch_size": [16, 64]}}}, [LIT],
+                          defaults={"datamodule_params": {"samples": 128}})
+    assert [p.name for p in config.pipelines] == ["lit-batch_size16", "lit-batch_size64"]
+    assert [p.datamodule_params for p in config.pipelines] == [{"samples": 128, "batch_size": 16},
+                                                               {"samples": 128, "batch_size": 64}]
+    assert config.pipelines[0].trial == {"datamodule_params.batch_size": 16}
+
+
+@pytest.mark.parametrize("pipeline, key, text", [
+    (LIT, "batch_size", "has no effect on lit-batch_size16 (lightning pipeline): the DataModule (or the module's "
+     "own *_dataloader) makes its batches: sweep datamodule_params.batch_size"),
+    (SCRIPT, "precision", "the script runs its own loop: pass the value in args"),
+], ids=["lightning_batch_size", "script_precision"])
+def test_a_swept_key_that_does_nothing_for_the_pipeline_is_refused(tmp_path, pipeline, key, text):
+    # Regression: a sweep over batch_size for a Lightning pipeline passed check and ran trials that differed
+    # only in a value nothing read (0.9248 / 0.9248).
+    values = [16, 64] if key == "batch_size" else ["32", "bf16-mixed"]
+    with pytest.raises(ConfigError) as err:
+        sweep_config(tmp_path, {"space": {key: values}}, [pipeline])
+    problems = [p for p in err.value.problems if p.key == f"sweep.space.{key}"]
+    assert len(problems) == 1 and text in problems[0].message, err.value.problems

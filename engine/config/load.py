@@ -15,10 +15,11 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ..protocol.names import PipelineKind
-from .placeholders import fill_config
+from .placeholders import FILLED_KEYS, fill_config
 from .problems import ConfigError, Problem, display_path
 from .sweep import SweepConfig
-from .trials import expand_pipelines, space_problems
+from .effects import no_effect
+from .trials import expand_pipelines, flat_space, space_problems
 from .schema import (BUILTIN_TASKS, LIGHTNING_PREFIX, RESOLVED, SCRIPT_ONLY, TABLES, Pipeline, PipelineSettings,
                      RunConfig)
 
@@ -186,6 +187,8 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
     pipelines = [_parse_pipeline(i, pipe, raw_defaults, shown, base_dir, names, problems)
                  for i, pipe in enumerate(raw_pipelines)]
     top = _parse_top(data, shown, problems)
+    if sweep is not None:
+        problems += _swept_without_effect(sweep, pipelines, [_merged(p, raw_defaults) for p in raw_pipelines], shown)
     if problems:
         raise ConfigError(problems, _sound(pipelines, problems), _defaults_task(raw_defaults, problems))
     assert top is not None
@@ -196,6 +199,23 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
         "sweep": sweep,
         "source": str(Path(file).resolve()) if os.path.exists(file) else file,
     })
+
+
+def _swept_without_effect(sweep: SweepConfig, pipelines: list[Pipeline | None], tables: list[dict[str, Any]],
+                          shown: str) -> list[Problem]:
+    """A swept pipeline key that does nothing for the pipelines of some kind (a Lightning pipeline's batch_size):
+    its trials would train alike. `tables`: each pipeline as written over [defaults], where a script may pass
+    the key on in its args ("{batch_size}"), which is an effect."""
+    out = []
+    for key in flat_space(sweep.space):
+        for pipe, table in zip(pipelines, tables):
+            passed = any(f"{{{key}}}" in str(table.get(k, "")) for k in FILLED_KEYS)
+            why = no_effect(pipe, key) if pipe is not None and not passed else None
+            if why is not None:
+                out.append(Problem(shown, f"sweep.space.{key}", f"has no effect on {pipe.name} ({pipe.kind} "
+                                   f"pipeline): {why}"))
+                break
+    return out
 
 
 def _sound(pipelines: list[Pipeline | None], problems: list[Problem]) -> dict[int, Pipeline]:
@@ -250,14 +270,15 @@ def _pipelines_table(data: dict[str, Any], shown: str, problems: list[Problem]) 
 
 
 def _merged(pipe: dict[str, Any], raw_defaults: dict[str, Any]) -> dict[str, Any]:
-    """One pipeline's table over `[defaults]`; `params` tables merge key by key."""
+    """One pipeline's table over `[defaults]`; `params` and `datamodule_params` tables merge key by key."""
     merged = {**raw_defaults, **pipe}
     for own, other in (("script", "task"), ("task", "script")):
         if own in pipe and other not in pipe:
             merged.pop(other, None)  # a pipeline's own task or script replaces the other from [defaults]
-    defaults_params, own_params = raw_defaults.get("params", {}), pipe.get("params", {})
-    merged["params"] = {**defaults_params, **own_params} \
-        if isinstance(defaults_params, dict) and isinstance(own_params, dict) else own_params
+    for table in ("params", "datamodule_params"):  # merged key by key (a trial's datamodule_params.x too)
+        defaults_params, own_params = raw_defaults.get(table, {}), pipe.get(table, {})
+        merged[table] = {**defaults_params, **own_params} \
+            if isinstance(defaults_params, dict) and isinstance(own_params, dict) else own_params
     return merged
 
 

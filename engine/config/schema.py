@@ -118,7 +118,8 @@ class PipelineSettings(_Strict):
         "Lightning pipelines: the LightningDataModule class, 'path/to/file.py:Class' (relative to the config "
         "file) or 'package.module:Class'; empty: the module's own *_dataloader methods."))
     datamodule_params: dict[str, Any] = Field(default_factory=dict, description=(
-        "Lightning pipelines: keyword arguments of the DataModule's constructor."))
+        "Lightning pipelines: keyword arguments of the DataModule's constructor; [defaults] ones are merged "
+        "under each pipeline's, and a sweep varies one as datamodule_params.NAME."))
     strategy: Literal["ddp", "ddp_find_unused_parameters_true", "fsdp"] = Field("ddp", description=(
         "Lightning pipelines with ranks > 1: the Lightning strategy that trains the gang torchherd starts "
         "(gloo on CPU, NCCL on GPU); 'fsdp' needs GPUs and inline or no validation."))

@@ -17,16 +17,18 @@ from .problems import Problem
 from .schema import PipelineSettings
 from .sweep import RANGE_KINDS, SweepConfig
 
-NOT_SWEPT = ("params", "task", "script", "name")  # what a trial cannot vary (params: name `params.KEY`)
+NOT_SWEPT = ("params", "task", "script", "name", "datamodule_params")  # what a trial cannot vary as a whole
+NESTED = ("params", "datamodule_params")  # tables whose keys a trial varies one by one: `params.lr`
 NAME_LIMIT = 64  # pipeline names name folders (schema.NAME_PATTERN)
 
 
 def flat_space(space: dict[str, Any]) -> dict[str, Any]:
-    """`space` with TOML's nesting undone: `params.lr = [...]` arrives as {"params": {"lr": [...]}}."""
+    """`space` with TOML's nesting undone: `params.lr = [...]` arrives as {"params": {"lr": [...]}} (so does
+    `datamodule_params.batch_size`)."""
     out: dict[str, Any] = {}
     for key, value in space.items():
-        if key == "params" and isinstance(value, dict):
-            out.update({f"params.{k}": v for k, v in value.items()})
+        if key in NESTED and isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
         else:
             out[key] = value
     return out
@@ -41,7 +43,7 @@ def space_problems(sweep: SweepConfig, file: str) -> list[Problem]:
         return [Problem(file, "sweep.space", "is empty: name a key to search, e.g. params.lr = [0.1, 0.01]")]
     for key, spec in space.items():
         where = f"sweep.space.{key}"
-        if not key.startswith("params.") and key not in fields:
+        if key.split(".", 1)[0] not in NESTED and key not in fields:
             from difflib import get_close_matches
             close = get_close_matches(key, fields, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
@@ -79,7 +81,7 @@ def _spec_problems(key: str, spec: Any) -> list[str]:
 
 def _value_problems(key: str, value: Any) -> list[str]:
     """Whether `value` is one the pipeline key takes (task parameters take anything TOML can say)."""
-    if key.startswith("params."):
+    if key.split(".", 1)[0] in NESTED:
         return []
     try:
         PipelineSettings.model_validate({key: value})
@@ -163,8 +165,9 @@ def expand_pipelines(raw: list[dict[str, Any]], sweep: SweepConfig) -> list[dict
         for i, values in enumerate(all_trials):
             table = {**pipe, "params": dict(pipe.get("params") or {})}
             for key, value in values.items():
-                if key.startswith("params."):
-                    table["params"][key[len("params."):]] = value
+                nest, _, sub = key.partition(".")
+                if sub and nest in NESTED:
+                    table[nest] = {**(table.get(nest) or {}), sub: value}
                 else:
                     table[key] = value
             name = trial_name(base, values, all_trials)
