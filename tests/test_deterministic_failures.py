@@ -59,6 +59,24 @@ async def test_the_same_error_at_the_same_step_twice_ends_the_pipeline(tmp_path)
     await sup.shutdown(graceful=False)
 
 
+async def test_the_same_error_reason_names_the_epoch_as_the_table_counts_it(tmp_path):
+    # Regression: "the same error after step 4 twice in a row" while the table and the event said epoch 15 step
+    # 4 (a script's step counter that starts over): the reason now names the epoch too.
+    from torchherd.engine.protocol.messages import EpochEnd
+
+    sup, launcher = scripted(tmp_path, max_failed_starts=10)
+    await sup.start()
+    for n in (1, 2):
+        await until(lambda: len(launcher.handles) == n)
+        launcher.handles[-1].exit(1, [began(0), EpochEnd(pipeline="a", epoch=13, step=4, train_loss=1.0, duration=1.0,
+                                                         samples_per_s=None, epochs_total=0, steps_per_epoch=4),
+                                      WorkerError(pipeline="a", error="ValueError: bad row 7", where="train", step=4)])
+    await asyncio.wait_for(sup.wait(), 5)
+    [finished] = [e for e in read_events(sup.run_dir) if isinstance(e, PipelineFinished)]
+    assert finished.reason.startswith("the same error in epoch 15 after step 4 twice in a row"), finished.reason
+    await sup.shutdown(graceful=False)
+
+
 async def test_a_different_error_is_retried(tmp_path):
     sup, launcher = scripted(tmp_path, max_failed_starts=10)
     await sup.start()

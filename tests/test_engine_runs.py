@@ -101,7 +101,7 @@ async def test_task_that_raises_is_reported_and_others_finish(tmp_path):
     assert len(exits) == 2 and all(e.exit_code == 1 and "exploded" in e.error for e in exits)
     final = [e for e in events if isinstance(e, PipelineFinished) and e.pipeline == "boom"][0]
     assert "exploded" in final.reason and "twice in a row" in final.reason  # the same step both times
-    assert final.reason.startswith("the same error after step 4 twice in a row"), final.reason  # its 5th failed
+    assert final.reason.startswith("the same error in epoch 1/3 after step 4 twice in a row"), final.reason
 
 
 async def test_more_pipelines_than_slots_queue_by_priority(tmp_path):

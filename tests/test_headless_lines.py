@@ -28,6 +28,14 @@ def test_a_repeated_traceback_is_printed_once():
     assert text.count("error during train") == 3 and "(the same traceback as above)" in text
 
 
+def test_a_scripts_repeated_traceback_is_the_same_whatever_output_came_before_it():
+    # Regression: "(the same traceback as above)" was said only for identical output; a script's report shows
+    # the step lines before its traceback, which differ from crash to crash.
+    text = printed(*(WorkerError(pipeline="s", error="ValueError: shapes differ", where="train",
+                                 traceback=f"iter {i}: loss 0.5\n" + TB) for i in (4, 9)))
+    assert text.count('File "task.py", line 3') == 1 and "(the same traceback as above)" in text
+
+
 def test_validation_checkpoint_and_epoch_lines_agree_on_the_epoch():
     # Regression: "val_result epoch 1 step 2500", then "checkpoint at epoch 2 step 2500", then "epoch 2/8".
     text = printed(
@@ -59,6 +67,14 @@ def test_a_script_that_counts_iterations_gets_a_step_line_now_and_then_until_it_
                             epochs_total=2, steps_per_epoch=8),
                    StepMetrics(pipeline="e", epoch=1, step=10, loss=0.3, lr=0.0, samples_per_s=0.0))
     assert "e: step" not in text  # its epoch lines say enough
+
+
+def test_a_scripts_unknown_epoch_total_and_rate_read_as_unknown():
+    # Regression: a script run with no max_epochs printed "epoch 11/11", "12/12", ... (a total invented from the
+    # epochs seen); and an epoch end whose rate is not known (None) must print no rate.
+    text = printed(EpochEnd(pipeline="s", epoch=10, step=4, train_loss=0.5, duration=1.0, samples_per_s=None,
+                            epochs_total=0, steps_per_epoch=4))
+    assert "s: epoch 11 train 0.5000 val -" in text and "/" not in text.split("epoch 11")[1].split("\n")[0]
 
 
 def test_an_epoch_with_no_samples_counted_prints_no_rate():

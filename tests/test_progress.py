@@ -93,3 +93,17 @@ def test_judge_keeps_the_best_and_asks_for_an_early_stop_once_patience_runs_out(
     assert (improved, best, since) == (False, 0.5, 0) and stop.startswith("early stopping: val_loss did not improve")
     assert judge(float("nan"), 0.5, 0, SimpleNamespace(metric="val_loss", metric_mode="min", patience=None)) == \
         (False, 0.5, 1, "")
+
+
+def test_a_completed_pipeline_reads_all_done_whatever_its_step_counts_say():
+    # Regression: a script run that completed 12/12 epochs read 93% (its steps per epoch, a guess, had grown).
+    from torchherd.tui.widgets.pipeline_table import fmt_progress
+
+    p = fold(PipelineProgress("a"),
+             m.EpochEnd(pipeline="a", epoch=10, step=110, train_loss=0.1, duration=1.0, samples_per_s=1.0,
+                        epochs_total=12, steps_per_epoch=10),
+             m.EpochEnd(pipeline="a", epoch=11, step=112, train_loss=0.1, duration=1.0, samples_per_s=1.0,
+                        epochs_total=12, steps_per_epoch=10))
+    assert p.fraction < 1.0
+    done = fold(p, m.WorkerStateChanged(pipeline="a", state="completed", previous="running"))
+    assert done.fraction == 1.0 and fmt_progress(done, 12).endswith(" 100%")

@@ -48,6 +48,45 @@ def test_printed_epochs_from_one_become_zero_based_epoch_ends_with_a_chart_point
     assert ends[-1].epochs_total == 3  # a script that runs longer than max_epochs says so
 
 
+def test_a_script_without_max_epochs_has_an_unknown_epoch_total(tmp_path):
+    # Regression: with `--epochs 20` and no max_epochs a script printed "epoch 1/10", then "11/11", "12/12": the
+    # schema's default of 10 and then the epochs seen were taken for its total.
+    from torchherd.tui.widgets.pipeline_table import fmt_epoch_step
+    from torchherd.engine.protocol.progress import PipelineProgress, apply
+
+    from torchherd.engine.config.load import parse_config
+
+    [unset] = parse_config({"pipelines": [{"name": "s", "script": PLAIN}]}, str(tmp_path / "t.toml")).pipelines
+    assert unset.epochs_planned == 0
+    assert make_config(tmp_path, [{"name": "s", "script": PLAIN}]).pipelines[0].epochs_planned == 3  # [defaults]
+    events = ScriptEvents("s", epochs_total=unset.epochs_planned)
+    ends = [e for i in range(1, 13) for e in events.from_match({"epoch": str(i), "loss": "0.5"})
+            if isinstance(e, EpochEnd)]
+    assert {e.epochs_total for e in ends} == {0}
+    row = PipelineProgress("s", epochs_total=0)
+    for e in ends[:10]:
+        row = apply(row, e)
+    assert fmt_epoch_step(row, 10) == "11 10"
+
+
+def test_a_metrics_pattern_that_matches_nothing_is_said_once_after_50_lines_or_60_s():
+    # Regression: a `metrics` regex that never matched was silent: the chart waited for data and the pipeline
+    # completed with 0 steps and no notice.
+    from torchherd.engine.runners.script.unmatched import UnmatchedWatch
+
+    now = [0.0]
+    watch = UnmatchedWatch(["epoch=(?P<epoch>\\d+)"], clock=lambda: now[0])
+    said = [watch.line(f"Epoch {i}/8 train_loss=0.6", False) for i in range(1, 60)]
+    assert [i for i, s in enumerate(said) if s] == [49]  # the 50th line, once
+    assert "'epoch=(?P<epoch>\\\\d+)'" in said[49] and "'Epoch 50/8 train_loss=0.6'" in said[49]
+    slow = UnmatchedWatch(["x(?P<loss>1)"], clock=lambda: now[0])
+    assert slow.line("a", False) is None
+    now[0] = 61.0
+    assert "matched none of the 2 lines" in slow.line("b", False)
+    matched = UnmatchedWatch(["x(?P<loss>1)"], clock=lambda: now[0])
+    assert matched.line("x1", True) is None and all(matched.line("y", False) is None for _ in range(100))
+
+
 def test_printed_epochs_from_zero_and_step_lines():
     events = ScriptEvents("p", epochs_total=5)
     steps = events.from_match({"epoch": "0", "step": "10", "loss": "2.0", "lr": "1e-3"})
@@ -163,8 +202,9 @@ def test_samples_per_step_turns_printed_steps_into_samples_per_second():
     [first] = events.from_match({"step": "10", "loss": "1.0"})
     [later] = events.from_match({"step": "30", "loss": "0.9"})
     [back] = events.from_match({"step": "20", "loss": "0.9"})  # a restart went back: no rate across it
-    assert first.samples_per_s == 0.0 and later.samples_per_s > 0.0 and back.samples_per_s == 0.0
-    assert ScriptEvents("q", 1).from_match({"step": "5", "loss": "1.0"})[0].samples_per_s == 0.0
+    # unknown is None, not 0.0 (a flat zero curve in TensorBoard)
+    assert first.samples_per_s is None and later.samples_per_s > 0.0 and back.samples_per_s is None
+    assert ScriptEvents("q", 1).from_match({"step": "5", "loss": "1.0"})[0].samples_per_s is None
 
 
 def test_a_script_error_is_the_exception_its_traceback_ends_in_rank_prefixes_stripped():
@@ -174,6 +214,17 @@ def test_a_script_error_is_the_exception_its_traceback_ends_in_rank_prefixes_str
                        "[rank1]: ValueError: bad shape", "W1125 11:00:00 torch/distributed/elastic: ...",
                        ""]) == "ValueError: bad shape"
     assert error_line(["iter 3: loss 0.5"]) == ""
+
+
+def test_a_crash_report_shows_the_traceback_and_a_few_lines_not_the_whole_tail():
+    # Regression: every crash printed ~40 lines of step output before the traceback, once per restart.
+    from torchherd.engine.runners.script.crash import crash_excerpt
+
+    steps = [f"iter {i}: loss 0.5" for i in range(40)]
+    tb = ["Traceback (most recent call last):", '  File "train.py", line 3', "ValueError: bad shape"]
+    assert crash_excerpt(steps + tb).splitlines() == steps[-3:] + tb
+    assert crash_excerpt(steps).splitlines() == steps[-10:]  # no traceback: the last lines
+    assert crash_excerpt(tb[1:]) == "\n".join(tb[1:])
 
 
 def test_run_with_a_bad_script_pipeline_launches_nothing(tmp_path):
@@ -294,11 +345,24 @@ async def test_unmodified_scripts_report_epochs_restart_after_a_crash_and_stop_o
     assert "RANK=None WORLD_SIZE=None MASTER_PORT=None" in log and f"restart=0 cwd={SCRIPTS}" in log
     [error] = of(events, WorkerError, "crashy")
     assert error.error.startswith("RuntimeError: plain_loop crashed on purpose") and "Traceback" in error.traceback
+    assert [i for i, line in enumerate(error.traceback.splitlines()) if "Traceback" in line][0] <= 3
     assert sup.view("crashy").restarts == 1 and "restart=1" in (sup.run_dir / "crashy" / "log.txt").read_text()
     assert saved.read_text().startswith("interrupted at epoch")  # the script caught KeyboardInterrupt and saved
     assert [e.exit_code for e in of(events, WorkerExited, "ctrl-c")] == [10]
     assert termed.read_text().startswith("sigterm at epoch")  # it got its own stop signal, at once
     assert [e.exit_code for e in of(events, WorkerExited, "sigterm")] == [10]
+
+
+@pytest.mark.slow
+async def test_a_run_whose_metrics_pattern_never_matches_says_so_once(tmp_path):
+    # Regression: the pipeline ended `completed` with 0 steps and no notice.
+    config = make_config(tmp_path, [{"name": "s", "script": PLAIN, "args": ["--epochs", "60", "--delay", "0"],
+                                     "metrics": r"epoch=(?P<epoch>\d+)"}], validation={"mode": "off"},
+                         telemetry={"enabled": False})
+    sup = Supervisor(config)
+    assert await run_to_end(sup) == {"s": "completed"}
+    said = [n.text for n in of(read_events(sup.run_dir), Notice, "s") if "matched none" in n.text]
+    assert len(said) == 1 and "'epoch=(?P<epoch>\\\\d+)'" in said[0] and "'Epoch " in said[0], said
 
 
 @pytest.mark.slow

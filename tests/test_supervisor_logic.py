@@ -362,6 +362,42 @@ def test_a_validator_far_behind_is_said_once_with_what_would_help():
     assert far_behind_text(ledger).startswith("the validator scored 2 of 20 snapshots so far")
     ledger.said_behind = True
     assert not ledger.far_behind()
+    # Regression: a Lightning pipeline was told of best.pt; its validator keeps best.ckpt.
+    assert "best.pt is the best" in far_behind_text(ledger)
+    ledger.best_file = "best.ckpt"
+    assert "best.ckpt is the best" in far_behind_text(ledger)
+
+
+async def test_no_validator_is_started_for_script_pipelines_it_would_have_nothing_to_score(tmp_path, launcher):
+    # Regression: a script pipeline without `validate` (validation left to auto) still started the validator
+    # process (222 MiB in the devices pane) for nothing.
+    from torchherd.engine.protocol.spec import ValidatorSpec
+    from tests.conftest import TASKS
+
+    script = str(TASKS / "scripts" / "plain_loop.py")
+    sup = make(tmp_path / "one", [{"name": "s", "script": script}], launcher,
+               validation={"mode": "background", "device": "cpu"})
+    await sup.start()
+    await until(lambda: len(launcher.specs) >= 1)
+    assert not any(isinstance(s.child, ValidatorSpec) for s in launcher.specs)
+    # a config with something to score, added to the session, starts it
+    more = make_config(tmp_path / "two", [{"name": "t"}], validation={"mode": "background", "device": "cpu"})
+    sup.add_config(more)
+    await until(lambda: any(isinstance(s.child, ValidatorSpec) for s in launcher.specs))
+    await sup.shutdown(graceful=False)
+
+
+async def test_a_lightning_pipelines_snapshot_ledger_names_best_ckpt(tmp_path, launcher):
+    # Regression: the far-behind warning told a Lightning user of best.pt; Lightning's is best.ckpt.
+    from tests.conftest import TASKS
+
+    sup = make(tmp_path, [{"name": "lit", "task": f"lightning:{TASKS / 'lit_tiny.py'}:LitTiny"}, {"name": "t"}],
+               launcher, validation={"mode": "background", "device": "cpu"})
+    await sup.start()
+    await until(lambda: {"lit", "t"} <= set(sup._validation.ledgers))
+    assert sup._validation.ledger("lit").best_file == "best.ckpt"
+    assert sup._validation.ledger("t").best_file == "best.pt"
+    await sup.shutdown(graceful=False)
 
 
 async def test_promote_unprunes_a_pruned_trial_exempts_a_running_one_and_refuses_an_ended_one(tmp_path, launcher):

@@ -139,3 +139,37 @@ def test_the_sample_sweep_prunes_and_prints_the_ranked_table(tmp_path):
     assert ": pruned (val_loss" in out and "rung cut" in out
     table = out[out.index("sweep: 8 trials ranked by val_loss"):]
     assert "#  trial" in table and "best: reg-lr" in table and "best.pt" in table
+
+
+async def test_a_script_sweep_hands_each_trial_its_own_values(tmp_path):
+    # Regression: `args = ["--epochs", "{params.epochs}"]` reached the script as the text '{params.epochs}';
+    # argparse refused it and every trial failed.
+    from torchherd.engine.protocol.messages import EpochEnd
+    from tests.test_engine_runs import run_to_end
+
+    config = make_config(tmp_path, [{"name": "s", "script": str(TASKS / "scripts" / "plain_loop.py"),
+                                     "args": ["--epochs", "{params.epochs}", "--delay", "0"],
+                                     "metrics": r"Epoch (?P<epoch>\d+), Loss: (?P<loss>[-+.\deE]+)"}],
+                         sweep={"space": {"params": {"epochs": [1, 2]}}}, validation={"mode": "off"},
+                         telemetry={"enabled": False})
+    sup = Supervisor(config)
+    assert await run_to_end(sup) == {"s-epochs1": "completed", "s-epochs2": "completed"}
+    ends = [e.pipeline for e in read_events(sup.run_dir) if isinstance(e, EpochEnd)]
+    assert (ends.count("s-epochs1"), ends.count("s-epochs2")) == (1, 2)
+
+
+async def test_a_lightning_sweep_over_datamodule_params_trains_different_trials(tmp_path):
+    # Regression: a sweep over batch_size did nothing for a Lightning pipeline: the DataModule's own batch_size
+    # won and every trial had the same steps per epoch and results.
+    from torchherd.engine.protocol.messages import EpochEnd
+    from tests.test_engine_runs import run_to_end
+
+    config = make_config(tmp_path, [{"name": "lit", "task": f"lightning:{TASKS / 'lit_tiny.py'}:LitTiny",
+                                     "datamodule": f"{TASKS / 'lit_gang.py'}:RegressionData",
+                                     "datamodule_params": {"samples": 128}}],
+                         defaults={"max_epochs": 1}, sweep={"space": {"datamodule_params": {"batch_size": [16, 64]}}},
+                         validation={"mode": "off"}, telemetry={"enabled": False})
+    sup = Supervisor(config)
+    assert await run_to_end(sup, timeout=300) == {"lit-batch_size16": "completed", "lit-batch_size64": "completed"}
+    per_epoch = {e.pipeline: e.steps_per_epoch for e in read_events(sup.run_dir) if isinstance(e, EpochEnd)}
+    assert per_epoch == {"lit-batch_size16": 8, "lit-batch_size64": 2}

@@ -90,3 +90,29 @@ async def test_export_writes_a_past_runs_files(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "torchherd", "export", str(tmp_path / "nope"), "--tensorboard",
                           str(out)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no such run" in bad.stderr
+
+
+async def test_values_a_script_never_reports_stay_absent_in_metrics_jsonl_and_tensorboard(tmp_path):
+    # Regression: a script that never prints lr or its samples got train/lr and train/samples_per_s curves flat
+    # at 0.0, and "lr":0.0,"samples_per_s":0.0 in metrics.jsonl.
+    import json
+    from tests.conftest import TASKS
+
+    config = make_config(tmp_path, [{"name": "s", "script": str(TASKS / "scripts" / "plain_loop.py"),
+                                     "args": ["--epochs", "2", "--delay", "0"],
+                                     "metrics": r"Epoch (?P<epoch>\d+), Loss: (?P<loss>[-+.\deE]+)"}],
+                         validation={"mode": "off"}, telemetry={"enabled": False})
+    run_dir = await run(config)
+    records = [json.loads(line) for line in (run_dir / "s" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["type"] == "step"]
+    ends = [r for r in records if r["type"] == "epoch_end"]
+    assert len(steps) == 2 and len(ends) == 2
+    assert all(r["lr"] is None and r["samples_per_s"] is None for r in steps)
+    assert all(r["samples_per_s"] is None for r in ends)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard" / "s"), size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+    assert "train/loss" in scalars and "epoch/train_loss" in scalars
+    assert not {"train/lr", "train/samples_per_s", "epoch/samples_per_s"} & scalars

@@ -107,6 +107,24 @@ async def test_best_checkpoint_holds_the_weights_of_the_best_result(tmp_path):
     assert scored["val_loss"] == pytest.approx(best_reported, rel=1e-5)
 
 
+async def test_the_final_weights_are_scored_even_when_policy_all_dropped_their_snapshot(tmp_path):
+    # Regression: with every slot unread at the last epochs (a validator slower than training, policy 'all'),
+    # the final snapshot was dropped, the run finished, and best.pt held weights from epochs before.
+    config = make_config(tmp_path, [{"name": "a", "task": SLOW_VAL, "params": {"val_delay": 0.01}}],
+                         defaults={"max_epochs": 6}, validation=background(policy="all", slots=2))
+    sup = Supervisor(config)
+    events = await run_to_end(sup)
+    taken, results = of(events, SnapshotTaken), of(events, ValResult)
+    final_step = [e for e in events if type(e).__name__ == "EpochEnd"][-1].step
+    assert taken[-1].step == final_step and not taken[-1].dropped
+    assert any(t.dropped for t in taken), "the validator must be slow enough to fill both slots"
+    assert max(results, key=lambda r: r.seq).step == final_step  # scored, before the run said it finished
+    assert events.index(max(results, key=lambda r: r.seq)) < events.index(of(events, RunFinished)[0])
+    best = min(results, key=lambda r: r.metrics["val_loss"])
+    state = torch.load(sup.run_dir / "a" / "checkpoints" / "best.pt", weights_only=False)
+    assert state["value"] == pytest.approx(best.metrics["val_loss"])
+
+
 async def test_early_stopping_stops_the_worker(tmp_path):
     # lr 0: the validation loss never improves after the first result.
     config = make_config(tmp_path, [{"name": "a", "params": {"lr": 0.0, "delay": 0.004}}],

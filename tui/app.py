@@ -22,6 +22,7 @@ from .bridge import Bridge, SupervisorFactory, list_configs, replay_run, run_end
 from .messages import CommandRequested, RunChanged
 from .screens.dialogs import HelpScreen, QuitScreen
 from .screens.picker import PickerResult, PickerScreen
+from .steering import script_steering
 
 if TYPE_CHECKING:
     from .runstate import RunState
@@ -205,7 +206,11 @@ class TorchherdApp(App[int]):
         except (KeyError, RuntimeError, ValueError) as exc:
             self.notify(str(exc).strip("'\""), severity="warning", timeout=4)
         else:
-            self.notify(message.command.doing(), timeout=3)
+            run_dir = self.bridge.state.run_dir
+            script = script_steering(run_dir, message.command.pipeline) if run_dir is not None else None
+            promise = message.command.doing(script)
+            # what a script cannot do is said long enough to be read (the events pane may scroll it away)
+            self.notify(promise, timeout=8 if script is not None and not script.client else 3)
 
     # ------------------------------------------------------------ actions
     def action_help(self) -> None:

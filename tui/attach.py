@@ -7,13 +7,14 @@ SIGHUP (the terminal went away) only ends this client, and the run goes on.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..engine.protocol.messages import RunFinished
-from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, LinePrinter, exit_status
+from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, LinePrinter, exit_status
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -23,8 +24,9 @@ def attach_command(run_dir: Path) -> str:
 
 
 def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr, check_builds: bool = False):
-    """Spawn the run's service (blocking); None, with the reasons on `err`, when it did not start."""
-    from ..engine.serve.service import ServiceFailed, spawn
+    """Spawn the run's service (blocking); None, with the reasons on `err`, when it did not start; EXIT_STOPPED
+    when Ctrl-C cancelled the start (the service stopped what it had started and kept no run)."""
+    from ..engine.serve.service import ServiceFailed, StartCancelled, spawn
 
     try:
         return spawn(config=config, runs_dir=runs_dir, check_builds=check_builds)
@@ -32,13 +34,17 @@ def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr,
         err.write(f"{exc}\n")
         err.flush()
         return None
+    except StartCancelled as exc:
+        err.write(f"\ntorchherd: {exc}\n")
+        err.flush()
+        return EXIT_STOPPED
 
 
 def run_detached(config: Path, runs_dir: Path | None, out: TextIO = sys.stdout) -> int:
     """`torchherd run CONFIG --detach`: start the service and return at once, saying where to find it."""
     started = start_service(config, runs_dir)
-    if started is None:
-        return EXIT_CONFIG
+    if started is None or started == EXIT_STOPPED:
+        return EXIT_CONFIG if started is None else EXIT_STOPPED
     return say_detached(started, "run started", out)
 
 
@@ -56,9 +62,16 @@ def run_service_headless(config: Path, runs_dir: Path | None, printer: LinePrint
     workers' first builds are the task check; a task that did not build is EXIT_CONFIG, its problems on `err`."""
     err = err if err is not None else sys.stderr
     started = start_service(config, runs_dir, err, check_builds)
-    if started is None:
-        return EXIT_CONFIG
-    status = asyncio.run(follow_run(started.run_dir, printer, from_start=True, owner=True))
+    if started is None or started == EXIT_STOPPED:
+        return EXIT_CONFIG if started is None else EXIT_STOPPED
+    try:
+        status = asyncio.run(follow_run(started.run_dir, printer, from_start=True, owner=True))
+    except KeyboardInterrupt:  # before the client's own Ctrl-C handling: the service stops the run as `stop` would
+        os.kill(started.pid, signal.SIGTERM)
+        err.write(f"\ntorchherd: interrupted as the run started: stopping it (torchherd ls shows how it ended)\n"
+                  f"  run directory: {started.run_dir}\n")
+        err.flush()
+        return EXIT_STOPPED
     if printer.refused:
         count = len(printer.refused)
         err.write(f"{count} problem{'s' if count != 1 else ''}:\n" + "".join(f"{p}\n" for p in printer.refused))

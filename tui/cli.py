@@ -227,15 +227,18 @@ def _resume(args: argparse.Namespace) -> int:
         from .app import run_app
 
         return run_app(run_dir, None, launch=True, only=only or None)
-    from ..engine.serve.service import ServiceFailed, spawn
+    from ..engine.serve.service import ServiceFailed, StartCancelled, spawn
     from .attach import follow_run, say_detached
-    from .headless import LinePrinter
+    from .headless import EXIT_STOPPED, LinePrinter
 
     try:
         started = spawn(resume=run_dir, only=only or None)
     except ServiceFailed as exc:
         print(exc, file=sys.stderr)
         return 2
+    except StartCancelled as exc:  # the run directory is as it was
+        print(f"\ntorchherd: {exc}".replace("no run is kept", f"{run_dir} is as it was"), file=sys.stderr)
+        return EXIT_STOPPED
     if args.detach:
         return say_detached(started, f"resuming {', '.join(to_resume)}")
     return asyncio.run(follow_run(started.run_dir, LinePrinter(sys.stdout), from_start=True, owner=True))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..engine.protocol.states import WorkerState
+from .steering import ScriptSteering
 
 S = WorkerState
 
@@ -23,8 +24,9 @@ class PipelineCommand:
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset()
     cannot: ClassVar[str] = ""  # what the refusal says it cannot be
 
-    def doing(self) -> str:
-        """A short line saying what is happening, for a notification."""
+    def doing(self, script: ScriptSteering | None = None) -> str:
+        """A short line saying what is happening, for a notification; `script`: how the pipeline's script can
+        be steered, where it is a script (what it cannot do without torchherd.client is said, not promised)."""
         raise NotImplementedError
 
 
@@ -36,7 +38,7 @@ class Kill(PipelineCommand):
         {S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED, S.STOPPING, S.KILLING, S.HUNG})
     cannot: ClassVar[str] = "killed"
 
-    def doing(self) -> str:
+    def doing(self, script: ScriptSteering | None = None) -> str:
         return f"killing {self.pipeline}"
 
 
@@ -47,7 +49,7 @@ class Restart(PipelineCommand):
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset(set(S) - {S.QUEUED})
     cannot: ClassVar[str] = "restarted"
 
-    def doing(self) -> str:
+    def doing(self, script: ScriptSteering | None = None) -> str:
         return f"restarting {self.pipeline} from its last checkpoint"
 
 
@@ -58,7 +60,9 @@ class Pause(PipelineCommand):
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset({S.STARTING, S.RUNNING})
     cannot: ClassVar[str] = "paused"
 
-    def doing(self) -> str:
+    def doing(self, script: ScriptSteering | None = None) -> str:
+        if script is not None and not script.client:
+            return f"pausing {self.pipeline}: its script's processes are frozen (SIGSTOP) where they are"
         return f"pausing {self.pipeline}"
 
 
@@ -69,7 +73,7 @@ class Resume(PipelineCommand):
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset({S.PAUSED})
     cannot: ClassVar[str] = "resumed"
 
-    def doing(self) -> str:
+    def doing(self, script: ScriptSteering | None = None) -> str:
         return f"resuming {self.pipeline}"
 
 
@@ -81,8 +85,14 @@ class Stop(PipelineCommand):
         {S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED, S.KILLING, S.HUNG})
     cannot: ClassVar[str] = "stopped"
 
-    def doing(self) -> str:
-        return f"stopping {self.pipeline}: it checkpoints, then exits"
+    def doing(self, script: ScriptSteering | None = None) -> str:
+        if script is None or script.client:
+            return f"stopping {self.pipeline}: it checkpoints, then exits"
+        if script.stop_mode == "after_checkpoint":
+            return (f"stopping {self.pipeline}: its script gets {script.stop_signal} after its next save; "
+                    "the moment after that save is lost")
+        return (f"stopping {self.pipeline}: its script gets {script.stop_signal} now; what it trained since its "
+                f"last save is lost unless it saves on {script.stop_signal}")
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,10 @@ class Checkpoint(PipelineCommand):
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset({S.STARTING, S.RUNNING, S.PAUSED})
     cannot: ClassVar[str] = "checkpointed"
 
-    def doing(self) -> str:
+    def doing(self, script: ScriptSteering | None = None) -> str:
+        if script is not None and not script.client:
+            return (f"{self.pipeline} cannot checkpoint on request: its script does not use torchherd.client "
+                    "(it saves when it saves)")
         return f"{self.pipeline} writes a checkpoint after its current step"
 
 
@@ -103,7 +116,7 @@ class Stacks(PipelineCommand):
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset({S.STARTING, S.RUNNING, S.PAUSED, S.STOPPING, S.HUNG})
     cannot: ClassVar[str] = "asked for its stacks"
 
-    def doing(self) -> str:
+    def doing(self, script: ScriptSteering | None = None) -> str:
         return f"{self.pipeline}'s processes write their Python stacks to its log (l shows it)"
 
 
@@ -115,7 +128,7 @@ class Promote(PipelineCommand):
         {S.PRUNED, S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED})
     cannot: ClassVar[str] = "promoted"
 
-    def doing(self) -> str:
+    def doing(self, script: ScriptSteering | None = None) -> str:
         return f"promoting {self.pipeline}: it trains on and is never pruned again"
 
 

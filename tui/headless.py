@@ -37,6 +37,9 @@ def _fmt(value: float | None, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+TRACEBACK = "Traceback (most recent call last)"
+
+
 class LinePrinter:
     """Turns events into the lines a person watching a headless run wants to read."""
 
@@ -156,8 +159,9 @@ class LinePrinter:
             val_text = f"val {_fmt(metrics.get('val_loss'))}" + (f" {extra}" if extra else "")
             if epoch != ev.epoch:
                 val_text += f" (epoch {epoch + 1})"
-        rate = f" {ev.samples_per_s:,.0f} samples/s" if ev.samples_per_s > 0 else ""  # a script may not say
-        self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}/{ev.epochs_total} train {ev.train_loss:.4f} {val_text}{rate}")
+        rate = f" {ev.samples_per_s:,.0f} samples/s" if ev.samples_per_s else ""  # a script may not say (None)
+        of = f"/{ev.epochs_total}" if ev.epochs_total else ""  # a script's total is unknown without max_epochs
+        self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}{of} train {ev.train_loss:.4f} {val_text}{rate}")
 
     def _val_result(self, ev: ValResult) -> None:
         if ev.error:
@@ -189,10 +193,12 @@ class LinePrinter:
 
     def _worker_error(self, ev: WorkerError) -> None:
         self.line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")
-        if ev.traceback and ev.traceback in self.tracebacks:
+        # the traceback itself decides "the same": the output lines a script's report shows before it vary
+        key = ev.traceback[ev.traceback.find(TRACEBACK):] if TRACEBACK in ev.traceback else ev.traceback
+        if ev.traceback and key in self.tracebacks:
             self.write("    (the same traceback as above)\n")
         elif ev.traceback:
-            self.tracebacks.add(ev.traceback)
+            self.tracebacks.add(key)
             for line in ev.traceback.rstrip().splitlines():
                 self.write(f"    {line}\n")
 

@@ -15,9 +15,11 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ..protocol.names import PipelineKind
+from .placeholders import FILLED_KEYS, fill_config
 from .problems import ConfigError, Problem, display_path
 from .sweep import SweepConfig
-from .trials import expand_pipelines, space_problems
+from .effects import no_effect
+from .trials import expand_pipelines, flat_space, space_problems
 from .schema import (BUILTIN_TASKS, LIGHTNING_PREFIX, RESOLVED, SCRIPT_ONLY, TABLES, Pipeline, PipelineSettings,
                      RunConfig)
 
@@ -185,6 +187,8 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
     pipelines = [_parse_pipeline(i, pipe, raw_defaults, shown, base_dir, names, problems)
                  for i, pipe in enumerate(raw_pipelines)]
     top = _parse_top(data, shown, problems)
+    if sweep is not None:
+        problems += _swept_without_effect(sweep, pipelines, [_merged(p, raw_defaults) for p in raw_pipelines], shown)
     if problems:
         raise ConfigError(problems, _sound(pipelines, problems), _defaults_task(raw_defaults, problems))
     assert top is not None
@@ -195,6 +199,23 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
         "sweep": sweep,
         "source": str(Path(file).resolve()) if os.path.exists(file) else file,
     })
+
+
+def _swept_without_effect(sweep: SweepConfig, pipelines: list[Pipeline | None], tables: list[dict[str, Any]],
+                          shown: str) -> list[Problem]:
+    """A swept pipeline key that does nothing for the pipelines of some kind (a Lightning pipeline's batch_size):
+    its trials would train alike. `tables`: each pipeline as written over [defaults], where a script may pass
+    the key on in its args ("{batch_size}"), which is an effect."""
+    out = []
+    for key in flat_space(sweep.space):
+        for pipe, table in zip(pipelines, tables):
+            passed = any(f"{{{key}}}" in str(table.get(k, "")) for k in FILLED_KEYS)
+            why = no_effect(pipe, key) if pipe is not None and not passed else None
+            if why is not None:
+                out.append(Problem(shown, f"sweep.space.{key}", f"has no effect on {pipe.name} ({pipe.kind} "
+                                   f"pipeline): {why}"))
+                break
+    return out
 
 
 def _sound(pipelines: list[Pipeline | None], problems: list[Problem]) -> dict[int, Pipeline]:
@@ -249,26 +270,30 @@ def _pipelines_table(data: dict[str, Any], shown: str, problems: list[Problem]) 
 
 
 def _merged(pipe: dict[str, Any], raw_defaults: dict[str, Any]) -> dict[str, Any]:
-    """One pipeline's table over `[defaults]`; `params` tables merge key by key."""
+    """One pipeline's table over `[defaults]`; `params` and `datamodule_params` tables merge key by key."""
     merged = {**raw_defaults, **pipe}
     for own, other in (("script", "task"), ("task", "script")):
         if own in pipe and other not in pipe:
             merged.pop(other, None)  # a pipeline's own task or script replaces the other from [defaults]
-    defaults_params, own_params = raw_defaults.get("params", {}), pipe.get("params", {})
-    merged["params"] = {**defaults_params, **own_params} \
-        if isinstance(defaults_params, dict) and isinstance(own_params, dict) else own_params
+    for table in ("params", "datamodule_params"):  # merged key by key (a trial's datamodule_params.x too)
+        defaults_params, own_params = raw_defaults.get(table, {}), pipe.get(table, {})
+        merged[table] = {**defaults_params, **own_params} \
+            if isinstance(defaults_params, dict) and isinstance(own_params, dict) else own_params
     return merged
 
 
 def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], shown: str, base_dir: Path,
                     names: dict[str, int], problems: list[Problem]) -> Pipeline | None:
     """Pipeline `i` validated and resolved, or None; its problems go to `problems`, `names` notes its name."""
+    merged = fill_config(_merged(pipe, raw_defaults))
     try:
-        model = Pipeline.model_validate(_merged(pipe, raw_defaults))
+        model = Pipeline.model_validate(merged, context=merged)
     except ValidationError as exc:
         for p in _problems(exc, shown, RunConfig, ("pipelines", i)):
             key = p.key.split(".", 1)[1] if "." in p.key else ""
-            if key.split("[")[0] in raw_defaults and key.split("[")[0] not in pipe:
+            top_key = key.split("[")[0]
+            if top_key in raw_defaults and top_key not in pipe and \
+                    any(q.key.startswith(f"defaults.{top_key}") for q in problems):
                 continue  # reported once, under [defaults]
             problems.append(p)
         _resolve_past(exc, i, pipe, raw_defaults, shown, base_dir, problems)
@@ -278,6 +303,7 @@ def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], 
                                 f"duplicate name {model.name!r} (also pipelines[{names[model.name]}])"))
     names[model.name] = i
     update, found = resolve_kind(model, pipe, i, shown, base_dir)
+    update["max_epochs_set"] = "max_epochs" in merged
     problems += [p for p in found if p not in problems]
     if model.datamodule:
         dm_ref, dm_err = resolve_task(model.datamodule, base_dir)
@@ -296,11 +322,11 @@ def _resolve_past(exc: ValidationError, i: int, pipe: dict[str, Any], raw_defaul
     bad = {str(e["loc"][0]) for e in exc.errors() if e.get("loc")}
     if bad & {"task", "script", "validate", "cwd", "datamodule"}:
         return
-    merged = {k: v for k, v in _merged(pipe, raw_defaults).items() if k not in bad}
+    merged = {k: v for k, v in fill_config(_merged(pipe, raw_defaults)).items() if k not in bad}
     if "name" in bad:
         merged["name"] = "x"
     try:
-        model = Pipeline.model_validate(merged)
+        model = Pipeline.model_validate(merged, context=merged)
     except ValidationError:
         return
     problems += [p for p in resolve_kind(model, pipe, i, shown, base_dir)[1] if p not in problems]

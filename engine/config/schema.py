@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..protocol.names import PipelineKind, ValidationMode
+from .placeholders import PLACEHOLDER, PLACEHOLDERS, SETTING_NAMES, unknown  # noqa: F401 (PLACEHOLDER*: re-export)
 from .sweep import SweepConfig
 
 BUILTIN_TASKS = ("regression", "digits")
@@ -86,7 +87,8 @@ class PipelineSettings(_Strict):
     args: list[str] = Field(default_factory=list, description=(
         "Command-line arguments for `script`. torchherd fills in {checkpoint_dir} (the pipeline's checkpoints/ "
         "folder in the run directory), {pipeline_dir}, {run_dir} (absolute paths), {rank}, {world_size} and "
-        "{restart} (0 on the first attempt); {{ and }} are literal braces."))
+        "{restart} (0 on the first attempt), and {params.NAME} (a key of params) and {KEY} (a key a sweep varies, "
+        "e.g. {batch_size}) from the config; {{ and }} are literal braces."))
     samples_per_step: int | None = Field(None, ge=1, description=(
         "For `script`: samples (or tokens) one of its steps trains, e.g. batch size x gradient accumulation x "
         "block size; samples/s then follows from the steps its `metrics` lines report."))
@@ -94,8 +96,8 @@ class PipelineSettings(_Strict):
         "For `script`: arguments added after `args` when an attempt starts with files in {checkpoint_dir} "
         "(a restart, or `torchherd resume`), e.g. ['--init_from=resume']; placeholders as in `args`."))
     cwd: str | None = Field(None, description=(
-        "For `script`: its working directory, relative to the config file. Default: the script's own folder, "
-        "as `cd path/to && python train.py` would run it."))
+        "For `script`: its working directory, relative to the config file ({params.NAME} and swept {KEY} filled "
+        "in). Default: the script's own folder, as `cd path/to && python train.py` would run it."))
     torchrun_env: bool = Field(False, description=(
         "For a one-rank `script`: set torchrun's variables (RANK=0, WORLD_SIZE=1, MASTER_ADDR, ...) as a "
         "one-process torchrun would. Off, it sees the environment `python train.py` would; a gang "
@@ -126,7 +128,8 @@ class PipelineSettings(_Strict):
         "Lightning pipelines: the LightningDataModule class, 'path/to/file.py:Class' (relative to the config "
         "file) or 'package.module:Class'; empty: the module's own *_dataloader methods."))
     datamodule_params: dict[str, Any] = Field(default_factory=dict, description=(
-        "Lightning pipelines: keyword arguments of the DataModule's constructor."))
+        "Lightning pipelines: keyword arguments of the DataModule's constructor; [defaults] ones are merged "
+        "under each pipeline's, and a sweep varies one as datamodule_params.NAME."))
     strategy: Literal["ddp", "ddp_find_unused_parameters_true", "fsdp"] = Field("ddp", description=(
         "Lightning pipelines with ranks > 1: the Lightning strategy that trains the gang torchherd starts "
         "(gloo on CPU, NCCL on GPU); 'fsdp' needs GPUs and inline or no validation."))
@@ -157,13 +160,19 @@ class PipelineSettings(_Strict):
 
     @field_validator("args", "resume_args")
     @classmethod
-    def _placeholders(cls, v: list[str]) -> list[str]:
+    def _placeholders(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        # info.context: the pipeline as the loader filled it in (config/placeholders.py); None for [defaults]
         for i, arg in enumerate(v):
-            for name in re.findall(PLACEHOLDER, arg):
-                if name and name not in PLACEHOLDERS:
-                    raise ValueError(f"[{i}] {arg!r}: unknown placeholder {{{name}}}; torchherd fills in "
-                                     + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
-                                     + f" (write {{{{{name}}}}} for literal braces)")
+            if (problem := unknown(arg, runtime=True, loaded=info.context)) is not None:
+                raise ValueError(f"[{i}] {problem}")
+        return v
+
+    @field_validator("cwd")
+    @classmethod
+    def _cwd_placeholders(cls, v: str | None, info: ValidationInfo) -> str | None:
+        problem = None if v is None or info.context is None else unknown(v, runtime=False, loaded=info.context)
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
 
@@ -174,10 +183,7 @@ SCRIPT_ONLY = ("args", "metrics", "val_metrics", "validate", "resume_args", "cwd
 def patterns(value: str | list[str] | None) -> list[str]:
     """A `metrics` or `val_metrics` value as a list of patterns."""
     return [] if value is None else [value] if isinstance(value, str) else list(value)
-# In a script's args, read left to right as str.format would: {{ and }} are braces, {name} a placeholder
-# (filled in by engine/runners/script/arguments.py).
-PLACEHOLDER = r"\{\{|\}\}|\{([A-Za-z_]\w*)\}"
-PLACEHOLDERS = ("checkpoint_dir", "pipeline_dir", "run_dir", "rank", "world_size", "restart")
+SETTING_NAMES.update(n for n in PipelineSettings.model_fields if n not in ("params", "task", "script", "name"))
 
 
 MEMORY_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
@@ -213,6 +219,8 @@ class Pipeline(PipelineSettings):
     script_ref: str = Field("", description="The script as resolved (absolute path); filled in by the loader.")
     validate_ref: str = Field("", description="`validate` as resolved; filled in by the loader.")
     workdir: str = Field("", description="The script's working directory (`cwd` resolved); from the loader.")
+    max_epochs_set: bool = Field(True, description=(
+        "Whether the config sets max_epochs (a script's epoch total is unknown otherwise); from the loader."))
     trial: dict[str, Any] = Field(default_factory=dict, description=(
         "A sweep's trial: the values of the [sweep] space keys this pipeline trains with; from the loader."))
 
@@ -220,6 +228,12 @@ class Pipeline(PipelineSettings):
     @classmethod
     def _name(cls, v: str) -> str:
         return _check_name(v)
+
+    @property
+    def epochs_planned(self) -> int:
+        """Its epoch total as far as the config says; 0 (unknown) for a script without max_epochs, which runs
+        its own loop: the default of 10 would be a guess."""
+        return 0 if self.kind == PipelineKind.SCRIPT and not self.max_epochs_set else self.max_epochs
 
     @property
     def kind(self) -> PipelineKind:
@@ -382,7 +396,7 @@ class RunConfig(_Strict):
         return v if v == "" else _check_name(v)  # "": the file's name is used
 
 
-RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir", "trial")  # filled in by the loader, not keys
+RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir", "trial", "max_epochs_set")  # filled in by the loader, not keys
 # The model of each table below the top level, by its key in the file.
 TABLES: dict[str, type[BaseModel]] = {
     "defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig, "validation": ValidationConfig,

@@ -17,16 +17,18 @@ from .problems import Problem
 from .schema import PipelineSettings
 from .sweep import RANGE_KINDS, SweepConfig
 
-NOT_SWEPT = ("params", "task", "script", "name")  # what a trial cannot vary (params: name `params.KEY`)
+NOT_SWEPT = ("params", "task", "script", "name", "datamodule_params")  # what a trial cannot vary as a whole
+NESTED = ("params", "datamodule_params")  # tables whose keys a trial varies one by one: `params.lr`
 NAME_LIMIT = 64  # pipeline names name folders (schema.NAME_PATTERN)
 
 
 def flat_space(space: dict[str, Any]) -> dict[str, Any]:
-    """`space` with TOML's nesting undone: `params.lr = [...]` arrives as {"params": {"lr": [...]}}."""
+    """`space` with TOML's nesting undone: `params.lr = [...]` arrives as {"params": {"lr": [...]}} (so does
+    `datamodule_params.batch_size`)."""
     out: dict[str, Any] = {}
     for key, value in space.items():
-        if key == "params" and isinstance(value, dict):
-            out.update({f"params.{k}": v for k, v in value.items()})
+        if key in NESTED and isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
         else:
             out[key] = value
     return out
@@ -41,7 +43,7 @@ def space_problems(sweep: SweepConfig, file: str) -> list[Problem]:
         return [Problem(file, "sweep.space", "is empty: name a key to search, e.g. params.lr = [0.1, 0.01]")]
     for key, spec in space.items():
         where = f"sweep.space.{key}"
-        if not key.startswith("params.") and key not in fields:
+        if key.split(".", 1)[0] not in NESTED and key not in fields:
             from difflib import get_close_matches
             close = get_close_matches(key, fields, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
@@ -79,7 +81,7 @@ def _spec_problems(key: str, spec: Any) -> list[str]:
 
 def _value_problems(key: str, value: Any) -> list[str]:
     """Whether `value` is one the pipeline key takes (task parameters take anything TOML can say)."""
-    if key.startswith("params."):
+    if key.split(".", 1)[0] in NESTED:
         return []
     try:
         PipelineSettings.model_validate({key: value})
@@ -115,10 +117,36 @@ def _draw(rng: random.Random, spec: dict[str, Any]) -> Any:
     return rng.uniform(bounds[0], bounds[1])
 
 
-def trial_name(base: str, values: dict[str, Any]) -> str:
-    """`base` and each value with its key's last part: 'mlp-lr0.01-batch_size32'."""
-    parts = [base] + [f"{key.rsplit('.', 1)[-1]}{_short(v)}" for key, v in values.items()]
+def trial_name(base: str, values: dict[str, Any], others: list[dict[str, Any]] = ()) -> str:
+    """`base` and each value with its key's last part: 'mlp-lr0.01-batch_size32'. A list (a swept `args`) is
+    named by what differs from the `others` trials, each argument after its flag: 'mlp-lr0.05'."""
+    parts = [base]
+    for key, v in values.items():
+        if isinstance(v, list):
+            parts += _list_parts(v, [o.get(key) for o in others])
+        else:
+            parts.append(f"{key.rsplit('.', 1)[-1]}{_short(v)}")
     return "-".join(parts)
+
+
+def _list_parts(value: list[Any], others: list[Any]) -> list[str]:
+    """The flag-value pairs of `value` that not every other trial's list has ('--lr', '0.05' and '--lr=0.05'
+    are both 'lr0.05')."""
+    def pairs(items: Any) -> list[tuple[str, str]]:
+        out, items = [], [str(i) for i in items] if isinstance(items, list) else []
+        for i, item in enumerate(items):
+            if item.startswith("-") and "=" in item:
+                out.append(tuple(item.lstrip("-").split("=", 1)))
+            elif item.startswith("-"):
+                nxt = items[i + 1] if i + 1 < len(items) else ""
+                out.append((item.lstrip("-"), "" if nxt.startswith("-") else nxt))
+            elif not (i and items[i - 1].startswith("-") and "=" not in items[i - 1]):
+                out.append(("", item))
+        return out
+
+    theirs = [pairs(o) for o in others]
+    return [f"{_short(flag) if flag else ''}{_short(v) if v else ''}" for flag, v in pairs(value)
+            if not all((flag, v) in t for t in theirs)] or ["args"]
 
 
 def _short(value: Any) -> str:
@@ -137,11 +165,12 @@ def expand_pipelines(raw: list[dict[str, Any]], sweep: SweepConfig) -> list[dict
         for i, values in enumerate(all_trials):
             table = {**pipe, "params": dict(pipe.get("params") or {})}
             for key, value in values.items():
-                if key.startswith("params."):
-                    table["params"][key[len("params."):]] = value
+                nest, _, sub = key.partition(".")
+                if sub and nest in NESTED:
+                    table[nest] = {**(table.get(nest) or {}), sub: value}
                 else:
                     table[key] = value
-            name = trial_name(base, values)
+            name = trial_name(base, values, all_trials)
             if len(name) > NAME_LIMIT or name in names:
                 name = f"{name[:NAME_LIMIT - 6]}-t{i}"
             names.add(name)

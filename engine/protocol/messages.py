@@ -121,8 +121,8 @@ class StepMetrics(PipelineEvent):
     epoch: int
     step: int
     loss: float
-    lr: float
-    samples_per_s: float
+    lr: float | None = None  # None: not reported (a script whose output names no lr)
+    samples_per_s: float | None = None  # None: not known (a script without samples_per_step or the client's)
     dropped: int = 0  # step reports coalesced away before this one
     # Other training values (script regex groups, herd.report(**metrics)); torchherd's own loop reports none.
     metrics: dict[str, float] = field(default_factory=dict)
@@ -155,7 +155,7 @@ class EpochEnd(PipelineEvent):
     step: int
     train_loss: float
     duration: float  # seconds
-    samples_per_s: float
+    samples_per_s: float | None  # None: not known (a script that says nothing of its samples)
     epochs_total: int
     steps_per_epoch: int
     metrics: dict[str, float] = field(default_factory=dict)  # other values a script printed for the epoch

@@ -93,7 +93,10 @@ class PipelineProgress:
 
     @property
     def fraction(self) -> float | None:
-        """Share of the training done, 0 to 1; None while the length is unknown."""
+        """Share of the training done, 0 to 1; None while the length is unknown. A completed pipeline did all
+        of it, whatever its counts say (a script's steps per epoch are a guess until its last epoch)."""
+        if self.state == WorkerState.COMPLETED:
+            return 1.0
         total = self.total_steps
         return min(1.0, self.step / total) if total else None
 

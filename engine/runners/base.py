@@ -49,6 +49,11 @@ class Runner(ABC):
     gang_problem: ClassVar[str] = ""  # why this kind cannot train as a DDP gang (ranks > 1); "" when it can
     plan_note: ClassVar[str] = ""  # said after the task in `torchherd check`'s plan, e.g. " (Lightning ...)"
 
+    def scored_in_background(self, pipe: Pipeline) -> bool:
+        """Whether background validation has anything of this pipeline's to score, so a validator process is
+        worth starting for it (default: yes; a script only with a `validate` factory)."""
+        return True
+
     # ------------------------------------------------------------ torchherd check (no user code runs)
 
     def scan(self, pipe: Pipeline) -> str:

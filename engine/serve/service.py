@@ -24,6 +24,14 @@ class ServiceFailed(RuntimeError):
     """The service did not start; the message is what it printed (the config's problems, a traceback)."""
 
 
+class StartCancelled(RuntimeError):
+    """Ctrl-C while the service was starting: it was told to stop, and it ended leaving no run behind."""
+
+
+CANCEL_WAIT = 60.0  # seconds a cancelled service may take to stop what it started before it is killed
+_cancelled = threading.Event()  # SIGTERM before the service serves: stop what was started, keep no run
+
+
 @dataclass(frozen=True)
 class Started:
     run_dir: Path
@@ -46,7 +54,12 @@ def spawn(config: Path | None = None, runs_dir: Path | None = None, resume: Path
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, close_fds=True)
     assert proc.stdout is not None
-    out = proc.stdout.read().decode(errors="replace")  # ends when it serves (its output moves) or exits
+    try:
+        out = proc.stdout.read().decode(errors="replace")  # ends when it serves (its output moves) or exits
+    except KeyboardInterrupt:
+        _cancel(proc)
+        raise StartCancelled("interrupted while the run was starting: stopped what it had started; "
+                             "no run is kept") from None
     proc.stdout.close()
     for line in out.splitlines():
         if line.startswith(READY):
@@ -56,6 +69,23 @@ def spawn(config: Path | None = None, runs_dir: Path | None = None, resume: Path
             return Started(Path(info["run_dir"]), Path(info["socket"]), proc.pid)
     proc.wait()
     raise ServiceFailed(out.strip() or f"the torchherd service exited with status {proc.returncode}")
+
+
+def _cancel(proc: subprocess.Popen) -> None:
+    """Ctrl-C during `spawn`: SIGTERM tells the starting service to stop what it started and remove its run;
+    wait for that (more Ctrl-C is ignored meanwhile), killing it after CANCEL_WAIT seconds."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc.terminate()
+        try:
+            proc.wait(CANCEL_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
+        signal.signal(signal.SIGINT, previous)
 
 
 def _supervisor(args: argparse.Namespace):
@@ -89,14 +119,20 @@ async def serve(args: argparse.Namespace) -> int:
     except (ConfigError, RunTaken, OSError, ValueError) as exc:
         print(f"torchherd: {exc}", flush=True)
         return 2
+    if _cancelled.is_set():
+        return await _cancelled_start(sup, bool(args.resume))
     sock = socket_path(sup.run_dir)
     server = ControlServer(sup, sock)
     await server.start()
     publish(sup.run_dir, sock)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, lambda: sup.stop(reason="SIGTERM"))  # from now on: a stop
+    if _cancelled.is_set():  # it came before the handler above
+        await server.close()
+        withdraw(sup.run_dir, sock)
+        return await _cancelled_start(sup, bool(args.resume))
     print(READY + json.dumps({"run_dir": str(sup.run_dir), "socket": str(sock)}), flush=True)
     _to_log(sup.run_dir)
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, lambda: sup.stop(reason="SIGTERM"))
     try:
         await sup.wait()
         await sup.shutdown(graceful=True)
@@ -107,6 +143,16 @@ async def serve(args: argparse.Namespace) -> int:
         if sup.task_check.refused:  # a task did not build, nothing trained: like a bad config, no run is left
             shutil.rmtree(sup.run_dir, ignore_errors=True)
     return 0
+
+
+async def _cancelled_start(sup, resumed: bool) -> int:
+    """SIGTERM before the service served (the spawner's Ctrl-C): end every worker started and keep no run (a
+    resumed one's directory holds what it trained before: it stays, as it was)."""
+    await sup.shutdown(graceful=False)
+    if not resumed:
+        shutil.rmtree(sup.run_dir, ignore_errors=True)
+    print("torchherd: cancelled while starting", flush=True)
+    return 3
 
 
 async def _drained(server, deadline: float) -> None:
@@ -127,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # no terminal is ours; a hangup is none of our business
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the clients, which ask us to stop
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit: a write fails (EFBIG) like a full disk
+    signal.signal(signal.SIGTERM, lambda *_: _cancelled.set())  # until it serves: the spawner's Ctrl-C
     return asyncio.run(serve(args))
 
 

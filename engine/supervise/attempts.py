@@ -14,6 +14,7 @@ from ..launch.ports import release_port
 from .pipeline import PipelineRun
 from ..rundir.directory import RunDirectory
 from ..protocol.spec import WorkerSpec
+from ..runners.registry import runner_for
 from .validation_service import ValidationService
 
 # Seconds a gang's rank waits in a collective, at least: well below torch's 30 minutes (the hang
@@ -66,7 +67,8 @@ class AttemptLauncher:
                              device=device, threads=slot.threads,
                              pipeline_dir=str(self._rundir.pipeline_dir(run.name).absolute()), attempt=run.attempts,
                              # rank 0 alone hands snapshots to the validator (its node's, on a cluster)
-                             snapshot_dir=str(self._validation.hand_off_dir(run.name, slot.node))
+                             snapshot_dir=str(self._validation.hand_off_dir(
+                                 run.name, slot.node, runner_for(plan.config.kind).checkpoint_name("best")))
                              if plan.background and rank == 0 else "",
                              snapshot_seq=self._validation.ledger(run.name).seq_max,
                              rank=rank, world_size=len(run.slots),

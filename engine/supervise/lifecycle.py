@@ -280,8 +280,12 @@ class Lifecycle:
         run.last_failure = failure
         if failure is not None and failure == previous:
             error, step = failure
-            # `step` is the last it finished (the error line may name the next: "bad batch at step 30")
-            at = f"after step {step:,}" if step > 0 else "in its first step" if step == 0 else "before its first step"
+            # `step` is the last it finished (the error line may name the next: "bad batch at step 30"); the
+            # epoch as the table counts it, since a script's own step counter may start over each epoch
+            p = run.progress
+            total = f"/{p.epochs_total}" if p.epochs_total else ""
+            at = f"in epoch {p.epoch_number}{total} after step {step:,}" if step > 0 else \
+                "in its first step" if step == 0 else "before its first step"
             self.finish(run, S.FAILED, f"the same error {at} twice in a row, so a restart cannot fix it: {error}")
             return
         self.after_crash(run, uptime, exit_desc, stepped=run.current.stepped)

@@ -1,10 +1,12 @@
 """The session's observers beside the run directory, attached as bus taps when it starts: a sweep's pruner
-(`sweeping.py`) and the TensorBoard event files (`rundir/tensorboard.py`, unless `tensorboard = false`)."""
+(`sweeping.py`), the TensorBoard event files (`rundir/tensorboard.py`, unless `tensorboard = false`) and the
+warning about a validation metric never reported (`metric_watch.py`)."""
 from __future__ import annotations
 
 from typing import Any
 
 from ..rundir.tensorboard import FOLDER, TensorBoardTap
+from .metric_watch import MetricWatch
 from .sweeping import SweepPruner
 
 __all__ = ["SweepPruner", "attach_observers"]
@@ -14,4 +16,5 @@ def attach_observers(supervisor: Any) -> SweepPruner | None:
     """Tap `supervisor`'s bus for its TensorBoard files and its sweep; returns the sweep's pruner, if any."""
     if supervisor.config.tensorboard:
         supervisor.tap(TensorBoardTap(supervisor.run_dir / FOLDER, supervisor.config).on_event)
+    supervisor.tap(MetricWatch(supervisor).on_event)
     return SweepPruner.attach(supervisor, supervisor.run_dir)

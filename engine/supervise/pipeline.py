@@ -109,7 +109,7 @@ class PipelineRun:
         if self.progress is None:
             v = self.plan.run_config.validation
             self.progress = PipelineProgress(name=self.name, metric=v.metric, metric_mode=v.metric_mode,
-                                             epochs_total=self.plan.config.max_epochs)
+                                             epochs_total=self.plan.config.epochs_planned)
 
     def fold(self, event: Event) -> None:
         """Fold an event the session emitted into this pipeline's progress (engine.progress.apply).

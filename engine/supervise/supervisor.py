@@ -22,6 +22,7 @@ from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Notice, Pipeline
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
+from ..runners.registry import runner_for
 from . import build_check, commands
 from .attempts import AttemptLauncher
 from .disk_full import DiskWatch
@@ -285,7 +286,8 @@ class Supervisor:
             raise ConfigError(problems)
         policy = RestartPolicy(config.restart)
         validation = self._backend.plan_validation(config, self._scheduler.slots, self._nodes.inventory)
-        self._validation.start_for(validation)
+        if any(runner_for(p.kind).scored_in_background(p) for p in config.pipelines):  # else a validator of nothing
+            self._validation.start_for(validation)
         names = []
         for pipe in config.pipelines:
             name = unique_name(pipe.name, self._runs)

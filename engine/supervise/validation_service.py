@@ -54,6 +54,7 @@ class SnapshotLedger:
     broken: bool = False  # the validator cannot score this pipeline at all
     skipped: int = 0  # snapshots skipped because a newer one was scored first
     said_behind: bool = False  # the notice that the validator falls far behind went out
+    best_file: str = "best.pt"  # the name of the best checkpoint the validator keeps (best.ckpt for Lightning)
 
     def far_behind(self) -> bool:
         """Whether the validator skips most of this pipeline's snapshots (said once)."""
@@ -89,7 +90,7 @@ def far_behind_text(ledger: SnapshotLedger) -> str:
     """What a validator that scores only a few of a pipeline's snapshots means, and what would help."""
     scored, total = len(ledger.scored), len(ledger.scored) + ledger.skipped
     return (f"the validator scored {scored} of {total} snapshots so far (the rest were overtaken by newer ones): "
-            "patience counts only those it scored and best.pt is the best of those; validate less often "
+            f"patience counts only those it scored and {ledger.best_file} is the best of those; validate less often "
             "(every_n_epochs, every_n_steps), give it more threads ([validation] threads) or a GPU of its own")
 
 
@@ -140,12 +141,12 @@ class ValidationService:
     def snapshot_dir(self, name: str, node: str = "") -> Path:
         return self.root_for(self._key(node)) / name
 
-    def hand_off_dir(self, name: str, node: str = "") -> Path:
-        """Where pipeline `name`'s worker on `node` hands its snapshots off; starts that node's validator
-        if it is the first validated worker placed there."""
+    def hand_off_dir(self, name: str, node: str = "", best_file: str = "best.pt") -> Path:
+        """Where pipeline `name`'s worker on `node` hands its snapshots off (its runner's best checkpoint is
+        `best_file`); starts that node's validator if it is the first validated worker placed there."""
         key = self._key(node)
         self.node_of[name] = key
-        self.ledger(name)
+        self.ledger(name).best_file = best_file
         if self.plan is not None and not self.closed and key not in self.validators:
             self.validators[key] = Validator(key, self.root_for(key))
             self._launch(self.validators[key])

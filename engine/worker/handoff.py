@@ -8,11 +8,13 @@ reports them with `announce_snapshot`. No torch is imported until a writer is ma
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..protocol.channel import StatusSender
 from ..protocol.messages import Notice, SnapshotTaken
 from ..protocol.names import PipelineKind, ValidationMode
+
+FINAL_WAIT = 120.0  # seconds a completed worker waits for the validator to free a slot for its final weights
 
 
 def snapshot_meta(pipe: Any, validation: Any, pipeline_dir: Path, best: float | None,
@@ -43,6 +45,7 @@ class HandOff:
         self.directory = directory if validation.mode == ValidationMode.BACKGROUND else None
         self.seq = seq  # the newest snapshot number handed off, by this attempt or an earlier one
         self.writer: Any = None  # worker.snapshot.SnapshotWriter, made by open()
+        self.last: tuple[int, int, bool] | None = None  # this attempt's last hand-off: epoch, step, dropped
 
     def resumed(self, seq: int) -> None:
         """A checkpoint says `seq` was handed off already: numbers go on from there (never back)."""
@@ -67,8 +70,23 @@ class HandOff:
             return
         info = self.writer.hand_off(epoch, step)
         self.seq = info["seq"]
+        self.last = (epoch, step, bool(info["dropped"]))
         announce_snapshot(self.sender, self.name, epoch, step, info, self.validation.slots,
                           f"of epoch {epoch + 1} step {step}")
+
+    def finish(self, alive: Callable[[], Any] | None = None) -> None:
+        """Training completed: if its last hand-off was dropped (every slot unread, or a copy in flight), hand
+        the same weights off again once the validator frees a slot (up to FINAL_WAIT seconds, `alive` beating
+        meanwhile), so the weights the pipeline ends with are scored and `best` can be them."""
+        if self.writer is None or self.last is None or not self.last[2]:
+            return
+        epoch, step, _ = self.last
+        if self.writer.wait_for_slot(FINAL_WAIT, alive):
+            self.hand_off(epoch, step)
+            return
+        self.sender.send(Notice(pipeline=self.name, level="warning", text=(
+            f"the final snapshot (epoch {epoch + 1} step {step}) was never validated: the validator read none of "
+            f"the {self.validation.slots} slots within {FINAL_WAIT:g} s")))
 
     def close(self) -> None:
         """Publish the snapshot whose copy is still running (waiting for it) and release the slots' pinning:

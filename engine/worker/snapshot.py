@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -200,6 +200,19 @@ class SnapshotWriter:
         if flight.error is not None:
             raise RuntimeError(f"copying snapshot to shared memory failed: {flight.error}") from flight.error
         return False
+
+    def wait_for_slot(self, timeout: float, alive: Callable[[], Any] | None = None) -> bool:
+        """Wait, up to `timeout` seconds, until no copy is in flight and a slot is free to write (under policy
+        'all' a hand-off is dropped otherwise); `alive` is called while waiting (a heartbeat). False: none freed.
+        Polled: the validator frees a slot by reading it, in another process, and says nothing."""
+        end = time.monotonic() + timeout
+        while self.in_flight() or self._choose()[0] is None:
+            if time.monotonic() >= end:
+                return False
+            if alive is not None:
+                alive()
+            time.sleep(0.05)
+        return True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the copy in flight, if any, is published; False if `timeout` (seconds) ran out first."""

@@ -46,10 +46,11 @@ def fmt_progress(row: PipelineProgress, width: int) -> str:
 
 
 def fmt_epoch_step(row: PipelineProgress, width: int) -> str:
-    """'2/8 1,234': the epoch in progress counted from 1, of all, then the optimizer steps so far."""
-    if not row.epochs_total:
-        return f"- {fmt_count(row.step, width - 2)}" if row.step else "-"
-    epochs = f"{row.epoch_number}/{row.epochs_total}"
+    """'2/8 1,234': the epoch in progress counted from 1, of all, then the optimizer steps so far; '11 1,234'
+    when the total is unknown (a script without max_epochs)."""
+    if not row.epochs_total and not (row.step or row.epoch):
+        return "-"
+    epochs = f"{row.epoch_number}/{row.epochs_total}" if row.epochs_total else str(row.epoch_number)
     return f"{epochs} {fmt_count(row.step, width - len(epochs) - 1)}"
 
 

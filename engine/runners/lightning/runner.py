@@ -369,6 +369,8 @@ class LightningAttempt:
         try:
             trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None,
                         weights_only=not self.pipe.trust_checkpoints)  # what _latest checked, Lightning loads so
+            if callback.exit_code is None and not callback.stopping and not trainer.interrupted:
+                self.handoff.finish(alive=lambda: self.control.beat(trainer.global_step))
         finally:
             self.handoff.close()  # the last snapshot's copy may still be running
         if callback.exit_code is not None:

@@ -14,6 +14,7 @@ from ..base import Runner, Scorer
 
 HAND_OFF = re.compile(r"\bhand_off\s*\(")
 RESUME_FROM = re.compile(r"\bresume_from\s*\(")
+CLIENT = re.compile(r"\btorchherd\.client\b|\bfrom\s+torchherd\s+import\s+client\b")
 SCAN_LIMIT = 200  # .py files beside a script searched for a call, at most
 
 
@@ -34,10 +35,19 @@ def calls_hand_off(script: Path) -> bool:
     return calls(script, HAND_OFF)
 
 
+def uses_client(script: Path) -> bool:
+    """Whether the script (or a module beside it) imports torchherd.client, so it can take requests."""
+    return calls(script, CLIENT)
+
+
 class ScriptRunner(Runner):
     """`script = "train.py"`: the script's own loop, steered by signals or by torchherd.client."""
 
     kind = PipelineKind.SCRIPT
+
+    def scored_in_background(self, pipe) -> bool:
+        """Only a `validate` factory gives the validator something to score; `val_metrics` are the script's own."""
+        return pipe.validate_factory is not None
 
     def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
         """A `validate` factory whose script never hands its weights off: nothing would ever be scored."""

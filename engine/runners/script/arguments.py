@@ -7,7 +7,7 @@ import re
 import time
 from pathlib import Path
 
-from ...config.schema import PLACEHOLDER
+from ...config.placeholders import PLACEHOLDER
 
 IGNORED = (".", "~")  # names starting so are temporary or hidden files, not a checkpoint
 

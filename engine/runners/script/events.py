@@ -112,8 +112,8 @@ class ScriptEvents:
                 self._loss_sum += loss * weight
                 self._losses += weight
             return StepMetrics(pipeline=self.name, epoch=self.epoch, step=self.step, loss=float(loss),
-                               lr=float(lr) if lr is not None else 0.0,
-                               samples_per_s=samples / seconds if samples and seconds > 0 else 0.0,
+                               lr=float(lr) if lr is not None else None,
+                               samples_per_s=samples / seconds if samples and seconds > 0 else None,
                                metrics=metrics or {})
 
     def epoch_end(self, epoch: int, loss: float | None, metrics: dict[str, float] | None = None) -> EpochEnd:
@@ -126,10 +126,12 @@ class ScriptEvents:
             # The reports' own timings where they gave them: the first epoch "starts" at its first report,
             # which for a client flushing once an epoch is a moment before its end (29,954,974 samples/s).
             timed, seconds = self._timed
-            rate = timed / seconds if seconds > 0 else self._samples / duration if duration > 0 else 0.0
+            rate = timed / seconds if seconds > 0 else self._samples / duration if duration > 0 and self._samples \
+                else None
             event = EpochEnd(pipeline=self.name, epoch=epoch, step=self.step, train_loss=float(loss),
                              duration=duration, samples_per_s=rate,
-                             epochs_total=max(self.epochs_total, epoch + 1),
+                             # unknown stays unknown (0); a script that runs past max_epochs says so
+                             epochs_total=max(self.epochs_total, epoch + 1) if self.epochs_total else 0,
                              steps_per_epoch=max(self.step - self._epoch_first_step, 0), metrics=metrics or {})
             self.epoch = epoch + 1
             self._epoch_start, self._epoch_first_step = now, self.step

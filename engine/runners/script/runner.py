@@ -32,7 +32,9 @@ from ...protocol.progress import judge, metric_value
 from ...protocol.names import PipelineKind, ValidationMode
 from ...worker.control import HEARTBEAT_INTERVAL
 from ...worker.handoff import snapshot_meta
+from .crash import crash_excerpt, error_line  # noqa: F401 (error_line: tests import it from here)
 from .events import ScriptEvents, parse_number
+from .unmatched import UnmatchedWatch
 from .frames import ClientFrames
 from .arguments import command_line, describe_checkpoint, newest_checkpoint
 from .process import ScriptProcess, forward_stacks, script_environment, stacks_site
@@ -47,17 +49,6 @@ STACKS_QUIET = 2.0  # seconds after a stack request whose output and CPU are no 
 OUTPUT_JOIN = 2.0  # seconds to wait for the output after exit (a grandchild may still hold the pipe)
 MAX_LINE = 1 << 16  # bytes of one line kept for matching; a longer one is matched on its end
 TAIL_LINES = 60  # lines of output kept to explain a crash
-ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b")
-RANK_PREFIX = re.compile(r"^\[(rank|default)\d+\]:\s?")  # what torch.distributed puts before a rank's lines
-
-
-def error_line(lines: list[str]) -> str:
-    """The exception a traceback ends in ('ValueError: bad shape'), rank prefixes stripped; "" if none."""
-    for line in reversed(lines):
-        line = RANK_PREFIX.sub("", line.strip())
-        if ERROR_LINE.match(line):
-            return line
-    return ""
 
 
 def run_script(spec, pipe, validation, sender, control) -> int:
@@ -78,8 +69,9 @@ class ScriptAttempt(ClientFrames):
             self.state = json.loads(self.state_path.read_text())
         except (OSError, ValueError):
             self.state = {}
-        self.events = ScriptEvents(self.name, pipe.max_epochs, self.state.get("epoch_base"), pipe.samples_per_step)
+        self.events = ScriptEvents(self.name, pipe.epochs_planned, self.state.get("epoch_base"), pipe.samples_per_step)
         self.regexes = [re.compile(p) for p in patterns(pipe.metrics)]
+        self.unmatched = UnmatchedWatch(patterns(pipe.metrics) if not spec.rank else [])
         self.val_regexes = [re.compile(p) for p in patterns(pipe.val_metrics)]
         self.best: float | None = None  # of the script's own validation, for `patience`
         self.since_best = 0
@@ -163,7 +155,7 @@ class ScriptAttempt(ClientFrames):
         pipe = self.pipe
         if pipe.max_steps is not None:
             return {"epochs_total": 1, "steps_per_epoch": pipe.max_steps}
-        return {"epochs_total": pipe.max_epochs, "steps_per_epoch": 0}
+        return {"epochs_total": pipe.epochs_planned, "steps_per_epoch": 0}
 
     # ------------------------------------------------------------ supervise
 
@@ -308,7 +300,7 @@ class ScriptAttempt(ClientFrames):
         error = error_line(lines)
         who = f"rank {self.spec.rank} of the script" if self.spec.world_size > 1 else "the script"
         error = f"{error} ({who} {how})" if error else f"{who} {how}"
-        self.sender.send(WorkerError(pipeline=self.name, error=error, traceback="\n".join(lines), where="train",
+        self.sender.send(WorkerError(pipeline=self.name, error=error, traceback=crash_excerpt(lines), where="train",
                                      rank=self.spec.rank, step=self.events.step or -1))
         return EXIT_ERROR
 
@@ -343,12 +335,17 @@ class ScriptAttempt(ClientFrames):
             if (match := regex.search(line)) is not None:
                 self._own_validation(self.events.val_from_match(match.groupdict()))
                 break
+        matched = False
         for regex in self.regexes:
             if (match := regex.search(line)) is not None:
                 groups = match.groupdict()
                 for event in self.events.from_match(groups):
                     self._emit(event, parse_number(groups.get("loss")))
+                matched = True
                 break
+        # a script reporting through the client does not need its lines matched
+        if (notice := self.unmatched.line(line, matched or self.client)) is not None:
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=notice))
 
     def _own_validation(self, result: ValResult | None) -> None:
         """A validation the script printed: sent, and judged against the best so far for `patience`."""

@@ -329,6 +329,8 @@ class Trainer:
                   f"{self.gang.checksum(self.model):.10g}", file=sys.stderr, flush=True)
         stopped = self.control.should_stop
         self.save("stop" if stopped else "final")
+        if not stopped:
+            self.handoff.finish(alive=lambda: self.control.beat(self.step))
         if self.gang is not None:
             # No rank ends while rank 0 still validates or saves: an early exit would start the gang's
             # linger clock, and rank 0 could be ended before its last checkpoint.

@@ -1,0 +1,29 @@
+"""Pipeline keys that do nothing for a pipeline of some kind, so that sweeping one is refused.
+
+A Lightning pipeline's batches come from its DataModule (or the module's own *_dataloader): a sweep
+over `batch_size` trains identical trials. A script runs its own loop: torchherd's loop settings are
+its own business. Sweeping such a key is a config error that says what to sweep instead.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..protocol.names import PipelineKind
+
+LOADER = "the DataModule (or the module's own *_dataloader) makes its batches: sweep datamodule_params.{key}"
+OWN_LOOP = "the script runs its own loop: pass the value in args, e.g. \"--{key}\", \"{{{key}}}\""
+NO_EFFECT: dict[PipelineKind, dict[str, str]] = {
+    PipelineKind.LIGHTNING: {key: LOADER for key in ("batch_size", "num_workers", "pin_memory")},
+    PipelineKind.SCRIPT: {key: OWN_LOOP for key in (
+        "precision", "compile", "float32_matmul_precision", "num_workers", "pin_memory", "accumulate_grad_batches",
+        "checkpoint_every_n_epochs")},
+}
+
+
+def no_effect(pipe: Any, key: str) -> str | None:
+    """Why `key` does nothing for `pipe` (a Pipeline), or None when it applies. A script's batch_size sizes
+    only its `validate` factory's batches."""
+    why = NO_EFFECT.get(pipe.kind, {}).get(key)
+    if why is None and key == "batch_size" and pipe.kind == PipelineKind.SCRIPT and not pipe.validate_factory:
+        why = OWN_LOOP
+    return why.format(key=key) if why is not None else None
