@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from ..protocol.names import PipelineKind, ValidationMode
 from .placeholders import PLACEHOLDER, PLACEHOLDERS, SETTING_NAMES, unknown  # noqa: F401 (PLACEHOLDER*: re-export)
 from .sweep import SweepConfig
+from .units import memory_bytes
 
 BUILTIN_TASKS = ("regression", "digits")
 # Run and pipeline names become folder names, so no '/', no leading '.', nothing that climbs out.
@@ -184,19 +185,6 @@ def patterns(value: str | list[str] | None) -> list[str]:
     """A `metrics` or `val_metrics` value as a list of patterns."""
     return [] if value is None else [value] if isinstance(value, str) else list(value)
 SETTING_NAMES.update(n for n in PipelineSettings.model_fields if n not in ("params", "task", "script", "name"))
-
-
-MEMORY_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-                "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-
-
-def memory_bytes(text: str) -> int:
-    """'6GiB', '512 MiB', '8GB' as bytes; ValueError naming what is wrong."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).upper() if match else ""
-    if match is None or unit not in MEMORY_UNITS or float(match.group(1)) <= 0:
-        raise ValueError(f"must be an amount like '6GiB', '512MiB' or '8GB', or a fraction like 0.25 (got {text!r})")
-    return int(float(match.group(1)) * MEMORY_UNITS[unit])
 
 
 def check_metrics_regex(pattern: str) -> str:

@@ -11,7 +11,8 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ..config.schema import Pipeline, memory_bytes
+from ..config.schema import Pipeline
+from ..config.units import memory_bytes
 from .ledger import Lease
 from .occupancy import SYSTEM, GpuOccupancy
 from .slots import Slot

@@ -20,12 +20,15 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Hashable
 
+from ..config.schema import DevicesConfig
 from ..hardware.grants import Policy, Request, Wait, grant, leases_for
 from ..hardware.ledger import Lease, MemoryLedger, Session
 from ..hardware.occupancy import OccupancyReader
 from ..hardware.placement import Slot
+from ..launch.backend import Backend
 
 
 def _kind(slot: Slot) -> Hashable:
@@ -84,6 +87,13 @@ class Scheduler:
         self._said: dict[Hashable, str] = {}  # the waits changed_waits last handed out
         self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
         self._announced: dict | None = None
+
+    @classmethod
+    def for_run(cls, backend: Backend, slots: list[Slot], run: str, run_dir: Path, devices: DevicesConfig) -> Scheduler:
+        """The scheduler of a run on `backend`: its ledger, NVML's view of the slots' GPUs (if any), its policy."""
+        reader = backend.occupancy() if any(s.gpu is not None for s in slots) else None
+        return cls(slots, backend.ledger(), run, str(Path(run_dir).absolute()), reader,
+                   Policy(devices.keep_free, devices.share))
 
     @property
     def free(self) -> list[Slot]:

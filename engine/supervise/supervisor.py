@@ -13,7 +13,7 @@ from pathlib import Path
 from ..config.problems import ConfigError
 from ..config.schema import RunConfig
 from ..hardware.devices import Inventory
-from ..hardware.grants import Policy, request_of
+from ..hardware.grants import request_of
 from ..hardware.placement import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
@@ -68,10 +68,7 @@ class Supervisor:
         self.telemetry: TelemetrySnapshot | None = None  # the newest sample
         self._tick_interval = tick
         self._bus = EventBus()
-        gpus = any(s.gpu is not None for s in slots)
-        self._scheduler = Scheduler(slots, self._backend.ledger(), self.run_id, str(self.run_dir.absolute()),
-                                    self._backend.occupancy() if gpus else None,
-                                    Policy(config.devices.keep_free, config.devices.share))
+        self._scheduler = Scheduler.for_run(self._backend, slots, self.run_id, self.run_dir, config.devices)
         self._nodes = NodeFollower(self._backend, config, self._scheduler, inventory)  # a cluster's, as they change
         self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
                                     lambda *batch: self._intake.take(*batch), lambda run: gpu_note(run, self.telemetry))
