@@ -14,6 +14,7 @@ from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
@@ -128,7 +129,10 @@ class DashboardScreen(Screen[None]):
                 return
         self._last = time.monotonic()
         state = self.state
-        table = self.query_one(PipelineTable)
+        try:
+            table = self.query_one(PipelineTable)
+        except NoMatches:  # a redraw scheduled before the app began to close: its widgets are gone
+            return
         if state.rows_version != self._seen[0]:
             table.update_rows(list(state.rows.values()), self.clock(), self.size.width, state.metric)
             if self.selected is None and table.selected is not None:
