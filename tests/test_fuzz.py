@@ -229,7 +229,6 @@ def test_a_run_folder_of_any_contents_reads_as_a_run_or_as_none(scratch, lines, 
 def test_requests_of_any_fields_are_answered_and_leave_the_run_unharmed(tmp_path):
     from tests.conftest import make_config
     from tests.scripted import ScriptedLauncher
-    from tests.test_control_limits import client  # noqa: F401  (the same module's harness)
     from torchherd.engine.serve.server import ControlServer
     from torchherd.engine.supervise.supervisor import Supervisor
 

@@ -367,7 +367,8 @@ class Supervisor:
         self._feed.update(self._runs, self._validation.handle)
         if self._rundir is not None:
             self._rundir.flush()
-            self.disk.check()
+            if not self._finished_sent:  # run_finished is the last event readers take: nothing said after it
+                self.disk.check()
         self._check_finished()
 
     def _check_finished(self) -> None:

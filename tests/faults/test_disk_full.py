@@ -9,7 +9,7 @@ import resource
 import psutil
 import pytest
 
-from tests.faults.support import poll_until, records, tree, wait_gone
+from tests.faults.support import is_alive, poll_until, records, tree, wait_gone
 from tests.test_service import LONG, long_config, of_type, stop_service
 from torchherd.engine.serve.service import spawn
 from torchherd.engine.worker import checkpoint as ckpt
@@ -44,17 +44,17 @@ def test_a_full_disk_stops_the_run_at_its_last_checkpoints_and_resume_carries_it
         limit_files([service, *workers], LIMIT)
         # Every pipeline ends at its last checkpoint: its processes go, while the supervisor cannot write a line.
         assert not wait_gone(workers, LONG)
-        assert service.is_running()  # waiting for room to write what it holds
+        assert is_alive(service)  # waiting for room to write what it holds
         saved = ckpt.load_latest(last.parent)[0]  # intact: it loads, and it is torchherd's
         limit_files([service], resource.RLIM_INFINITY)  # space returns
         assert not wait_gone([service], LONG)
     finally:
         stop_service(run_dir)
     recs = records(run_dir)
-    assert [r["status"] for r in of_type(recs, "pipeline_finished")] == ["stopped"]
+    assert [r["status"] for r in of_type(recs, "pipeline_finished")] == ["stopped"], recs[-6:]
     assert of_type(recs, "pipeline_finished")[0]["reason"].startswith("disk full")
     assert any("cannot write the run's files" in r["text"] for r in of_type(recs, "notice"))
-    assert recs[-1]["type"] == "run_finished"  # every event it held is on disk, in order
+    assert recs[-1]["type"] == "run_finished", recs[-4:]  # every event it held is on disk, in order
     assert "disk full" in (run_dir / "supervisor.log").read_text()
 
     resumed = spawn(resume=run_dir)
@@ -64,6 +64,7 @@ def test_a_full_disk_stops_the_run_at_its_last_checkpoints_and_resume_carries_it
         assert (resumed_from["epoch"], resumed_from["step"]) == (saved["epoch"], saved["step"])
         poll_until(lambda: len(of_type(records(run_dir), "checkpoint_saved")) > len(of_type(recs, "checkpoint_saved")),
                    LONG, "training to go on and save again")
+        procs = tree(resumed.pid)  # the service and its workers
     finally:
         stop_service(run_dir)
-    assert not [p for p in tree(resumed.pid) if p.is_running()]
+    assert not wait_gone(procs, LONG)  # no process is left

@@ -13,6 +13,7 @@ module may load at import time (tests/test_boundary.py), and it costs seconds.
 """
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 import traceback
@@ -366,9 +367,11 @@ class LightningAttempt:
             self.send(WorkerError(pipeline=self.name, error=str(exc), where="build"))
             return EXIT_FATAL
         trainer = pl.Trainer(**args)
+        # Lightning loads the file as _latest checked it (2.5+ takes weights_only; before, only _latest's check)
+        safety = {"weights_only": not self.pipe.trust_checkpoints} \
+            if "weights_only" in inspect.signature(trainer.fit).parameters else {}
         try:
-            trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None,
-                        weights_only=not self.pipe.trust_checkpoints)  # what _latest checked, Lightning loads so
+            trainer.fit(task.module, datamodule=task.datamodule, ckpt_path=str(path) if path else None, **safety)
             if callback.exit_code is None and not callback.stopping and not trainer.interrupted:
                 self.handoff.finish(alive=lambda: self.control.beat(trainer.global_step))
         finally:
