@@ -205,7 +205,8 @@ class LinePrinter:
     def _worker_exited(self, ev: WorkerExited) -> None:
         if ev.reason in (ExitReason.CRASHED, ExitReason.FAILED):  # other exits: the lines around say why
             how = f"signal {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
-            self.line(f"{ev.pipeline}: worker pid {ev.pid} {ev.reason} ({how}) after {ev.uptime:.1f}s")
+            rank = f"rank {ev.rank} (worker pid {ev.pid})" if ev.rank else f"worker pid {ev.pid}"  # a gang's cause
+            self.line(f"{ev.pipeline}: {rank} {ev.reason} ({how}) after {ev.uptime:.1f}s")
 
     def _restarting(self, ev: WorkerRestarting) -> None:
         self.line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "
