@@ -77,6 +77,18 @@ def test_a_scripts_unknown_epoch_total_and_rate_read_as_unknown():
     assert "s: epoch 11 train 0.5000 val -" in text and "/" not in text.split("epoch 11")[1].split("\n")[0]
 
 
+def test_huge_losses_and_empty_results_read_as_the_table_writes_them():
+    # Regression: a loss of 10075952236906147840.0000 printed in full; a module whose validation_step logs
+    # nothing printed "validated epoch 6 step 138:  (...)".
+    text = printed(EpochEnd(pipeline="d", epoch=0, step=8, train_loss=1.0075952236906147e19, duration=1.0,
+                            samples_per_s=None, epochs_total=2, steps_per_epoch=8),
+                   ValResult(pipeline="d", epoch=5, step=138, metrics={}, mode="background", seq=3))
+    assert "train 1.008e19 " in text and "10075952236906147840" not in text
+    assert "validated epoch 6 step 138: no metrics (nothing logged) (" in text
+    assert "train 0.5000" in printed(EpochEnd(pipeline="d", epoch=0, step=8, train_loss=0.5, duration=1.0,
+                                              samples_per_s=None, epochs_total=2, steps_per_epoch=8))
+
+
 def test_an_epoch_with_no_samples_counted_prints_no_rate():
     # Regression: a plain script's epochs read "epoch 1/20 train 2.1148 val - 0 samples/s" (it reports none).
     text = printed(EpochEnd(pipeline="p", epoch=0, step=8, train_loss=2.1148, duration=1.0, samples_per_s=0.0,

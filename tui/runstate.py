@@ -234,7 +234,8 @@ class RunState:
         value = self.rows[ev.pipeline].val_value
         self.series[ev.pipeline].add_val(ev.step, ev.time, math.nan if value is None else value)
         self.series_version += 1
-        shown = ", ".join(f"{k} {fmt_num(v)}" for k, v in ev.metrics.items() if isinstance(v, (int, float)))
+        shown = ", ".join(f"{k} {fmt_num(v)}" for k, v in ev.metrics.items() if isinstance(v, (int, float))) or \
+            "no metrics (nothing logged)"
         self.note("info", ev.pipeline, f"validated {where}: {shown} ({ev.latency:.2f} s)", at=ev.time)
 
     def _error(self, ev: m.WorkerError, _) -> None:
