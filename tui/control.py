@@ -104,6 +104,8 @@ async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextI
         run = await RemoteRun.connect(run_dir, live=False, history=False)
     except NotLive as exc:
         err.write(f"torchherd: {exc}\n")
+        if action == "restart" and name:  # the run ended (a kill of its last pipeline): resume starts it
+            err.write(f"  to start {name} again: torchherd resume {run_dir} --only {name}\n")
         return EXIT_REFUSED
     try:
         if name and name not in run.welcome.pipelines:
