@@ -121,6 +121,20 @@ def still_alive(pids: list[int], timeout: float = 5.0) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
+def private_runtime(monkeypatch) -> Path:
+    """A runtime folder of the test's own (where control sockets, and the note of each live run, go): `ls` and
+    `attach` find every live run of the user's there, and other test sessions' runs are no test's business.
+    Short, as AF_UNIX paths are; children get it through the environment."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="th-rt-"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
 def no_orphans():
     """Every test must leave no child process of ours alive."""
     yield
