@@ -160,7 +160,9 @@ class RunState:
     def _run_started(self, ev: m.RunStarted, _) -> None:
         self.run_id, self.run_dir = ev.run_id, Path(ev.run_dir)
         for name in ev.pipelines:
-            self.row(name)
+            row = self.row(name)
+            if row.restarts:  # a resumed run: its restart budget starts afresh, and the count shown with it
+                self._rows[name] = replace(row, restarts=0, restart_budget=None)
         self.finished = False
         self.rows_version += 1
         self.note("info", "", f"run {ev.run_id} started: {', '.join(ev.pipelines)}", at=ev.time)
