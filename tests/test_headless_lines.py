@@ -96,3 +96,16 @@ def test_an_epoch_with_no_samples_counted_prints_no_rate():
                    EpochEnd(pipeline="q", epoch=0, step=8, train_loss=1.0, duration=1.0, samples_per_s=1234.0,
                             epochs_total=2, steps_per_epoch=8))
     assert "p: epoch 1/20 train 2.1148 val -\n" in text and "q: epoch 1/2 train 1.0000 val - 1,234 samples/s" in text
+
+
+def test_resume_headless_prints_only_the_new_session():
+    # Regression: `resume --headless` of a run cut short (no run_finished) reprinted its old history at [0.0s].
+    from torchherd.engine.protocol.messages import RunFinished, RunStarted
+    from torchherd.tui.attach import session_start
+
+    first = RunStarted(run_id="r", run_dir="/r", config_path="c.toml", pipelines=("a",))
+    old = [first, EpochEnd(pipeline="a", epoch=0, step=8, train_loss=0.4, duration=1.0, samples_per_s=None,
+                           epochs_total=2, steps_per_epoch=8)]
+    assert session_start(old + [first]) == 2  # cut short: the new session starts at its own run_started
+    assert session_start(old + [RunFinished(ok=False, statuses={}), first]) == 3
+    assert session_start([first]) == 0
