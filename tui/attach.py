@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..engine.protocol.messages import RunFinished, RunStarted
+from ..engine.protocol.messages import Notice, RunFinished, RunStarted
 from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, LinePrinter, exit_status
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -169,10 +169,16 @@ def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int
 
 
 def session_start(history: list) -> int:
-    """Where the current session begins in a run's history: its last run_started (a resumed run's earlier
-    sessions, finished or cut short, come before it)."""
+    """Where the current session begins in a run's history: its last run_started, and the resume plan the
+    supervisor says just before it (a resumed run's earlier sessions, finished or cut short, come before)."""
     starts = [i for i, e in enumerate(history) if isinstance(e, RunStarted)]
-    return starts[-1] if starts else 0
+    if not starts:
+        return 0
+    start = starts[-1]
+    before = history[start - 1] if start else None
+    if isinstance(before, Notice) and not before.pipeline and before.text.startswith("resuming run "):
+        return start - 1
+    return start
 
 
 async def _print(stream, printer: LinePrinter, old: int = 0, skip: int = 0) -> bool:
