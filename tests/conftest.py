@@ -121,10 +121,19 @@ def still_alive(pids: list[int], timeout: float = 5.0) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
-def private_ledger(tmp_path_factory, monkeypatch):
-    """Each test grants devices from a ledger of its own (its runs share it; another test's never do), so two
-    test files run at once (xdist) do not queue behind each other's workers as two runs on one box would."""
-    monkeypatch.setenv("TORCHHERD_LEDGER", str(tmp_path_factory.mktemp("ledger")))
+def private_runtime(monkeypatch) -> Path:
+    """A runtime folder of the test's own (where control sockets, the note of each live run and the device ledger
+    go): `ls` and `attach` find every live run of the user's there, other test sessions' runs are no test's
+    business, and two test files run at once (xdist) do not queue behind each other's workers as two runs on one
+    box would (a test's own runs share its ledger).
+    Short, as AF_UNIX paths are; children get it through the environment."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="th-rt-"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -65,3 +65,19 @@ def test_run_refuses_a_runs_folder_it_cannot_write_and_builds_nothing(tmp_path: 
     [line] = [line for line in proc.stderr.splitlines() if ": runs_dir: " in line]
     assert line.startswith(f"{config}: runs_dir: cannot create run directories in ") and "--runs-dir" in line
     assert "checking" not in proc.stdout and "Traceback" not in proc.stderr  # no task built, no traceback
+
+
+def test_restart_of_a_pipeline_whose_run_has_ended_says_how_to_start_it_again(tmp_path: Path):
+    # Regression: after `kill RUN NAME` ended a one-pipeline run, `restart RUN NAME` said only "no torchherd
+    # supervisor is running it".
+    import io
+
+    from torchherd.tui.control import act_command
+
+    run_dir = tmp_path / "runs" / "20260101-000000-x"
+    run_dir.mkdir(parents=True)
+    (run_dir / "events.jsonl").write_text("")
+    err = io.StringIO()
+    assert act_command("restart", str(run_dir), "a", tmp_path / "runs", io.StringIO(), err) != 0
+    assert "no torchherd supervisor is running it" in err.getvalue()
+    assert f"to start a again: torchherd resume {run_dir} --only a" in err.getvalue()

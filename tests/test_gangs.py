@@ -204,7 +204,11 @@ def test_a_signal_death_is_the_root_cause_over_its_peers_errors():
     r0.on_events([WorkerError(pipeline="p", error="RuntimeError: Connection closed by peer", where="train")])
     r0.code, r1.code = 1, -signal.SIGKILL  # both seen in one pass: rank 0's error is the echo
     assert gang.poll() == -signal.SIGKILL and gang.failed_rank == 1 and gang.exit_rank == 1
-    assert got[0].rank == 0 and gang.errors[0].error.startswith("RuntimeError")
+    assert got == [] and gang.errors[0].error.startswith("RuntimeError")  # held until the cause is known
+    cause, echoes = gang.told_errors()
+    assert cause == [] and [n.text for n in echoes] == [
+        "rank 0 failed after rank 1: RuntimeError: Connection closed by peer (a consequence; its log has the "
+        "traceback)"]
 
 
 def test_a_rank_that_finishes_gives_the_others_linger_seconds_then_they_are_ended():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, StepMetrics, TrainingStarted, ValResult,
-                                                WorkerError)
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, StepMetrics, TrainingStarted,
+                                                ValResult, WorkerError)
 from torchherd.tui.headless import LinePrinter
 
 TB = 'Traceback (most recent call last):\n  File "task.py", line 3, in loss\nValueError: shapes differ\n'
@@ -77,6 +77,18 @@ def test_a_scripts_unknown_epoch_total_and_rate_read_as_unknown():
     assert "s: epoch 11 train 0.5000 val -" in text and "/" not in text.split("epoch 11")[1].split("\n")[0]
 
 
+def test_huge_losses_and_empty_results_read_as_the_table_writes_them():
+    # Regression: a loss of 10075952236906147840.0000 printed in full; a module whose validation_step logs
+    # nothing printed "validated epoch 6 step 138:  (...)".
+    text = printed(EpochEnd(pipeline="d", epoch=0, step=8, train_loss=1.0075952236906147e19, duration=1.0,
+                            samples_per_s=None, epochs_total=2, steps_per_epoch=8),
+                   ValResult(pipeline="d", epoch=5, step=138, metrics={}, mode="background", seq=3))
+    assert "train 1.008e19 " in text and "10075952236906147840" not in text
+    assert "validated epoch 6 step 138: no metrics (nothing logged) (" in text
+    assert "train 0.5000" in printed(EpochEnd(pipeline="d", epoch=0, step=8, train_loss=0.5, duration=1.0,
+                                              samples_per_s=None, epochs_total=2, steps_per_epoch=8))
+
+
 def test_an_epoch_with_no_samples_counted_prints_no_rate():
     # Regression: a plain script's epochs read "epoch 1/20 train 2.1148 val - 0 samples/s" (it reports none).
     text = printed(EpochEnd(pipeline="p", epoch=0, step=8, train_loss=2.1148, duration=1.0, samples_per_s=0.0,
@@ -84,3 +96,18 @@ def test_an_epoch_with_no_samples_counted_prints_no_rate():
                    EpochEnd(pipeline="q", epoch=0, step=8, train_loss=1.0, duration=1.0, samples_per_s=1234.0,
                             epochs_total=2, steps_per_epoch=8))
     assert "p: epoch 1/20 train 2.1148 val -\n" in text and "q: epoch 1/2 train 1.0000 val - 1,234 samples/s" in text
+
+
+def test_resume_headless_prints_only_the_new_session():
+    # Regression: `resume --headless` of a run cut short (no run_finished) reprinted its old history at [0.0s].
+    from torchherd.engine.protocol.messages import RunFinished, RunStarted
+    from torchherd.tui.attach import session_start
+
+    first = RunStarted(run_id="r", run_dir="/r", config_path="c.toml", pipelines=("a",))
+    old = [first, EpochEnd(pipeline="a", epoch=0, step=8, train_loss=0.4, duration=1.0, samples_per_s=None,
+                           epochs_total=2, steps_per_epoch=8)]
+    assert session_start(old + [first]) == 2  # cut short: the new session starts at its own run_started
+    assert session_start(old + [RunFinished(ok=False, statuses={}), first]) == 3
+    assert session_start([first]) == 0
+    plan = Notice(level="info", text="resuming run r: a with --init_from=resume (ckpt.pt, 3 s ago)")
+    assert session_start(old + [plan, first]) == 2  # the resume plan is the new session's first word

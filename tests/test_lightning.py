@@ -196,6 +196,17 @@ def test_every_value_logged_in_training_step_reaches_step_reports_and_metrics_js
     assert len({r["metrics"]["train_mae_step"] for r in steps}) == 16  # this step's value, not a stale one
 
 
+def test_values_logged_on_epoch_reach_the_epoch_ends(inline):
+    # Regression: `self.log(..., on_epoch=True)` gave train_mae_epoch in Lightning's own logs but nowhere in
+    # torchherd's: epoch_end had "metrics": {} and TensorBoard no tag for it.
+    _, run_dir, _ = inline
+    records = [json.loads(line) for line in (run_dir / "onecycle" / "metrics.jsonl").read_text().splitlines()]
+    ends = [r for r in records if r["type"] == "epoch_end"]
+    assert len(ends) == 2 and all(set(r["metrics"]) == {"train_mae_epoch"} for r in ends), ends
+    steps = [r["metrics"]["train_mae_step"] for r in records if r["type"] == "step" and r["epoch"] == 0]
+    assert min(steps) <= ends[0]["metrics"]["train_mae_epoch"] <= max(steps)  # the epoch's mean of its steps
+
+
 def test_inline_best_checkpoint_loads(inline):
     from tests.tasks.lit_tiny import LitTiny
 

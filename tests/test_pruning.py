@@ -32,6 +32,13 @@ def test_asha_keeps_the_first_at_a_rung_and_cuts_a_worse_one():
     assert not better.prune and better.reason.endswith("(kept: best 1/2)")
 
 
+def test_a_verdict_on_weights_handed_off_mid_epoch_says_epochs_trained_not_a_fractional_epoch():
+    # Regression: a prune reason said "at epoch 2.25".
+    asha = Asha([1, 2, 4], 2, "val_loss", "min")
+    asha.result("a", 2.0, 0.30)
+    assert asha.result("b", 2.25, 0.40).reason == "val_loss 0.4 after 2.25 epochs, rung cut 0.3"
+
+
 def test_asha_judges_each_trial_once_per_rung_and_at_the_highest_reached():
     asha = Asha([1, 2, 4], 2, "val_loss", "min")
     assert asha.result("a", 1.0, 0.3).rung == 1

@@ -38,6 +38,22 @@ def test_the_table_names_the_best_trial_its_values_and_checkpoint(tmp_path):
     assert lines[-1] == f"best: t-lr0.01 (params.lr = 0.01): val_loss 0.1, checkpoint {tmp_path}/t-lr0.01/checkpoints/best.pt"
 
 
+def test_the_best_trials_checkpoint_is_its_own_where_it_is_a_script_or_a_lightning_module(tmp_path):
+    # Regression: a script sweep ended "checkpoint none written" while each trial's own checkpoint existed.
+    from torchherd.tui.ranking import checkpoint_of
+
+    folder = tmp_path / "t-lr0.01" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / ".ckpt.pt.tmp").write_bytes(b"half")  # a save in progress is none
+    assert checkpoint_of(tmp_path, "t-lr0.01") is None
+    (folder / "ckpt.pt").write_bytes(b"x")
+    assert checkpoint_of(tmp_path, "t-lr0.01") == folder / "ckpt.pt"
+    (folder / "best.ckpt").write_bytes(b"x")
+    assert checkpoint_of(tmp_path, "t-lr0.01") == folder / "best.ckpt"
+    assert ranked_table(fold_trials(sweep(tmp_path), events()), "val_loss", tmp_path)[-1].endswith(
+        f"checkpoint {folder / 'best.ckpt'}")
+
+
 def test_the_reasons_say_each_decision_and_a_promotion(tmp_path):
     from torchherd.engine.protocol.control import ClientCommand
 

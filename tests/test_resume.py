@@ -75,6 +75,8 @@ def test_killed_run_is_listed_resumable_and_resume_finishes_it(tmp_path):
     out = cli("resume", str(summary.path), "--headless")
     text, _ = out.communicate(timeout=120)
     assert out.returncode == 0, text
+    # Regression: the old session's lines were printed again (at [0.0s]) before the new one's.
+    assert "slow: epoch 1/" not in text and "quick: completed" not in text, text
     events = read_events(summary.path)
     resumed = [e for e in events if isinstance(e, Resumed) and e.pipeline == "slow"]
     assert resumed and resumed[-1].epoch >= 1

@@ -368,6 +368,31 @@ def test_a_validator_far_behind_is_said_once_with_what_would_help():
     assert "best.ckpt is the best" in far_behind_text(ledger)
 
 
+async def test_a_gang_whose_rank_was_killed_leads_with_that_rank_and_its_peers_echo_after(tmp_path, launcher):
+    # Regression: headless printed rank 0's 40-line gloo "Connection reset by peer" traceback first, then
+    # "worker pid 988 crashed (signal SIGKILL)": the root cause came second.
+    from torchherd.engine.protocol.messages import Notice, WorkerError, WorkerExited
+    from torchherd.engine.rundir.directory import read_events
+
+    sup = make(tmp_path, [{"name": "g", "ranks": 2}], launcher, restart={"max_restarts": 0})
+    await sup.start()
+    await until(lambda: len(launcher.handles) == 2)
+    r0, r1 = launcher.handles
+    r0.on_events([WorkerError(pipeline="g", error="RuntimeError: Connection reset by peer", where="train",
+                              traceback="Traceback (most recent call last):\n" + "  frame\n" * 40)])
+    r1.exit(-signal.SIGKILL)
+    r0.exit(1)
+    await until(lambda: sup.finished)
+    await sup.shutdown(graceful=False)
+    told = [e for e in read_events(sup.run_dir) if isinstance(e, (WorkerError, WorkerExited, Notice))
+            and getattr(e, "pipeline", "") == "g"]
+    exited = [i for i, e in enumerate(told) if isinstance(e, WorkerExited)][0]
+    assert told[exited].rank == 1 and told[exited].signal == "SIGKILL"
+    assert not any(isinstance(e, WorkerError) for e in told)  # rank 0's traceback is its echo, not the cause
+    echo = [e for e in told[exited:] if isinstance(e, Notice) and "rank 0 failed after rank 1" in e.text]
+    assert len(echo) == 1 and "Connection reset by peer" in echo[0].text
+
+
 async def test_no_validator_is_started_for_script_pipelines_it_would_have_nothing_to_score(tmp_path, launcher):
     # Regression: a script pipeline without `validate` (validation left to auto) still started the validator
     # process (222 MiB in the devices pane) for nothing.

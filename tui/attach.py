@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..engine.protocol.messages import RunFinished
+from ..engine.protocol.messages import Notice, RunFinished, RunStarted
 from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, LinePrinter, exit_status
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -127,8 +127,7 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
         # A resumed run's history holds its earlier sessions, run_finished and all: the one that ends this
         # client comes live, and its owner prints from the current session's start.
         old = len(run.history) if from_start else 0
-        ends = [i for i, e in enumerate(run.history) if isinstance(e, RunFinished)]
-        skip = ends[-1] + 1 if owner and ends else 0
+        skip = session_start(run.history) if owner else 0
         reading = asyncio.ensure_future(_print(stream, printer, old, skip))
         hangup = asyncio.ensure_future(hung_up.wait())
         await asyncio.wait({reading, hangup}, return_when=asyncio.FIRST_COMPLETED)
@@ -167,6 +166,19 @@ def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int
     if summary is None or summary.status == "unfinished":
         return EXIT_FAILED
     return exit_status(summary.statuses)
+
+
+def session_start(history: list) -> int:
+    """Where the current session begins in a run's history: its last run_started, and the resume plan the
+    supervisor says just before it (a resumed run's earlier sessions, finished or cut short, come before)."""
+    starts = [i for i, e in enumerate(history) if isinstance(e, RunStarted)]
+    if not starts:
+        return 0
+    start = starts[-1]
+    before = history[start - 1] if start else None
+    if isinstance(before, Notice) and not before.pipeline and before.text.startswith("resuming run "):
+        return start - 1
+    return start
 
 
 async def _print(stream, printer: LinePrinter, old: int = 0, skip: int = 0) -> bool:

@@ -60,7 +60,10 @@ NOT_CONFIGS = {"pyproject.toml", "Cargo.toml", "poetry.toml", "ruff.toml", ".ruf
 
 
 def list_configs(directory: Path) -> list[Path]:
-    """The TOML configs in a directory, by name (a project's pyproject.toml and friends are not configs)."""
+    """The TOML configs in a directory, by name (a project's pyproject.toml and friends are not configs; nor are a
+    run directory's saved copies, whose relative paths point into the run directory: they fail to launch)."""
+    if (directory / "events.jsonl").is_file():
+        return []
     try:
         return sorted(p for p in directory.iterdir() if p.suffix == ".toml" and p.is_file()
                       and p.name not in NOT_CONFIGS)

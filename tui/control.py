@@ -28,18 +28,32 @@ class BadRun(ValueError):
 
 
 def resolve_run(run: str | None, runs_dir: Path, live_only: bool = False) -> Path:
-    """RUN as a run directory: a path, a run id under `runs_dir`, or (None) the newest live run there."""
-    from ..engine.rundir.directory import list_runs
-
+    """RUN as a run directory: a path, a run id under `runs_dir` or of a live run of the user's anywhere, or
+    (None) the newest live run of the user's, wherever it was started."""
     if run is None:
-        live = [r.path for r in list_runs(runs_dir) if r.live]
+        live = [r for r in all_runs(runs_dir) if r.live]
         if not live:
-            raise BadRun(f"{runs_dir}: no live run (start one with `torchherd run CONFIG --detach`)")
-        return live[0]
-    for path in (Path(run), runs_dir / run):
+            raise BadRun(f"no live run of yours (none under {runs_dir} nor started elsewhere; start one with "
+                         "`torchherd run CONFIG --detach`; `torchherd ls` lists the finished ones)")
+        return live[0].path
+    from ..engine.serve.runtime import live_runs
+
+    for path in (Path(run), runs_dir / run, *(p for p in live_runs() if p.name == run)):
         if (path / "events.jsonl").exists():
             return path
-    raise BadRun(f"{run}: no such run (neither a run directory nor a run id under {runs_dir})")
+    raise BadRun(f"{run}: no such run (neither a run directory, a run id under {runs_dir}, nor a live run's id)")
+
+
+def all_runs(runs_dir: Path) -> list:
+    """The runs under `runs_dir` and the user's live runs started elsewhere (found through the runtime folder),
+    newest first."""
+    from ..engine.rundir.directory import list_runs, summarize
+    from ..engine.serve.runtime import live_runs
+
+    runs = list_runs(runs_dir)
+    here = {r.path.resolve() for r in runs}
+    runs += [s for s in (summarize(p) for p in live_runs() if p.resolve() not in here) if s is not None]
+    return sorted(runs, key=lambda s: s.started, reverse=True)
 
 
 def state_of(summary) -> str:
@@ -52,11 +66,11 @@ def state_of(summary) -> str:
 
 
 def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int:
-    """`torchherd ls`: every run under `runs_dir`, newest first, with its state; stale sockets cleaned."""
-    from ..engine.rundir.directory import list_runs
+    """`torchherd ls`: every run under `runs_dir` and every live run of the user's wherever it was started,
+    newest first, with its state; stale sockets cleaned."""
     from ..engine.serve.runtime import clean_stale, read_control
 
-    runs = list_runs(runs_dir)
+    runs = all_runs(runs_dir)
     pids: dict[Path, int | None] = {}
     for r in runs:
         if not r.live:
@@ -76,7 +90,7 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int
         out.write("\n")
         return EXIT_TOOK
     if not runs:
-        out.write(f"no runs under {runs_dir}\n")
+        out.write(f"no runs under {runs_dir}, and no live run of yours elsewhere\n")
     width = max((len(r.run_id) for r in runs), default=0)
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started))
@@ -141,6 +155,8 @@ async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextI
         run = await RemoteRun.connect(run_dir, live=False, history=False)
     except NotLive as exc:
         err.write(f"torchherd: {exc}\n")
+        if action == "restart" and name:  # the run ended (a kill of its last pipeline): resume starts it
+            err.write(f"  to start {name} again: torchherd resume {run_dir} --only {name}\n")
         return EXIT_REFUSED
     try:
         if name and name not in run.welcome.pipelines:

@@ -9,6 +9,7 @@ SIGTERM and SIGHUP stop gracefully too. The exit status says how the run ended.
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import sys
 import time
@@ -34,7 +35,14 @@ STEP_LINE_EVERY = 10.0  # seconds between the step lines of a pipeline that has 
 
 
 def _fmt(value: float | None, spec: str = ".4f") -> str:
-    return "-" if value is None else format(value, spec)
+    """A loss or metric: four decimals as a rule, the table's short form for one too large or small for them
+    (not 10075952236906147840.0000)."""
+    if value is None:
+        return "-"
+    if value != 0 and math.isfinite(value) and not 1e-3 <= abs(value) < 1e5:
+        from .formats import fmt_num
+        return fmt_num(value, 9)
+    return format(value, spec)
 
 
 TRACEBACK = "Traceback (most recent call last)"
@@ -145,7 +153,7 @@ class LinePrinter:
             return
         self.step_line_at[ev.pipeline] = now
         val = self.val.get(ev.pipeline)
-        self.line(f"{ev.pipeline}: step {ev.step:,}/{total:,} train {ev.loss:.4f} "
+        self.line(f"{ev.pipeline}: step {ev.step:,}/{total:,} train {_fmt(ev.loss)} "
                   f"val {_fmt(val[1].get('val_loss') if val else None)}")
 
     def _epoch_end(self, ev: EpochEnd) -> None:
@@ -155,13 +163,13 @@ class LinePrinter:
         val_text = "val -"
         if val is not None:
             epoch, metrics = val
-            extra = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "val_loss")
+            extra = " ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k != "val_loss")
             val_text = f"val {_fmt(metrics.get('val_loss'))}" + (f" {extra}" if extra else "")
             if epoch != ev.epoch:
                 val_text += f" (epoch {epoch + 1})"
         rate = f" {ev.samples_per_s:,.0f} samples/s" if ev.samples_per_s else ""  # a script may not say (None)
         of = f"/{ev.epochs_total}" if ev.epochs_total else ""  # a script's total is unknown without max_epochs
-        self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}{of} train {ev.train_loss:.4f} {val_text}{rate}")
+        self.line(f"{ev.pipeline}: epoch {ev.epoch + 1}{of} train {_fmt(ev.train_loss)} {val_text}{rate}")
 
     def _val_result(self, ev: ValResult) -> None:
         if ev.error:
@@ -173,8 +181,8 @@ class LinePrinter:
         self.results.append(ev)
         if ev.mode != ValidationMode.INLINE:  # inline results show in the epoch's line
             skipped = self.skipped.pop(ev.pipeline, 0)
-            self.line(f"{ev.pipeline}: validated epoch {ev.epoch + 1} step {ev.step}: " +
-                      " ".join(f"{k} {v:.4f}" for k, v in ev.metrics.items()) +
+            said = " ".join(f"{k} {_fmt(v)}" for k, v in ev.metrics.items()) or "no metrics (nothing logged)"
+            self.line(f"{ev.pipeline}: validated epoch {ev.epoch + 1} step {ev.step}: {said}" +
                       f" ({ev.latency:.1f}s after hand-off" +
                       (f"; {skipped} older snapshot(s) skipped)" if skipped else ")"))
 
@@ -205,7 +213,8 @@ class LinePrinter:
     def _worker_exited(self, ev: WorkerExited) -> None:
         if ev.reason in (ExitReason.CRASHED, ExitReason.FAILED):  # other exits: the lines around say why
             how = f"signal {ev.signal}" if ev.signal else f"exit code {ev.exit_code}"
-            self.line(f"{ev.pipeline}: worker pid {ev.pid} {ev.reason} ({how}) after {ev.uptime:.1f}s")
+            rank = f"rank {ev.rank} (worker pid {ev.pid})" if ev.rank else f"worker pid {ev.pid}"  # a gang's cause
+            self.line(f"{ev.pipeline}: {rank} {ev.reason} ({how}) after {ev.uptime:.1f}s")
 
     def _restarting(self, ev: WorkerRestarting) -> None:
         self.line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "

@@ -17,7 +17,8 @@ from ..engine.protocol.states import ended_label
 if TYPE_CHECKING:  # the config's schema (pydantic) loads with headless's ranking, not with the app's run state
     from ..engine.config.schema import RunConfig
 
-BEST_FILE, LAST_FILE = "best.pt", "last.pt"  # engine/worker/checkpoint.py's names
+# engine/worker/checkpoint.py's names, and a Lightning pipeline's (engine/runners/lightning)
+KNOWN = ("best.pt", "best.ckpt", "last.pt", "last.ckpt")
 
 
 @dataclass
@@ -98,12 +99,17 @@ def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
 
 
 def checkpoint_of(run_dir: Path, name: str) -> Path | None:
-    """The trial's best checkpoint, else its last one; None when it wrote neither."""
-    for file in (BEST_FILE, LAST_FILE):
-        path = Path(run_dir) / name / "checkpoints" / file
-        if path.exists():
-            return path
-    return None
+    """The trial's best checkpoint, else its last one, else (a script's own) the newest file in its
+    checkpoints/; None when it wrote none."""
+    folder = Path(run_dir) / name / "checkpoints"
+    for file in KNOWN:
+        if (folder / file).exists():
+            return folder / file
+    try:
+        own = [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith((".", "~"))]
+    except OSError:
+        return None
+    return max(own, key=lambda p: p.stat().st_mtime, default=None)
 
 
 def short_value(v: Any) -> str:

@@ -58,6 +58,8 @@ class RunState:
     _rows: dict[str, PipelineProgress] = field(default_factory=dict)
     _steps: dict[str, m.StepMetrics] = field(default_factory=dict)  # the newest step reports, not folded yet
     series: dict[str, LossSeries] = field(default_factory=dict)
+    metric_series: dict[str, dict[str, LossSeries]] = field(default_factory=dict)  # pipeline -> its step metrics
+    chart_metric: str = ""  # what the chart plots: "" the training loss, else a value the step reports carry
     log: deque[LogEntry] = field(default_factory=lambda: deque(maxlen=LOG_KEEP))
     telemetry: t.TelemetrySnapshot | None = None
     trials: dict[str, TrialRow] = field(default_factory=dict)  # a sweep's trials by name; empty for no sweep
@@ -84,6 +86,16 @@ class RunState:
             row = self._rows[name] = PipelineProgress(name, metric=self.metric, metric_mode=self.metric_mode)
             self.series[name] = LossSeries()
         return row
+
+    def charted(self) -> dict[str, LossSeries]:
+        """The series the chart plots, by pipeline: the training loss, or `chart_metric` where it is reported."""
+        if not self.chart_metric:
+            return self.series
+        return {n: by[self.chart_metric] for n, by in self.metric_series.items() if self.chart_metric in by}
+
+    def chart_metrics(self, name: str) -> list[str]:
+        """What the chart can plot for `name`: "" (its training loss), then each value its step reports carry."""
+        return ["", *self.metric_series.get(name, {})]
 
     def log_path(self, name: str) -> Path | None:
         """Where the pipeline's worker log is (or will be)."""
@@ -148,7 +160,9 @@ class RunState:
     def _run_started(self, ev: m.RunStarted, _) -> None:
         self.run_id, self.run_dir = ev.run_id, Path(ev.run_dir)
         for name in ev.pipelines:
-            self.row(name)
+            row = self.row(name)
+            if row.restarts:  # a resumed run: its restart budget starts afresh, and the count shown with it
+                self._rows[name] = replace(row, restarts=0, restart_budget=None)
         self.finished = False
         self.rows_version += 1
         self.note("info", "", f"run {ev.run_id} started: {', '.join(ev.pipelines)}", at=ev.time)
@@ -192,6 +206,10 @@ class RunState:
             self.note("info", ev.pipeline, f"went back from step {int(series.steps[-1]):,} to step {ev.step:,}: "
                       "trained again from there (↺ on the chart)", at=ev.time)
         series.append(ev.step, ev.time, ev.loss)
+        for key, value in ev.metrics.items():  # a user's own values (my_loss, train_acc_step), for `m`
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.metric_series.setdefault(ev.pipeline, {}).setdefault(key, LossSeries()).append(
+                    ev.step, ev.time, float(value))
         self.series_version += 1
 
     def _epoch_end(self, ev: m.EpochEnd, _) -> None:
@@ -222,7 +240,8 @@ class RunState:
         value = self.rows[ev.pipeline].val_value
         self.series[ev.pipeline].add_val(ev.step, ev.time, math.nan if value is None else value)
         self.series_version += 1
-        shown = ", ".join(f"{k} {fmt_num(v)}" for k, v in ev.metrics.items() if isinstance(v, (int, float)))
+        shown = ", ".join(f"{k} {fmt_num(v)}" for k, v in ev.metrics.items() if isinstance(v, (int, float))) or \
+            "no metrics (nothing logged)"
         self.note("info", ev.pipeline, f"validated {where}: {shown} ({ev.latency:.2f} s)", at=ev.time)
 
     def _error(self, ev: m.WorkerError, _) -> None:

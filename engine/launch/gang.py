@@ -37,6 +37,7 @@ class GangHandle(Handle):
         self.errors: dict[int, WorkerError] = {}  # the last error each rank reported
         self._error_order: list[int] = []  # ranks in the order their first error arrived
         self._rank0_said: set[str] = set()  # rank 0's notice and error texts: the same from a peer is an echo
+        self._held: list[WorkerError] = []  # errors kept until the gang's exit says which rank was the cause
         self._codes: dict[int, int] = {}  # rank -> exit status
         self._linger, self._grace = linger, grace  # seconds
         self._terminate_at: float | None = None  # monotonic: bring the survivors down then
@@ -165,8 +166,24 @@ class GangHandle(Handle):
                 continue
             elif isinstance(event, Notice):
                 event = replace(event, text=f"rank {rank}: {event.text}")
+            if isinstance(event, WorkerError):
+                self._held.append(event)  # a peer's death shows first in the others' errors: wait for the cause
+                continue
             out.append(event)
         return out
+
+    def told_errors(self) -> tuple[list[WorkerError], list[Notice]]:
+        """At the gang's exit, what its ranks reported failing: (the errors of the rank that failed first, the
+        root cause; one line each for what the other ranks reported after it, which its death caused)."""
+        held, self._held = self._held, []
+        root = self.failed_rank
+        if root is None:
+            return held, []
+        cause = [e for e in held if e.rank == root]
+        echoes = [Notice(pipeline=e.pipeline, level="warning", text=(
+            f"rank {e.rank} failed after rank {root}: {e.error} (a consequence; its log has the traceback)"))
+            for e in held if e.rank != root]
+        return cause, echoes
 
     def drain(self) -> list[Event]:
         return [e for rank, h in enumerate(self.ranks) for e in self._from_rank(rank, h.drain())]

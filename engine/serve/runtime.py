@@ -16,6 +16,7 @@ from pathlib import Path
 from ..protocol.private import UnsafeRuntimeDir, runtime_dir  # noqa: F401 (the control socket's folder)
 
 CONTROL_FILE = "control.json"
+INDEX = ".run.json"  # beside a socket in the runtime folder: the run directory it serves
 MAX_SOCKET_PATH = 107  # bytes, sun_path less its terminating NUL
 
 
@@ -39,10 +40,15 @@ class Control:
 
 
 def publish(run_dir: Path, sock: Path) -> None:
-    """Write control.json (atomically): clients find the socket through it."""
+    """Write control.json (atomically): clients find the socket through it; and, beside the socket in the
+    runtime folder, which run directory it serves, so the user's live runs are found from any folder."""
     tmp = Path(run_dir) / f".{CONTROL_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps({"socket": str(sock), "pid": os.getpid()}) + "\n")
     os.replace(tmp, Path(run_dir) / CONTROL_FILE)
+    index = _index(sock)
+    tmp = index.with_name(f".{index.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"run_dir": str(Path(run_dir).resolve()), "pid": os.getpid()}) + "\n")
+    os.replace(tmp, index)
 
 
 def _unlink_socket(sock: Path) -> None:
@@ -56,9 +62,37 @@ def _unlink_socket(sock: Path) -> None:
 
 
 def withdraw(run_dir: Path, sock: Path) -> None:
-    """Remove the socket this process served and control.json (the run is no longer served)."""
+    """Remove the socket this process served, its entry in the runtime folder and control.json (the run is no
+    longer served)."""
     _unlink_socket(Path(sock))
+    _index(sock).unlink(missing_ok=True)
     (Path(run_dir) / CONTROL_FILE).unlink(missing_ok=True)
+
+
+def _index(sock: Path) -> Path:
+    return Path(sock).with_name(Path(sock).name + INDEX)
+
+
+def live_runs() -> list[Path]:
+    """The run directories of this user's live runs, wherever they were started (the runtime folder's entries
+    whose run a supervisor still holds); the entries of runs whose supervisor died are removed."""
+    from ..rundir.directory import run_held
+
+    try:
+        entries = sorted(runtime_dir().glob(f"*{INDEX}"))
+    except (OSError, UnsafeRuntimeDir):
+        return []
+    out = []
+    for entry in entries:
+        try:
+            run_dir = Path(json.loads(entry.read_text())["run_dir"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if run_held(run_dir):
+            out.append(run_dir)
+        else:  # its supervisor died (SIGKILL, reboot) before it could withdraw
+            entry.unlink(missing_ok=True)
+    return out
 
 
 def read_control(run_dir: Path) -> Control | None:

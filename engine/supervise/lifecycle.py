@@ -226,6 +226,9 @@ class Lifecycle:
         reason = classify(attempt.intent or handle.cause, code)
         sig = exit_desc[len("killed by "):] if code < 0 and exit_desc.startswith("killed by ") else ""
         rank, pid = 0, handle.pid
+        cause, echoes = handle.told_errors() if isinstance(handle, GangHandle) else ([], [])
+        for event in cause:  # the root cause's own words lead (its peers' echoes follow the exit)
+            self._on_events(run, handle, [event])
         if attempt.intent is None and isinstance(handle, GangHandle) and handle.failed_rank is not None:
             rank, pid, exit_desc = self._gang_root_cause(run, handle, exit_desc)
         error = run.last_error if reason in WITH_ERROR else ""
@@ -234,6 +237,8 @@ class Lifecycle:
             signal=sig, reason=reason,
             error=error or ("" if reason not in EXIT_SHOWN else exit_desc),
             traceback=run.last_traceback if error else "", uptime=uptime, rank=rank))
+        for notice in echoes:
+            self._publish(notice)
         OUTCOMES[reason](self, run, uptime, exit_desc)
 
     @staticmethod

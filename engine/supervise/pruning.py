@@ -41,6 +41,9 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 
 def _at(metric: str, value: float, unit: str, t: float) -> str:
+    """'val_loss 0.31 at epoch 4'; where the weights scored were handed off mid-epoch, 'after 2.25 epochs'."""
+    if unit == "epoch" and t != int(t):
+        return f"{metric} {value:.4g} after {t:.3g} epochs"
     return f"{metric} {value:.4g} at {unit} {t:g}"
 
 

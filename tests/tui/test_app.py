@@ -351,6 +351,13 @@ async def test_with_no_argument_the_app_looks_in_this_folder_when_it_holds_confi
     assert list_configs(Path(".")) == [Path("run.toml")]
     (tmp_path / "sample_configs").mkdir()
     assert default_folder() == Path("sample_configs")
+    # Regression: a run directory's saved config copies were offered as launchable, and failed to launch
+    # ("script not found: runs/.../train.py").
+    run_dir = tmp_path / "runs" / "20260101-000000-run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text((tmp_path / "run.toml").read_text())
+    (run_dir / "events.jsonl").write_text("")
+    assert list_configs(run_dir) == []
 
 
 

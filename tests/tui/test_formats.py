@@ -51,3 +51,21 @@ def test_failure_reasons_lose_their_nested_brackets():
         "failed: restart budget of 3 used up: IndexError: x"
     assert finish_text("completed", "trained to its limits") == "completed: trained to its limits"
     assert finish_text("killed", "") == "killed"
+
+
+def test_a_resumed_run_shows_a_fresh_restart_budget():
+    # Regression: after `torchherd resume` the row read "try 3 ↻1/3", though resume gives a fresh budget.
+    from torchherd.engine.protocol import messages as m
+    from torchherd.tui.runstate import RunState
+    from torchherd.tui.widgets.pipeline_table import fmt_try
+
+    state = RunState()
+    started = m.RunStarted(run_id="r", run_dir="/tmp/r", config_path="c.toml", pipelines=("a",))
+    for event in (started, m.WorkerStarted(pipeline="a", pid=1, device="cpu0", attempt=1),
+                  m.WorkerRestarting(pipeline="a", attempt=1, delay=0.1, restarts_left=2),
+                  m.WorkerStarted(pipeline="a", pid=2, device="cpu0", attempt=2)):
+        state.apply(event)
+    assert fmt_try(state.rows["a"], 10) == "2 ↻1/3"
+    state.apply(started)  # the resumed session
+    state.apply(m.WorkerStarted(pipeline="a", pid=3, device="cpu0", attempt=3))
+    assert fmt_try(state.rows["a"], 10) == "3"

@@ -176,6 +176,33 @@ async def test_chart_keys_toggle(make_app, session):
         assert "all pipelines | x time | log | EMA" in chart.border_title
 
 
+async def test_m_charts_the_values_a_pipeline_reports_besides_its_loss(make_app, session):
+    # Regression: the README says step reports feed the charts, but a user's own values (my_loss,
+    # train_acc_step) could not be charted at all.
+    from torchherd.engine.protocol import messages as m
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(pilot, session)
+        session.feed("alpha", *(m.StepMetrics(pipeline="alpha", epoch=0, step=s, loss=1.0 / s, time=session.clock.now + s,
+                                               metrics={"my_loss": 5.0 - s / 10, "train_acc_step": s / 100})
+                                for s in range(1, 41)))
+        await wait_for(pilot, lambda: app.bridge.state.rows["alpha"].step == 40, what="data")
+        chart = app.screen.query_one(LossChart)
+        await pilot.press("m")
+        await wait_for(pilot, lambda: chart.border_title.startswith("my_loss: alpha"), what="my_loss charted")
+        assert "my_loss" in chart.legend.plain and any("4.9" in row or "5" in row for row in chart_rows(chart))
+        await pilot.press("m")
+        await wait_for(pilot, lambda: chart.border_title.startswith("train_acc_step: alpha"), what="next value")
+        await pilot.press("m")
+        await wait_for(pilot, lambda: chart.border_title.startswith("loss: alpha"), what="back to the loss")
+        await pilot.press("down")  # beta reports nothing but its loss: m says so
+        await wait_for(pilot, lambda: app.screen.selected == "beta", what="beta selected")
+        await pilot.press("m")
+        await wait_for(pilot, lambda: any("no value but its loss" in n.message for n in app._notifications),
+                       what="said")
+
+
 async def test_help_scrolls_at_80x24(make_app, session):
     # Regression: the help was cut at 80x24 and could not be scrolled.
     app = make_app()

@@ -46,7 +46,7 @@ class DashboardScreen(Screen[None]):
         Binding("n", "app.launch_more", "more"),
         Binding("a", "chart('overlay')", "all", show=False), Binding("g", "chart('log_y')", "log y", show=False),
         Binding("e", "chart('smooth')", "ema", show=False), Binding("x", "chart('x_mode')", "x axis", show=False),
-        Binding("o", "chart('clip')", "outliers", show=False),
+        Binding("o", "chart('clip')", "outliers", show=False), Binding("m", "chart_metric", "metric", show=False),
         Binding("escape", "app.back_to_picker", "back", show=False),
         Binding("question_mark", "app.help", "help"), Binding("q", "app.request_quit", "quit"),
     ]
@@ -163,7 +163,7 @@ class DashboardScreen(Screen[None]):
                                                  marks)
         chart = self.query_one(LossChart)
         if chart.only != top:
-            chart.only, chart.series = top, state.series
+            chart.only, chart.series = top, state.charted()
             chart.redraw()
         self._say_reason()
 
@@ -199,7 +199,9 @@ class DashboardScreen(Screen[None]):
         if self.sweep_view:
             self._say_reason()
         chart = self.query_one(LossChart)
-        chart.series, chart.selected = self.state.series, name
+        if self.state.chart_metric not in self.state.chart_metrics(name):  # it reports no such value: its loss
+            self.state.chart_metric, chart.quantity = "", "loss"
+        chart.series, chart.selected = self.state.charted(), name
         chart.metric, chart.metric_is_loss = self.state.metric, self.state.metric_is_loss
         chart.redraw()
         self.query_one(LogTail).follow(self.state.log_path(name), f"log: {name}")
@@ -339,5 +341,18 @@ class DashboardScreen(Screen[None]):
             chart.x_mode = "time" if chart.x_mode == "step" else "step"
         else:
             setattr(chart, what, not getattr(chart, what))
-        chart.series = self.state.series
+        chart.series = self.state.charted()
+        chart.redraw()
+
+    def action_chart_metric(self) -> None:
+        """The chart plots the next of what the selected pipeline reports: its loss, then each of its own values."""
+        choices = self.state.chart_metrics(self.selected or "")
+        if len(choices) == 1:
+            self.notify(f"{self.selected or 'this pipeline'} reports no value but its loss yet", timeout=3)
+            return
+        now = self.state.chart_metric
+        self.state.chart_metric = choices[(choices.index(now) + 1) % len(choices)] if now in choices else choices[1]
+        chart = self.query_one(LossChart)
+        chart.quantity = self.state.chart_metric or "loss"
+        chart.series = self.state.charted()
         chart.redraw()

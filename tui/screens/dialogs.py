@@ -48,6 +48,8 @@ HELP = """\
   x       chart: x axis step / wall time
   o       chart: clip outliers (drawn ↑ on the top row,
           "↑ clipped" in the legend) / show every point
+  m       chart: the next value the pipeline reports
+          (its loss, then its own: my_loss, train_acc)
   tab     move focus; ↑/↓ and page keys scroll the
           focused pane (devices, logs); the wheel too
   escape  back to the picker; a live run keeps going

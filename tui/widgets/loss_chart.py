@@ -89,6 +89,7 @@ class LossChart(Widget):
         self.clip = True  # the y axis ends above the bulk of the points; outliers go off the top
         self.clipped = False  # as last drawn, some point lies above the top of the y axis
         self.x_mode = "step"  # or "time"
+        self.quantity = "loss"  # what the series are: the training loss, or a value the step reports carry
         self.metric = "val_loss"  # the validation metric the markers show
         self.metric_is_loss = True  # markers on the loss axis; otherwise in a strip of their own
         self.legend = Text()
@@ -142,7 +143,7 @@ class LossChart(Widget):
             who = f"top {len(self.only)} trial{'s' if len(self.only) != 1 else ''}"
         else:
             who = "all pipelines" if self.overlay else (self.selected or "no pipeline")
-        return (f"loss: {who} | x {self.x_mode} | {'log' if self.log_y else 'linear'} | "
+        return (f"{self.quantity}: {who} | x {self.x_mode} | {'log' if self.log_y else 'linear'} | "
                 f"{'EMA' if self.smooth else 'raw'}")
 
     def _legend(self) -> Text:
@@ -151,7 +152,8 @@ class LossChart(Widget):
             shown = self.series.get(self.selected or "")
             restarted = ("  ", (RESTART, "bold magenta"), " went back") if shown is not None and shown.restarts else ()
             clipped = ((ARROW, "bold"), " clipped  ") if self.clipped else ()
-            return Text.assemble(*clipped, ("⠤⠒ ", "cyan"), "train loss  ", (MARKER, "bold yellow"), f" {val}",
+            what = "train loss" if self.quantity == "loss" else self.quantity
+            return Text.assemble(*clipped, ("⠤⠒ ", "cyan"), f"{what}  ", (MARKER, "bold yellow"), f" {val}",
                                  *restarted)
         out = Text.assemble((ARROW, "bold"), " clipped  ") if self.clipped else Text()
         for name, _, index in self._visible():

@@ -29,6 +29,7 @@ from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
 from . import LightningRunner
 from .data import ResumableSampler, resumable
 from .gang import LightningGang, gang_trainer_args
+from .logged import logged_on_epoch, logged_on_step
 from .support import PREPARED, LightningTask, build_for, monitors_problem, prepare_once, val_monitors
 from ...protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult,
                                   WorkerError)
@@ -39,30 +40,6 @@ from ...worker.reporting import ReportWindow
 
 LAST, PREV, BEST = (LightningRunner.checkpoint_name(which) for which in ("last", "prev", "best"))
 PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
-
-
-def logged_on_step(trainer: Any, device: Any) -> tuple[list[str], list[Any]]:
-    """What the module `self.log`ged on this training step, by the names Lightning's loggers use
-    ('train_loss', or 'train_loss_step' when it is also logged per epoch), and values logged only
-    for the progress bar: (names, values as 0-d float tensors on `device`, not synced)."""
-    results = getattr(trainer, "_results", None)
-    if results is None:
-        return [], []
-    logged = results.metrics(True)  # on_step values of the newest batch (Lightning's own per-batch pass)
-    found = dict(logged["log"])
-    for name, value in logged["pbar"].items():
-        found.setdefault(name, value)
-    names, values = [], []
-    for name, value in found.items():
-        if torch.is_tensor(value) and value.numel() == 1:
-            value = value.detach().to(device, torch.float32).reshape(())
-        elif isinstance(value, (int, float)):
-            value = torch.tensor(float(value), device=device)
-        else:
-            continue
-        names.append(name)
-        values.append(value)
-    return names, values
 
 
 class HerdHooks:
@@ -221,7 +198,8 @@ class HerdHooks:
         r.send(EpochEnd(pipeline=r.name, epoch=epoch, step=trainer.global_step, train_loss=train_loss,
                         duration=duration, samples_per_s=self.batches * r.batch_size * r.world / max(duration, 1e-9),
                         epochs_total=r.pipe.max_epochs,
-                        steps_per_epoch=per_epoch // r.pipe.accumulate_grad_batches))
+                        steps_per_epoch=per_epoch // r.pipe.accumulate_grad_batches,
+                        metrics=logged_on_epoch(trainer)))
         self.batches = 0  # the checkpoint below starts the next epoch from its first batch
         if (epoch + 1) % r.pipe.checkpoint_every_n_epochs == 0 or epoch + 1 >= r.pipe.max_epochs:
             r.save(trainer, "epoch")
