@@ -317,17 +317,13 @@ class Supervisor:
                 self._backend.hold_launches(len(self._scheduler.queued()), len(self._scheduler.free)):
             return
         granted = self._scheduler.allocate()
-        self._say_waits()
+        for name, why in self._scheduler.changed_waits():  # what holds up a queued pipeline, when that changed
+            if self._runs[name].state == S.QUEUED:
+                self._emit(PipelineWaiting(pipeline=name, why=why))
         for name, slots in granted:
             run = self._runs[name]
             run.slots = slots
             self._lifecycle.launch(run)
-
-    def _say_waits(self) -> None:
-        """A PipelineWaiting for each queued pipeline whose reason to wait changed ("" : none left to say)."""
-        for name, why in self._scheduler.changed_waits():
-            if self._runs[name].state == S.QUEUED:
-                self._emit(PipelineWaiting(pipeline=name, why=why))
 
     def _start_attempt(self, run: PipelineRun) -> Handle:
         """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""
