@@ -93,7 +93,9 @@ def test_a_sigkilled_runs_slot_goes_to_the_run_waiting_for_it(tmp_path):
         shown = json.loads(subprocess.run(
             [sys.executable, "-m", "torchherd", "ls", "--json", "--runs-dir", str(tmp_path / "runs-a")],
             capture_output=True, text=True, cwd=REPO, env=repo_env(), timeout=120).stdout)
-        assert shown[0]["devices"] == [{"device": "cpu0", "pipeline": "hold", "rank": 0, "memory": None}]
+        by_run = {r["run_id"]: r for r in shown}  # every live run of the user's, the waiter too
+        assert by_run[held_by]["devices"] == [{"device": "cpu0", "pipeline": "hold", "rank": 0, "memory": None}]
+        assert by_run[waiter.run_dir().name]["waiting"] == {"wait": wait["why"]}
         holder.kill_supervisor()  # its lease's lock dies with it: the waiter's next grant finds the slot free
         waiter.wait_records(lambda recs: any(r["type"] == "worker_started" for r in recs), LONG,
                             "the waiter to start on the freed slot")
