@@ -133,6 +133,9 @@ def test_trials_of_a_swept_args_list_are_named_by_the_values_that_differ(tmp_pat
              ["--lr=0.2", "--epochs", "6", "--out={checkpoint_dir}"]]
     config = sweep_config(tmp_path, {"space": {"args": lists}}, [SCRIPT])
     assert [p.name for p in config.pipelines] == ["mlp-lr0.05", "mlp-lr0.1", "mlp-lr0.2"]
+    from torchherd.tui.ranking import fold_trials  # the sweep view's column says the same, not "['--lr', '0…"
+
+    assert [r.values["args"] for r in fold_trials(config, [])] == ["lr0.05", "lr0.1", "lr0.2"]
 
 
 # ------------------------------------------------------------ a Lightning sweep over what its DataModule takes
