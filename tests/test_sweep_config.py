@@ -133,6 +133,9 @@ def test_trials_of_a_swept_args_list_are_named_by_the_values_that_differ(tmp_pat
              ["--lr=0.2", "--epochs", "6", "--out={checkpoint_dir}"]]
     config = sweep_config(tmp_path, {"space": {"args": lists}}, [SCRIPT])
     assert [p.name for p in config.pipelines] == ["mlp-lr0.05", "mlp-lr0.1", "mlp-lr0.2"]
+    from torchherd.tui.ranking import fold_trials  # the sweep view's column says the same, not "['--lr', '0…"
+
+    assert [r.values["args"] for r in fold_trials(config, [])] == ["lr0.05", "lr0.1", "lr0.2"]
 
 
 # ------------------------------------------------------------ a Lightning sweep over what its DataModule takes
@@ -164,3 +167,17 @@ def test_a_swept_key_that_does_nothing_for_the_pipeline_is_refused(tmp_path, pip
         sweep_config(tmp_path, {"space": {key: values}}, [pipeline])
     problems = [p for p in err.value.problems if p.key == f"sweep.space.{key}"]
     assert len(problems) == 1 and text in problems[0].message, err.value.problems
+
+
+def test_a_key_set_for_a_pipeline_it_does_nothing_for_is_refused(tmp_path):
+    # Regression (with the sweep above): batch_size set on a Lightning pipeline with a DataModule was silently
+    # ignored; [defaults] may hold it for the task pipelines beside it.
+    with pytest.raises(ConfigError) as err:
+        make_config(tmp_path, [{**LIT, "batch_size": 64}, {"name": "t"}], defaults={"batch_size": 16})
+    [problem] = err.value.problems
+    assert problem.key == "pipelines[0].batch_size" and problem.message.startswith(
+        "has no effect on a lightning pipeline: the DataModule") and "set datamodule_params.batch_size" in problem.message
+    with pytest.raises(ConfigError) as err:
+        make_config(tmp_path, [{**SCRIPT, "precision": "bf16-mixed"}])
+    assert [p.key for p in err.value.problems] == ["pipelines[0].precision"]
+    assert "the script runs its own loop" in err.value.problems[0].message

@@ -56,8 +56,11 @@ def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
 def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, str] | None = None) -> list[TrialRow]:
     """Each of `config`'s pipelines as a row, best first by [validation] metric and mode (rows without a
     result last, in config order). `states`: final or live states by name, over those the events say."""
+    from ..engine.config.labels import labelled
+
     v = config.validation
-    rows = {p.name: TrialRow(p.name, dict(p.trial)) for p in config.pipelines}
+    rows = {name: TrialRow(name, values) for name, values in labelled({p.name: dict(p.trial)
+                                                                       for p in config.pipelines}).items()}
     for ev in events:
         row = rows.get(getattr(ev, "pipeline", ""))
         if row is not None:
@@ -85,7 +88,9 @@ def saved_sweep(run_dir: Path) -> SavedSweep | None:
         if not first.get("sweep"):
             return None
         validation = first.get("validation", {})
-        return SavedSweep({p["name"]: dict(p.get("trial") or {}) for p in first["pipelines"]},
+        from ..engine.config.labels import labelled
+
+        return SavedSweep(labelled({p["name"]: dict(p.get("trial") or {}) for p in first["pipelines"]}),
                           validation.get("metric", "val_loss"), validation.get("metric_mode", "min"))
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None

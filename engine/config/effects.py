@@ -2,7 +2,7 @@
 
 A Lightning pipeline's batches come from its DataModule (or the module's own *_dataloader): a sweep
 over `batch_size` trains identical trials. A script runs its own loop: torchherd's loop settings are
-its own business. Sweeping such a key is a config error that says what to sweep instead.
+its own business. Sweeping or setting such a key is a config error that says what to do instead.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from ..protocol.names import PipelineKind
 
-LOADER = "the DataModule (or the module's own *_dataloader) makes its batches: sweep datamodule_params.{key}"
-OWN_LOOP = "the script runs its own loop: pass the value in args, e.g. \"--{key}\", \"{{{key}}}\""
+LOADER = "the DataModule (or the module's own *_dataloader) makes its batches: {verb} datamodule_params.{key}"
+OWN_LOOP = "the script runs its own loop: pass the value in args, e.g. \"--{key}\", {example}"
 NO_EFFECT: dict[PipelineKind, dict[str, str]] = {
     PipelineKind.LIGHTNING: {key: LOADER for key in ("batch_size", "num_workers", "pin_memory")},
     PipelineKind.SCRIPT: {key: OWN_LOOP for key in (
@@ -20,10 +20,11 @@ NO_EFFECT: dict[PipelineKind, dict[str, str]] = {
 }
 
 
-def no_effect(pipe: Any, key: str) -> str | None:
-    """Why `key` does nothing for `pipe` (a Pipeline), or None when it applies. A script's batch_size sizes
-    only its `validate` factory's batches."""
+def no_effect(pipe: Any, key: str, verb: str = "sweep") -> str | None:
+    """Why `key` does nothing for `pipe` (a Pipeline), or None when it applies; `verb`: what the user does with
+    the key ("sweep" or "set"). A script's batch_size sizes only its `validate` factory's batches."""
     why = NO_EFFECT.get(pipe.kind, {}).get(key)
     if why is None and key == "batch_size" and pipe.kind == PipelineKind.SCRIPT and not pipe.validate_factory:
         why = OWN_LOOP
-    return why.format(key=key) if why is not None else None
+    example = f'"{{{key}}}"' if verb == "sweep" else "and its value"  # a placeholder fills only a swept key
+    return why.format(key=key, verb=verb, example=example) if why is not None else None

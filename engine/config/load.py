@@ -304,6 +304,11 @@ def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], 
     names[model.name] = i
     update, found = resolve_kind(model, pipe, i, shown, base_dir)
     update["max_epochs_set"] = "max_epochs" in merged
+    for key in set(pipe) - set(pipe.get("trial") or {}):  # set for this pipeline (a swept one: sweep.space.KEY)
+        passed = any(f"{{{key}}}" in str(merged.get(k, "")) for k in FILLED_KEYS)
+        why = None if passed else no_effect(model, key, "set")
+        if why is not None:
+            found.append(Problem(shown, f"pipelines[{i}].{key}", f"has no effect on a {model.kind} pipeline: {why}"))
     problems += [p for p in found if p not in problems]
     if model.datamodule:
         dm_ref, dm_err = resolve_task(model.datamodule, base_dir)

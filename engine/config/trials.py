@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from .problems import Problem
 from .schema import PipelineSettings
+from .labels import list_parts as _list_parts, short as _short
 from .sweep import RANGE_KINDS, SweepConfig
 
 NOT_SWEPT = ("params", "task", "script", "name", "datamodule_params")  # what a trial cannot vary as a whole
@@ -127,32 +128,6 @@ def trial_name(base: str, values: dict[str, Any], others: list[dict[str, Any]] =
         else:
             parts.append(f"{key.rsplit('.', 1)[-1]}{_short(v)}")
     return "-".join(parts)
-
-
-def _list_parts(value: list[Any], others: list[Any]) -> list[str]:
-    """The flag-value pairs of `value` that not every other trial's list has ('--lr', '0.05' and '--lr=0.05'
-    are both 'lr0.05')."""
-    def pairs(items: Any) -> list[tuple[str, str]]:
-        out, items = [], [str(i) for i in items] if isinstance(items, list) else []
-        for i, item in enumerate(items):
-            if item.startswith("-") and "=" in item:
-                out.append(tuple(item.lstrip("-").split("=", 1)))
-            elif item.startswith("-"):
-                nxt = items[i + 1] if i + 1 < len(items) else ""
-                out.append((item.lstrip("-"), "" if nxt.startswith("-") else nxt))
-            elif not (i and items[i - 1].startswith("-") and "=" not in items[i - 1]):
-                out.append(("", item))
-        return out
-
-    theirs = [pairs(o) for o in others]
-    return [f"{_short(flag) if flag else ''}{_short(v) if v else ''}" for flag, v in pairs(value)
-            if not all((flag, v) in t for t in theirs)] or ["args"]
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, float):
-        value = f"{value:.3g}"
-    return re.sub(r"[^A-Za-z0-9_.]", "", str(value).replace("-", "_")) or "x"
 
 
 def expand_pipelines(raw: list[dict[str, Any]], sweep: SweepConfig) -> list[dict[str, Any]]:

@@ -41,3 +41,25 @@ async def test_back_on_a_log_after_another_it_shows_and_follows_the_newest_lines
         with narrow.open("a") as fh:
             fh.write("".join(f"epoch {i}\n" for i in range(101, 121)))
         await wait_for(pilot, lambda: at_the_end("epoch 120"), what="the lines written since, followed")
+
+
+class WrappedTail(App):
+    CSS = "LogTail { height: 12; }"
+
+    def compose(self):
+        yield LogTail(wrap=True)
+
+
+async def test_the_full_log_wraps_a_long_line_so_it_reads_whole(tmp_path):
+    # Regression: at 80 columns Lightning's long warnings were cut to what fit; `l` showed no more of them.
+    log = tmp_path / "log.txt"
+    warning = "UserWarning: The 'train_dataloader' does not have many workers which may be a bottleneck. " * 2
+    log.write_text(f"epoch 1\n{warning}\nepoch 2\n")
+    app = WrappedTail()
+    async with app.run_test(size=(40, 20)) as pilot:
+        tail = app.query_one(LogTail)
+        tail.follow(log)
+        await wait_for(pilot, lambda: tail.lines and tail.lines[-1] == "epoch 2", what="lines shown")
+        width = tail.scrollable_content_region.width
+        assert all(len(line) <= width for line in tail.lines)
+        assert "".join(tail.lines[1:-1]) == warning  # every character of it, over several lines

@@ -124,3 +124,23 @@ async def test_a_highlighted_config_saved_again_is_checked_again(tmp_path: Path,
         await wait_for(pilot, lambda: "max_epochs" in verdict(app) and "max_epoch:" not in verdict(app),
                        what="the saved file checked again, without moving")
         assert 'max_epochs = "two"' in str(app.screen.query_one("#source").content.code)
+
+
+async def test_a_config_written_while_the_picker_is_open_is_listed_and_the_cursor_stays(tmp_path: Path, runs_dir,
+                                                                                        session):
+    # Regression: the picker did not see a config written while it was open.
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "b.toml").write_text('[[pipelines]]\nname = "a"\ntask = "regression"\n')
+    (folder / "c.toml").write_text('[[pipelines]]\nname = "a"\ntask = "regression"\n')
+    app = TorchherdApp(folder, runs_dir, factory=session)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen) and len(app.screen.configs) == 2,
+                       what="two configs listed")
+        await pilot.press("down")
+        choices = app.screen.query_one("#choices", OptionList)
+        await wait_for(pilot, lambda: "c.toml" in str(choices.highlighted_option.prompt), what="c highlighted")
+        (folder / "a.toml").write_text('[[pipelines]]\nname = "a"\ntask = "regression"\n')
+        await wait_for(pilot, lambda: [p.name for p in app.screen.configs] == ["a.toml", "b.toml", "c.toml"],
+                       what="the new config listed")
+        assert "c.toml" in str(choices.highlighted_option.prompt)  # the cursor stayed on its config

@@ -34,7 +34,7 @@ class LogScreen(Screen[None]):
         self.path, self.pipeline = path, pipeline
 
     def compose(self) -> ComposeResult:
-        yield LogTail(max_lines=50_000, tail_bytes=FULL_BYTES, id="full")
+        yield LogTail(max_lines=50_000, tail_bytes=FULL_BYTES, wrap=True, id="full")  # every line whole
         yield Footer()
 
     def on_mount(self) -> None:

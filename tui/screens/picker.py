@@ -121,6 +121,7 @@ class PickerScreen(Screen[PickerResult]):
         self.launch_runs_dir = launch_runs_dir  # where a launch puts its run (None: the config's runs_dir)
         self.launch = launch  # `torchherd run CONFIG`: launch `selected` as soon as it passes the check
         self.configs: list[Path] = []
+        self.listed = False  # the folder was listed once (looked at again for configs written meanwhile)
         self.runs: list[PastRun] = []
         self.checks: dict[Path, ConfigCheck] = {}  # final verdicts
         self.building: dict[Path, PickerScreen.Building] = {}  # configs whose tasks are being built now
@@ -170,15 +171,21 @@ class PickerScreen(Screen[PickerResult]):
     @work(thread=True, exclusive=True, exit_on_error=False, group="list")
     def _list(self) -> None:
         runs = [] if self.adding else list_past_runs(self.runs_dir)
+        self.post_message(self.Listed(self._configs(), runs, missing=not self.directory.is_dir()))
+
+    def _configs(self) -> list[Path]:
+        """The folder's configs, and the one named on the command line (it may have no .toml suffix)."""
         configs = list_configs(self.directory)
         if self.initial is not None and self.initial.is_file() and \
                 self.initial.resolve() not in [p.resolve() for p in configs]:
-            configs.append(self.initial)  # named on the command line without a .toml suffix
-        self.post_message(self.Listed(configs, runs, missing=not self.directory.is_dir()))
+            configs.append(self.initial)
+        return configs
 
     def on_picker_screen_listed(self, message: Listed) -> None:
-        self.configs, self.runs = message.configs, message.runs
         choices = self.query_one("#choices", OptionList)
+        was = choices.highlighted_option
+        kept = self._chosen(was.id if was is not None else None)  # listed again: the cursor stays on it
+        self.configs, self.runs, self.listed = message.configs, message.runs, True
         choices.clear_options()
         choices.add_option(Option(Text("configs", style="bold"), disabled=True))
         if message.missing:
@@ -212,6 +219,9 @@ class PickerScreen(Screen[PickerResult]):
                 self.launch_when_checked = self.configs[first - 1]
         if self.configs or self.runs:
             choices.highlighted = first if self.configs else 2
+        if kept is not None and kept[1] in (self.configs if kept[0] == "cfg" else self.runs):
+            items = self.configs if kept[0] == "cfg" else self.runs
+            choices.highlighted = choices.get_option_index(f"{kept[0]}:{items.index(kept[1])}")
         choices.focus()
 
     def _chosen(self, option_id: str | None) -> tuple[str, object] | None:
@@ -283,7 +293,10 @@ class PickerScreen(Screen[PickerResult]):
         self.post_message(self.Checked(check))
 
     def _check_again_if_edited(self) -> None:
-        """The highlighted config was saved since its check: check it again, as moving onto it would."""
+        """The highlighted config was saved since its check: check it again, as moving onto it would. A config
+        written into (or removed from) the folder meanwhile: list the folder again."""
+        if self.listed and {p.resolve() for p in self._configs()} != {p.resolve() for p in self.configs}:
+            self._list()
         path = self._highlighted_config()
         if path is None or self.stamps.get(path) in (None, stamp := _stamp(path)):
             return

@@ -54,9 +54,10 @@ class LogTail(Log):
         lines: list[str]
         reset: bool
 
-    def __init__(self, max_lines: int = 500, tail_bytes: int = TAIL_BYTES, **kwargs) -> None:
+    def __init__(self, max_lines: int = 500, tail_bytes: int = TAIL_BYTES, wrap: bool = False, **kwargs) -> None:
         super().__init__(max_lines=max_lines, auto_scroll=True, **kwargs)
         self.tail_bytes = tail_bytes
+        self.wrap = wrap  # long lines (a Lightning warning) go on over the next lines, at the width when read
         self.path: Path | None = None
         self.border_title = "log"
 
@@ -101,6 +102,9 @@ class LogTail(Log):
         message.stop()
         if message.path != self.path:
             return
+        if self.wrap:
+            width = max(self.scrollable_content_region.width, 20)
+            message.lines = [line[i:i + width] for line in message.lines for i in range(0, len(line) or 1, width)]
         if message.reset:  # a file followed afresh shows its newest lines, wherever the last one's view stood
             self.clear()
             self.write_lines(message.lines, scroll_end=False)
