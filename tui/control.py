@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -92,13 +93,28 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int
     if not runs:
         out.write(f"no runs under {runs_dir}, and no live run of yours elsewhere\n")
     width = max((len(r.run_id) for r in runs), default=0)
+    columns = shutil.get_terminal_size((120, 24)).columns  # a pipe gets 120; COLUMNS is honoured
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started))
         state = f"live (pid {pids[r.path]})" if pids.get(r.path) else state_of(r)
-        out.write(f"{r.run_id:<{width}}  {started}  {state:<24} {', '.join(r.pipelines)}\n")
+        head = f"{r.run_id:<{width}}  {started}  {state:<24} "
+        out.write(head + fit_names(r.pipelines, columns - len(head)) + "\n")
     for line in ledger_lines(leases, sessions):
         out.write(line + "\n")
     return EXIT_TOOK
+
+
+def fit_names(names: list[str] | tuple[str, ...], room: int) -> str:
+    """`names` joined by ", " within `room` cells: as many as fit (the first always), then "… (+N more)"."""
+    text = ", ".join(names)
+    if len(text) <= room:
+        return text
+    shown = [names[0]]
+    for i, name in enumerate(names[1:], 1):
+        if len(", ".join(shown + [name])) + len(f", … (+{len(names) - i - 1} more)") > room:
+            break
+        shown.append(name)
+    return ", ".join(shown) + f", … (+{len(names) - len(shown)} more)"
 
 
 def machine_ledger() -> tuple[list, list]:
