@@ -232,3 +232,24 @@ def test_a_run_waiting_for_its_own_pipelines_only_is_a_queue_and_says_no_more(tm
         assert sched.waits == {} and sched.position("t1") == 1
     finally:
         sched.close()
+
+
+def test_a_waiter_that_leaves_the_queue_holds_up_no_other_run(tmp_path):
+    # A run shutting down dequeues its waiters without another grant pass: they must not stay announced.
+    from torchherd.engine.supervise.scheduler import Scheduler
+
+    folder = tmp_path / "ledger"
+    holder, first, second = (Scheduler(cpu_pool(1), Ledger(folder), run) for run in ("holder", "first", "second"))
+    try:
+        holder.enqueue("h", 0, 0)
+        holder.allocate()
+        first.enqueue("f", priority=5, order=0)
+        first.allocate()
+        second.enqueue("s", priority=0, order=0)
+        holder.release(holder._grants["h"], "h")
+        assert second.allocate() == [] and "waiting behind f of run first" in second.waits["s"]
+        first.dequeue("f")
+        assert [k for k, _ in second.allocate()] == ["s"]
+    finally:
+        for s in (holder, first, second):
+            s.close()

@@ -113,6 +113,8 @@ class Scheduler:
     def dequeue(self, key: Hashable) -> None:
         self._waiting.pop(key, None)
         self.waits.pop(key, None)
+        if not self.cluster:
+            self._announce()  # a run stopping its queue (shutdown) holds up no other run any more
 
     def queued(self) -> list[Hashable]:
         """Waiting pipelines in the order they will start."""
