@@ -1,4 +1,5 @@
-"""`torchherd ls` fits a run's row to the terminal: a sweep's trials are cut with a count, not printed whole."""
+"""`torchherd ls` fits a run's row to the terminal: a sweep's trials are cut with a count, not printed whole;
+into a pipe the names go whole."""
 from torchherd.tui.control import fit_names
 
 

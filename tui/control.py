@@ -93,7 +93,8 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int
     if not runs:
         out.write(f"no runs under {runs_dir}, and no live run of yours elsewhere\n")
     width = max((len(r.run_id) for r in runs), default=0)
-    columns = shutil.get_terminal_size((120, 24)).columns  # a pipe gets 120; COLUMNS is honoured
+    # On a terminal a row fits its width; into a pipe (grep, a file) the names go whole, as ls(1) does.
+    columns = shutil.get_terminal_size().columns if out.isatty() else 1 << 30
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started))
         state = f"live (pid {pids[r.path]})" if pids.get(r.path) else state_of(r)
