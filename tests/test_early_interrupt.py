@@ -2,6 +2,7 @@
 what was started, says so without a traceback, and leaves no process and no run directory behind."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -55,5 +56,26 @@ def test_ctrl_c_while_the_service_starts_stops_it_and_keeps_nothing(tmp_path):
     assert still_alive([service.pid], timeout=30) == []
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(PLAIN) in " ".join(p.info["cmdline"] or [])]
     assert still_alive(left, timeout=30) == []
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
+
+
+def test_ctrl_c_that_lands_inside_popen_still_stops_the_forked_service(tmp_path, monkeypatch):
+    # Regression (seen in CI): SIGINT while Popen was in fork/exec raised out of Popen after the fork, losing
+    # the service it had started. Here the signal lands just before the real Popen returns, every time.
+    from torchherd.engine.serve import service
+
+    real, forked = subprocess.Popen, []
+
+    def popen_then_ctrl_c(*args, **kwargs):
+        proc = real(*args, **kwargs)
+        forked.append(proc.pid)
+        os.kill(os.getpid(), signal.SIGINT)
+        return proc
+
+    monkeypatch.setattr(service.subprocess, "Popen", popen_then_ctrl_c)
+    with pytest.raises(service.StartCancelled):
+        service.spawn(config=config(tmp_path), runs_dir=tmp_path / "runs")
+    assert forked and still_alive(forked, timeout=30) == []
     runs = tmp_path / "runs"
     assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())

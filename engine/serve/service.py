@@ -50,11 +50,21 @@ def spawn(config: Path | None = None, runs_dir: Path | None = None, resume: Path
         args += ["--runs-dir", str(runs_dir)]
     for name in only or []:
         args += ["--only", name]
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "torchherd.engine.serve.service", *args],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, close_fds=True)
-    assert proc.stdout is not None
+    # Ctrl-C inside Popen would lose the child it had already forked; it is held until Popen returns.
+    interrupted: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum)) if main else None
     try:
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "torchherd.engine.serve.service", *args],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+    try:
+        assert proc.stdout is not None
+        if interrupted:
+            raise KeyboardInterrupt
         out = proc.stdout.read().decode(errors="replace")  # ends when it serves (its output moves) or exits
     except KeyboardInterrupt:
         _cancel(proc)
