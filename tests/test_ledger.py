@@ -61,9 +61,12 @@ def test_whole_gpu_requests_skip_a_gpu_a_foreign_process_holds():
 def test_memory_shares_pack_on_the_foreign_gpu_up_to_its_free_memory():
     pool = gpu_pool(2)
     held = [lease("gpu0")]  # gpu0 is another run's, whole: only gpu1's 50 GiB remain for shares
-    shares = grant(Request(ranks=2, memory=20 * GiB), pool, held, "mine", FOREIGN)
-    assert [(s.name, s.memory) for s in shares] == [("gpu1", 20 * GiB), ("gpu1", 20 * GiB)]
-    held += leases_for(shares, "mine", "a", 0)
+    for name in ("a", "b"):
+        share = grant(Request(memory=20 * GiB), pool, held, "mine", FOREIGN)
+        assert [(s.name, s.memory) for s in share] == [("gpu1", 20 * GiB)]
+        held += leases_for(share, "mine", name, 0)
+    # a gang's ranks never share one GPU (NCCL refuses two ranks on one): the second rank has nowhere to go
+    assert isinstance(grant(Request(ranks=2, memory=GiB), pool, held[:1], "mine", FOREIGN), Wait)
     wait = grant(Request(memory=20 * GiB), pool, held, "mine", FOREIGN)  # 10 GiB left on gpu1
     assert isinstance(wait, Wait) and "gpu1 10.0 GiB free" in wait.why
     assert "pid 4242" in wait.why and "gpu0 held by run other (you)" in wait.why

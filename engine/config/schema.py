@@ -73,8 +73,8 @@ class PipelineSettings(_Strict):
         "Whole GPUs each rank's process holds (on a GPU machine), chosen to share the fastest link between "
         "them; CUDA_VISIBLE_DEVICES lists them, and TORCHHERD_GPUS says which CUDA indices are this rank's."))
     gpu_memory: str | float | None = Field(None, description=(
-        "Instead of a whole GPU, a share of one: bytes as '6GiB' or '512MiB', or a fraction of the smallest "
-        "GPU (0-1]. Pipelines pack on a GPU while their shares fit its free memory."))
+        "A share of one GPU instead of a whole one: bytes ('6GiB'), or a fraction of the smallest GPU (0-1], "
+        "the only form on Ray (num_gpus). Shares pack on a GPU while they fit; a gang's ranks never share one."))
     ranks: int = Field(1, ge=1, description=(
         "Processes of one DistributedDataParallel gang, one per device slot, started and restarted as a unit "
         "(torchrun's --nproc-per-node); 1 trains in one process."))

@@ -32,13 +32,14 @@ class Request:
     ranks: int = 1
     gpus: int = 1  # whole GPUs per rank (GPU pools only)
     memory: int | None = None  # bytes of one GPU per rank, shared with others; None: whole GPUs
+    share: float | None = None  # a fraction of one GPU per rank where GPU memory is not known (a Ray cluster)
 
     def label(self, gpu_pool: bool) -> str:
         """"2 GPUs", "a 6.0 GiB share of a GPU", "2 CPU slots"... for what a pipeline waits for."""
         if not gpu_pool:
             return f"{self.ranks} CPU slot{'s' if self.ranks != 1 else ''}"
-        if self.memory is not None:
-            each = f"{gib(self.memory)} of a GPU"
+        if self.memory is not None or self.share is not None:
+            each = f"{gib(self.memory)} of a GPU" if self.memory is not None else f"{self.share:g} of a GPU"
             return each if self.ranks == 1 else f"{each} for each of {self.ranks} ranks"
         count = self.ranks * self.gpus
         return f"{count} GPU{'s' if count != 1 else ''}" + (f" ({self.gpus} per rank)" if self.gpus > 1 else "")
@@ -180,7 +181,7 @@ def _whole(request: Request, books: _Books, run: str, links: dict[tuple[int, int
     for _ in range(request.ranks):
         group = _nearest(free, request.gpus, links)
         free = [s for s in free if s not in group]
-        slots.append(_merge(group))
+        slots.append(merge_gpus(group))
     if books.after_taking([g for s in slots for g in _parts(s, books.pool)]) < books.policy.keep_free:
         return Wait(f"waiting for {label}: [devices] keep_free = {books.policy.keep_free} leaves "
                     f"{len(free) + need - books.policy.keep_free} of {len(free) + need} free GPUs to take")
@@ -188,10 +189,11 @@ def _whole(request: Request, books: _Books, run: str, links: dict[tuple[int, int
 
 
 def _shares(request: Request, books: _Books, run: str) -> list[Slot] | Wait:
+    """A share of one GPU for each rank, each rank on a GPU of its own (NCCL puts no two ranks on one)."""
     room = {s.name: books.available(s) for s in books.pool}
     slots = []
     for _ in range(request.ranks):
-        fits = [s for s in books.pool if room[s.name] >= request.memory
+        fits = [s for s in books.pool if room[s.name] >= request.memory and s.name not in {t.name for t in slots}
                 and not (books.policy.share == "exclusive" and books.foreign(s))
                 and (not books.whole_free(s) or books.after_taking([s, *slots]) >= books.policy.keep_free)]
         if not fits:
@@ -217,7 +219,7 @@ def _nearest(free: list[Slot], count: int, links: dict[tuple[int, int], int]) ->
     return list(min(itertools.combinations(free, count), key=cost))
 
 
-def _merge(group: list[Slot]) -> Slot:
+def merge_gpus(group: list[Slot]) -> Slot:
     """One rank's slot over the GPUs of `group`: named by them all, its first GPU the one it starts on."""
     if len(group) == 1:
         return group[0]
@@ -233,10 +235,14 @@ def _parts(slot: Slot, pool: list[Slot]) -> list[Slot]:
 
 def request_of(pipe: Pipeline, pool: list[Slot]) -> Request:
     """What `pipe` asks of `pool`: a CPU slot per rank on CPU slots; on GPUs its gpus_per_rank, or its
-    gpu_memory share (a fraction of the pool's smallest GPU)."""
+    gpu_memory share (a fraction of the pool's smallest GPU; on a Ray cluster, which knows no GPU's memory,
+    the fraction itself: Ray's num_gpus)."""
     if not any(s.gpu is not None for s in pool):
         return Request(ranks=pipe.ranks)
     memory = pipe.gpu_memory
+    if any(s.node for s in pool):
+        share = float(memory) if memory is not None and not isinstance(memory, str) else None
+        return Request(ranks=pipe.ranks, gpus=pipe.gpus_per_rank, share=share)
     if isinstance(memory, str):
         memory = memory_bytes(memory)
     elif memory is not None:

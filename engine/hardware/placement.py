@@ -5,6 +5,7 @@ rest wait in a queue until one frees.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from ..config.problems import Problem, display_path
@@ -70,11 +71,15 @@ def request_problem(p: Pipeline, slots: list[Slot], devices: DevicesConfig) -> t
     if asks_gpu and not gpus:
         key = "gpus_per_rank" if p.gpus_per_rank > 1 else "gpu_memory"
         return key, f"asks for GPUs, but this run has CPU slots only ({have}): remove {key}, or run it on a GPU machine"
-    if asks_gpu and any(s.node for s in slots):
-        key = "gpus_per_rank" if p.gpus_per_rank > 1 else "gpu_memory"
-        return key, "is not supported on a Ray cluster yet: a rank there holds one whole GPU"
     if p.gpus_per_rank > 1 and p.gpu_memory is not None:
         return "gpu_memory", f"a share of one GPU cannot go with gpus_per_rank = {p.gpus_per_rank}: choose one"
+    if p.gpu_memory is not None and p.ranks > len(gpus):
+        return "ranks", (f"each of {p.ranks} ranks needs a share of a GPU of its own (NCCL puts no two ranks of a "
+                         f"gang on one GPU), and this run has {len(gpus)} GPU(s)")
+    if asks_gpu and any(s.node for s in slots):
+        problem = cluster_request_problem(p, gpus)
+        if problem is not None or p.gpu_memory is not None:
+            return problem  # a fraction of one GPU always fits one
     if p.gpu_memory is not None:
         need = request_of(p, slots).memory or 0
         largest = max((s.gpu.memory_total or 0 for s in gpus), default=0)
@@ -92,6 +97,19 @@ def request_problem(p: Pipeline, slots: list[Slot], devices: DevicesConfig) -> t
     return "ranks", (f"{p.ranks} ranks need {p.ranks} device slots at once; this machine gives {usable} "
                      f"({have}" + (f", less keep_free = {devices.keep_free}" if devices.keep_free and gpus else "")
                      + "): lower ranks, or add slots with [devices] cpu_slots / placement")
+
+
+def cluster_request_problem(p: Pipeline, gpus: list[Slot]) -> tuple[str, str] | None:
+    """(key, why) when a Ray cluster could never grant `p`'s request: Ray accounts whole GPUs and fractions of
+    one (num_gpus), not GPU memory, and one rank's GPUs must be on one node."""
+    if isinstance(p.gpu_memory, str):
+        return "gpu_memory", (f"{p.gpu_memory!r} is bytes, and a Ray cluster accounts fractions of a GPU, not its "
+                              "memory: give a fraction such as gpu_memory = 0.25 (Ray's num_gpus)")
+    per_node = Counter(s.node for s in gpus)
+    if p.gpus_per_rank > max(per_node.values(), default=0):
+        return "gpus_per_rank", (f"one rank's {p.gpus_per_rank} GPUs must be on one node, and no node of the cluster "
+                                 f"has that many (" + ", ".join(f"{n[:6]}: {k}" for n, k in per_node.items()) + ")")
+    return None
 
 
 def order_pipelines(config: RunConfig) -> list[str]:

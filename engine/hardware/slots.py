@@ -17,6 +17,7 @@ class Slot:
     node: str = ""  # a cluster node's id (engine/launch/ray/placement.py); "" for this machine
     peers: tuple[GpuInfo, ...] = ()  # the rank's other GPUs (gpus_per_rank > 1), best linked to `gpu`
     memory: int | None = None  # bytes of `gpu` reserved for a share of it (gpu_memory); None: the whole GPU
+    share: float | None = None  # on a Ray cluster, the fraction of `gpu` reserved (Ray's num_gpus); None: whole
 
     @property
     def gpus(self) -> tuple[GpuInfo, ...]:
@@ -26,6 +27,7 @@ class Slot:
     @property
     def label(self) -> str:
         if self.gpu is not None:
-            share = f", {self.memory / 2**30:.1f} GiB share" if self.memory is not None else ""
+            share = f", {self.memory / 2**30:.1f} GiB share" if self.memory is not None else \
+                f", {self.share:g} share" if self.share is not None else ""
             return f"{self.name} ({self.gpu.name}{share})"
         return f"{self.name} ({self.threads} thread{'s' if self.threads != 1 else ''})"

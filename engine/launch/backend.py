@@ -49,6 +49,7 @@ class LaunchSpec:
     # and TORCHHERD_GPUS (LOCAL_RANK with one GPU a rank) says which are its own. () for a child alone.
     gang_gpus: tuple[int, ...] = ()
     own_gpus: tuple[int, ...] = ()  # its own GPUs when it holds several (gpus_per_rank); () : gpu_index alone
+    gpu_share: float | None = None  # a fraction of its GPU (gpu_memory on a Ray cluster: num_gpus); None: whole
 
     @property
     def visible_gpus(self) -> tuple[int, ...]:

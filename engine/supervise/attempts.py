@@ -76,4 +76,5 @@ class AttemptLauncher:
                              stop_timeout=plan.run_config.restart.stop_timeout, hold=hold),
             log_path=self._rundir.log_path(run.name, rank),
             gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node,
-            gang_gpus=gang_gpus, own_gpus=tuple(g.index for g in slot.gpus) if len(slot.gpus) > 1 else ())
+            gang_gpus=gang_gpus, own_gpus=tuple(g.index for g in slot.gpus) if len(slot.gpus) > 1 else (),
+            gpu_share=slot.share)

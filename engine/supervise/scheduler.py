@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Hashable
 
 from ..config.schema import DevicesConfig
-from ..hardware.grants import Policy, Request, Wait, grant, leases_for
+from ..hardware.grants import Policy, Request, Wait, grant, leases_for, merge_gpus
 from ..hardware.ledger import Lease, MemoryLedger, Session
 from ..hardware.occupancy import OccupancyReader
 from ..hardware.placement import Slot
@@ -61,6 +61,17 @@ def _one_node(free: list[Slot], need: int) -> list[Slot] | None:
     return packed
 
 
+def _node_group(free: list[Slot], count: int, prefer: str = "") -> list[Slot] | None:
+    """`count` free GPU slots of one node, of `prefer` when it has room (a gang's ranks stay together)."""
+    by_node: dict[str, list[Slot]] = {}
+    for slot in free:
+        if slot.gpu is not None:
+            by_node.setdefault(slot.node, []).append(slot)
+    roomy = [group for node, group in by_node.items() if len(group) >= count]
+    roomy.sort(key=lambda group: group[0].node != prefer)
+    return roomy[0][:count] if roomy else None
+
+
 @dataclass(frozen=True)
 class _Waiting:
     priority: int
@@ -87,6 +98,7 @@ class Scheduler:
         self._said: dict[Hashable, str] = {}  # the waits changed_waits last handed out
         self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
         self._announced: dict | None = None
+        self._shared: list[tuple[Slot, float]] = []  # a cluster's GPUs held for shares, and how full each is
 
     @classmethod
     def for_run(cls, backend: Backend, slots: list[Slot], run: str, run_dir: Path, devices: DevicesConfig) -> Scheduler:
@@ -168,12 +180,14 @@ class Scheduler:
     def release(self, slots: list[Slot], key: Hashable | None = None) -> None:
         """Give slots back to the pool (kept in the machine's order), and `key`'s leases to the ledger; a slot
         of a node that left is dropped."""
+        if self.cluster:
+            for slot in slots:
+                self._pool_release(slot)
+            self._refree()
+            return
         for slot in slots:
             if slot in self._taken:
                 self._taken.remove(slot)
-        if self.cluster:
-            self._refree()
-            return
         if key is None:  # the allocation these slots are
             key = next((k for k, got in self._grants.items() if got == list(slots)), None)
         if key is not None and key in self._held:
@@ -236,18 +250,90 @@ class Scheduler:
 
     def _allocate_pool(self) -> list[tuple[Hashable, list[Slot]]]:
         granted = []
+        gpu_pool = any(s.gpu is not None for s in self.slots)
         for key in self.queued():
-            need = self._waiting[key].request.ranks
-            taken = _one_node(self._free, need)
+            request = self._waiting[key].request
+            taken = self._pool_grant(request)
             if taken is None:
-                self._wait_all(key, Wait(f"waiting for {need} slot{'s' if need != 1 else ''}", outside=False))
+                self._wait_all(key, Wait(f"waiting for {request.label(gpu_pool)}", outside=False))
                 break  # strict order: the head waits for its k slots, nobody overtakes it
-            self._free = [s for s in self._free if s not in taken]
-            self._taken += taken
             del self._waiting[key]
             self.waits.pop(key, None)
             granted.append((key, taken))
         return granted
+
+    def _pool_grant(self, request: Request) -> list[Slot] | None:
+        """A cluster's slots for `request` (one per rank), taken from the pool; None when too few are free."""
+        if request.share is not None:
+            return self._pool_shares(request)
+        gpu_pool = any(s.gpu is not None for s in self.slots)
+        if request.gpus > 1 and gpu_pool:
+            return self._pool_gpus(request)
+        taken = _one_node(self._free, request.ranks)
+        if taken is not None:
+            self._free = [s for s in self._free if s not in taken]
+            self._taken += taken
+        return taken
+
+    def _pool_gpus(self, request: Request) -> list[Slot] | None:
+        """Each rank's `request.gpus` GPUs from one node (Ray's num_gpus=N), the gang's ranks packed on as few
+        nodes as hold them. A rank's slot is counted once per GPU it holds."""
+        free, out = list(self._free), []
+        for _ in range(request.ranks):
+            group = _node_group(free, request.gpus, prefer=out[-1].node if out else "")
+            if group is None:
+                return None
+            free = [s for s in free if s not in group]
+            out.append(merge_gpus(group))
+        self._free = free
+        for slot in out:
+            self._taken += [slot] * len(slot.gpus)
+        return out
+
+    def _pool_shares(self, request: Request) -> list[Slot] | None:
+        """A fraction of one GPU for each rank (Ray's fractional num_gpus): on the fullest GPU already shared
+        that has room, else on a whole free one, which is then held for shares until the last one ends."""
+        assert request.share is not None
+        shared = [[slot, fill] for slot, fill in self._shared]
+        free, out = list(self._free), []
+        for _ in range(request.ranks):
+            fits = [entry for entry in shared if entry[1] + request.share <= 1 + 1e-9
+                    and all(entry[0] != replace(t, share=None) for t in out)]  # a GPU of its own for each rank
+            if not fits:
+                whole = next((s for s in free if s.gpu is not None), None)
+                if whole is None:
+                    return None
+                free.remove(whole)
+                # Counted by node, a free slot may bear the name of a GPU held for shares: take one that does not.
+                names = {held.name for held, _ in shared}
+                whole = next(s for s in self.slots if _kind(s) == _kind(whole) and s.name not in names)
+                fits = [[whole, 0.0]]
+                shared.append(fits[0])
+            entry = max(fits, key=lambda e: e[1])  # the tightest fit: whole GPUs stay whole
+            entry[1] += request.share
+            out.append(replace(entry[0], share=request.share))
+        self._taken += [s for s, _ in shared if all(s is not t for t, _ in self._shared)]
+        self._shared = [(slot, fill) for slot, fill in shared]
+        self._free = free
+        return out
+
+    def _pool_release(self, slot: Slot) -> None:
+        """Give one allocated cluster slot back: a share to its GPU (freed with its last share), else the
+        slot once for every GPU it holds."""
+        if slot.share is not None:
+            whole = replace(slot, share=None)
+            for i, (held, fill) in enumerate(self._shared):
+                if held == whole:
+                    fill -= slot.share
+                    self._shared[i] = (held, fill)
+                    if fill <= 1e-9:
+                        del self._shared[i]
+                        self._taken.remove(held)
+                    return
+            return
+        for _ in range(max(1, len(slot.gpus))):
+            if slot in self._taken:
+                self._taken.remove(slot)
 
     def resize(self, slots: list[Slot]) -> None:
         """The pool is now `slots` (a cluster's nodes joined or left); allocations stay as they are."""
@@ -264,6 +350,11 @@ class Scheduler:
         stale = [s for s in slots if _kind(s) not in live]
         if not stale:
             return slots
+        if any(s.share is not None or s.peers for s in slots):  # ranks of several GPUs, or shares: asked again
+            for slot in slots:  # (held by nothing meanwhile when too few are free: the next try asks again)
+                self._pool_release(slot)
+            self._refree()
+            return self._pool_grant(Request(ranks=len(slots), gpus=len(slots[0].gpus), share=slots[0].share))
         if len(slots) > 1:  # a gang: all of it moves, to one node with room for every rank or as few as hold it
             for slot in slots:  # its own live slots are free for it to move to
                 self._taken.remove(slot)

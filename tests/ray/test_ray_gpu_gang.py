@@ -12,7 +12,10 @@ import pytest
 
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.ray.conftest import local_cluster, ray_config
+from tests.conftest import TASKS
 from tests.test_gpu_visibility import SHOW, seen_devices
+
+BARRIER = str(TASKS / "scripts" / "share_barrier.py")
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -40,3 +43,24 @@ async def test_every_rank_of_a_gpu_gang_sees_the_gangs_gpus_and_local_rank_picks
     visible = seen[("g", 0)][1]
     assert sorted(visible.split(",")) == ["0", "1"], seen  # the two GPUs Ray gave the gang's actors, one each
     assert finished == {"g": "completed"}
+
+
+async def test_a_rank_of_two_gpus_sees_both_and_fractions_of_a_gpu_run_four_at_once_on_two(tmp_path, cluster):
+    # gpus_per_rank = 2 is Ray's num_gpus=2 on one node; gpu_memory = 0.5 is num_gpus=0.5: the node's two GPUs
+    # hold four such pipelines at once (the barrier script exits 4 unless all four run together).
+    barrier = str(tmp_path / "barrier")
+    shares = [{"name": f"s{i}", "script": BARRIER, "args": [barrier, "4"], "gpu_memory": 0.5} for i in range(4)]
+    config = ray_config(tmp_path, [{"name": "wide", "script": SHOW, "gpus_per_rank": 2, "priority": 1}, *shares],
+                        cluster.address, defaults={"task": None}, devices={"placement": "auto"},
+                        validation={"mode": "off"}, restart={"max_restarts": 0})
+    sup = Supervisor(config)
+    await sup.start()
+    try:
+        finished = await asyncio.wait_for(sup.wait(), 180)
+    finally:
+        await sup.shutdown()
+    assert finished == {name: "completed" for name in ("wide", "s0", "s1", "s2", "s3")}, finished
+    seen = seen_devices(sup.run_dir)
+    assert sorted(seen[("wide", 0)][1].split(",")) == ["0", "1"], seen  # Ray gave the one rank both GPUs
+    assert "own [0,1]" in (sup.run_dir / "wide" / "log.txt").read_text()
+    assert all(len(seen[(f"s{i}", 0)][1].split(",")) == 1 for i in range(4)), seen  # each one GPU, shared

@@ -190,7 +190,7 @@ class RayLauncher(Backend):
 
         return handle, start
 
-    def _place(self, spec: LaunchSpec) -> tuple[str, int, str, dict[str, str], str]:
+    def _place(self, spec: LaunchSpec) -> tuple[str, float, str, dict[str, str], str]:
         """Where an attempt's actor goes and what it reserves there: (resource kind, amount, node id, the
         child's environment, the snapshot root its actor makes on that node or "")."""
         child = spec.child
@@ -205,9 +205,10 @@ class RayLauncher(Backend):
             env = child_env(spec.env, child.threads, (home[1],) if home else (), pci_order=False)
             # its own node's snapshot root; the one on this node is the supervisor's, made already
             return "cpu", 0, node, env, child.snapshot_root if spec.node else ""
-        # cuda: Ray picks the node's GPU and sets CUDA_VISIBLE_DEVICES for it (a gang's ranks then see every
-        # rank's: launch_ranks)
-        kind, amount = ("cuda", 1) if spec.gpu_index is not None else ("cpu", child.threads)
+        # cuda: Ray picks the node's GPUs (a rank's gpus_per_rank, or a fraction of one) and sets
+        # CUDA_VISIBLE_DEVICES for them (a gang's ranks then see every rank's: launch_ranks)
+        kind, amount = ("cuda", spec.gpu_share or len(spec.own_gpus) or 1) if spec.gpu_index is not None \
+            else ("cpu", child.threads)
         node = spec.node or self.book.choose(kind, amount, prefer=home[0] if home else "")
         if not self.book.alive(node):  # the scheduler's slot is on a node that just left
             raise NoRoom(f"node {self.inventory.label(node)} of its slot has left the cluster")

@@ -147,7 +147,7 @@ class NodeBook:
     def __init__(self, inventory: ClusterInventory):
         self.inventory = inventory
         self.generation = 0  # counts changes of the set of live nodes
-        self._held: dict[str, tuple[str, str, int]] = {}  # attempt key -> (node id, "cpu"/"cuda", amount)
+        self._held: dict[str, tuple[str, str, float]] = {}  # attempt key -> (node id, "cpu"/"cuda", amount)
 
     def refresh(self, nodes: list[ClusterNode]) -> list[str]:
         """Take the cluster's live nodes now; returns the labels of the nodes that left."""
@@ -161,13 +161,13 @@ class NodeBook:
     def alive(self, node_id: str) -> bool:
         return any(n.node_id == node_id for n in self.inventory.nodes)
 
-    def _used(self, node_id: str, kind: str) -> int:
+    def _used(self, node_id: str, kind: str) -> float:
         return sum(amount for node, k, amount in self._held.values() if node == node_id and k == kind)
 
-    def choose(self, kind: str, amount: int, prefer: str = "") -> str:
+    def choose(self, kind: str, amount: float, prefer: str = "") -> str:
         """The node for an attempt needing `amount` CPUs (kind "cpu") or GPUs ("cuda"): `prefer` when it
         is alive with room, else the live node with the most room. Raises NoRoom."""
-        def room(node: ClusterNode) -> int:
+        def room(node: ClusterNode) -> float:
             return (node.cpus if kind == "cpu" else node.gpus) - self._used(node.node_id, kind)
 
         fits = [n for n in self.inventory.nodes if room(n) >= amount]
@@ -175,13 +175,13 @@ class NodeBook:
         if preferred:
             return preferred[0].node_id
         if not fits:
-            what = f"{amount} free CPU(s)" if kind == "cpu" else f"{amount} free GPU(s)"
+            what = f"{amount:g} free CPU(s)" if kind == "cpu" else f"{amount:g} free GPU(s)"
             raise NoRoom(f"no live node of the cluster has {what} now "
                          f"({len(self.inventory.nodes)} node(s): "
-                         + ", ".join(f"{n.label} {room(n)}" for n in self.inventory.nodes) + ")")
+                         + ", ".join(f"{n.label} {room(n):g}" for n in self.inventory.nodes) + ")")
         return max(fits, key=room).node_id
 
-    def hold(self, key: str, node_id: str, kind: str, amount: int) -> None:
+    def hold(self, key: str, node_id: str, kind: str, amount: float) -> None:
         self._held[key] = (node_id, kind, amount)
 
     def release(self, key: str) -> None:
