@@ -187,6 +187,11 @@ class Bridge:
         self._signalled = False  # a change signal is scheduled
         self.run_dirs: list[Path] = []  # every session's run directory, for the exit message
 
+    def remember(self, run_dir: Path) -> None:
+        """Keep a session's run directory for the exit message: once, though it was stopped and carried on."""
+        if run_dir.resolve() not in self.run_dirs:
+            self.run_dirs.append(run_dir.resolve())
+
     @property
     def state(self) -> RunState:
         """What the screens show: the live session's, a replayed run's, or an empty one."""
@@ -272,7 +277,7 @@ class Bridge:
 
             state.set_sweep(await asyncio.to_thread(saved_sweep, session.run_dir))
         self._sup = session
-        self.run_dirs.append(session.run_dir.resolve())
+        self.remember(session.run_dir)
         stream = session.subscribe()
         for event in stream.waiting(FOLD_AT_ONCE):  # the history, folded before the first frame: it draws whole
             state.apply(event)

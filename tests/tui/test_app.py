@@ -194,6 +194,8 @@ async def test_escape_from_a_finished_run_closes_it_for_a_new_one(make_app, sess
         await launch(pilot, session, running=False)  # a new session, a new run directory
         assert session.sup is not first and session.sup.run_dir != first.run_dir
         assert app.bridge.run_dirs == [first.run_dir.resolve(), session.sup.run_dir.resolve()]
+        app.bridge.remember(first.run_dir)  # the first run carried on from the picker (stop, `r`, then `q`)
+        assert app.bridge.run_dirs == [first.run_dir.resolve(), session.sup.run_dir.resolve()]  # said once
 
 
 async def test_quit_asks_and_stops_the_workers_gracefully(make_app, session):
