@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import statistics
 import sys
 import tempfile
@@ -50,7 +51,7 @@ async def run_all(tmp: Path, runs: list[list[str]], shared: bool, samples: int) 
         os.environ["TORCHHERD_LEDGER"] = str(folder)  # read when the supervisor makes its ledger
         sups.append(Supervisor(config(tmp, f"r{i}-{time.time_ns()}", pipelines, samples),
                                inventory=Inventory(cpu_count=SLOTS)))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     for s in sups:
         await s.start()
     most = 0
@@ -64,7 +65,14 @@ async def run_all(tmp: Path, runs: list[list[str]], shared: bool, samples: int) 
     wall = time.perf_counter() - start
     for s in sups:
         await s.shutdown()
-    return wall, [(i, e) for i, s in enumerate(sups) for e in read_events(s.run_dir)], most
+    used = [after - before for after, before in zip(cpu_seconds(), cpu)]
+    return wall, [(i, e) for i, s in enumerate(sups) for e in read_events(s.run_dir)], most, used
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds so far of this process (every supervisor here) and of its reaped children (workers, starters)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime
 
 
 def per_process_rate(events: list) -> float:
@@ -135,12 +143,14 @@ def main() -> None:
     for r in range(args.rounds):
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
-            base_wall, base_events, base_most = asyncio.run(run_all(tmp, one, True, args.samples))
-            wall, events, most = asyncio.run(run_all(tmp, four, True, args.samples))
-            over_wall, over_events, over_most = asyncio.run(run_all(tmp, four, False, args.samples))
+            base_wall, base_events, base_most, base_cpu = asyncio.run(run_all(tmp, one, True, args.samples))
+            wall, events, most, cpu = asyncio.run(run_all(tmp, four, True, args.samples))
+            over_wall, over_events, over_most, _ = asyncio.run(run_all(tmp, four, False, args.samples))
         base_rate = per_process_rate(base_events)
         lat = admission(events)
         print(f"round {r + 1}: one run of 8 on {SLOTS} slots {base_wall:.1f} s (most alive {base_most})")
+        print(f"  CPU seconds, supervisors / their processes: one run {base_cpu[0]:.1f} / {base_cpu[1]:.1f}, "
+              f"4 runs {cpu[0]:.1f} / {cpu[1]:.1f}")
         print(f"  4 runs x 2, one ledger:    wall {wall / base_wall:.3f}x one run (goal <= 1.05), "
               f"samples/s per process {per_process_rate(events) / base_rate:.3f}x (goal >= 0.95), most alive {most}")
         print(f"  4 runs x 2, no ledger:     wall {over_wall / base_wall:.3f}x one run, "
