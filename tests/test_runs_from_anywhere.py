@@ -35,7 +35,7 @@ def test_ls_and_attach_find_a_live_run_started_in_another_folder(tmp_path, runti
     home.mkdir()
     (project / "run.toml").write_text(
         f'name = "far-{uuid.uuid4().hex[:6]}"\n[[pipelines]]\nname = "s"\nscript = "{PLAIN}"\n'
-        'args = ["--epochs", "25", "--delay", "0.2"]\nmetrics = \'Epoch (?P<epoch>\\d+), Loss: (?P<loss>\\S+)\'\n'
+        'args = ["--epochs", "100000", "--delay", "0.2"]\nmetrics = \'Epoch (?P<epoch>\\d+), Loss: (?P<loss>\\S+)\'\n'
         '[devices]\nplacement = "cpu"\ncpu_slots = 1\n[telemetry]\nenabled = false\n')
     started = torchherd(project, runtime, "run", "run.toml", "--detach")
     assert started.returncode == 0, started.stdout + started.stderr
@@ -47,9 +47,14 @@ def test_ls_and_attach_find_a_live_run_started_in_another_folder(tmp_path, runti
         [entry] = json.loads(listed.stdout)
         assert (Path(entry["path"]), entry["live"]) == (run_dir.resolve(), True)
         assert run_dir.name in torchherd(home, runtime, "ls").stdout
-        followed = torchherd(home, runtime, "attach", "--headless")
-        assert followed.returncode == 0, followed.stdout + followed.stderr
-        assert f"following run {run_dir.name}" in followed.stdout and "s: completed" in followed.stdout
+        follower = subprocess.Popen([sys.executable, "-m", "torchherd", "attach", "--headless"], cwd=home,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=repo_env(XDG_RUNTIME_DIR=str(runtime)), stdin=subprocess.DEVNULL)
+        first = follower.stdout.readline()  # it follows the run (a long one: however loaded the machine is)
+        assert f"following run {run_dir.name}" in first, first + follower.stderr.read()
+        assert torchherd(home, runtime, "stop", str(run_dir)).returncode == 0
+        out, err = follower.communicate(timeout=120)
+        assert follower.returncode == 3 and "s: stopped" in out, first + out + err
         gone = torchherd(home, runtime, "attach", "--headless")
         assert gone.returncode == 2 and "no live run of yours" in gone.stderr
     finally:
