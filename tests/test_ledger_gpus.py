@@ -15,7 +15,7 @@ import pytest
 
 from torchherd.engine.hardware.devices import discover_devices
 from torchherd.engine.protocol.messages import PipelineWaiting
-from torchherd.engine.protocol.spec import WorkerSpec
+from torchherd.engine.protocol.spec import ValidatorSpec, WorkerSpec
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config
 from tests.nvml_fake import FakeGpu, GiB
@@ -160,3 +160,39 @@ def test_check_lists_what_is_held_now_and_which_pipelines_would_wait(tmp_path, f
     assert "w0: task regression" in text and "-> gpu2 (" in text
     assert "w2: task regression" in text and ("queued (#1), waiting for 1 GPU: gpu0 held by run 20261128-0408-a (you); "
                                               "gpu1 held by pid 1") in text
+
+
+async def validated(tmp_path: Path, name: str, pipelines: list[dict]) -> tuple[Supervisor, ScriptedLauncher, list]:
+    """A run validating in the background on the fake GPUs (its validator's GPU as placement chooses it)."""
+    config = make_config(tmp_path / name, pipelines, telemetry={"enabled": False}, validation={"mode": "background"},
+                         devices={"placement": "auto"})
+    backend = ScriptedLauncher(obey_stop=True)
+    sup = Supervisor(config, launcher=backend, inventory=discover_devices(), tick=0.02)
+    await sup.start()
+    return sup, backend, sup.subscribe()
+
+
+def validator_gpu(backend: ScriptedLauncher) -> int | None:
+    [spec] = [s for s in backend.specs if isinstance(s.child, ValidatorSpec)]
+    return spec.gpu_index
+
+
+async def test_a_validators_spare_gpu_is_leased_and_no_other_run_is_granted_it(tmp_path, fake_nvml):
+    # Regression: the validator's "GPU no worker uses" was no lease, and the next run was granted it whole.
+    four_gpus(fake_nvml, foreign_on=2)  # someone else's process on gpu2: a validator never picks it
+    first, first_backend, _ = await validated(tmp_path, "first", [{"name": "a"}])
+    second = None
+    try:
+        await until(lambda: "a" in gpus_of(first_backend) and validator_gpu(first_backend) is not None, 30)
+        assert gpus_of(first_backend)["a"] == (0,) and validator_gpu(first_backend) == 1
+        second, backend, stream = await validated(tmp_path, "second", [{"name": f"b{i}"} for i in range(2)])
+        await until(lambda: len(gpus_of(backend)) == 1, 30)
+        assert gpus_of(backend) == {"b0": (3,)}  # gpu0: a; gpu1: a's validator; gpu2: the foreign process
+        waiting = await asyncio.wait_for(_first(stream, PipelineWaiting), 30)
+        assert waiting.pipeline == "b1" and f"gpu0, gpu1 held by run {first.run_dir.name} (you)" in waiting.why
+        # the second run's validator has no spare GPU left: it shares its own run's
+        assert validator_gpu(backend) == 3
+    finally:
+        for sup in (second, first):
+            if sup is not None:
+                await sup.shutdown(graceful=False)

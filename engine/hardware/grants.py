@@ -70,6 +70,12 @@ class Holdings:
     occupancy: dict[int, GpuOccupancy] = field(default_factory=dict)
     links: dict[tuple[int, int], int] = field(default_factory=dict)
 
+    def gpus_taken(self) -> frozenset[int]:
+        """The GPUs (NVML indices) a lease of any run holds or a foreign process uses."""
+        names = {lease.device for lease in self.leases}
+        leased = {int(name[3:]) for name in names if name.startswith("gpu") and name[3:].isdigit()}
+        return frozenset(leased | {i for i, occ in self.occupancy.items() if occ.foreign})
+
 
 def held_lines(pool: list[Slot], held: Holdings, run: str = THIS_RUN) -> list[str]:
     """"held now: cpu0 by run R (you)" lines for the devices of `pool` that a lease or a foreign process holds."""

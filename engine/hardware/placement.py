@@ -150,7 +150,7 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory, he
             where = f"queued (#{waiting}), " + (got.why if got is not None else "behind the pipelines above")
         lines.append(f"{name}: {runner_for(p.kind).describe(p)} -> {where}")
     v = config.validation
-    plan = plan_validation(config, slots, inventory)
+    plan = plan_validation(config, slots, inventory, held.gpus_taken())
     background = plan.mode == ValidationMode.BACKGROUND
     lines.append("validation: " + ("off" if plan.mode == ValidationMode.OFF else
                                     f"{plan.label} ({plan.why}), every {v.every_n_epochs} epoch(s)"
@@ -183,17 +183,23 @@ class ValidationPlan:
         return f"background on {where}"
 
 
-def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) -> ValidationPlan:
+SPARE_GPU = "a GPU no worker uses"  # why a validator has a GPU to itself, which the run then leases
+
+
+def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory,
+                    taken: frozenset[int] = frozenset()) -> ValidationPlan:
     """Resolve `validation.mode` and `validation.device` against the slots this run uses, on one machine
-    (a backend plans its own: Backend.plan_validation, engine/launch/backend.py)."""
+    (a backend plans its own: Backend.plan_validation, engine/launch/backend.py). `taken`: GPUs another
+    run or program holds now, never a spare one."""
     v = config.validation
     if v.mode in (ValidationMode.OFF, ValidationMode.INLINE):
         return ValidationPlan(v.mode, "", None, v.threads, "as configured")
     # What the config occupies at once, not every slot planned: one pipeline on a box of eight GPUs (or two
     # cores) leaves the rest spare. Slots are taken in order.
-    slots = slots[:sum(p.ranks for p in config.pipelines)]
-    used = {s.gpu.index for s in slots if s.gpu is not None}
-    spare = [g for g in inventory.gpus if g.index not in used]
+    free = [s for s in slots if s.gpu is None or s.gpu.index not in taken]
+    slots = (free or slots)[:sum(p.ranks * p.gpus_per_rank for p in config.pipelines)]
+    used = {g.index for s in slots for g in s.gpus}
+    spare = [g for g in inventory.gpus if g.index not in used and g.index not in taken]
     if isinstance(v.device, int):
         gpu = inventory.gpu(v.device)
         if gpu is not None:
@@ -201,9 +207,9 @@ def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory) 
     if v.device == "cpu":
         return ValidationPlan(ValidationMode.BACKGROUND, "cpu", None, v.threads, "as configured")
     if spare:
-        return ValidationPlan(ValidationMode.BACKGROUND, "cuda", spare[0], v.threads, "a GPU no worker uses")
-    if inventory.gpus:
-        gpu = inventory.gpus[-1]
+        return ValidationPlan(ValidationMode.BACKGROUND, "cuda", spare[0], v.threads, SPARE_GPU)
+    if inventory.gpus:  # the last of the run's own, when others hold GPUs of this machine
+        gpu = next((s.gpu for s in reversed(slots) if s.gpu is not None), inventory.gpus[-1])
         return ValidationPlan(ValidationMode.BACKGROUND, "cuda", gpu, v.threads, "sharing the last GPU")
     busy = sum(s.threads for s in slots if s.gpu is None)
     if v.mode == ValidationMode.BACKGROUND or inventory.cpu_count > busy:

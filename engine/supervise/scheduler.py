@@ -24,52 +24,12 @@ from pathlib import Path
 from typing import Hashable
 
 from ..config.schema import DevicesConfig
-from ..hardware.grants import Policy, Request, Wait, grant, leases_for, merge_gpus
+from ..hardware.grants import Holdings, Policy, Request, Wait, grant, leases_for, merge_gpus
 from ..hardware.ledger import Lease, MemoryLedger, Session
 from ..hardware.occupancy import OccupancyReader
 from ..hardware.placement import Slot
 from ..launch.backend import Backend
-
-
-def _kind(slot: Slot) -> Hashable:
-    """What a slot is for counting: itself on this machine, its node and device on a cluster."""
-    return slot if not slot.node else (slot.node, slot.device)
-
-
-def _one_node(free: list[Slot], need: int) -> list[Slot] | None:
-    """The first `need` free slots of the first node (in pool order) that has that many free; else, on a
-    cluster, the free slots of the fewest nodes, those with the most free first and grouped by node (rank 0's
-    node first); None if too few are free.
-
-    One slot may come from anywhere; more (a gang) share a node when one has room for all of them.
-    """
-    if need <= 1:
-        return free[:need] if len(free) >= need else None
-    by_node: dict[str, list[Slot]] = {}
-    for slot in free:
-        group = by_node.setdefault(slot.node, [])
-        group.append(slot)
-        if len(group) == need:
-            return group
-    if len(free) < need or "" in by_node:  # too few, or this machine's slots
-        return None
-    packed: list[Slot] = []
-    for group in sorted(by_node.values(), key=len, reverse=True):
-        packed += group[:need - len(packed)]
-        if len(packed) == need:
-            break
-    return packed
-
-
-def _node_group(free: list[Slot], count: int, prefer: str = "") -> list[Slot] | None:
-    """`count` free GPU slots of one node, of `prefer` when it has room (a gang's ranks stay together)."""
-    by_node: dict[str, list[Slot]] = {}
-    for slot in free:
-        if slot.gpu is not None:
-            by_node.setdefault(slot.node, []).append(slot)
-    roomy = [group for node, group in by_node.items() if len(group) >= count]
-    roomy.sort(key=lambda group: group[0].node != prefer)
-    return roomy[0][:count] if roomy else None
+from .node_groups import kind_of, node_group, one_node
 
 
 @dataclass(frozen=True)
@@ -197,6 +157,22 @@ class Scheduler:
             self._seen = [lease for lease in self._seen if lease not in given]
             self._refree_ledger(self._seen)
 
+    def gpus_taken(self, indices: list[int], leases: list[Lease] | None = None) -> frozenset[int]:
+        """Of the GPUs `indices`, those a lease of any run holds or another program uses now."""
+        if leases is None:
+            with self._ledger.locked() as now:
+                return self.gpus_taken(indices, now)
+        occupancy = self._occupancy.read(indices, self._supervisors()) if self._occupancy is not None else {}
+        return Holdings(tuple(leases), occupancy).gpus_taken() & frozenset(indices)
+
+    def lease_whole(self, index: int, holder: str) -> bool:
+        """Lease GPU `index` whole to `holder` (the run's validator) unless it is taken (see `gpus_taken`)."""
+        with self._ledger.locked() as leases:
+            if index in self.gpus_taken([index], leases):
+                return False
+            self._ledger.take([Lease(f"gpu{index}", self._run, holder, pid=os.getpid(), run_dir=self._run_dir)])
+        return True
+
     def close(self) -> None:
         """The session is over: every lease back to the ledger."""
         self._ledger.close()
@@ -238,8 +214,11 @@ class Scheduler:
         indices = [s.gpu.index for s in self.slots if s.gpu is not None]
         if not indices or self._occupancy is None:
             return {}, {}
-        supervisors = {s.pid for s in self._ledger.sessions()} | {os.getpid()}
-        return self._occupancy.read(indices, supervisors), self._occupancy.links(indices)
+        return self._occupancy.read(indices, self._supervisors()), self._occupancy.links(indices)
+
+    def _supervisors(self) -> set[int]:
+        """The pids of every live run's supervisor (what descends from one is ours, not a foreign process)."""
+        return {s.pid for s in self._ledger.sessions()} | {os.getpid()}
 
     def _refree_ledger(self, leases: list[Lease]) -> None:
         """Free = the pool's slots no lease of any run holds (what the warm starter plans by)."""
@@ -269,7 +248,7 @@ class Scheduler:
         gpu_pool = any(s.gpu is not None for s in self.slots)
         if request.gpus > 1 and gpu_pool:
             return self._pool_gpus(request)
-        taken = _one_node(self._free, request.ranks)
+        taken = one_node(self._free, request.ranks)
         if taken is not None:
             self._free = [s for s in self._free if s not in taken]
             self._taken += taken
@@ -280,7 +259,7 @@ class Scheduler:
         nodes as hold them. A rank's slot is counted once per GPU it holds."""
         free, out = list(self._free), []
         for _ in range(request.ranks):
-            group = _node_group(free, request.gpus, prefer=out[-1].node if out else "")
+            group = node_group(free, request.gpus, prefer=out[-1].node if out else "")
             if group is None:
                 return None
             free = [s for s in free if s not in group]
@@ -306,7 +285,7 @@ class Scheduler:
                 free.remove(whole)
                 # Counted by node, a free slot may bear the name of a GPU held for shares: take one that does not.
                 names = {held.name for held, _ in shared}
-                whole = next(s for s in self.slots if _kind(s) == _kind(whole) and s.name not in names)
+                whole = next(s for s in self.slots if kind_of(s) == kind_of(whole) and s.name not in names)
                 fits = [[whole, 0.0]]
                 shared.append(fits[0])
             entry = max(fits, key=lambda e: e[1])  # the tightest fit: whole GPUs stay whole
@@ -346,8 +325,8 @@ class Scheduler:
         are free (the allocation is then left as it was)."""
         if not self.cluster:
             return slots  # this machine's devices never leave
-        live = {_kind(s) for s in self.slots}
-        stale = [s for s in slots if _kind(s) not in live]
+        live = {kind_of(s) for s in self.slots}
+        stale = [s for s in slots if kind_of(s) not in live]
         if not stale:
             return slots
         if any(s.share is not None or s.peers for s in slots):  # ranks of several GPUs, or shares: asked again
@@ -359,14 +338,14 @@ class Scheduler:
             for slot in slots:  # its own live slots are free for it to move to
                 self._taken.remove(slot)
             self._refree()
-            out = _one_node(self._free, len(slots))
+            out = one_node(self._free, len(slots))
             self._taken += slots if out is None else out
             self._refree()
             return out
         if len(stale) > len(self._free):
             return None
         fresh = iter(self._free[:len(stale)])
-        out = [next(fresh) if _kind(s) not in live else s for s in slots]
+        out = [next(fresh) if kind_of(s) not in live else s for s in slots]
         for slot in stale:
             self._taken.remove(slot)
         self._taken += [s for s in out if s not in slots]
@@ -375,11 +354,11 @@ class Scheduler:
 
     def _refree(self) -> None:
         """Free = the pool less what is allocated, counted per slot kind, in the pool's order."""
-        used = Counter(_kind(s) for s in self._taken)
+        used = Counter(kind_of(s) for s in self._taken)
         free = []
         for slot in self.slots:
-            if used[_kind(slot)] > 0:
-                used[_kind(slot)] -= 1
+            if used[kind_of(slot)] > 0:
+                used[kind_of(slot)] -= 1
             else:
                 free.append(slot)
         self._free = free

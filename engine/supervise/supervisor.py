@@ -35,6 +35,7 @@ from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
 from .observers import SweepPruner, attach_observers
 from .scheduler import Scheduler
+from .validator_gpu import start_validator
 from .telemetry_feed import TelemetryFeed, gpu_note
 from .validation_service import SESSION_ENDED, ValidationService
 
@@ -284,7 +285,7 @@ class Supervisor:
         policy = RestartPolicy(config.restart)
         validation = self._backend.plan_validation(config, self._scheduler.slots, self._nodes.inventory)
         if any(runner_for(p.kind).scored_in_background(p) for p in config.pipelines):  # else a validator of nothing
-            self._validation.start_for(validation)
+            validation = start_validator(validation, config, self._scheduler, self._validation, self._nodes.inventory)
         names = []
         for pipe in config.pipelines:
             name = unique_name(pipe.name, self._runs)
