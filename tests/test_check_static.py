@@ -218,3 +218,20 @@ def test_the_probe_and_what_it_started_die_with_the_process_that_started_it(proj
     left = wait_gone([probe, grandchild], timeout=1.0)
     kill_all(left)
     assert left == [], "the probe (or what it started) outlived its caller by over a second"
+
+
+def test_check_says_no_validator_starts_for_scripts_with_nothing_to_score(project: Path):
+    # Regression: a config of plain scripts (no validate factory) started no validator, yet check said
+    # "validation: background on cpu".
+    config = write(project / "scripts.toml", """
+        [[pipelines]]
+        name = "s"
+        script = "train.py"
+        [validation]
+        mode = "auto"
+    """)
+    (project / "train.py").write_text("print('training')\n")
+    text = check_config(config, inventory=NO_GPU, probe=False).render()
+    assert "validation: no validator: no pipeline has weights to score in the background" in text, text
+    scored = write(project / "task.toml", '[[pipelines]]\nname = "a"\ntask = "task.py:build"\n')
+    assert "validation: background on cpu" in check_config(scored, inventory=NO_GPU, probe=False).render()

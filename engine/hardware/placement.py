@@ -149,19 +149,29 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory, he
             waiting += 1
             where = f"queued (#{waiting}), " + (got.why if got is not None else "behind the pipelines above")
         lines.append(f"{name}: {runner_for(p.kind).describe(p)} -> {where}")
-    v = config.validation
     plan = plan_validation(config, slots, inventory, held.gpus_taken())
-    background = plan.mode == ValidationMode.BACKGROUND
-    lines.append("validation: " + ("off" if plan.mode == ValidationMode.OFF else
-                                    f"{plan.label} ({plan.why}), every {v.every_n_epochs} epoch(s)"
-                                    + (f" and {v.every_n_steps} steps" if v.every_n_steps and background else "")
-                                    + f", best by {v.metric} ({v.metric_mode})"
-                                    + (f", policy {v.policy}" if background else "")
-                                    + (f", early stop after {v.patience}" if v.patience else "")))
+    if plan.mode == ValidationMode.BACKGROUND and \
+            not any(runner_for(p.kind).scored_in_background(p) for p in config.pipelines):
+        lines.append("validation: no validator: no pipeline has weights to score in the background (a script "
+                     "without a validate factory reports its own val_metrics)")
+    else:
+        lines.append(validation_line(config, plan))
     r = config.restart
     lines.append(f"restarts: up to {r.max_restarts}, backoff {r.backoff:g}s..{r.backoff_max:g}s, "
                  f"min uptime {r.min_uptime:g}s")
     return lines
+
+
+def validation_line(config: RunConfig, plan: ValidationPlan) -> str:
+    """`check`'s line on where and how often validation runs, and what it keeps."""
+    v = config.validation
+    background = plan.mode == ValidationMode.BACKGROUND
+    return "validation: " + ("off" if plan.mode == ValidationMode.OFF else
+                             f"{plan.label} ({plan.why}), every {v.every_n_epochs} epoch(s)"
+                             + (f" and {v.every_n_steps} steps" if v.every_n_steps and background else "")
+                             + f", best by {v.metric} ({v.metric_mode})"
+                             + (f", policy {v.policy}" if background else "")
+                             + (f", early stop after {v.patience}" if v.patience else ""))
 
 
 @dataclass(frozen=True)
