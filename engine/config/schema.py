@@ -132,8 +132,8 @@ class PipelineSettings(_Strict):
         "Lightning pipelines: keyword arguments of the DataModule's constructor; [defaults] ones are merged "
         "under each pipeline's, and a sweep varies one as datamodule_params.NAME."))
     strategy: Literal["ddp", "ddp_find_unused_parameters_true", "fsdp"] = Field("ddp", description=(
-        "Lightning pipelines with ranks > 1: the Lightning strategy that trains the gang torchherd starts "
-        "(gloo on CPU, NCCL on GPU); 'fsdp' needs GPUs and inline or no validation."))
+        "With ranks > 1, how the gang trains (gloo on CPU, NCCL on GPU): 'ddp' replicates the model; 'fsdp' shards "
+        "it (a Task by FSDP2, CPU or GPU; a Lightning module by its FSDPStrategy, GPUs and inline validation)."))
 
     @field_validator("gpu_memory")
     @classmethod

@@ -12,6 +12,8 @@ from typing import Any
 from ...protocol.names import PipelineKind, ValidationMode
 from ..base import Runner, Scorer, set_up_torch
 
+FSDP_ON_CPU = ("strategy 'fsdp' needs GPUs for a Lightning module (Lightning's FSDPStrategy shards over CUDA "
+               "devices): on CPU use strategy = \"ddp\" (gloo), or train a torchherd Task, whose fsdp runs on CPU")
 FSDP_BACKGROUND = ("strategy 'fsdp' with background validation is not supported yet (the validator needs the "
                    "whole module, which FSDP shards): set [validation] mode = \"inline\" or \"off\", or "
                    "strategy = \"ddp\"")
@@ -42,6 +44,9 @@ class LightningRunner(Runner):
         if pipe.ranks > 1 and pipe.strategy == "fsdp" and validation_mode == ValidationMode.BACKGROUND:
             return [("strategy", FSDP_BACKGROUND)]
         return []
+
+    def strategy_problem(self, pipe, gpus: bool) -> str:
+        return FSDP_ON_CPU if pipe.strategy == "fsdp" and not gpus else ""
 
     def describe(self, pipe) -> str:
         gang = f", {pipe.ranks} ranks by Lightning's {pipe.strategy!r} strategy" if pipe.ranks > 1 else ""

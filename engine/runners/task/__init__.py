@@ -84,7 +84,7 @@ class TaskRunner(Runner):
         from .trainer import Trainer
 
         gang = None
-        if spec.world_size > 1:  # one rank of a DDP gang: MASTER_ADDR/MASTER_PORT come from the launcher
+        if spec.world_size > 1:  # one rank of a gang (DDP or FSDP2): MASTER_ADDR/MASTER_PORT come from the launcher
             import torch
 
             from .distributed import Gang
@@ -92,12 +92,30 @@ class TaskRunner(Runner):
             # cuda:LOCAL_RANK among the gang's GPUs, which every rank sees: set_device and DDP's device_ids
             device = torch.device("cuda", cuda_index(spec.device)) if spec.device.startswith("cuda") \
                 else torch.device("cpu")
-            gang = Gang.join(spec.rank, spec.world_size, device, spec.collective_timeout)
+            gang = Gang.join(spec.rank, spec.world_size, device, spec.collective_timeout, pipe.strategy)
         trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
                           Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq, gang=gang)
         # No destroy_process_group at the end: it can wait for ever on rank 0's store once rank 0 has
         # exited, and the child ends with os._exit, which releases the group as well.
         return trainer.run()
+
+    def describe(self, pipe) -> str:
+        if pipe.ranks < 2 or pipe.strategy != "fsdp":
+            return super().describe(pipe)
+        return super().describe(pipe) + (
+            f", {pipe.ranks} ranks sharded by FSDP2 (fully_shard per layer; checkpoints by torch.distributed."
+            "checkpoint, one shard per rank; background validation gathers the whole weights to rank 0's CPU at "
+            "each hand-off, every rank taking part)")
+
+    def resumes_from(self, pipe, checkpoints: Path) -> str:
+        from .sharded_checkpoint import find_latest, written_by
+
+        path = find_latest(checkpoints) if pipe.strategy == "fsdp" else None
+        if path is None:
+            return super().resumes_from(pipe, checkpoints)
+        wrote = written_by(path)
+        return "from its last sharded checkpoint" + (
+            f" (written by {wrote} ranks, resharded to {pipe.ranks})" if wrote != pipe.ranks else "")
 
     def scorer(self, name: str, directory: Path, device: str) -> Scorer:
         from .scorer import PipelineScorer

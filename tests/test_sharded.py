@@ -1,0 +1,140 @@
+"""Sharded (`fsdp`) Task gangs: FSDP2 over real gloo ranks on the CPU, DCP checkpoints that reshard on resume.
+
+Logic first (sharding a model, the optimizer over its shards, `check`), then real gangs: the same loss
+as DDP, background validation of gathered weights, a SIGKILLed rank, 4 -> 2 -> 4 ranks.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, PipelineFinished, Resumed,
+                                                StepMetrics, ValResult, WorkerStarted)
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import Supervisor
+from tests.conftest import make_config, wait_for
+
+TASKS = Path(__file__).parent / "tasks"
+LAYERED = f"{TASKS / 'layered.py'}:build"
+CHECKSUM = re.compile(r"rank (\d+) step (\d+) weights checksum (\S+) \((\d+) parameters held\)")
+# FSDP2 reduce-scatters the gradients DDP all-reduces: the same sums, in another order (float32)
+LOSS_TOLERANCE = 1e-5  # relative
+
+
+def inventory(cores: int = 2) -> Inventory:
+    return Inventory(cpu_count=cores, note="no NVIDIA GPU (test inventory)")
+
+
+def held(run_dir: Path, name: str) -> dict[int, tuple[int, float, int]]:
+    """rank -> (step, weights checksum, parameters it held) from the last such line of each rank's log."""
+    out = {}
+    for log in sorted((run_dir / name).glob("log*.txt")):
+        for m in CHECKSUM.finditer(log.read_text()):
+            out[int(m.group(1))] = (int(m.group(2)), float(m.group(3)), int(m.group(4)))
+    return out
+
+
+async def run_to_end(sup: Supervisor, timeout: float = 240.0) -> dict[str, str]:
+    await sup.start()
+    try:
+        return await asyncio.wait_for(sup.wait(), timeout)
+    finally:
+        await sup.shutdown()
+
+
+def fsdp(name: str = "f", ranks: int = 2, **extra) -> dict:
+    return {"name": name, "task": LAYERED, "ranks": ranks, "strategy": "fsdp", **extra}
+
+
+# ------------------------------------------------------------ logic
+
+def test_each_child_with_parameters_becomes_a_unit_and_the_optimizer_follows_the_shards():
+    from torchherd.engine.runners.task.sharded import default_units, optimizer_over
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    assert default_units(net) == [net[0], net[2]]  # the ReLU holds nothing to shard
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    names = {id(p): n for n, p in net.named_parameters()}
+    net[0].weight = torch.nn.Parameter(net[0].weight.detach().clone())  # as fully_shard replaces parameters
+    assert optimizer_over(opt, net, names).param_groups[0]["params"][0] is net[0].weight
+    made = optimizer_over(lambda ps: torch.optim.Adam(ps), net, names)
+    assert isinstance(made, torch.optim.Adam) and len(made.param_groups[0]["params"]) == 4
+
+
+def test_a_shard_that_is_not_module_classes_or_a_function_is_refused_saying_what_it_must_be():
+    from torchherd.engine.runners.task.api import Task, TaskError, check_task
+
+    net = torch.nn.Linear(2, 1)
+    task = Task(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), train_data=[], loss_fn=len,
+                shard=["Linear"])
+    with pytest.raises(TaskError, match=r"layered.py:build returned a Task whose shard is neither a list of torch.nn.Module classes"):
+        check_task("layered.py:build", task)
+    check_task("layered.py:build", Task(model=net, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+                                        train_data=[], loss_fn=len, shard=[torch.nn.Linear]))
+
+
+def test_check_takes_fsdp_for_a_task_gang_on_cpu_and_says_how_it_validates(tmp_path):
+    from torchherd.engine.preflight.check import check_config
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'[devices]\nplacement = "cpu"\ncpu_slots = 2\n[validation]\nmode = "background"\n'
+                      f'[[pipelines]]\nname = "f"\ntask = "{LAYERED.replace(os.sep, "/")}"\nranks = 2\n'
+                      'strategy = "fsdp"\n')
+    report = check_config(config, inventory=inventory())
+    assert report.ok, report.problems
+    plan = "\n".join(report.lines)
+    assert "sharded by FSDP2" in plan and "gathers the whole weights to rank 0" in plan
+
+
+# ------------------------------------------------------------ real gangs
+
+def score(state: dict, val_data) -> float:
+    """The mean squared error of the layered model with weights `state` over `val_data`, per sample."""
+    sys.path.insert(0, str(TASKS))
+    from layered import model
+
+    net = model()
+    net.load_state_dict(state)
+    with torch.no_grad():
+        x = torch.stack([val_data[i][0] for i in range(len(val_data))])
+        y = torch.stack([val_data[i][1] for i in range(len(val_data))])
+        return float(torch.nn.functional.mse_loss(net(x), y))
+
+
+@pytest.mark.slow
+async def test_an_fsdp_gang_holds_half_the_weights_each_trains_to_the_ddp_loss_and_is_validated_whole(tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    same = {"max_epochs": 2, "params": {"samples": 128}}
+    cfg = make_config(tmp_path, [fsdp("f", **same), {"name": "d", "task": LAYERED, "ranks": 2, **same}],
+                      validation={"mode": "background"}, devices={"cpu_slots": 4})
+    sup = Supervisor(cfg, inventory=inventory(4))
+    assert await run_to_end(sup) == {"f": "completed", "d": "completed"}
+    events = read_events(sup.run_dir)
+    losses = {n: [e.train_loss for e in events if isinstance(e, EpochEnd) and e.pipeline == n] for n in "fd"}
+    assert len(losses["f"]) == 2 and losses["f"][1] < losses["f"][0]
+    assert losses["f"] == pytest.approx(losses["d"], rel=LOSS_TOLERANCE)
+    shards, whole = held(sup.run_dir, "f"), held(sup.run_dir, "d")
+    total = whole[0][2]  # DDP: every rank holds every parameter
+    assert set(shards) == {0, 1} and sum(s[2] for s in shards.values()) == total
+    assert all(0.4 * total <= s[2] <= 0.6 * total for s in shards.values()), shards
+    assert shards[0][1] == pytest.approx(whole[0][1], rel=LOSS_TOLERANCE)
+    # The validator scored rank 0's gathered weights: the same number as scoring the final weights here.
+    [val] = [e for e in events if isinstance(e, ValResult) and e.pipeline == "f" and e.step == 4]
+    ckpt = sup.run_dir / "f" / "checkpoints" / "last.dcp"
+    assert json.loads((ckpt / "torchherd.json").read_text())["world_size"] == 2
+    dcp_to_torch_save(str(ckpt), str(tmp_path / "plain.pt"))  # the README's one-liner
+    state = torch.load(tmp_path / "plain.pt", weights_only=True)["model"]
+    sys.path.insert(0, str(TASKS))
+    from tiny import Slow
+
+    assert val.metrics["val_loss"] == pytest.approx(score(state, Slow(64, 0.0, 2)), rel=1e-6)
