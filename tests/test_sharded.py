@@ -138,3 +138,96 @@ async def test_an_fsdp_gang_holds_half_the_weights_each_trains_to_the_ddp_loss_a
     from tiny import Slow
 
     assert val.metrics["val_loss"] == pytest.approx(score(state, Slow(64, 0.0, 2)), rel=1e-6)
+
+
+RESUMED = re.compile(r"resumed at step (\d+) with weights checksum (\S+)")
+
+
+def resumed_at(run_dir: Path, name: str) -> list[tuple[int, float]]:
+    """(step, weights checksum) of each resume rank 0's log tells of, in order."""
+    return [(int(m.group(1)), float(m.group(2))) for m in RESUMED.finditer((run_dir / name / "log.txt").read_text())]
+
+
+@pytest.mark.slow
+async def test_a_sigkilled_rank_brings_the_gang_back_from_its_sharded_checkpoint(tmp_path):
+    cfg = make_config(tmp_path, [fsdp(max_epochs=4, params={"samples": 512, "delay": 0.002})],
+                      validation={"mode": "off"}, restart={"max_restarts": 2})
+    sup = Supervisor(cfg, inventory=inventory())
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted), 120)
+        saved = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "epoch", 120)
+        await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step > saved.step, 60)  # mid-epoch
+        os.kill(started.pids[1], signal.SIGKILL)
+        resumed = await wait_for(stream, lambda e: isinstance(e, Resumed), 120)
+        assert resumed.path.endswith("last.dcp") and resumed.step >= saved.step  # at most one interval lost
+        done = await wait_for(stream, lambda e: isinstance(e, PipelineFinished), 180)
+        assert done.status == "completed" and done.step == 4 * 8  # 512 samples, 2 ranks of 32: 8 steps an epoch
+    finally:
+        await sup.shutdown(graceful=False)
+    assert resumed_at(sup.run_dir, "f")[0][0] == resumed.step
+
+
+def set_ranks(run_dir: Path, ranks: int) -> None:
+    """Edit `ranks` in the run's resolved config, as a person does before `torchherd resume`."""
+    path = run_dir / "config.json"
+    configs = json.loads(path.read_text())
+    configs[0]["pipelines"][0]["ranks"] = ranks
+    path.write_text(json.dumps(configs))
+
+
+async def stop_after(sup: Supervisor, steps: int) -> tuple[PipelineFinished, list[StepMetrics]]:
+    """Start `sup`, stop its pipeline once `steps` more steps are reported; (how it ended, its reports)."""
+    stream = sup.subscribe()
+    await sup.start()
+    reports: list[StepMetrics] = []
+    try:
+        first = await wait_for(stream, lambda e: isinstance(e, StepMetrics), 180)
+        reports.append(first)
+        later = await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step >= first.step + steps, 120)
+        reports.append(later)
+        sup.stop("f")
+        done = await wait_for(stream, lambda e: isinstance(e, PipelineFinished), 120)
+    finally:
+        await sup.shutdown()
+    return done, reports
+
+
+@pytest.mark.slow
+async def test_a_sharded_checkpoint_of_4_ranks_resumes_on_2_and_back_on_4_where_it_stopped(tmp_path):
+    from tests.test_resume import cli
+
+    cfg = make_config(tmp_path, [fsdp(ranks=4, max_epochs=3, params={"samples": 512, "delay": 0.002})],
+                      validation={"mode": "off"}, devices={"cpu_slots": 4})
+    sup = Supervisor(cfg, inventory=inventory(4))
+    first, reports = await stop_after(sup, 4)  # 4 ranks of 32: 4 steps an epoch, so it stops mid-epoch 2
+    assert first.status == "stopped"
+    stopped = held(sup.run_dir, "f")
+    assert len(stopped) == 4 and json.loads(
+        (sup.run_dir / "f" / "checkpoints" / "last.dcp" / "torchherd.json").read_text())["world_size"] == 4
+
+    set_ranks(sup.run_dir, 2)
+    two = Supervisor.resume_run(sup.run_dir, inventory=inventory(4))
+    second, _ = await stop_after(two, 2)
+    events = read_events(sup.run_dir)
+    [resumed] = [e for e in events if isinstance(e, Resumed)]
+    assert resumed.step == first.step and resumed.note == "resharded: written by 4 ranks, loaded by 2"
+    assert resumed_at(sup.run_dir, "f")[0] == (first.step, pytest.approx(stopped[0][1], rel=1e-9))
+    assert any(isinstance(e, WorkerStarted) and e.device == "cpu0,cpu1" for e in events)
+
+    stopped_two = held(sup.run_dir, "f")
+    assert stopped_two[0][0] == second.step
+    set_ranks(sup.run_dir, 4)
+    again = cli("resume", str(sup.run_dir), "--headless")
+    text, _ = again.communicate(timeout=240)
+    assert again.returncode == 0, text
+    events = read_events(sup.run_dir)
+    resumes = [e for e in events if isinstance(e, Resumed)]
+    assert resumes[-1].step == second.step and "written by 2 ranks, loaded by 4" in resumes[-1].note
+    assert resumed_at(sup.run_dir, "f")[-1] == (second.step, pytest.approx(stopped_two[0][1], rel=1e-9))
+    done = [e for e in events if isinstance(e, PipelineFinished)][-1]
+    assert done.status == "completed" and done.epoch == 3
+    # No restart from scratch: every report after a resume is well below the run's first one.
+    after = [e.loss for e in events if isinstance(e, StepMetrics) and e.step > first.step]
+    assert after and max(after) < reports[0].loss

@@ -7,6 +7,7 @@ resumes from them, its place in the epoch carried over in samples.
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,11 @@ class TrainerCheckpoints:
         if rng.get("cuda") and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"][0].cpu(), self.device)  # the saving GPU's (it saw one, or its own)
         self.sender.send(Resumed(pipeline=self.name, path=str(path), epoch=self.epoch, step=self.step, note=note))
+        if self.gang is not None:  # the test of a resumed gang: the weights it stopped with (a collective, sharded)
+            total = self.gang.checksum(self.model)
+            if self.lead:
+                print(f"torchherd: resumed at step {self.step} with weights checksum {total:.10g}", file=sys.stderr,
+                      flush=True)
 
     def save(self, reason: str, name: str = ckpt.LAST) -> None:
         """Write checkpoint `name`: rank 0 alone (every rank holds the same weights), or, sharded, every rank its
