@@ -136,7 +136,8 @@ def main() -> None:
         t = times[way]
         print(f"checkpoint write, {label}: median {statistics.median(t):.3f} s (spread {min(t):.3f}-{max(t):.3f}, "
               f"{len(t)} rounds)")
-    print(f"checkpoint write, DCP / gather: {statistics.median(times['dcp']) / statistics.median(times['gather']):.2f}x")
+    ratio = statistics.median(times["dcp"]) / statistics.median(times["gather"])
+    print(f"checkpoint write, DCP / gather: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

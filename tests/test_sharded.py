@@ -76,23 +76,39 @@ def test_a_shard_that_is_not_module_classes_or_a_function_is_refused_saying_what
     net = torch.nn.Linear(2, 1)
     task = Task(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), train_data=[], loss_fn=len,
                 shard=["Linear"])
-    with pytest.raises(TaskError, match=r"layered.py:build returned a Task whose shard is neither a list of torch.nn.Module classes"):
+    with pytest.raises(TaskError, match=r"build returned a Task whose shard is neither a list of torch.nn.Module"):
         check_task("layered.py:build", task)
     check_task("layered.py:build", Task(model=net, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
                                         train_data=[], loss_fn=len, shard=[torch.nn.Linear]))
 
 
 def test_check_takes_fsdp_for_a_task_gang_on_cpu_and_says_how_it_validates(tmp_path):
-    from torchherd.engine.preflight.check import check_config
-
-    config = tmp_path / "c.toml"
-    config.write_text(f'[devices]\nplacement = "cpu"\ncpu_slots = 2\n[validation]\nmode = "background"\n'
-                      f'[[pipelines]]\nname = "f"\ntask = "{LAYERED.replace(os.sep, "/")}"\nranks = 2\n'
-                      'strategy = "fsdp"\n')
-    report = check_config(config, inventory=inventory())
+    report = check_gang(tmp_path, LAYERED, "fsdp", mode="background")
     assert report.ok, report.problems
     plan = "\n".join(report.lines)
     assert "sharded by FSDP2" in plan and "gathers the whole weights to rank 0" in plan
+
+
+def check_gang(tmp_path: Path, task: str, strategy: str, mode: str = "inline"):
+    from torchherd.engine.preflight.check import check_config
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'[devices]\nplacement = "cpu"\ncpu_slots = 2\n[validation]\nmode = "{mode}"\n'
+                      f'[[pipelines]]\nname = "g"\ntask = "{task.replace(os.sep, "/")}"\nranks = 2\n'
+                      f'strategy = "{strategy}"\n')
+    return check_config(config, inventory=inventory())
+
+
+@pytest.mark.parametrize("task,strategy,why", [
+    (f"lightning:{TASKS / 'lit_gang.py'}:LitRegression", "deepspeed", "needs CUDA GPUs"),
+    (f"lightning:{TASKS / 'lit_gang.py'}:LitRegression", "fsdp", "FSDPStrategy refuses accelerator='cpu'"),
+    (LAYERED, "deepspeed", "is Lightning's"),
+])
+def test_check_refuses_what_cannot_train_here_naming_the_key(tmp_path, task, strategy, why):
+    report = check_gang(tmp_path, task, strategy)
+    assert not report.ok
+    [problem] = report.problems
+    assert problem.key == "pipelines[0].strategy" and why in problem.message, problem
 
 
 # ------------------------------------------------------------ real gangs

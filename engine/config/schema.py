@@ -131,9 +131,9 @@ class PipelineSettings(_Strict):
     datamodule_params: dict[str, Any] = Field(default_factory=dict, description=(
         "Lightning pipelines: keyword arguments of the DataModule's constructor; [defaults] ones are merged "
         "under each pipeline's, and a sweep varies one as datamodule_params.NAME."))
-    strategy: Literal["ddp", "ddp_find_unused_parameters_true", "fsdp"] = Field("ddp", description=(
+    strategy: Literal["ddp", "ddp_find_unused_parameters_true", "fsdp", "deepspeed"] = Field("ddp", description=(
         "With ranks > 1, how the gang trains (gloo on CPU, NCCL on GPU): 'ddp' replicates the model; 'fsdp' shards "
-        "it (a Task by FSDP2, CPU or GPU; a Lightning module by its FSDPStrategy, GPUs and inline validation)."))
+        "it (a Task by FSDP2; a Lightning module by FSDPStrategy: GPUs); 'deepspeed': Lightning, GPUs, deepspeed."))
 
     @field_validator("gpu_memory")
     @classmethod

@@ -99,6 +99,12 @@ class TaskRunner(Runner):
         # exited, and the child ends with os._exit, which releases the group as well.
         return trainer.run()
 
+    def strategy_problem(self, pipe, gpus: bool) -> str:
+        if pipe.strategy == "deepspeed":
+            return ("strategy 'deepspeed' is Lightning's (a LightningModule's Trainer): a torchherd Task gang trains "
+                    "by \"ddp\" or \"fsdp\" (FSDP2, which shards the model as DeepSpeed's ZeRO-3 does)")
+        return ""
+
     def describe(self, pipe) -> str:
         if pipe.ranks < 2 or pipe.strategy != "fsdp":
             return super().describe(pipe)

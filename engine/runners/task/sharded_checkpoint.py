@@ -89,8 +89,9 @@ def save_sharded(directory: Path, which: str, model: Any, optimizer: Any,
     if lead:
         try:
             ckpt.write_atomic(tmp / TRAINER_FILE, extra)
-            (tmp / INFO_FILE).write_text(json.dumps({"world_size": world, "step": extra["step"],
-                                                     "epoch": extra["epoch"], "format": "torch.distributed.checkpoint"}))
+            info = {"world_size": world, "step": extra["step"], "epoch": extra["epoch"],
+                    "format": "torch.distributed.checkpoint"}
+            (tmp / INFO_FILE).write_text(json.dumps(info))
             final = _publish(tmp, directory, stem)
         except (OSError, ckpt.CheckpointError) as exc:
             failure = exc
