@@ -89,13 +89,13 @@ def test_check_takes_fsdp_for_a_task_gang_on_cpu_and_says_how_it_validates(tmp_p
     assert "sharded by FSDP2" in plan and "gathers the whole weights to rank 0" in plan
 
 
-def check_gang(tmp_path: Path, task: str, strategy: str, mode: str = "inline"):
+def check_gang(tmp_path: Path, task: str, strategy: str, mode: str = "inline", extra: str = ""):
     from torchherd.engine.preflight.check import check_config
 
     config = tmp_path / "c.toml"
     config.write_text(f'[devices]\nplacement = "cpu"\ncpu_slots = 2\n[validation]\nmode = "{mode}"\n'
                       f'[[pipelines]]\nname = "g"\ntask = "{task.replace(os.sep, "/")}"\nranks = 2\n'
-                      f'strategy = "{strategy}"\n')
+                      f'strategy = "{strategy}"\n{extra}')
     return check_config(config, inventory=inventory())
 
 
@@ -109,6 +109,14 @@ def test_check_refuses_what_cannot_train_here_naming_the_key(tmp_path, task, str
     assert not report.ok
     [problem] = report.problems
     assert problem.key == "pipelines[0].strategy" and why in problem.message, problem
+
+
+@pytest.mark.parametrize("strategy,group,why", [("fsdp", 3, "3 does not divide ranks = 2"),
+                                                ("ddp", 2, "only with strategy = \"fsdp\"")])
+def test_a_shard_group_that_cannot_be_is_refused_naming_the_key(tmp_path, strategy, group, why):
+    report = check_gang(tmp_path, LAYERED, strategy, extra=f"shard_group = {group}\n")
+    [problem] = report.problems
+    assert problem.key == "pipelines[0].shard_group" and why in problem.message, problem
 
 
 # ------------------------------------------------------------ real gangs
@@ -247,3 +255,26 @@ async def test_a_sharded_checkpoint_of_4_ranks_resumes_on_2_and_back_on_4_where_
     # No restart from scratch: every report after a resume is well below the run's first one.
     after = [e.loss for e in events if isinstance(e, StepMetrics) and e.step > first.step]
     assert after and max(after) < reports[0].loss
+
+
+@pytest.mark.slow
+async def test_hsdp_on_4_ranks_as_2_groups_of_2_trains_and_resumes(tmp_path):
+    cfg = make_config(tmp_path, [fsdp(ranks=4, shard_group=2, max_epochs=2, params={"samples": 512})],
+                      validation={"mode": "off"}, devices={"cpu_slots": 4})
+    sup = Supervisor(cfg, inventory=inventory(4))
+    first, _ = await stop_after(sup, 2)
+    assert first.status == "stopped"
+    stopped = held(sup.run_dir, "f")
+    sys.path.insert(0, str(TASKS))
+    from layered import model
+
+    total = sum(p.numel() for p in model().parameters())
+    # Two copies, each sharded over a group of two: every rank holds about half, and all end alike.
+    assert len(stopped) == 4 and all(0.4 * total <= s[2] <= 0.6 * total for s in stopped.values()), stopped
+    assert len({s[1] for s in stopped.values()}) == 1
+
+    again = Supervisor.resume_run(sup.run_dir, inventory=inventory(4))
+    assert await run_to_end(again) == {"f": "completed"}
+    [resumed] = [e for e in read_events(sup.run_dir) if isinstance(e, Resumed)]
+    assert resumed.step == first.step and resumed.note == ""
+    assert resumed_at(sup.run_dir, "f")[0] == (first.step, pytest.approx(stopped[0][1], rel=1e-9))

@@ -92,12 +92,22 @@ class TaskRunner(Runner):
             # cuda:LOCAL_RANK among the gang's GPUs, which every rank sees: set_device and DDP's device_ids
             device = torch.device("cuda", cuda_index(spec.device)) if spec.device.startswith("cuda") \
                 else torch.device("cpu")
-            gang = Gang.join(spec.rank, spec.world_size, device, spec.collective_timeout, pipe.strategy)
+            gang = Gang.join(spec.rank, spec.world_size, device, spec.collective_timeout, pipe.strategy,
+                             pipe.shard_group)
         trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
                           Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq, gang=gang)
         # No destroy_process_group at the end: it can wait for ever on rank 0's store once rank 0 has
         # exited, and the child ends with os._exit, which releases the group as well.
         return trainer.run()
+
+    def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
+        if pipe.shard_group is None or (pipe.strategy == "fsdp" and pipe.ranks % pipe.shard_group == 0):
+            return []
+        if pipe.strategy != "fsdp":
+            return [("shard_group", f"shards a model only with strategy = \"fsdp\" (this pipeline's is "
+                                    f"{pipe.strategy!r}): set it, or remove shard_group")]
+        return [("shard_group", f"{pipe.shard_group} does not divide ranks = {pipe.ranks}: every group must hold "
+                                "a whole copy of the model, so ranks must be a multiple of shard_group")]
 
     def strategy_problem(self, pipe, gpus: bool) -> str:
         if pipe.strategy == "deepspeed":
@@ -108,8 +118,10 @@ class TaskRunner(Runner):
     def describe(self, pipe) -> str:
         if pipe.ranks < 2 or pipe.strategy != "fsdp":
             return super().describe(pipe)
+        groups = pipe.ranks // pipe.shard_group if pipe.shard_group else 1
+        how = f"{groups} copies, each sharded over {pipe.shard_group} ranks (HSDP)" if groups > 1 else "sharded"
         return super().describe(pipe) + (
-            f", {pipe.ranks} ranks sharded by FSDP2 (fully_shard per layer; checkpoints by torch.distributed."
+            f", {pipe.ranks} ranks {how} by FSDP2 (fully_shard per layer; checkpoints by torch.distributed."
             "checkpoint, one shard per rank; background validation gathers the whole weights to rank 0's CPU at "
             "each hand-off, every rank taking part)")
 

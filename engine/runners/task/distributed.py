@@ -24,21 +24,24 @@ STOP, PAUSE, CHECKPOINT, TIME_UP = range(4)  # the flags rank 0 broadcasts
 class Gang:
     """This process's rank in a gang of `world`: rank 0 decides, every rank does the same."""
 
-    def __init__(self, rank: int, world: int, device: torch.device, strategy: str = "ddp"):
+    def __init__(self, rank: int, world: int, device: torch.device, strategy: str = "ddp",
+                 shard_group: int | None = None):
         self.rank, self.world, self.device = rank, world, device
+        self.shard_group = shard_group or world  # fsdp: ranks sharding one copy of the model (fewer: HSDP)
         self.strategy = strategy  # the pipeline's `strategy`: "ddp", "ddp_find_unused_parameters_true", "fsdp"
         self.sharded = strategy == "fsdp"  # each rank holds a shard of the weights, so saving is a collective
         # gloo reduces CPU tensors, nccl CUDA ones
         self._flags = torch.zeros(4, dtype=torch.int64, device=device)
 
     @classmethod
-    def join(cls, rank: int, world: int, device: torch.device, timeout: float, strategy: str = "ddp") -> "Gang":
+    def join(cls, rank: int, world: int, device: torch.device, timeout: float, strategy: str = "ddp",
+             shard_group: int | None = None) -> "Gang":
         """Join the process group torchrun's variables (MASTER_ADDR, MASTER_PORT) describe."""
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
-        return cls(rank, world, device, strategy)
+        return cls(rank, world, device, strategy, shard_group)
 
     @property
     def lead(self) -> bool:
@@ -49,9 +52,10 @@ class Gang:
         """`model` in DDP; or, sharded, None: `model` itself is sharded in place (FSDP2, per `shard`, with the
         pipeline's precision as FSDP2's mixed-precision policy)."""
         if self.sharded:
-            from .sharded import shard_model
+            from .sharded import device_mesh, shard_model
 
-            shard_model(model, shard, pipe.precision if pipe is not None else "32")
+            mesh = device_mesh(self.device, self.world, self.shard_group)
+            shard_model(model, shard, pipe.precision if pipe is not None else "32", mesh)
             return None
         from torch.nn.parallel import DistributedDataParallel
 
@@ -109,6 +113,6 @@ class Gang:
         if self.sharded:  # a collective: the shards' sums, added over ranks
             from .sharded import sharded_checksum
 
-            return sharded_checksum(model)
+            return sharded_checksum(model) / (self.world // self.shard_group)  # each copy counted once
         with torch.no_grad():
             return float(sum(p.double().sum() for p in model.parameters()))

@@ -35,6 +35,17 @@ def default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [child for child in model.children() if any(True for _ in child.parameters())]
 
 
+def device_mesh(device: torch.device, world: int, shard_group: int) -> Any:
+    """The ranks as FSDP2 sees them: one dimension sharding one copy (shard_group = world), or two (HSDP):
+    `world // shard_group` copies replicated across groups of `shard_group` consecutive ranks, each sharded
+    within its group (a node's ranks, whose links are fastest)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if shard_group >= world:
+        return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(device.type, (world // shard_group, shard_group), mesh_dim_names=("replicate", "shard"))
+
+
 def shard_model(model: torch.nn.Module, shard: Any, precision: str, mesh: Any = None) -> torch.nn.Module:
     """Shard `model` in place over `mesh` (None: every rank of the default group): the units `shard` names
     first, then the root, so every parameter ends up a DTensor holding this rank's part."""
