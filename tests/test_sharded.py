@@ -89,6 +89,23 @@ def test_check_takes_fsdp_for_a_task_gang_on_cpu_and_says_how_it_validates(tmp_p
     assert "sharded by FSDP2" in plan and "gathers the whole weights to rank 0" in plan
 
 
+def test_a_checkpoint_folder_counts_only_once_whole_and_a_temporary_one_never(tmp_path):
+    from torchherd.engine.runners.task.sharded_checkpoint import find_latest
+
+    def folder(name: str, *files: str) -> Path:
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f).write_text("{\"world_size\": 2}")
+        return tmp_path / name
+
+    whole = (".metadata", "__0_0.distcp", "trainer.pt", "torchherd.json")
+    folder(".last.dcp.12.tmp", *whole)  # every rank wrote, but rank 0 was killed before the rename
+    assert find_latest(tmp_path) is None
+    prev = folder("prev.dcp", *whole)
+    folder("last.dcp", "__0_0.distcp", "trainer.pt", "torchherd.json")  # no DCP metadata: not every rank finished
+    assert find_latest(tmp_path) == prev
+
+
 def check_gang(tmp_path: Path, task: str, strategy: str, mode: str = "inline", extra: str = ""):
     from torchherd.engine.preflight.check import check_config
 
@@ -237,6 +254,8 @@ async def test_a_sharded_checkpoint_of_4_ranks_resumes_on_2_and_back_on_4_where_
     events = read_events(sup.run_dir)
     [resumed] = [e for e in events if isinstance(e, Resumed)]
     assert resumed.step == first.step and resumed.note == "resharded: written by 4 ranks, loaded by 2"
+    assert any(isinstance(e, Notice) and "f from its last sharded checkpoint (written by 4 ranks, resharded to 2)"
+               in e.text for e in events)  # the resume plan says so before anything starts
     assert resumed_at(sup.run_dir, "f")[0] == (first.step, pytest.approx(stopped[0][1], rel=1e-9))
     assert any(isinstance(e, WorkerStarted) and e.device == "cpu0,cpu1" for e in events)
 
@@ -278,3 +297,17 @@ async def test_hsdp_on_4_ranks_as_2_groups_of_2_trains_and_resumes(tmp_path):
     [resumed] = [e for e in read_events(sup.run_dir) if isinstance(e, Resumed)]
     assert resumed.step == first.step and resumed.note == ""
     assert resumed_at(sup.run_dir, "f")[0] == (first.step, pytest.approx(stopped[0][1], rel=1e-9))
+
+
+@pytest.mark.slow
+async def test_mixed_precision_is_fsdp2s_policy_and_trains_in_bf16_and_fp16(tmp_path):
+    both = {"max_epochs": 2, "params": {"samples": 128}}
+    cfg = make_config(tmp_path, [fsdp("b", precision="bf16-mixed", **both), fsdp("h", precision="16-mixed", **both),
+                                 fsdp("f", **both)], validation={"mode": "off"}, devices={"cpu_slots": 6})
+    sup = Supervisor(cfg, inventory=inventory(6))
+    assert await run_to_end(sup) == {"b": "completed", "h": "completed", "f": "completed"}
+    events = read_events(sup.run_dir)
+    losses = {n: [e.train_loss for e in events if isinstance(e, EpochEnd) and e.pipeline == n] for n in "bhf"}
+    assert losses["b"][1] < losses["b"][0] and losses["h"][1] < losses["h"][0]
+    # bf16 compute, float32 shards and gradient reduction: within bf16's 3 significant digits of float32
+    assert losses["b"] == pytest.approx(losses["f"], rel=1e-2)

@@ -75,7 +75,7 @@ class Trainer(TrainerCheckpoints):
 
         # A sharded model's mixed precision is FSDP2's own policy (engine/runners/task/sharded.py)
         self.autocast = autocast(self.device, "32" if self.sharded else pipe.precision)
-        self.scaler = grad_scaler(self.device, pipe.precision)
+        self.scaler = grad_scaler(self.device, pipe.precision, sharded=self.sharded)
         self.non_blocking = self.device.type == "cuda" and pipe.pin_memory
         self.model = task.model.to(self.device)
         names = {id(p): n for n, p in self.model.named_parameters()}  # before sharding replaces the parameters
@@ -330,7 +330,8 @@ class Trainer(TrainerCheckpoints):
         metrics = evaluate(self.model, self.val_loader, self.task.loss_fn, self.task.metrics_fn, self.device,
                            self.autocast, self.non_blocking, alive=lambda: self.control.beat(self.step))
         if not self.lead:  # a sharded gang's other ranks scored the same weights, to the same metrics
-            return self._judge(metrics)
+            self._judge(metrics)
+            return
         self.sender.send(ValResult(pipeline=self.name, epoch=epoch, step=self.step, metrics=metrics,
                                    latency=time.monotonic() - start, mode=ValidationMode.INLINE))
         print(f"torchherd: validated epoch {epoch + 1}: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
