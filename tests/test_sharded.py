@@ -28,6 +28,7 @@ LAYERED = f"{TASKS / 'layered.py'}:build"
 CHECKSUM = re.compile(r"rank (\d+) step (\d+) weights checksum (\S+) \((\d+) parameters held\)")
 # FSDP2 reduce-scatters the gradients DDP all-reduces: the same sums, in another order (float32)
 LOSS_TOLERANCE = 1e-5  # relative
+EPOCH_LOSS = r"Epoch (?P<epoch>\d+), Loss: (?P<loss>[-+.\deE]+)"
 
 
 def inventory(cores: int = 2) -> Inventory:
@@ -311,3 +312,23 @@ async def test_mixed_precision_is_fsdp2s_policy_and_trains_in_bf16_and_fp16(tmp_
     assert losses["b"][1] < losses["b"][0] and losses["h"][1] < losses["h"][0]
     # bf16 compute, float32 shards and gradient reduction: within bf16's 3 significant digits of float32
     assert losses["b"] == pytest.approx(losses["f"], rel=1e-2)
+
+
+@pytest.mark.slow
+async def test_a_script_using_fsdp2_and_dcp_itself_runs_unchanged_and_resumes_on_more_ranks(tmp_path):
+    script = str(TASKS / "scripts" / "fsdp_dcp.py")
+    cfg = make_config(tmp_path, [{"name": "s", "ranks": 2, "script": script, "metrics": EPOCH_LOSS,
+                                  "args": ["--epochs", "3", "--checkpoint", "{checkpoint_dir}",
+                                           "--fail-once", str(tmp_path / "failed")],
+                                  "resume_args": ["--resume"]}],
+                      validation={"mode": "off"}, defaults={"task": None}, devices={"cpu_slots": 4},
+                      restart={"max_restarts": 0})
+    sup = Supervisor(cfg, inventory=inventory(4))
+    assert await run_to_end(sup) == {"s": "failed"}  # on purpose, after its first epoch's checkpoint
+    set_ranks(sup.run_dir, 4)
+    again = Supervisor.resume_run(sup.run_dir, inventory=inventory(4))
+    assert await run_to_end(again) == {"s": "completed"}
+    log = (sup.run_dir / "s" / "log.txt").read_text()
+    assert "fsdp_dcp: resumed after epoch 0 on 4 ranks" in log, log[-2000:]
+    epochs = [e.epoch for e in read_events(sup.run_dir) if isinstance(e, EpochEnd)]
+    assert epochs == [0, 1, 2], epochs  # epoch 0 once: the resumed gang went on from its checkpoint
