@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from ..protocol.names import PipelineKind, ValidationMode
 from .placeholders import PLACEHOLDER, PLACEHOLDERS, SETTING_NAMES, unknown  # noqa: F401 (PLACEHOLDER*: re-export)
+from .metric_patterns import check_metrics_regex, patterns  # noqa: F401 (patterns: re-export)
 from .sweep import SweepConfig
 from .units import memory_bytes
 
@@ -131,9 +132,12 @@ class PipelineSettings(_Strict):
     datamodule_params: dict[str, Any] = Field(default_factory=dict, description=(
         "Lightning pipelines: keyword arguments of the DataModule's constructor; [defaults] ones are merged "
         "under each pipeline's, and a sweep varies one as datamodule_params.NAME."))
-    strategy: Literal["ddp", "ddp_find_unused_parameters_true", "fsdp"] = Field("ddp", description=(
-        "Lightning pipelines with ranks > 1: the Lightning strategy that trains the gang torchherd starts "
-        "(gloo on CPU, NCCL on GPU); 'fsdp' needs GPUs and inline or no validation."))
+    strategy: Literal["ddp", "ddp_find_unused_parameters_true", "fsdp", "deepspeed"] = Field("ddp", description=(
+        "With ranks > 1, how the gang trains (gloo on CPU, NCCL on GPU): 'ddp' replicates the model; 'fsdp' shards "
+        "it (a Task by FSDP2; a Lightning module by FSDPStrategy: GPUs); 'deepspeed': Lightning, GPUs, deepspeed."))
+    shard_group: int | None = Field(None, ge=1, description=(
+        "A Task's 'fsdp' gang: ranks that shard one copy of the model between them, the copies replicated between "
+        "groups (HSDP, a 2-D device mesh), e.g. the ranks of one node; must divide ranks. Default: all ranks."))
 
     @field_validator("gpu_memory")
     @classmethod
@@ -179,24 +183,7 @@ class PipelineSettings(_Strict):
 
 SCRIPT_ONLY = ("args", "metrics", "val_metrics", "validate", "resume_args", "cwd", "torchrun_env", "stop_signal",
                "stop_mode", "samples_per_step")  # keys that mean nothing without `script`
-
-
-def patterns(value: str | list[str] | None) -> list[str]:
-    """A `metrics` or `val_metrics` value as a list of patterns."""
-    return [] if value is None else [value] if isinstance(value, str) else list(value)
 SETTING_NAMES.update(n for n in PipelineSettings.model_fields if n not in ("params", "task", "script", "name"))
-
-
-def check_metrics_regex(pattern: str) -> str:
-    """`pattern` if it compiles and names what it captures; else ValueError saying what is wrong."""
-    try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from None
-    if not compiled.groupindex:
-        raise ValueError("has no named group: name what a group captures, e.g. (?P<loss>[-+.\\deE]+) "
-                         "or (?P<epoch>\\d+)")
-    return pattern
 
 
 class Pipeline(PipelineSettings):

@@ -55,11 +55,8 @@ def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
         elif p.ranks > 1 and runner_for(p.kind).gang_problem:
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks",
                                     runner_for(p.kind).gang_problem))
-        elif p.ranks > 1 and p.strategy == "fsdp" and not any(s.device == "cuda" for s in slots):
-            # Lightning's FSDP strategy shards over CUDA devices only
-            problems.append(Problem(display_path(config.source), f"pipelines[{i}].strategy", (
-                "strategy 'fsdp' needs GPUs and this run has CPU slots only: use strategy = \"ddp\" "
-                "(gloo on CPU)")))
+        elif p.ranks > 1 and (why := runner_for(p.kind).strategy_problem(p, any(s.device == "cuda" for s in slots))):
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].strategy", why))
     return problems
 
 

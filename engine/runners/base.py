@@ -66,6 +66,11 @@ class Runner(ABC):
         message); `validation_mode` is the resolved one. Default: none."""
         return []
 
+    def strategy_problem(self, pipe: Pipeline, gpus: bool) -> str:
+        """Why this kind cannot train `pipe`'s gang (ranks > 1) by its `strategy` on this run's slots (`gpus`:
+        whether any is a GPU); "" when it can (the default: a kind that reads no strategy ignores it)."""
+        return ""
+
     def describe(self, pipe: Pipeline) -> str:
         """What the pipeline trains, for the plan `torchherd check` prints (default: the task, its limits
         and precision: 'task tasks/mlp.py:build, 5 epochs, precision 32')."""

@@ -17,6 +17,13 @@ def autocast(device: torch.device, precision: str) -> Callable[[], ContextManage
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
-def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
-    """A GradScaler for float16 training; None where none is needed."""
-    return torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
+def grad_scaler(device: torch.device, precision: str, sharded: bool = False) -> torch.amp.GradScaler | None:
+    """A GradScaler for float16 training; None where none is needed. `sharded`: FSDP's, which agrees over the
+    ranks whether any shard's gradients overflowed, so every rank skips the same steps."""
+    if precision != "16-mixed":
+        return None
+    if sharded:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type)

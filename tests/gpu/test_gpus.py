@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from torchherd.engine.hardware.devices import discover_devices
-from torchherd.engine.protocol.messages import PipelineFinished, ValidatorStarted, ValResult, WorkerError, \
+from torchherd.engine.protocol.messages import EpochEnd, PipelineFinished, ValidatorStarted, ValResult, WorkerError, \
     WorkerExited, WorkerRestarting, WorkerStarted
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
@@ -144,3 +144,21 @@ async def test_two_gpus_per_rank_a_script_trains_data_parallel_and_a_model_split
     assert finished == {"pair": "completed"}, (sup.run_dir / "pair" / "log.txt").read_text()[-2000:]
     log = (sup.run_dir / "pair" / "log.txt").read_text()
     assert "two_gpus: data_parallel ok on [0, 1]" in log and "two_gpus: split ok on cuda:0 and cuda:1" in log
+
+
+@needs_gpus(2)
+async def test_an_fsdp_task_gang_over_nccl_holds_half_the_weights_and_trains_to_the_ddp_loss(tmp_path):
+    from tests.test_sharded import LAYERED, LOSS_TOLERANCE, held
+
+    same = {"task": LAYERED, "ranks": 2, "max_epochs": 2, "params": {"samples": 128}}
+    config = gpu_config(tmp_path, [{"name": "f", "strategy": "fsdp", **same}, {"name": "d", **same}],
+                        validation={"mode": "background"}, devices={"placement": first_gpus(2)})
+    sup = Supervisor(config)
+    assert await run_to_end(sup) == {"f": "completed", "d": "completed"}
+    events = read_events(sup.run_dir)
+    losses = {n: [e.train_loss for e in events if isinstance(e, EpochEnd) and e.pipeline == n] for n in "fd"}
+    assert losses["f"] == pytest.approx(losses["d"], rel=LOSS_TOLERANCE)
+    shards, whole = held(sup.run_dir, "f"), held(sup.run_dir, "d")
+    assert all(0.4 * whole[0][2] <= s[2] <= 0.6 * whole[0][2] for s in shards.values())
+    assert [e for e in events if isinstance(e, ValResult) and e.pipeline == "f" and e.step == 4]
+    assert (sup.run_dir / "f" / "checkpoints" / "last.dcp" / "torchherd.json").exists()

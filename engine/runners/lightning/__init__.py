@@ -12,6 +12,11 @@ from typing import Any
 from ...protocol.names import PipelineKind, ValidationMode
 from ..base import Runner, Scorer, set_up_torch
 
+FSDP_ON_CPU = ("strategy 'fsdp' needs GPUs for a Lightning module (Lightning's FSDPStrategy refuses "
+               "accelerator='cpu'): on CPU use strategy = \"ddp\" (gloo), or a torchherd Task, whose fsdp runs on CPU")
+DEEPSPEED_ON_CPU = ("strategy 'deepspeed' needs CUDA GPUs (DeepSpeed trains on CUDA devices only) and this run "
+                    "has CPU slots only: use strategy = \"ddp\" (gloo)")
+DEEPSPEED_MISSING = "strategy 'deepspeed' needs the deepspeed package, not installed here: pip install deepspeed"
 FSDP_BACKGROUND = ("strategy 'fsdp' with background validation is not supported yet (the validator needs the "
                    "whole module, which FSDP shards): set [validation] mode = \"inline\" or \"off\", or "
                    "strategy = \"ddp\"")
@@ -39,9 +44,17 @@ class LightningRunner(Runner):
     def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
         """FSDP shards the weights over the gang: only rank 0's whole module can be handed off, which FSDP
         would have to gather on every hand-off step; not done yet."""
-        if pipe.ranks > 1 and pipe.strategy == "fsdp" and validation_mode == ValidationMode.BACKGROUND:
-            return [("strategy", FSDP_BACKGROUND)]
+        if pipe.ranks > 1 and pipe.strategy in ("fsdp", "deepspeed") and validation_mode == ValidationMode.BACKGROUND:
+            return [("strategy", FSDP_BACKGROUND.replace("'fsdp'", f"'{pipe.strategy}'").replace(
+                "which FSDP shards", "which it shards"))]
         return []
+
+    def strategy_problem(self, pipe, gpus: bool) -> str:
+        if pipe.strategy == "deepspeed":
+            import importlib.util
+
+            return DEEPSPEED_ON_CPU if not gpus else "" if importlib.util.find_spec("deepspeed") else DEEPSPEED_MISSING
+        return FSDP_ON_CPU if pipe.strategy == "fsdp" and not gpus else ""
 
     def describe(self, pipe) -> str:
         gang = f", {pipe.ranks} ranks by Lightning's {pipe.strategy!r} strategy" if pipe.ranks > 1 else ""

@@ -16,9 +16,8 @@ import torch
 
 from ...worker.control import WorkerControl
 from ..base import cuda_index
+from . import FSDP_ON_CPU
 
-FSDP_ON_CPU = ("strategy 'fsdp' needs GPUs (Lightning's FSDP shards over CUDA devices): on CPU use "
-               "strategy = \"ddp\"")
 
 
 def gang_trainer_args(spec: Any, strategy_name: str) -> dict[str, Any]:

@@ -241,7 +241,7 @@ class LightningAttempt:
         """Checkpoint (a gang's rank 0 writes what every rank holds; FSDP's ranks gather it together)."""
         if name == LAST:
             self.saved_step = trainer.global_step
-        if not trainer.is_global_zero and self.pipe.strategy != "fsdp":
+        if not trainer.is_global_zero and self.pipe.strategy not in ("fsdp", "deepspeed"):  # theirs is a collective
             return
         try:
             state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)

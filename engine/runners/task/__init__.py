@@ -84,7 +84,7 @@ class TaskRunner(Runner):
         from .trainer import Trainer
 
         gang = None
-        if spec.world_size > 1:  # one rank of a DDP gang: MASTER_ADDR/MASTER_PORT come from the launcher
+        if spec.world_size > 1:  # one rank of a gang (DDP or FSDP2): MASTER_ADDR/MASTER_PORT come from the launcher
             import torch
 
             from .distributed import Gang
@@ -92,12 +92,48 @@ class TaskRunner(Runner):
             # cuda:LOCAL_RANK among the gang's GPUs, which every rank sees: set_device and DDP's device_ids
             device = torch.device("cuda", cuda_index(spec.device)) if spec.device.startswith("cuda") \
                 else torch.device("cpu")
-            gang = Gang.join(spec.rank, spec.world_size, device, spec.collective_timeout)
+            gang = Gang.join(spec.rank, spec.world_size, device, spec.collective_timeout, pipe.strategy,
+                             pipe.shard_group)
         trainer = Trainer(task, pipe, validation, spec.device, Path(spec.pipeline_dir), sender, control,
                           Path(spec.snapshot_dir) if spec.snapshot_dir else None, spec.snapshot_seq, gang=gang)
         # No destroy_process_group at the end: it can wait for ever on rank 0's store once rank 0 has
         # exited, and the child ends with os._exit, which releases the group as well.
         return trainer.run()
+
+    def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
+        if pipe.shard_group is None or (pipe.strategy == "fsdp" and pipe.ranks % pipe.shard_group == 0):
+            return []
+        if pipe.strategy != "fsdp":
+            return [("shard_group", f"shards a model only with strategy = \"fsdp\" (this pipeline's is "
+                                    f"{pipe.strategy!r}): set it, or remove shard_group")]
+        return [("shard_group", f"{pipe.shard_group} does not divide ranks = {pipe.ranks}: every group must hold "
+                                "a whole copy of the model, so ranks must be a multiple of shard_group")]
+
+    def strategy_problem(self, pipe, gpus: bool) -> str:
+        if pipe.strategy == "deepspeed":
+            return ("strategy 'deepspeed' is Lightning's (a LightningModule's Trainer): a torchherd Task gang trains "
+                    "by \"ddp\" or \"fsdp\" (FSDP2, which shards the model as DeepSpeed's ZeRO-3 does)")
+        return ""
+
+    def describe(self, pipe) -> str:
+        if pipe.ranks < 2 or pipe.strategy != "fsdp":
+            return super().describe(pipe)
+        groups = pipe.ranks // pipe.shard_group if pipe.shard_group else 1
+        how = f"{groups} copies, each sharded over {pipe.shard_group} ranks (HSDP)" if groups > 1 else "sharded"
+        return super().describe(pipe) + (
+            f", {pipe.ranks} ranks {how} by FSDP2 (fully_shard per layer; checkpoints by torch.distributed."
+            "checkpoint, one shard per rank; background validation gathers the whole weights to rank 0's CPU at "
+            "each hand-off, every rank taking part)")
+
+    def resumes_from(self, pipe, checkpoints: Path) -> str:
+        from .sharded_checkpoint import find_latest, written_by
+
+        path = find_latest(checkpoints) if pipe.strategy == "fsdp" else None
+        if path is None:
+            return super().resumes_from(pipe, checkpoints)
+        wrote = written_by(path)
+        return "from its last sharded checkpoint" + (
+            f" (written by {wrote} ranks, resharded to {pipe.ranks})" if wrote != pipe.ranks else "")
 
     def scorer(self, name: str, directory: Path, device: str) -> Scorer:
         from .scorer import PipelineScorer

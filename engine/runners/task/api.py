@@ -25,15 +25,23 @@ class Task:
     `metrics_fn(outputs, targets)` may return extra validation metrics (for
     example accuracy) as a dict of numbers or scalar tensors, averaged per sample.
     `scheduler`, if given, is stepped once per epoch.
+
+    `optimizer` may also be a function of the parameters (`lambda params: torch.optim.AdamW(params)`), called
+    once the model is in place (sharded, with `strategy = "fsdp"`), and `scheduler` then a function of the
+    optimizer. An Optimizer made over `model.parameters()` works too: under fsdp its groups are pointed at the
+    shards. `shard` says which modules FSDP2 shards as units (gathered only while they run): a list of module
+    classes, or a function `shard(model, fully_shard)` that calls `fully_shard(module)` itself; default each
+    direct child of the model that has parameters. The model itself is always sharded last.
     """
 
     model: Any  # torch.nn.Module
-    optimizer: Any  # torch.optim.Optimizer
+    optimizer: Any  # torch.optim.Optimizer, or a function of the parameters returning one
     train_data: Any
     loss_fn: Callable[[Any, Any], Any]
     val_data: Any = None
     metrics_fn: Callable[[Any, Any], dict[str, Any]] | None = None
-    scheduler: Any = None
+    scheduler: Any = None  # an LR scheduler, or a function of the optimizer returning one
+    shard: Any = None  # strategy "fsdp": module classes to shard as units, or a function shard(model, fully_shard)
 
 
 class TaskError(Exception):
@@ -106,8 +114,13 @@ def check_task(ref: str, task: Any, instead: str = "") -> Task:
     problems = []
     if not isinstance(task.model, torch.nn.Module):
         problems.append(f"model is {type(task.model).__name__}, not a torch.nn.Module")
-    if not isinstance(task.optimizer, torch.optim.Optimizer):
-        problems.append(f"optimizer is {type(task.optimizer).__name__}, not a torch.optim.Optimizer")
+    if not isinstance(task.optimizer, torch.optim.Optimizer) and not callable(task.optimizer):
+        problems.append(f"optimizer is {type(task.optimizer).__name__}, not a torch.optim.Optimizer "
+                        "(or a function of the parameters returning one)")
+    from .sharded import shard_problem
+
+    if shard_problem(task.shard):
+        problems.append(shard_problem(task.shard))
     if task.train_data is None:
         problems.append("train_data is None")
     if not callable(task.loss_fn):

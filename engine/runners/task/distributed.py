@@ -1,4 +1,5 @@
-"""The `Task` trainer's side of a DDP gang: its process group, model wrapping, loss means and collective commands.
+"""The `Task` trainer's side of a gang: its process group, model wrapping (DDP, or FSDP2 shards), loss means and
+collective commands.
 
 `Gang.join` starts the process group (gloo on CPU, nccl on a GPU) with a timeout far
 below torch's 30 minutes, `mean` averages a tensor over ranks (at report intervals
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -23,30 +24,44 @@ STOP, PAUSE, CHECKPOINT, TIME_UP = range(4)  # the flags rank 0 broadcasts
 class Gang:
     """This process's rank in a gang of `world`: rank 0 decides, every rank does the same."""
 
-    def __init__(self, rank: int, world: int, device: torch.device):
+    def __init__(self, rank: int, world: int, device: torch.device, strategy: str = "ddp",
+                 shard_group: int | None = None):
         self.rank, self.world, self.device = rank, world, device
+        self.shard_group = shard_group or world  # fsdp: ranks sharding one copy of the model (fewer: HSDP)
+        self.strategy = strategy  # the pipeline's `strategy`: "ddp", "ddp_find_unused_parameters_true", "fsdp"
+        self.sharded = strategy == "fsdp"  # each rank holds a shard of the weights, so saving is a collective
         # gloo reduces CPU tensors, nccl CUDA ones
         self._flags = torch.zeros(4, dtype=torch.int64, device=device)
 
     @classmethod
-    def join(cls, rank: int, world: int, device: torch.device, timeout: float) -> "Gang":
+    def join(cls, rank: int, world: int, device: torch.device, timeout: float, strategy: str = "ddp",
+             shard_group: int | None = None) -> "Gang":
         """Join the process group torchrun's variables (MASTER_ADDR, MASTER_PORT) describe."""
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
-        return cls(rank, world, device)
+        return cls(rank, world, device, strategy, shard_group)
 
     @property
     def lead(self) -> bool:
         """Rank 0 alone checkpoints, reports and hands snapshots to the validator."""
         return self.rank == 0
 
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+    def wrap(self, model: torch.nn.Module, shard: Any = None, pipe: Any = None) -> torch.nn.Module | None:
+        """`model` in DDP; or, sharded, None: `model` itself is sharded in place (FSDP2, per `shard`, with the
+        pipeline's precision as FSDP2's mixed-precision policy)."""
+        if self.sharded:
+            from .sharded import device_mesh, shard_model
+
+            mesh = device_mesh(self.device, self.world, self.shard_group)
+            shard_model(model, shard, pipe.precision if pipe is not None else "32", mesh)
+            return None
         from torch.nn.parallel import DistributedDataParallel
 
         on_gpu = self.device.type == "cuda"
-        return DistributedDataParallel(model, device_ids=[self.device.index or 0] if on_gpu else None)
+        return DistributedDataParallel(model, device_ids=[self.device.index or 0] if on_gpu else None,
+                                       find_unused_parameters=self.strategy == "ddp_find_unused_parameters_true")
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The mean of `value` over every rank (a collective: every rank calls it at the same step)."""
@@ -75,7 +90,7 @@ class Gang:
             control.discard()  # commands reach every rank; rank 0's decide, the others' must not pile up
         else:
             control.poll(timeout=wait)
-            if save is not None and control.take_checkpoint_request():
+            if save is not None and not self.sharded and control.take_checkpoint_request():
                 save("request")  # paused: the weights are the same on every rank
             self._flags.copy_(torch.tensor([control.should_stop, control.paused, control.checkpoint_requested,
                                             time_up()], dtype=torch.int64))
@@ -85,6 +100,8 @@ class Gang:
             control.stop_reason = "stopped with rank 0"
         control.paused = bool(flags[PAUSE])
         control.checkpoint_requested = bool(flags[CHECKPOINT])
+        if save is not None and self.sharded and control.take_checkpoint_request():
+            save("request")  # paused, sharded: every rank writes its shards, together
         return flags
 
     def barrier(self) -> None:
@@ -93,5 +110,9 @@ class Gang:
 
     def checksum(self, model: torch.nn.Module) -> float:
         """A sum over every weight: equal on every rank while they train in step."""
+        if self.sharded:  # a collective: the shards' sums, added over ranks
+            from .sharded import sharded_checksum
+
+            return sharded_checksum(model) / (self.world // self.shard_group)  # each copy counted once
         with torch.no_grad():
             return float(sum(p.double().sum() for p in model.parameters()))

@@ -6,7 +6,6 @@ and the two pipe ends, and trains until its limits, a Stop, or an error.
 from __future__ import annotations
 
 import contextlib
-import random
 import sys
 import time
 from itertools import islice
@@ -18,8 +17,7 @@ import torch
 from ...worker import checkpoint as ckpt
 from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED, StatusSender
 from ...config.schema import Pipeline, ValidationConfig
-from ...protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult,
-                                 WorkerError)
+from ...protocol.messages import EarlyStop, EpochEnd, Notice, TrainingStarted, ValResult, WorkerError
 from ...protocol.names import PipelineKind, ValidationMode
 from ...protocol.progress import judge
 from ...worker.control import WorkerControl
@@ -29,6 +27,8 @@ from ...worker.handoff import HandOff, snapshot_meta
 from ...worker.precision import autocast, grad_scaler
 from ...worker.reporting import ReportWindow
 from .api import Task
+from .sharded import FullWeights, local_numel, optimizer_over
+from .state import TrainerCheckpoints
 
 
 class LossError(Exception):
@@ -47,15 +47,16 @@ def describe_loss_failure(exc: Exception, outputs: Any, targets: Any) -> str:
             f"outputs {_shape(outputs)}, targets {_shape(targets)}")
 
 
-class Trainer:
+class Trainer(TrainerCheckpoints):
     """Trains one pipeline in this process; `run()` returns the worker's exit code."""
 
     def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
                  pipeline_dir: Path, sender: StatusSender, control: WorkerControl,
                  snapshot_dir: Path | None = None, snapshot_seq: int = 0, gang=None):
         self.task, self.pipe, self.validation = task, pipe, validation
-        self.gang = gang  # engine.distributed.Gang for a rank of a DDP gang, else None
+        self.gang = gang  # engine.distributed.Gang for a rank of a gang, else None
         self.lead = gang is None or gang.lead  # it alone checkpoints, validates and reports for the gang
+        self.sharded = gang is not None and gang.sharded  # fsdp: each rank holds a shard of the weights
         self._time_up = False  # a gang's verdict on max_time, from rank 0 at the last agreement
         self.device = torch.device(device)
         self.dir = pipeline_dir
@@ -72,14 +73,18 @@ class Trainer:
         self.epoch_batches = 0
         self._start: float | None = None  # monotonic time training began in this attempt
 
-        self.autocast = autocast(self.device, pipe.precision)
-        self.scaler = grad_scaler(self.device, pipe.precision)
+        # A sharded model's mixed precision is FSDP2's own policy (engine/runners/task/sharded.py)
+        self.autocast = autocast(self.device, "32" if self.sharded else pipe.precision)
+        self.scaler = grad_scaler(self.device, pipe.precision, sharded=self.sharded)
         self.non_blocking = self.device.type == "cuda" and pipe.pin_memory
         self.model = task.model.to(self.device)
-        self.ddp = gang.wrap(self.model) if gang is not None else None
+        names = {id(p): n for n, p in self.model.named_parameters()}  # before sharding replaces the parameters
+        self.ddp = gang.wrap(self.model, task.shard, pipe) if gang is not None else None
         forward = self.ddp if self.ddp is not None else self.model
         self.train_model = torch.compile(forward) if pipe.compile else forward
-        self.optimizer = task.optimizer
+        self.optimizer = optimizer_over(task.optimizer, self.model, names)
+        if task.scheduler is not None and not hasattr(task.scheduler, "state_dict"):
+            task.scheduler = task.scheduler(self.optimizer)  # a function of the optimizer, made now
         self.train_loader, self.sampler = make_loader(task.train_data, pipe, self.device, shuffle=True,
                                                       rank=gang.rank if gang else 0, world=gang.world if gang else 1)
         if gang is not None and self.sampler is None and gang.lead:
@@ -87,13 +92,14 @@ class Trainer:
                 "the task's train_data is not a Dataset, so torchherd cannot shard it: every rank trains on "
                 "all of it; return a Dataset to split it between ranks")))
         self.val_loader = make_loader(task.val_data, pipe, self.device, shuffle=False)[0] \
-            if task.val_data is not None and self.lead else None
+            if task.val_data is not None and (self.lead or self.sharded) else None
         # Snapshot seqs keep rising across restarts: a resumed worker may hand off after
         # its checkpoint what an earlier attempt already handed off under the same numbers.
         self.handoff = HandOff(self.name, sender, validation, snapshot_dir, snapshot_seq)
         v = validation
         self._step_handoff = v.every_n_steps if v.mode == ValidationMode.BACKGROUND and v.every_n_steps else 0
         self.window: ReportWindow | None = None  # the steps since the last report, from _start_training
+        self.full: FullWeights | None = None  # a sharded gang's whole weights, gathered for the validator
 
     # ------------------------------------------------------------ data
 
@@ -108,65 +114,6 @@ class Trainer:
             self.sampler.set_epoch(self.epoch, self.batch_in_epoch * self.pipe.batch_size)
             return iter(self.train_loader)
         return islice(iter(self.train_loader), self.batch_in_epoch, None)
-
-    # ------------------------------------------------------ checkpoints
-
-    def _state(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.task.scheduler.state_dict() if self.task.scheduler is not None else None,
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
-            "epoch_loss": float(self.epoch_loss), "epoch_batches": self.epoch_batches,
-            "trained_time": self.trained_time + self._elapsed(), "best": self.best,
-            "snapshot_seq": self.handoff.seq,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                    # its own GPU's only: a gang's rank sees its peers' GPUs too, and must not touch them
-                    "cuda": [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None},
-            "pipeline": self.name,
-        }
-
-    def resume(self) -> None:
-        state, path, note = ckpt.load_latest(self.ckpt_dir, map_location=self.device,
-                                             trusted=self.pipe.trust_checkpoints)
-        if note:
-            self.sender.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
-        if state is None:
-            return
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("scheduler") is not None and self.task.scheduler is not None:
-            self.task.scheduler.load_state_dict(state["scheduler"])
-        if state.get("scaler") is not None and self.scaler is not None:
-            self.scaler.load_state_dict(state["scaler"])
-        self.epoch, self.step = state["epoch"], state["step"]
-        self.batch_in_epoch = state.get("batch_in_epoch", 0)
-        self.epoch_loss.fill_(state.get("epoch_loss", 0.0))
-        self.epoch_batches = state.get("epoch_batches", 0)
-        self.trained_time = state.get("trained_time", 0.0)
-        self.best = state.get("best")
-        self.handoff.resumed(state.get("snapshot_seq", 0))
-        # Loaded onto the training device with everything else; the generators take their states on the CPU.
-        rng = state.get("rng") or {}
-        if rng.get("torch") is not None:
-            torch.set_rng_state(rng["torch"].cpu())
-        if rng.get("python") is not None:
-            random.setstate(rng["python"])
-        if rng.get("cuda") and self.device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"][0].cpu(), self.device)  # the saving GPU's (it saw one, or its own)
-        self.sender.send(Resumed(pipeline=self.name, path=str(path), epoch=self.epoch, step=self.step, note=note))
-
-    def save(self, reason: str, name: str = ckpt.LAST) -> None:
-        if not self.lead:
-            return  # every rank holds the same weights: rank 0 writes them for the gang
-        try:
-            path = ckpt.save_checkpoint(self.ckpt_dir, self._state(), name)
-        except ckpt.CheckpointError as exc:
-            # Training goes on; the previous checkpoint is still there.
-            self.sender.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
-            return
-        self.sender.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=self.epoch,
-                                         step=self.step, reason=reason))
 
     # ---------------------------------------------------------- control
 
@@ -247,7 +194,9 @@ class Trainer:
 
     def _start_training(self, steps_per_epoch: int) -> None:
         # The slots are set up before training starts: allocated once, not at a hand-off.
-        self.handoff.open(self.model, snapshot_meta(self.pipe, self.validation, self.dir, self.best,
+        if self.sharded and self.validation.mode == ValidationMode.BACKGROUND:  # every rank: a collective
+            self.full = FullWeights(self.model)
+        self.handoff.open(self.full or self.model, snapshot_meta(self.pipe, self.validation, self.dir, self.best,
                                                     PipelineKind.TASK))
         self.sender.send(TrainingStarted(pipeline=self.name, epoch=self.epoch, step=self.step,
                                          epochs_total=self.pipe.max_epochs, steps_per_epoch=steps_per_epoch,
@@ -281,8 +230,10 @@ class Trainer:
         targets = targets.to(self.device, non_blocking=self.non_blocking)
         accum = self.pipe.accumulate_grad_batches
         # Micro-batches before the optimizer step keep their gradients local: one all-reduce a step.
-        sync = self.ddp.no_sync() if self.ddp is not None and (self.batch_in_epoch + 1) % accum \
-            else contextlib.nullcontext()
+        last = (self.batch_in_epoch + 1) % accum == 0
+        if self.sharded:
+            self.model.set_requires_gradient_sync(last)
+        sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
         with sync:
             with self.autocast():
                 outputs = self.train_model(inputs)
@@ -313,7 +264,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         if self._step_handoff and self.step % self._step_handoff == 0:
-            self.handoff.hand_off(self.epoch, self.step)
+            self._hand_off(self.epoch)
         if self.step % self.pipe.log_every_n_steps:
             return None
         mean = self._report_mean(self.window.loss, self.window.batches)
@@ -326,7 +277,8 @@ class Trainer:
         self._start = None
         if self.gang is not None:  # the test of a gang: every rank ends with the same weights
             print(f"torchherd: rank {self.gang.rank} step {self.step} weights checksum "
-                  f"{self.gang.checksum(self.model):.10g}", file=sys.stderr, flush=True)
+                  f"{self.gang.checksum(self.model):.10g} ({local_numel(self.model)} parameters held)",
+                  file=sys.stderr, flush=True)
         stopped = self.control.should_stop
         self.save("stop" if stopped else "final")
         if not stopped:
@@ -367,26 +319,40 @@ class Trainer:
     def _validate(self, epoch: int) -> None:
         """Validate at an epoch's end: inline here, or by handing a snapshot to the validator."""
         v = self.validation
-        if v.mode == ValidationMode.OFF or (epoch + 1) % v.every_n_epochs or not self.lead:
-            return
+        if v.mode == ValidationMode.OFF or (epoch + 1) % v.every_n_epochs or not (self.lead or self.sharded):
+            return  # a sharded gang's ranks all take part: gathering its weights, or its forward, is a collective
         if v.mode == ValidationMode.BACKGROUND:
-            self.handoff.hand_off(epoch, self.step)
+            self._hand_off(epoch)
             return
         if self.val_loader is None:
             return
         start = time.monotonic()
         metrics = evaluate(self.model, self.val_loader, self.task.loss_fn, self.task.metrics_fn, self.device,
                            self.autocast, self.non_blocking, alive=lambda: self.control.beat(self.step))
+        if not self.lead:  # a sharded gang's other ranks scored the same weights, to the same metrics
+            self._judge(metrics)
+            return
         self.sender.send(ValResult(pipeline=self.name, epoch=epoch, step=self.step, metrics=metrics,
                                    latency=time.monotonic() - start, mode=ValidationMode.INLINE))
         print(f"torchherd: validated epoch {epoch + 1}: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
                                                                    for k, v in metrics.items()),
               flush=True)
-        value = metrics.get(v.metric)
+        self._judge(metrics)
+
+    def _judge(self, metrics: dict[str, Any]) -> None:
+        """Keep the best checkpoint and ask for an early stop, by an inline validation's `metrics`."""
+        value = metrics.get(self.validation.metric)
         if value is None:
             return
-        improved, self.best, self.since_best, stop = judge(value, self.best, self.since_best, v)
+        improved, self.best, self.since_best, stop = judge(value, self.best, self.since_best, self.validation)
         if improved:
             self.save("best", ckpt.BEST)
-        if stop:  # the supervisor stops it, saying why
+        if stop and self.lead:  # the supervisor stops it, saying why
             self.sender.send(EarlyStop(pipeline=self.name, reason=stop))
+
+    def _hand_off(self, epoch: int) -> None:
+        """Hand the weights to the validator: a sharded gang's are gathered to rank 0 first, by every rank."""
+        if self.full is not None:
+            self.full.gather()
+        if self.lead:
+            self.handoff.hand_off(epoch, self.step)

@@ -1,0 +1,124 @@
+"""Checkpoints of a sharded (`fsdp`) gang through torch.distributed.checkpoint (DCP): every rank writes its own
+shards, and a checkpoint loads into whatever world size the gang has now (no torch import until one is used).
+
+A checkpoint is a folder (`last.dcp`, `prev.dcp`, `best.dcp`): DCP's `.metadata` and one `__RANK_0.distcp`
+per rank, `trainer.pt` (rank 0's step, epoch, RNG, scheduler) and `torchherd.json` (the world size that
+wrote it), written as `.last.dcp.STEP.tmp` and renamed once every rank's shards are in, so a temporary one is ignored.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ...worker import checkpoint as ckpt
+
+SUFFIX = ".dcp"
+TRAINER_FILE = "trainer.pt"
+INFO_FILE = "torchherd.json"
+
+
+def folder_name(which: str) -> str:
+    """"last.pt" or "last" -> "last.dcp"."""
+    return which.split(".")[0] + SUFFIX
+
+
+def complete(path: Path) -> bool:
+    """Whether `path` is a whole checkpoint: DCP's metadata (written once every rank's shards are) and ours."""
+    return (path / ".metadata").is_file() and (path / TRAINER_FILE).is_file() and (path / INFO_FILE).is_file()
+
+
+def written_by(path: Path) -> int:
+    """The world size of the gang that wrote the checkpoint at `path`."""
+    return int(json.loads((path / INFO_FILE).read_text())["world_size"])
+
+
+def find_latest(directory: Path) -> Path | None:
+    """The newest complete sharded checkpoint in `directory` (last, else prev), or None."""
+    for name in ("last", "prev"):
+        path = directory / folder_name(name)
+        if complete(path):
+            return path
+    return None
+
+
+def _clear_temps(directory: Path, stem: str) -> None:
+    """Temporary folders of writes that never finished (a rank killed mid-save): never a checkpoint."""
+    for tmp in directory.glob(f".{stem}{SUFFIX}.*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish(tmp: Path, directory: Path, stem: str) -> Path:
+    """Rename the finished `tmp` to its checkpoint's name; the `last` it replaces becomes `prev`."""
+    final = directory / f"{stem}{SUFFIX}"
+    if stem == "last" and final.exists():
+        prev = directory / f"prev{SUFFIX}"
+        shutil.rmtree(prev, ignore_errors=True)
+        os.replace(final, prev)  # until the next line, `prev` is the newest: a crash here resumes from it
+    elif final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    ckpt._fsync_dir(directory)
+    return final
+
+
+def save_sharded(directory: Path, which: str, model: Any, optimizer: Any,
+                 extra: dict[str, Any], lead: bool, world: int) -> Path:
+    """Write checkpoint `which` ("last", "best") from every rank: a collective, every rank calls it at the same
+    step. Rank 0 adds `extra` and publishes the folder once all shards are written. CheckpointError on any
+    failure; the previous checkpoint is then untouched."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import save
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    stem = which.split(".")[0]
+    tmp = directory / f".{stem}{SUFFIX}.{extra['step']}.tmp"
+    if lead:
+        directory.mkdir(parents=True, exist_ok=True)
+        _clear_temps(directory, stem)
+    dist.barrier()  # no rank writes into a folder rank 0 is still clearing
+    model_state, optim_state = get_state_dict(model, optimizer)
+    try:
+        save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
+    except Exception as exc:  # DCP raises on every rank when any rank's write failed
+        raise ckpt.CheckpointError(f"could not write {tmp}: {str(exc).splitlines()[0][:200]}") from exc
+    final = directory / f"{stem}{SUFFIX}"
+    failure = None
+    if lead:
+        try:
+            ckpt.write_atomic(tmp / TRAINER_FILE, extra)
+            info = {"world_size": world, "step": extra["step"], "epoch": extra["epoch"],
+                    "format": "torch.distributed.checkpoint"}
+            (tmp / INFO_FILE).write_text(json.dumps(info))
+            final = _publish(tmp, directory, stem)
+        except (OSError, ckpt.CheckpointError) as exc:
+            failure = exc
+    dist.barrier()  # the checkpoint is in place (or not) for every rank alike
+    if failure is not None:
+        raise ckpt.CheckpointError(f"could not write {final}: {failure}") from failure
+    return final
+
+
+def load_sharded(path: Path, model: Any, optimizer: Any,
+                 trusted: bool = False) -> dict[str, Any]:
+    """Load the checkpoint at `path` into this rank's shards (DCP reshards when the gang that wrote it had a
+    different world size): a collective. Returns rank 0's trainer state, as every rank reads it."""
+    import torch
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)  # the optimizer's state made up front, to load into
+    state = {"model": model_state, "optim": optim_state}
+    load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=not trusted)
+
+
+def export_state_dict(path: Path, target: Path) -> None:
+    """A sharded checkpoint as one plain torch.save file ({"model": ..., "optim": ...}), for use outside
+    torchherd; no process group needed."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(path), str(target))

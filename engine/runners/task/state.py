@@ -1,0 +1,121 @@
+"""The `Task` trainer's checkpoints: what one holds, how it is saved and how an attempt resumes from it.
+
+A single process or a DDP gang: rank 0 writes one file (worker/checkpoint.py). A sharded (`fsdp`) gang:
+every rank writes its shards through DCP (sharded_checkpoint.py), and a gang of another world size
+resumes from them, its place in the epoch carried over in samples.
+"""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...protocol.messages import CheckpointSaved, Notice, Resumed
+from ...worker import checkpoint as ckpt
+
+
+class TrainerCheckpoints:
+    """Saving and resuming, for `Trainer` (engine/runners/task/trainer.py), whose attributes it reads."""
+
+    def _progress(self) -> dict[str, Any]:
+        """Everything of a checkpoint but the model's and optimizer's state: where training is, its RNG."""
+        return {
+            "scheduler": self.task.scheduler.state_dict() if self.task.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+            "epoch_loss": float(self.epoch_loss), "epoch_batches": self.epoch_batches,
+            "trained_time": self.trained_time + self._elapsed(), "best": self.best,
+            "snapshot_seq": self.handoff.seq,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    # its own GPU's only: a gang's rank sees its peers' GPUs too, and must not touch them
+                    "cuda": [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None},
+            "pipeline": self.name,
+        }
+
+    def _state(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **self._progress()}
+
+    def _load(self) -> tuple[dict[str, Any] | None, Path | None, str]:
+        """(state, path, note) of the newest checkpoint; for a sharded gang its weights are loaded already."""
+        if not self.sharded:
+            return ckpt.load_latest(self.ckpt_dir, map_location=self.device, trusted=self.pipe.trust_checkpoints)
+        from .sharded_checkpoint import find_latest, load_sharded, written_by
+
+        path = find_latest(self.ckpt_dir)
+        if path is None:
+            return None, None, ""
+        state = load_sharded(path, self.model, self.optimizer, self.pipe.trust_checkpoints)
+        wrote = written_by(path)
+        if wrote == self.gang.world:
+            return state, path, ""
+        self._carry_epoch_over(state, wrote)
+        return state, path, f"resharded: written by {wrote} ranks, loaded by {self.gang.world}"
+
+    def _carry_epoch_over(self, state: dict[str, Any], wrote: int) -> None:
+        """A checkpoint of `wrote` ranks resumed by this gang's: the samples of the epoch trained so far,
+        counted in this gang's batches per rank, and the epoch's mean loss kept."""
+        batches = state.get("batch_in_epoch", 0) * wrote // self.gang.world
+        mean = state.get("epoch_loss", 0.0) / max(state.get("epoch_batches", 0), 1)
+        state.update(batch_in_epoch=batches, epoch_batches=batches, epoch_loss=mean * batches)
+
+    def resume(self) -> None:
+        state, path, note = self._load()
+        if note and not self.sharded:
+            self.sender.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
+        if state is None:
+            return
+        if note and self.lead:
+            self.sender.send(Notice(pipeline=self.name, level="info", text=f"checkpoint {path.name}: {note}"))
+        if not self.sharded:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scheduler") is not None and self.task.scheduler is not None:
+            self.task.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler") is not None and self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.step = state["epoch"], state["step"]
+        self.batch_in_epoch = state.get("batch_in_epoch", 0)
+        self.epoch_loss.fill_(state.get("epoch_loss", 0.0))
+        self.epoch_batches = state.get("epoch_batches", 0)
+        self.trained_time = state.get("trained_time", 0.0)
+        self.best = state.get("best")
+        self.handoff.resumed(state.get("snapshot_seq", 0))
+        # Loaded onto the training device with everything else; the generators take their states on the CPU.
+        rng = state.get("rng") or {}
+        if rng.get("torch") is not None:
+            torch.set_rng_state(rng["torch"].cpu())
+        if rng.get("python") is not None:
+            random.setstate(rng["python"])
+        if rng.get("cuda") and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"][0].cpu(), self.device)  # the saving GPU's (it saw one, or its own)
+        self.sender.send(Resumed(pipeline=self.name, path=str(path), epoch=self.epoch, step=self.step, note=note))
+        if self.gang is not None:  # the test of a resumed gang: the weights it stopped with (a collective, sharded)
+            total = self.gang.checksum(self.model)
+            if self.lead:
+                print(f"torchherd: resumed at step {self.step} with weights checksum {total:.10g}", file=sys.stderr,
+                      flush=True)
+
+    def save(self, reason: str, name: str = ckpt.LAST) -> None:
+        """Write checkpoint `name`: rank 0 alone (every rank holds the same weights), or, sharded, every rank its
+        shards (a collective: every rank calls it at the same step)."""
+        if not self.lead and not self.sharded:
+            return
+        try:
+            if self.sharded:
+                from .sharded_checkpoint import save_sharded
+
+                path = save_sharded(self.ckpt_dir, name, self.model, self.optimizer, self._progress(), self.lead,
+                                    self.gang.world)
+            else:
+                path = ckpt.save_checkpoint(self.ckpt_dir, self._state(), name)
+        except ckpt.CheckpointError as exc:
+            # Training goes on; the previous checkpoint is still there.
+            if self.lead:
+                self.sender.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
+            return
+        if self.lead:
+            self.sender.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=self.epoch,
+                                             step=self.step, reason=reason))
