@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from ..engine.protocol.health import Straggler
+
 SHORT_METRICS = {"accuracy": "acc", "val_loss": "loss", "loss": "loss", "val_accuracy": "acc"}
 
 
@@ -114,3 +116,11 @@ def is_loss_metric(metric: str, mode: str) -> bool:
 def finish_text(status: str, reason: str) -> str:
     """'failed: restart budget of 3 used up: IndexError: x': the status, then why."""
     return f"{status}: {reason}" if reason else status
+
+
+def straggler_text(ev: Straggler) -> str:
+    """A `Straggler` event as the event log and headless say it."""
+    if not ev.ratio:
+        return f"rank {ev.rank} keeps pace again"
+    return (f"straggler rank {ev.rank}: {ev.ratio:.1f}x its peers' time per batch "
+            f"({ev.slowest * 1e3:.0f} ms vs {ev.median * 1e3:.0f} ms)")
