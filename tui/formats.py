@@ -7,6 +7,7 @@ events and JSON count from 0.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ..engine.protocol.health import Straggler
 
@@ -124,3 +125,18 @@ def straggler_text(ev: Straggler) -> str:
         return f"rank {ev.rank} keeps pace again"
     return (f"straggler rank {ev.rank}: {ev.ratio:.1f}x its peers' time per batch "
             f"({ev.slowest * 1e3:.0f} ms vs {ev.median * 1e3:.0f} ms)")
+
+
+def gang_text(row: Any) -> str:
+    """A gang's ranks as its row's detail line says them: the spread of their own time per batch, a straggler,
+    and while it is stalled the triage's verdict ("" for a pipeline with nothing of the kind to say)."""
+    parts = []
+    if (spread := row.spread) is not None:
+        median, slowest, rank = spread
+        parts.append(f"ranks: median {median * 1e3:.0f} ms/batch, slowest rank {rank} {slowest * 1e3:.0f} ms "
+                     f"({slowest / median if median > 0 else 1:.1f}x)")
+    if row.straggler:
+        parts.append(f"straggler {row.straggler}")
+    if row.verdict and row.stalled_since is not None:
+        parts.append(f"triage: {row.verdict}")
+    return " · ".join(parts)

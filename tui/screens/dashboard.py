@@ -24,6 +24,8 @@ from ..messages import CommandRequested
 from ..runstate import RunState
 from .dialogs import ConfirmScreen
 from .log_view import LogScreen
+from ..formats import gang_text
+from ..widgets.alert_banner import AlertBanner
 from ..widgets.device_pane import DevicePane
 from ..widgets.log_views import EventLog, LogTail
 from ..widgets.loss_chart import GLYPHS, LossChart
@@ -67,6 +69,7 @@ class DashboardScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="status")
+        yield AlertBanner(id="alert")
         yield PipelineTable(id="table")
         yield SweepTable(id="sweep")
         yield Static(id="reason")
@@ -138,6 +141,8 @@ class DashboardScreen(Screen[None]):
             if self.selected is None and table.selected is not None:
                 self._select(table.selected)
             self._status()
+            self.query_one(AlertBanner).show(state.alerts)
+            self._say_reason()
         if state.series_version != self._seen[1]:
             chart = self.query_one(LossChart)
             chart.metric, chart.metric_is_loss = state.metric, state.metric_is_loss
@@ -169,7 +174,12 @@ class DashboardScreen(Screen[None]):
 
     def _say_reason(self) -> None:
         trial = self.state.trials.get(self.selected or "")
-        if trial is None:
+        row = self.state.rows.get(self.selected or "")
+        if not self.sweep_view:  # a gang's ranks, while it has something to say of them
+            text = gang_text(row) if row is not None else ""
+            self.set_class(bool(text), "-gang")
+            text = f"[b]{escape(row.name)}[/b] {escape(text)}" if text else ""
+        elif trial is None:
             text = ""
         else:
             pruned = self._state_of(trial.name) == WorkerState.PRUNED
@@ -196,8 +206,7 @@ class DashboardScreen(Screen[None]):
 
     def _select(self, name: str) -> None:
         self.selected = name
-        if self.sweep_view:
-            self._say_reason()
+        self._say_reason()
         chart = self.query_one(LossChart)
         if self.state.chart_metric not in self.state.chart_metrics(name):  # it reports no such value: its loss
             self.state.chart_metric, chart.quantity = "", "loss"
