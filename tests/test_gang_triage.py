@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,23 @@ async def test_a_rank_slow_in_its_data_path_is_flagged_as_a_straggler_with_its_r
         found = await wait_for(stream, lambda e: isinstance(e, Straggler), 120)
     assert (found.pipeline, found.rank) == ("g", 1) and found.ratio >= 1.5
     assert found.slowest > found.median
+
+
+async def test_torchherd_stacks_answers_with_where_each_rank_of_a_hung_gang_is(tmp_path):
+    from torchherd.engine.protocol.control import Action
+    from torchherd.tui.control import _ask
+    from tests.test_service import served
+
+    sock = Path(tempfile.mkdtemp(prefix="th-test-")) / "control.sock"  # AF_UNIX paths are short
+    sup = script_gang(tmp_path, ["--hang-at", "20", "--hang-for", "600"], restart={"stall_warning": 3.0})
+    stream = sup.subscribe()
+    try:
+        async with served(sup, sock):
+            await wait_for(stream, lambda e: isinstance(e, Triage), 90)  # stuck for good: the stall's own triage
+            out, err = io.StringIO(), io.StringIO()
+            assert await _ask(sup.run_dir, Action.STACKS, "g", out, err) == 0, err.getvalue()
+    finally:
+        shutil.rmtree(sock.parent, ignore_errors=True)
+    lines = out.getvalue().splitlines()
+    assert lines[1].startswith("triage: rank 1 is in `time.sleep(args.hang_for)`"), lines
+    assert "rank 0 waits in all_reduce" in lines[1] and lines[2].startswith("stacks in ")
