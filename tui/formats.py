@@ -133,8 +133,8 @@ def gang_text(row: Any) -> str:
     parts = []
     if (spread := row.spread) is not None:
         median, slowest, rank = spread
-        parts.append(f"ranks: median {median * 1e3:.0f} ms/batch, slowest rank {rank} {slowest * 1e3:.0f} ms "
-                     f"({slowest / median if median > 0 else 1:.1f}x)")
+        parts.append(f"ranks: slowest rank {rank} {slowest * 1e3:.0f} ms/batch, its peers' median "
+                     f"{median * 1e3:.0f} ms ({slowest / median if median > 0 else 1:.1f}x)")
     if row.straggler:
         parts.append(f"straggler {row.straggler}")
     if row.verdict and row.stalled_since is not None:

@@ -90,18 +90,26 @@ class PipelineProgress:
     rank_times: tuple[float, ...] = ()  # a gang's: each rank's own seconds per batch, its newest report
     straggler: str = ""  # "r1 1.6x" while a rank of its gang is flagged as a straggler
     verdict: str = ""  # its newest triage: where each rank is, the odd one first
+    rank_places: tuple[str, ...] = ()  # where each rank was at that triage
 
-    @property
-    def spread(self) -> tuple[float, float, int] | None:
-        """A gang's (median, slowest, slowest rank) of its ranks' own seconds per batch; None before all report."""
+    def peers_median(self, rank: int) -> float | None:
+        """The median of a gang's other ranks' own seconds per batch; None before all have reported."""
         times = self.rank_times
         if len(times) < 2 or any(math.isnan(t) for t in times):
             return None
-        slowest = max(range(len(times)), key=times.__getitem__)
-        ordered = sorted(times)
-        mid = len(ordered) // 2
-        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-        return median, times[slowest], slowest
+        others = sorted(t for r, t in enumerate(times) if r != rank)
+        mid = len(others) // 2
+        return others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+
+    @property
+    def spread(self) -> tuple[float, float, int] | None:
+        """A gang's (median of the others, slowest, slowest rank) of its ranks' own seconds per batch, as the
+        straggler rule compares them; None before every rank has reported."""
+        if len(self.rank_times) < 2:
+            return None
+        slowest = max(range(len(self.rank_times)), key=self.rank_times.__getitem__)
+        median = self.peers_median(slowest)
+        return None if median is None else (median, self.rank_times[slowest], slowest)
 
     @property
     def total_steps(self) -> int:
@@ -155,7 +163,7 @@ def _waiting(p: PipelineProgress, ev: m.PipelineWaiting) -> PipelineProgress:
 def _started(p: PipelineProgress, ev: m.WorkerStarted) -> PipelineProgress:
     return replace(p, device=ev.device, node=ev.node, pid=ev.pid, attempt=ev.attempt, started_at=p.started_at or ev.time,
                    finished_at=None, rate_origin=None, step_rate=0.0, stalled_since=None, waiting="",
-                   rank_times=(), straggler="", verdict="")
+                   rank_times=(), straggler="", verdict="", rank_places=())
 
 
 def _pace(p: PipelineProgress, ev: h.RankPace) -> PipelineProgress:
@@ -251,5 +259,5 @@ _FOLDS = {
     m.Stalled: _stalled,
     h.RankPace: _pace,
     h.Straggler: _straggler,
-    h.Triage: lambda p, ev: replace(p, verdict=ev.verdict),
+    h.Triage: lambda p, ev: replace(p, verdict=ev.verdict, rank_places=ev.ranks),
 }

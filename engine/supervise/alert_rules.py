@@ -60,10 +60,10 @@ class AlertRules:
             return [self._alert("oom", name, f"{name}: out of memory", event.error)]
         if isinstance(event, Stalled) and event.quiet > 0:
             return [self._alert("stall", name, f"{name} stalled",
-                                f"no training step for {event.quiet:.0f} s (nothing is killed)")]
+                                f"no training step for {int(event.quiet)} s (nothing is killed)")]
         if isinstance(event, Straggler) and event.ratio > 0:
             return [self._alert("straggler", name, f"{name}: straggler rank {event.rank}",
-                                f"straggler rank {event.rank}: {event.ratio:.1f}x the others' time per batch "
+                                f"{event.ratio:.1f}x its peers' time per batch "
                                 f"({event.slowest * 1e3:.0f} ms vs {event.median * 1e3:.0f} ms)")]
         return []
 

@@ -24,13 +24,6 @@ class GangPace:
         self.fast_runs = 0  # reports running of the flagged rank under the ratio
         self.flagged: int | None = None
 
-    def spread(self) -> tuple[float, float, int] | None:
-        """(median, slowest, slowest rank) of the ranks' newest times; None until every rank reported."""
-        if len(self.times) < self.world:
-            return None
-        slowest = max(self.times, key=self.times.__getitem__)
-        return statistics.median(self.times.values()), self.times[slowest], slowest
-
     def take(self, pace: RankPace) -> Straggler | None:
         """Note one rank's report; the Straggler event when that flags a rank, or clears the flagged one."""
         self.times[pace.rank] = pace.step_time

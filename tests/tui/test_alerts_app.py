@@ -52,5 +52,29 @@ async def test_a_straggler_shows_in_the_state_column_and_the_spread_under_the_ta
         table.focus()
         await settled(pilot)
         reason = str(app.screen.query_one("#reason").render())
-        assert "median 30 ms/batch, slowest rank 1 50 ms (1.7x)" in reason and "straggler r1 5.0x" in reason
+        assert "slowest rank 1 50 ms/batch, its peers' median 10 ms (5.0x)" in reason and "straggler r1 5.0x" in reason
         assert any("straggler rank 1: 5.0x" in t for t in log_texts(app))
+
+
+async def test_w_opens_the_gangs_ranks_with_their_pace_and_where_the_triage_found_them(make_app, session):
+    from torchherd.engine.protocol.health import Triage
+    from torchherd.tui.screens.ranks import RanksScreen
+
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await launch(pilot, session)
+        name = session.sup.views()[0].name
+        t = session.clock.now
+        session.feed(name, RankPace(pipeline=name, rank=0, step=10, step_time=0.010, time=t),
+                     RankPace(pipeline=name, rank=1, step=10, step_time=0.050, time=t),
+                     Triage(pipeline=name, verdict="rank 1 is in `time.sleep(60)` (train.py:3); rank 0 waits in "
+                            "all_reduce", ranks=("all_reduce", "`time.sleep(60)` (train.py:3)"), time=t))
+        await wait_for(pilot, lambda: app.bridge.state.rows[name].rank_places != (), what="the triage folded")
+        app.screen.query_one(PipelineTable).focus()
+        await pilot.press("w")
+        await wait_for(pilot, lambda: isinstance(app.screen, RanksScreen), what="the ranks view")
+        text = str(app.screen.query_one("#ranks-text").render())
+        assert "   1      50.0       5.0x  `time.sleep(60)` (train.py:3)" in text, text
+        assert "   0      10.0       0.2x  all_reduce" in text, text
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, RanksScreen), what="closed")

@@ -24,6 +24,7 @@ from ..messages import CommandRequested
 from ..runstate import RunState
 from .dialogs import ConfirmScreen
 from .log_view import LogScreen
+from .ranks import RanksScreen
 from ..formats import gang_text
 from ..widgets.alert_banner import AlertBanner
 from ..widgets.device_pane import DevicePane
@@ -43,7 +44,7 @@ class DashboardScreen(Screen[None]):
         Binding("k", "kill", "kill"), Binding("r", "restart", "restart"),
         Binding("p", "pause", "pause"), Binding("s", "stop", "stop"),
         Binding("c", "checkpoint", "ckpt"), Binding("l", "full_log", "log"),
-        Binding("d", "stacks", "stacks", show=False),
+        Binding("d", "stacks", "stacks", show=False), Binding("w", "ranks", "ranks", show=False),
         Binding("t", "sweep", "sweep"), Binding("u", "promote", "promote", show=False),
         Binding("n", "app.launch_more", "more"),
         Binding("a", "chart('overlay')", "all", show=False), Binding("g", "chart('log_y')", "log y", show=False),
@@ -311,6 +312,11 @@ class DashboardScreen(Screen[None]):
             self.notify(f"{name} has no log yet: its run directory is not known", severity="warning")
             return
         self.app.push_screen(LogScreen(path, name))
+
+    def action_ranks(self) -> None:
+        name = self._target()
+        if name is not None and name in self.state.rows:
+            self.app.push_screen(RanksScreen(self.state.rows[name]))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("sweep", "promote"):
