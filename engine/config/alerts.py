@@ -19,6 +19,9 @@ class AlertsConfig(BaseModel):
         "Run this for each alert, as argv (no shell), e.g. [\"notify-send\", \"{title}\", \"{message}\"]; "
         "{title}, {message}, {rule}, {pipeline} and {run} are filled in. Its output goes to alerts.log in the "
         "run directory, never the terminal; it is given 10 seconds."))
+    webhook: str = Field("", description=(
+        "POST each alert as JSON (its event, with the run's id) to this http:// or https:// URL; a failing "
+        "webhook costs the run nothing: three tries, then one notice."))
     interval: float = Field(300.0, ge=0, description=(
         "Seconds: at most one alert per rule and pipeline in this while; the next says how many it stood for."))
     straggler: float = Field(1.5, gt=1, description=(
@@ -30,6 +33,13 @@ class AlertsConfig(BaseModel):
     spike_window: int = Field(50, ge=10, description="Step reports in the loss spike rule's window.")
     disk_free: float = Field(0.05, ge=0, lt=1, description=(
         "Alert when the runs folder's disk has less than this share free (0.05: 5%); 0 turns the rule off."))
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, v: str) -> str:
+        if v and not re.match(r"https?://[^\s/]+", v):
+            raise ValueError(f"must be an http:// or https:// URL (got {v!r})")
+        return v
 
     @field_validator("command")
     @classmethod

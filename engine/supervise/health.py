@@ -6,6 +6,7 @@ Everything it says goes through the supervisor's `record`, called soon, never fr
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import threading
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol.health import Alert, RankPace, Triage
+from ..protocol.records import to_record
 from ..protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerStarted
 from .alert_rules import AlertRules
 from .commands import STACKS_ASKED
@@ -25,6 +27,7 @@ SETTLE = 0.5  # seconds a rank's log must stay the same size for its stack dump 
 TRIAGE_WAIT = 4.0  # seconds at most to wait for the dumps
 LOOKBACK = 64 << 10  # bytes before the request read too: a dump may land before its request is seen
 COMMAND_TIMEOUT = 10.0  # seconds an alert's command may run
+WEBHOOK_TRIES = (0.0, 1.0, 3.0)  # seconds to wait before each try of an alert's POST (5 s each at most)
 
 
 class HealthWatch:
@@ -39,6 +42,7 @@ class HealthWatch:
         self.gangs: dict[str, tuple[int, int]] = {}  # pipeline -> (attempt, ranks) of its newest start
         self.asked: dict[str, list[int]] = {}  # pipeline -> its logs' sizes when this watch asked for stacks
         self._disk_at = 0.0  # monotonic time of the last disk look
+        self._webhook_failed = False  # said once that the webhook does not take alerts
         self._loop = asyncio.get_running_loop()
 
     def on_event(self, event: Any, line: bytes = b"", kept: bool = True) -> None:
@@ -61,6 +65,8 @@ class HealthWatch:
         elif isinstance(event, Alert):
             if self.config.command:
                 threading.Thread(target=self._command, args=(event,), daemon=True).start()
+            if self.config.webhook:
+                threading.Thread(target=self._post, args=(event,), daemon=True).start()
             return
         self._raise(self.rules.take(event))
         self._look_at_disk()
@@ -115,6 +121,8 @@ class HealthWatch:
         dumps = await asyncio.to_thread(_read_from, logs, [max(0, s - LOOKBACK) for s in sizes])
         places = read_places(dumps)
         folder = self.run_dir / pipeline / "stacks" / time.strftime("%Y%m%d-%H%M%S")
+        folder = next(f for n in range(1000) if not (f := folder.with_name(f"{folder.name}-{n}" if n else
+                                                                           folder.name)).exists())
         await asyncio.to_thread(_gather, folder, dumps, verdict(places))
         self._sup.record(Triage(pipeline=pipeline, verdict=verdict(places), folder=str(folder),
                                 ranks=tuple(p.text if p is not None else "" for p in places)))
@@ -137,6 +145,28 @@ class HealthWatch:
                 f"the alert command {argv[0]!r} failed: {type(exc).__name__}: {exc} (see alerts.log)")))
 
 
+    def _post(self, alert: Alert) -> None:
+        """POST `alert` as JSON to `[alerts] webhook` (a thread): a few tries, then one notice for the run."""
+        import urllib.request
+
+        body = json.dumps({**to_record(alert), "run": self.run_dir.name}).encode()
+        error: Exception | None = None
+        for wait in WEBHOOK_TRIES:
+            time.sleep(wait)
+            request = urllib.request.Request(self.config.webhook, data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=5.0):
+                    return
+            except Exception as exc:  # refused, timed out, an HTTP error: the run goes on either way
+                error = exc
+        if not self._webhook_failed:
+            self._webhook_failed = True
+            self._loop.call_soon_threadsafe(self._sup.record, Notice(level="warning", text=(
+                f"the alert webhook did not take an alert ({type(error).__name__}: {error}); alerts go on in the "
+                "event log (said once)")))
+
+
 def _read_from(logs: list[Path], starts: list[int]) -> list[str]:
     out = []
     for path, start in zip(logs, starts):
@@ -153,8 +183,9 @@ def _gather(folder: Path, dumps: list[str], line: str) -> None:
     """Each rank's stacks and the verdict into the pipeline's stacks/ folder."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for rank, text in enumerate(dumps):
-            (folder / f"rank{rank}.txt").write_text(text)
+        for rank, text in enumerate(dumps):  # from its first stack on: what it printed before is in its log
+            first = text.find("(most recent call first)")
+            (folder / f"rank{rank}.txt").write_text(text[text.rfind("\n", 0, first) + 1:] if first >= 0 else text)
         (folder / "verdict.txt").write_text(line + "\n")
     except OSError:
         pass
