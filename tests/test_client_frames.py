@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import types
 import threading
 
 import pytest
@@ -33,6 +34,7 @@ class Reading(ClientFrames):
         self.events = ScriptEvents("a", epochs_total=10)
         self.paused = self.stopping = self.stopped_by_signal = self.polls_stop = self.client_beats = False
         self.client_seen = False
+        self.spec = types.SimpleNamespace(rank=0, world_size=1)  # one process: no rank reports its own pace
 
     def _emit(self, event, loss) -> None:
         self.sender.send(event)

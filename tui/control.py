@@ -21,6 +21,7 @@ EXIT_TOOK, EXIT_REFUSED, EXIT_BAD = 0, 1, 2
 # its parsers) knows the verbs without loading the control protocol.
 ACTIONS = {"stop": "stop", "kill": "kill", "pause": "pause", "resume-pipeline": "resume",
            "checkpoint": "checkpoint", "restart": "restart", "stacks": "stacks", "promote": "promote"}
+TRIAGE_WAIT = 10.0  # seconds `torchherd stacks` waits for the verdict on where the pipeline's ranks are
 NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart", "stacks", "promote"}  # stop and kill default to every pipeline
 
 
@@ -168,8 +169,9 @@ def act_command(verb: str, run: str, name: str | None, runs_dir: Path, out: Text
 async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextIO) -> int:
     from ..engine.serve.remote import NotLive, RemoteRun
 
+    live = action == "stacks"  # where its ranks are comes back as a triage event, once their stacks are in
     try:
-        run = await RemoteRun.connect(run_dir, live=False, history=False)
+        run = await RemoteRun.connect(run_dir, live=live, history=False)
     except NotLive as exc:
         err.write(f"torchherd: {exc}\n")
         if action == "restart" and name:  # the run ended (a kill of its last pipeline): resume starts it
@@ -180,11 +182,31 @@ async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextI
             err.write(f"torchherd: {run_dir}: no pipeline named {name!r} (it has "
                       f"{', '.join(run.welcome.pipelines)})\n")
             return EXIT_BAD
+        stream = run.subscribe(replay=False) if live else None
         reply = await run.request(action, name)
+        triage = await _triage_of(stream, name) if stream is not None and reply.ok else None
     finally:
         await run.close()
     if not reply.ok:
         err.write(f"torchherd: {run_dir}: refused: {reply.text}\n")
         return EXIT_REFUSED
     out.write(f"{run_dir.name}: {reply.text}\n")
+    if triage is not None:
+        out.write(f"triage: {triage.verdict}\nstacks in {triage.folder}\n")
     return EXIT_TOOK
+
+
+async def _triage_of(stream, name: str, timeout: float = TRIAGE_WAIT):
+    """The triage of `name`'s stacks from the run's live events; None if none came within `timeout` seconds."""
+    from ..engine.protocol.health import Triage
+
+    async def scan():
+        async for event in stream:
+            if isinstance(event, Triage) and event.pipeline == name:
+                return event
+        return None
+
+    try:
+        return await asyncio.wait_for(scan(), timeout)
+    except asyncio.TimeoutError:
+        return None

@@ -7,6 +7,9 @@ events and JSON count from 0.
 from __future__ import annotations
 
 import math
+from typing import Any
+
+from ..engine.protocol.health import Straggler
 
 SHORT_METRICS = {"accuracy": "acc", "val_loss": "loss", "loss": "loss", "val_accuracy": "acc"}
 
@@ -114,3 +117,26 @@ def is_loss_metric(metric: str, mode: str) -> bool:
 def finish_text(status: str, reason: str) -> str:
     """'failed: restart budget of 3 used up: IndexError: x': the status, then why."""
     return f"{status}: {reason}" if reason else status
+
+
+def straggler_text(ev: Straggler) -> str:
+    """A `Straggler` event as the event log and headless say it."""
+    if not ev.ratio:
+        return f"rank {ev.rank} keeps pace again"
+    return (f"straggler rank {ev.rank}: {ev.ratio:.1f}x its peers' time per batch "
+            f"({ev.slowest * 1e3:.0f} ms vs {ev.median * 1e3:.0f} ms)")
+
+
+def gang_text(row: Any) -> str:
+    """A gang's ranks as its row's detail line says them: the spread of their own time per batch, a straggler,
+    and while it is stalled the triage's verdict ("" for a pipeline with nothing of the kind to say)."""
+    parts = []
+    if (spread := row.spread) is not None:
+        median, slowest, rank = spread
+        parts.append(f"ranks: slowest rank {rank} {slowest * 1e3:.0f} ms/batch, its peers' median "
+                     f"{median * 1e3:.0f} ms ({slowest / median if median > 0 else 1:.1f}x)")
+    if row.straggler:
+        parts.append(f"straggler {row.straggler}")
+    if row.verdict and row.stalled_since is not None:
+        parts.append(f"triage: {row.verdict}")
+    return " · ".join(parts)

@@ -22,10 +22,11 @@ from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop,
                                         PipelineFinished, Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled,
                                         StepMetrics, TasksChecked, TrainingStarted, TrialDecision, ValResult,
                                         ValidatorStarted, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted)
+from ..engine.protocol.health import Alert, Straggler, Triage
 from ..engine.protocol.names import ExitReason, PipelineKind, ValidationMode
 from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from ..engine.supervise.supervisor import Supervisor
-from .formats import quiet_text
+from .formats import quiet_text, straggler_text
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # some pipeline failed or was killed
@@ -245,6 +246,15 @@ class LinePrinter:
         self.line(f"{ev.pipeline}: {quiet_text(ev.quiet)}{first}; nothing is killed. "
                   f"`torchherd stacks {self.run_id} {ev.pipeline}` writes every process's Python stack to its log")
 
+    def _straggler(self, ev: Straggler) -> None:
+        self.line(f"{ev.pipeline}: {straggler_text(ev)}")
+
+    def _triage(self, ev: Triage) -> None:
+        self.line(f"{ev.pipeline}: triage: {ev.verdict} (stacks in {ev.folder})")
+
+    def _alert(self, ev: Alert) -> None:
+        self.line(f"ALERT {ev.rule}: {ev.title}: {ev.message}")
+
     def _run_finished(self, ev: RunFinished) -> None:
         summary = ", ".join(f"{k} {self.ended.get(k, v)}" for k, v in ev.statuses.items())
         self.line(f"run finished: {summary}")
@@ -287,6 +297,9 @@ _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     RunFinished: LinePrinter._run_finished,
     ClientCommand: LinePrinter._client_command,
     TrialDecision: LinePrinter._trial_decision,
+    Straggler: LinePrinter._straggler,
+    Triage: LinePrinter._triage,
+    Alert: LinePrinter._alert,
 }
 
 

@@ -14,12 +14,13 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..engine.protocol import health as h
 from ..engine.protocol import messages as m
 from ..engine.protocol import telemetry as t
 from ..engine.protocol.names import ExitReason
 from ..engine.protocol.progress import PipelineProgress, apply as fold
 from ..engine.protocol.states import WorkerState, ended_label
-from .formats import epoch_label, finish_text, fmt_num, is_loss_metric, quiet_text
+from .formats import epoch_label, finish_text, fmt_num, is_loss_metric, quiet_text, straggler_text
 from .ranking import SavedSweep, TrialRow, fold_trial, rank
 from .series import LossSeries
 
@@ -67,6 +68,7 @@ class RunState:
     rows_version: int = 0
     series_version: int = 0
     telemetry_version: int = 0
+    alerts: list[h.Alert] = field(default_factory=list)  # every alert of the run, oldest first
     _seq: int = 0
 
     # ------------------------------------------------------------ queries
@@ -273,6 +275,17 @@ class RunState:
         else:
             self.note("info", ev.pipeline, "stepping again", at=ev.time)
 
+    def _straggler(self, ev: h.Straggler, _) -> None:
+        self.note("warning" if ev.ratio else "info", ev.pipeline, straggler_text(ev), at=ev.time)
+
+    def _triage(self, ev: h.Triage, _) -> None:
+        self.note("warning", ev.pipeline, f"triage: {ev.verdict} (stacks in {ev.folder})", at=ev.time)
+
+    def _alert(self, ev: h.Alert, _) -> None:
+        self.alerts.append(ev)
+        self.rows_version += 1  # the banner is redrawn with the rows
+        self.note("error", ev.pipeline, f"ALERT {ev.title}: {ev.message}", at=ev.time)
+
     def _early_stop(self, ev: m.EarlyStop, _) -> None:
         self.note("info", ev.pipeline, f"early stop: {ev.reason}", at=ev.time)
 
@@ -321,6 +334,9 @@ _HANDLERS = {
     m.PipelineFinished: RunState._finished,
     m.EarlyStop: RunState._early_stop,
     m.Stalled: RunState._stalled,
+    h.Straggler: RunState._straggler,
+    h.Triage: RunState._triage,
+    h.Alert: RunState._alert,
     m.Notice: RunState._notice,
     m.RunFinished: RunState._run_finished,
     t.TelemetrySnapshot: RunState._telemetry,

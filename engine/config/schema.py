@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..protocol.names import PipelineKind, ValidationMode
+from .alerts import AlertsConfig
 from .placeholders import PLACEHOLDER, PLACEHOLDERS, SETTING_NAMES, unknown  # noqa: F401 (PLACEHOLDER*: re-export)
 from .metric_patterns import check_metrics_regex, patterns  # noqa: F401 (patterns: re-export)
 from .sweep import SweepConfig
@@ -294,8 +295,7 @@ class RestartConfig(_Strict):
     max_restarts: int = Field(3, ge=0, description="Restarts allowed per pipeline after crashes.")
     backoff: float = Field(1.0, ge=0, description="Delay before the first restart (seconds); doubles per failed start.")
     backoff_max: float = Field(30.0, ge=0, description="Longest delay between restarts (seconds).")
-    min_uptime: float = Field(5.0, ge=0, description=(
-        "A worker that dies sooner than this (seconds) counts as a failed start."))
+    min_uptime: float = Field(5.0, ge=0, description="A worker that dies sooner than this (seconds) counts as a failed start.")
     max_failed_starts: int = Field(3, ge=1, description="Consecutive failed starts after which the pipeline fails.")
     kill_grace: float = Field(5.0, gt=0, description="Seconds between SIGTERM and SIGKILL when killing.")
     hang_timeout: float | None = Field(None, gt=0, description=(
@@ -358,6 +358,7 @@ class RunConfig(_Strict):
     restart: RestartConfig = Field(default_factory=RestartConfig, description="Restart policy.")
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="Telemetry sampling.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Local processes or a Ray cluster.")
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Alerts: rules, bell, command.")
     sweep: SweepConfig | None = Field(None, description=(
         "A search: each [[pipelines]] table becomes one pipeline per trial, pruned by validation results."))
     tensorboard: bool = Field(True, description=(
@@ -372,16 +373,15 @@ class RunConfig(_Strict):
 
 
 RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir", "trial", "max_epochs_set")  # filled in by the loader, not keys
-# The model of each table below the top level, by its key in the file.
-TABLES: dict[str, type[BaseModel]] = {
+TABLES: dict[str, type[BaseModel]] = {  # the model of each table below the top level, by its key in the file
     "defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig, "validation": ValidationConfig,
-    "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig, "sweep": SweepConfig}
+    "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig, "sweep": SweepConfig,
+    "alerts": AlertsConfig}
 
 
 def describe_fields() -> dict[str, dict[str, str]]:
     """Every config table's keys and their descriptions (for docs and the app)."""
-    tables = {"(top level)": RunConfig, "pipelines / defaults": Pipeline, "devices": DevicesConfig,
-              "validation": ValidationConfig, "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig,
-              "sweep": SweepConfig}
+    tables = {"(top level)": RunConfig, "pipelines / defaults": Pipeline,
+              **{k: v for k, v in TABLES.items() if k not in ("defaults", "pipelines")}}
     return {t: {f.alias or n: f.description or "" for n, f in m.model_fields.items() if n not in RESOLVED}
             for t, m in tables.items()}

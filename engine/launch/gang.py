@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Callable
 
 from ..protocol.channel import EXIT_COMPLETED, EXIT_STOPPED
+from ..protocol.health import RankPace
 from ..protocol.messages import Command, Event, Notice, WorkerError
 from ..protocol.names import Intent
 from .backend import Backend, Handle, LaunchSpec
@@ -144,8 +145,8 @@ class GangHandle(Handle):
             on_events(events)
 
     def _from_rank(self, rank: int, events: list[Event]) -> list[Event]:
-        """Rank 0's events as they are; of the others only errors and notices that say something rank 0 did
-        not (a NaN loss or a checkpoint note comes from every rank), saying which rank."""
+        """Rank 0's events as they are; of the others their pace, and errors and notices that say something
+        rank 0 did not (a NaN loss or a checkpoint note comes from every rank), saying which rank."""
         out = []
         for event in events:
             if isinstance(event, WorkerError):
@@ -155,7 +156,7 @@ class GangHandle(Handle):
                 text = event.error
             elif isinstance(event, Notice):
                 text = event.text
-            elif rank == 0:
+            elif rank == 0 or isinstance(event, RankPace):  # every rank's own pace passes
                 out.append(event)
                 continue
             else:

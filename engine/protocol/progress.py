@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from . import health as h
 from . import messages as m
 from .states import EARLY_STOP, WorkerState
 
@@ -86,6 +87,29 @@ class PipelineProgress:
     paused_at: float | None = None  # seconds since the epoch it was paused, while paused
     stalled_since: float | None = None  # seconds since the epoch of its last news, while flagged for no step
     waiting: str = ""  # while queued: what it waits for and what holds it ("" once it has its devices)
+    rank_times: tuple[float, ...] = ()  # a gang's: each rank's own seconds per batch, its newest report
+    straggler: str = ""  # "r1 1.6x" while a rank of its gang is flagged as a straggler
+    verdict: str = ""  # its newest triage: where each rank is, the odd one first
+    rank_places: tuple[str, ...] = ()  # where each rank was at that triage
+
+    def peers_median(self, rank: int) -> float | None:
+        """The median of a gang's other ranks' own seconds per batch; None before all have reported."""
+        times = self.rank_times
+        if len(times) < 2 or any(math.isnan(t) for t in times):
+            return None
+        others = sorted(t for r, t in enumerate(times) if r != rank)
+        mid = len(others) // 2
+        return others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+
+    @property
+    def spread(self) -> tuple[float, float, int] | None:
+        """A gang's (median of the others, slowest, slowest rank) of its ranks' own seconds per batch, as the
+        straggler rule compares them; None before every rank has reported."""
+        if len(self.rank_times) < 2:
+            return None
+        slowest = max(range(len(self.rank_times)), key=self.rank_times.__getitem__)
+        median = self.peers_median(slowest)
+        return None if median is None else (median, self.rank_times[slowest], slowest)
 
     @property
     def total_steps(self) -> int:
@@ -138,7 +162,18 @@ def _waiting(p: PipelineProgress, ev: m.PipelineWaiting) -> PipelineProgress:
 
 def _started(p: PipelineProgress, ev: m.WorkerStarted) -> PipelineProgress:
     return replace(p, device=ev.device, node=ev.node, pid=ev.pid, attempt=ev.attempt, started_at=p.started_at or ev.time,
-                   finished_at=None, rate_origin=None, step_rate=0.0, stalled_since=None, waiting="")
+                   finished_at=None, rate_origin=None, step_rate=0.0, stalled_since=None, waiting="",
+                   rank_times=(), straggler="", verdict="", rank_places=())
+
+
+def _pace(p: PipelineProgress, ev: h.RankPace) -> PipelineProgress:
+    times = list(p.rank_times) + [math.nan] * (ev.rank + 1 - len(p.rank_times))
+    times[ev.rank] = ev.step_time
+    return replace(p, rank_times=tuple(times))
+
+
+def _straggler(p: PipelineProgress, ev: h.Straggler) -> PipelineProgress:
+    return replace(p, straggler=f"r{ev.rank} {ev.ratio:.1f}x" if ev.ratio else "")
 
 
 def _stalled(p: PipelineProgress, ev: m.Stalled) -> PipelineProgress:
@@ -222,4 +257,7 @@ _FOLDS = {
     m.WorkerRestarting: _restarting,
     m.PipelineFinished: _finished,
     m.Stalled: _stalled,
+    h.RankPace: _pace,
+    h.Straggler: _straggler,
+    h.Triage: lambda p, ev: replace(p, verdict=ev.verdict, rank_places=ev.ranks),
 }

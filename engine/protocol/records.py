@@ -11,7 +11,7 @@ import types
 import typing
 from typing import Any
 
-from . import control, telemetry  # noqa: F401  (their events are in events.jsonl too)
+from . import control, health, telemetry  # noqa: F401  (their events are in events.jsonl too)
 from .messages import Message
 
 _TYPES: dict[str, type[Message]] = {}

@@ -16,6 +16,7 @@ from .pipeline import PipelineRun
 
 S = WorkerState
 LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
+STACKS_ASKED = "its processes write their Python stacks to its log"  # the notice of a request (health.py triages it)
 
 
 def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str, ending: WorkerState = S.STOPPED) -> None:
@@ -131,4 +132,4 @@ def stacks(run: PipelineRun, publish) -> None:
     if run.handle is None:
         raise ValueError(f"{run.name} has no process now: no stacks to write")
     run.handle.dump_stacks()
-    publish(Notice(pipeline=run.name, level="info", text="its processes write their Python stacks to its log"))
+    publish(Notice(pipeline=run.name, level="info", text=STACKS_ASKED))

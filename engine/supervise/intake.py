@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..launch.backend import Handle
+from ..protocol.health import RankPace
 from ..protocol.messages import EarlyStop, Event, Heartbeat, SnapshotTaken, TrainingStarted, WorkerError
 from ..protocol.states import WorkerState
 from .bus import EventBus, step_runs
@@ -38,6 +39,9 @@ class WorkerIntake:
         run.current.saw(event)
         if isinstance(event, Heartbeat):
             return  # only proves progress; not worth a line anywhere
+        if isinstance(event, RankPace):  # a gang's rank's own pace: for screens and the straggler rule, not kept
+            self._bus.publish_transient(event)
+            return
         if isinstance(event, SnapshotTaken):
             for out in self._validation.on_snapshot(run.name, event):
                 self._emit(out)

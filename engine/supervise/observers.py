@@ -1,11 +1,13 @@
 """The session's observers beside the run directory, attached as bus taps when it starts: a sweep's pruner
 (`sweeping.py`), the TensorBoard event files (`rundir/tensorboard.py`, unless `tensorboard = false`) and the
-warning about a validation metric never reported (`metric_watch.py`)."""
+warning about a validation metric never reported (`metric_watch.py`), and the watch on stragglers, stalls and
+alerts (`health.py`)."""
 from __future__ import annotations
 
 from typing import Any
 
 from ..rundir.tensorboard import FOLDER, TensorBoardTap
+from .health import HealthWatch
 from .metric_watch import MetricWatch
 from .sweeping import SweepPruner
 
@@ -17,4 +19,6 @@ def attach_observers(supervisor: Any) -> SweepPruner | None:
     if supervisor.config.tensorboard:
         supervisor.tap(TensorBoardTap(supervisor.run_dir / FOLDER, supervisor.config).on_event)
     supervisor.tap(MetricWatch(supervisor).on_event)
+    health = HealthWatch(supervisor)  # stragglers, the triage of a stall, alerts
+    supervisor.tap(health.on_event, health.on_steps)
     return SweepPruner.attach(supervisor, supervisor.run_dir)

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ..protocol.channel import StatusSender
+from ..protocol.health import RankPace
 from ..protocol.messages import StepMetrics
 from .control import WorkerControl
 
@@ -22,26 +23,38 @@ class ReportWindow:
         self.batches = 0
         self.samples = 0
         self.start = time.monotonic()
+        self.own = 0.0  # seconds of this rank's own work (data and forward) in the window
+        self._mark = time.perf_counter()  # where its own work began: the end of the last backward
+
+    def before_backward(self) -> None:
+        """The micro-batch's data and forward are done: a gang's backward is where DDP waits for its peers."""
+        self.own += time.perf_counter() - self._mark
 
     def add(self, loss: Any, samples: int) -> None:
-        """One micro-batch's detached loss (no device sync) and its sample count."""
+        """One micro-batch's detached loss (no device sync) and its sample count, after its backward."""
         self.loss += loss
         self.batches += 1
         self.samples += samples
+        self._mark = time.perf_counter()
 
     def report(self, control: WorkerControl, sender: StatusSender, mean: float, where: str, *, epoch: int,
-               step: int, lr: float, world: int = 1, metrics: dict[str, float] | None = None) -> int | None:
+               step: int, lr: float, world: int = 1, metrics: dict[str, float] | None = None,
+               rank: int | None = None) -> int | None:
         """Send the step report for `mean` (the window's mean loss) and start a new window; the exit code
         the NaN policy asks for instead when `mean` is not finite (`where` names the step in its message).
-        `world`: ranks that each trained as many samples (a gang's samples/s is the whole gang's)."""
+        `world`: ranks that each trained as many samples (a gang's samples/s is the whole gang's); `rank`: a
+        gang's rank, which reports its own pace (`RankPace`) too."""
         code = control.non_finite(mean, where)
         if code is not None:
             return code
         now = time.monotonic()
+        if rank is not None:
+            sender.step(RankPace(pipeline=control.name, rank=rank, step=step,
+                                 step_time=self.own / max(self.batches, 1)))
         sender.step(StepMetrics(pipeline=control.name, epoch=epoch, step=step, loss=mean, lr=lr,
                                 samples_per_s=self.samples * world / max(now - self.start, 1e-9),
                                 metrics=metrics if metrics is not None else {}))
         self.loss.zero_()
         self.batches = self.samples = 0
-        self.start = now
+        self.start, self.own = now, 0.0
         return None

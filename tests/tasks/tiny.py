@@ -56,7 +56,10 @@ class Crashy(nn.Module):
 def build(params):
     torch.manual_seed(0)
     model = Crashy(params.get("crash_at_step"), params.get("how", "raise"), params.get("crash_once_file"))
-    data = Slow(int(params.get("samples", 256)), float(params.get("delay", 0.0)), 1)
+    delay = float(params.get("delay", 0.0))
+    if params.get("slow_rank") is not None and int(os.environ.get("RANK", 0)) == int(params["slow_rank"]):
+        delay = float(params.get("slow_delay", 0.01))  # one rank of a gang slow in its data path: a straggler
+    data = Slow(int(params.get("samples", 256)), delay, 1)
     val = Slow(64, 0.0, 2)
     opt = torch.optim.SGD(model.parameters(), lr=float(params.get("lr", 0.05)))
     return Task(model=model, optimizer=opt, train_data=data, val_data=val, loss_fn=nn.functional.mse_loss)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -127,3 +128,63 @@ def test_torchherd_run_on_an_invalid_config_closes_its_screen_and_says_why(tmp_p
     assert "torchherd run: checking bad.toml" in text  # the screen came up first
     assert "1 problem:" in text and "max_epoch" in text
     assert not (tmp_path / "runs").exists()
+
+
+NAN_CONFIG = f"""
+[defaults]
+task = "{TASKS / 'faulty.py'}:build"
+max_epochs = 1000
+batch_size = 32
+nan_policy = "warn"
+params = {{ samples = 256, delay = 0.002, fault = "nan", fault_at_call = 3 }}
+
+[[pipelines]]
+name = "nan"
+
+[devices]
+placement = "cpu"
+cpu_slots = 1
+
+[telemetry]
+enabled = false
+"""
+OSC = re.compile(rb"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")  # a terminal command that may end in BEL: no bell
+
+
+def test_an_alert_rings_the_terminal_bell_of_the_app(tmp_path):
+    config = tmp_path / "nan.toml"
+    config.write_text(NAN_CONFIG)
+    runs = tmp_path / "runs"
+    master, slave = pty.openpty()
+    env = repo_env(TERM="xterm-256color", COLUMNS="120", LINES="40")
+    env.pop("NO_BELL", None)
+    app = subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(config), "--runs-dir", str(runs)],
+                           stdin=slave, stdout=slave, stderr=slave, start_new_session=True, cwd=tmp_path, env=env)
+    os.close(slave)
+    screen = bytearray()
+
+    def drain() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            screen.extend(data)
+
+    threading.Thread(target=drain, daemon=True).start()
+    run_dir = None
+    try:
+        poll_until(lambda: b"\x07" in OSC.sub(b"", bytes(screen)), 120, "the bell")
+        run_dir = next(iter(runs.glob("*/events.jsonl"))).parent
+        alerts = [r for r in read_records(run_dir / "events.jsonl") if r["type"] == "alert"]
+        assert [(a["rule"], a["pipeline"]) for a in alerts] == [("nan", "nan")]
+    finally:
+        if app.poll() is None:
+            os.killpg(app.pid, signal.SIGKILL)
+            app.wait(10)
+        os.close(master)
+        if run_dir is not None:
+            subprocess.run([sys.executable, "-m", "torchherd", "stop", str(run_dir)], capture_output=True,
+                           cwd=REPO, env=repo_env(), timeout=60)

@@ -24,6 +24,9 @@ from ..messages import CommandRequested
 from ..runstate import RunState
 from .dialogs import ConfirmScreen
 from .log_view import LogScreen
+from .ranks import RanksScreen
+from ..formats import gang_text
+from ..widgets.alert_banner import AlertBanner
 from ..widgets.device_pane import DevicePane
 from ..widgets.log_views import EventLog, LogTail
 from ..widgets.loss_chart import GLYPHS, LossChart
@@ -41,7 +44,7 @@ class DashboardScreen(Screen[None]):
         Binding("k", "kill", "kill"), Binding("r", "restart", "restart"),
         Binding("p", "pause", "pause"), Binding("s", "stop", "stop"),
         Binding("c", "checkpoint", "ckpt"), Binding("l", "full_log", "log"),
-        Binding("d", "stacks", "stacks", show=False),
+        Binding("d", "stacks", "stacks", show=False), Binding("w", "ranks", "ranks", show=False),
         Binding("t", "sweep", "sweep"), Binding("u", "promote", "promote", show=False),
         Binding("n", "app.launch_more", "more"),
         Binding("a", "chart('overlay')", "all", show=False), Binding("g", "chart('log_y')", "log y", show=False),
@@ -67,6 +70,7 @@ class DashboardScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="status")
+        yield AlertBanner(id="alert")
         yield PipelineTable(id="table")
         yield SweepTable(id="sweep")
         yield Static(id="reason")
@@ -138,6 +142,8 @@ class DashboardScreen(Screen[None]):
             if self.selected is None and table.selected is not None:
                 self._select(table.selected)
             self._status()
+            self.query_one(AlertBanner).show(state.alerts)
+            self._say_reason()
         if state.series_version != self._seen[1]:
             chart = self.query_one(LossChart)
             chart.metric, chart.metric_is_loss = state.metric, state.metric_is_loss
@@ -169,7 +175,12 @@ class DashboardScreen(Screen[None]):
 
     def _say_reason(self) -> None:
         trial = self.state.trials.get(self.selected or "")
-        if trial is None:
+        row = self.state.rows.get(self.selected or "")
+        if not self.sweep_view:  # a gang's ranks, while it has something to say of them
+            text = gang_text(row) if row is not None else ""
+            self.set_class(bool(text), "-gang")
+            text = f"[b]{escape(row.name)}[/b] {escape(text)}" if text else ""
+        elif trial is None:
             text = ""
         else:
             pruned = self._state_of(trial.name) == WorkerState.PRUNED
@@ -196,8 +207,7 @@ class DashboardScreen(Screen[None]):
 
     def _select(self, name: str) -> None:
         self.selected = name
-        if self.sweep_view:
-            self._say_reason()
+        self._say_reason()
         chart = self.query_one(LossChart)
         if self.state.chart_metric not in self.state.chart_metrics(name):  # it reports no such value: its loss
             self.state.chart_metric, chart.quantity = "", "loss"
@@ -302,6 +312,11 @@ class DashboardScreen(Screen[None]):
             self.notify(f"{name} has no log yet: its run directory is not known", severity="warning")
             return
         self.app.push_screen(LogScreen(path, name))
+
+    def action_ranks(self) -> None:
+        name = self._target()
+        if name is not None and name in self.state.rows:
+            self.app.push_screen(RanksScreen(self.state.rows[name]))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("sweep", "promote"):

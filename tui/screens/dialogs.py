@@ -32,7 +32,12 @@ HELP = """\
   l       its full log (escape comes back)
   d       its processes write their Python stacks to
           its log, nothing stops (for one that makes no
-          step)
+          step); the triage under the table and in the
+          event log says where each rank is, the odd
+          one first (a stall does this by itself)
+  w       a gang's ranks: each one's time per batch
+          against its peers' median, and where each
+          was at the last triage
   n       launch more: add a config to this session
   t       a sweep: its trials best first, with their
           values, state, best metric and rung, and why
@@ -66,6 +71,11 @@ HELP = """\
   epoch   epoch in progress / all (from 1), then steps
   val     the newest validation score of the metric
           named in the header; best: the best so far
+  state   "stall 6m": no step for that long; "r1 1.6x":
+          rank 1 of a gang is 1.6x slower than its
+          peers ([alerts] straggler). A gang's ranks'
+          spread is under the table; an alert is a
+          banner above it (and the terminal bell)
 
 [b]Chart[/b]
   ⠤⠒ train loss; ◆ validation results. A metric that

@@ -66,9 +66,12 @@ def fmt_try(row: PipelineProgress, width: int) -> str:
 
 
 def state_text(row: PipelineProgress, now: float) -> str:
-    """Its state as people read it: 'early stop' and 'never ran' once ended, 'stall 6m' while it makes no step."""
+    """Its state as people read it: 'early stop' and 'never ran' once ended, 'stall 6m' while it makes no step,
+    'r1 1.6x' while a straggler slows its gang."""
     if row.stalled_since is not None and row.state in (WorkerState.STARTING, WorkerState.RUNNING):
         return f"stall {fmt_quiet(now - row.stalled_since)}"
+    if row.straggler and row.state == WorkerState.RUNNING:  # a gang's rank behind the others: "r1 1.6x"
+        return row.straggler
     return ended_label(row.state, row.finish_reason)
 
 
@@ -178,7 +181,8 @@ class PipelineTable(Widget, can_focus=True):
             values = {c.key: c.text(row, now, c.width) for c in (*COLUMNS, NODE)}
             values[WAITING] = row.waiting if row.state == WorkerState.QUEUED else ""
             self.states[row.name] = row.state
-            self.stalled[row.name] = values["state"].startswith("stall ")
+            # flagged: no step for a while, or a straggler in its gang ("r1 1.6x")
+            self.stalled[row.name] = values["state"].startswith("stall ") or values["state"] == (row.straggler or None)
             old = self.cells.get(row.name)
             if old is None:
                 self.names.append(row.name)

@@ -104,6 +104,9 @@ class HerdHooks:
         self.batches = 0
         self._epoch_start = time.monotonic()
 
+    def on_before_backward(self, trainer: Any, module: Any, loss: Any) -> None:
+        self._window.before_backward()  # a gang's rank: its own work is done, DDP's backward waits for peers
+
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         r = self.r
@@ -144,7 +147,8 @@ class HerdHooks:
         synced = synced.tolist()  # the report's one device sync
         code = w.report(r.control, r.sender, synced[0] / w.batches,
                         f"epoch {trainer.current_epoch} step {step} (step report)", epoch=trainer.current_epoch,
-                        step=step, lr=r.lr(trainer), metrics=dict(zip(names, synced[1:])))
+                        step=step, lr=r.lr(trainer), metrics=dict(zip(names, synced[1:])),
+                        rank=r.spec.rank if r.gang is not None else None)
         if code is not None:
             self.exit_code, trainer.should_stop = code, True
         return code is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .... import client_frames as wire
+from ...protocol.health import RankPace
 from ...protocol.messages import CheckpointSaved, EarlyStop, Notice, Resumed
 from ...worker.handoff import announce_snapshot
 from .validation import InlineScorer
@@ -72,6 +73,9 @@ class ClientFrames:
                                             metrics={k: v for k, v in values.items() if k != "lr"})
             if event is not None:
                 self._emit(event, frame.loss)
+            if self.spec.world_size > 1 and frame.seconds and event is not None:  # each rank's own pace
+                self.sender.step(RankPace(pipeline=self.name, rank=self.spec.rank, step=event.step,
+                                          step_time=frame.seconds / max(int(frame.n or 1), 1)))
         elif isinstance(frame, wire.EpochDone):
             self._emit(self.events.epoch_end(int(frame.epoch), frame.loss), frame.loss)
         elif isinstance(frame, wire.Saved):

@@ -81,6 +81,7 @@ class ScriptAttempt(ClientFrames):
         self._sock_lock = threading.Lock()
         self.client = self.polls_stop = self.client_beats = False  # what the script's client said so far
         self.output_seen = self.client_seen = self.scoring = False  # signs of life since the last beat
+        self.prints_steps = False  # a `metrics` line with a step matched: from then on CPU use proves nothing
         self.paused = False
         self.stopped_by_signal = False  # paused with SIGSTOP (no client then): SIGCONT undoes it
         self.stopping = False
@@ -270,6 +271,8 @@ class ScriptAttempt(ClientFrames):
         now_cpu = self.proc.cpu_seconds()
         if self.client_beats:  # the client reports steps: only they (or heartbeat()) prove progress
             alive = self.client_seen
+        elif self.prints_steps:  # progress is a step (or output): a rank left spinning in a collective burns CPU
+            alive = self.output_seen
         else:
             alive = self.output_seen or self.client_seen or now_cpu - cpu > CPU_ALIVE
         alive = alive or self.scoring
@@ -339,6 +342,7 @@ class ScriptAttempt(ClientFrames):
         for regex in self.regexes:
             if (match := regex.search(line)) is not None:
                 groups = match.groupdict()
+                self.prints_steps = False and groups.get("step") is not None or groups.get("epoch") is None
                 for event in self.events.from_match(groups):
                     self._emit(event, parse_number(groups.get("loss")))
                 matched = True

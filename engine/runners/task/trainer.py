@@ -242,6 +242,7 @@ class Trainer(TrainerCheckpoints):
                 except Exception as exc:
                     raise LossError(describe_loss_failure(exc, outputs, targets)) from exc
             scaled = loss / accum if accum > 1 else loss
+            self.window.before_backward()
             if self.scaler is not None:
                 self.scaler.scale(scaled).backward()
             else:
@@ -269,7 +270,8 @@ class Trainer(TrainerCheckpoints):
             return None
         mean = self._report_mean(self.window.loss, self.window.batches)
         return self.window.report(self.control, self.sender, mean, self._where("step report"), epoch=self.epoch,
-                                  step=self.step, lr=float(self.optimizer.param_groups[0]["lr"]), world=self._world)
+                                  step=self.step, lr=float(self.optimizer.param_groups[0]["lr"]), world=self._world,
+                                  rank=self.gang.rank if self.gang is not None else None)
 
     def _finish(self) -> int:
         """The attempt's last checkpoint ("stop" or "final"); returns the exit code."""

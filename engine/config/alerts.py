@@ -1,0 +1,52 @@
+"""The `[alerts]` table: which rules raise an alert, how loud it is, and what it runs."""
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+COMMAND_FIELDS = ("title", "message", "rule", "pipeline", "run")  # what `command` may name in braces
+
+
+class AlertsConfig(BaseModel):
+    """Alerts on what the supervisor sees: NaN loss, a loss spike, a stall, a straggler, out of memory, a full disk."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    bell: bool = Field(True, description=(
+        "Ring the terminal bell in the app on each alert (the NO_BELL environment variable silences it too)."))
+    command: list[str] = Field(default_factory=list, description=(
+        "Run this for each alert, as argv (no shell), e.g. [\"notify-send\", \"{title}\", \"{message}\"]; "
+        "{title}, {message}, {rule}, {pipeline} and {run} are filled in. Its output goes to alerts.log in the "
+        "run directory, never the terminal; it is given 10 seconds."))
+    webhook: str = Field("", description=(
+        "POST each alert as JSON (its event, with the run's id) to this http:// or https:// URL; a failing "
+        "webhook costs the run nothing: three tries, then one notice."))
+    interval: float = Field(300.0, ge=0, description=(
+        "Seconds: at most one alert per rule and pipeline in this while; the next says how many it stood for."))
+    straggler: float = Field(1.5, gt=1, description=(
+        "A gang's rank whose own time per batch is at least this many times its peers' median, three reports "
+        "running, is a straggler (flagged in the table, the event log and headless)."))
+    spike: float = Field(10.0, gt=0, description=(
+        "A step's loss this many robust z-scores (median and MAD of the recent window) above the window's "
+        "median is a loss spike."))
+    spike_window: int = Field(50, ge=10, description="Step reports in the loss spike rule's window.")
+    disk_free: float = Field(0.05, ge=0, lt=1, description=(
+        "Alert when the runs folder's disk has less than this share free (0.05: 5%); 0 turns the rule off."))
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, v: str) -> str:
+        if v and not re.match(r"https?://[^\s/]+", v):
+            raise ValueError(f"must be an http:// or https:// URL (got {v!r})")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        for part in v:
+            for name in re.findall(r"{([^{}]*)}", part):
+                if name not in COMMAND_FIELDS:
+                    raise ValueError(f"{{{name}}} is not a field an alert fills in; use "
+                                     + ", ".join("{" + f + "}" for f in COMMAND_FIELDS))
+        return v

@@ -1,0 +1,108 @@
+"""The alert rules: what in the events a session emits is worth interrupting a person for, and how often.
+
+`AlertRules.take(event)` returns the alerts an event raises: a NaN or infinite loss, a
+loss spike (a robust z-score over the recent step reports), a stall, a straggler, an
+out-of-memory crash; `disk(free, total)` the runs folder's disk almost full. One alert
+per rule and pipeline per `interval`; the next one counts those held back. Pure logic.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+from ..config.alerts import AlertsConfig
+from ..protocol.health import Alert, Straggler
+from ..protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerError, WorkerExited
+
+MAD_SCALE = 1.4826  # the MAD of normal data times this is its standard deviation
+MIN_SPREAD = 1e-6  # a window of identical losses: a spike must still exceed them by this much (relative)
+
+
+def robust_z(value: float, window: list[float]) -> float:
+    """How many robust standard deviations `value` lies above the window's median (MAD, floored)."""
+    median = statistics.median(window)
+    mad = statistics.median(abs(x - median) for x in window) * MAD_SCALE
+    return (value - median) / max(mad, abs(median) * MIN_SPREAD, 1e-12)
+
+
+def is_nan_text(text: str) -> bool:
+    return "training loss is nan" in text or "training loss is inf" in text or "training loss is -inf" in text
+
+
+def is_oom(text: str) -> bool:
+    return "out of memory" in text.lower() or "OutOfMemoryError" in text
+
+
+class AlertRules:
+    """Every alert rule of one session, with its rate limit."""
+
+    def __init__(self, config: AlertsConfig):
+        self.config = config
+        self.losses: dict[str, deque[float]] = {}  # pipeline -> its recent step losses
+        self.last: dict[tuple[str, str], float] = {}  # (rule, pipeline) -> when its last alert went out
+        self.held: dict[tuple[str, str], int] = {}  # (rule, pipeline) -> alerts held back since then
+
+    def take(self, event: Event) -> list[Alert]:
+        """The alerts `event` raises (after the rate limit: [] when one went out for its rule lately)."""
+        found = self._judge(event)
+        return [a for a in (self._limit(alert, event.time) for alert in found) if a is not None]
+
+    def _judge(self, event: Event) -> list[Alert]:
+        name = getattr(event, "pipeline", "")
+        if isinstance(event, StepMetrics):
+            return self._step(event)
+        if isinstance(event, Notice) and is_nan_text(event.text):
+            return [self._alert("nan", name, f"{name}: loss is not finite", event.text)]
+        if isinstance(event, WorkerError) and "NonFiniteLoss" in event.error:
+            return [self._alert("nan", name, f"{name}: loss is not finite", event.error)]
+        if isinstance(event, (WorkerError, WorkerExited)) and is_oom(event.error):
+            return [self._alert("oom", name, f"{name}: out of memory", event.error)]
+        if isinstance(event, Stalled) and event.quiet > 0:
+            return [self._alert("stall", name, f"{name} stalled",
+                                f"no training step for {int(event.quiet)} s (nothing is killed)")]
+        if isinstance(event, Straggler) and event.ratio > 0:
+            return [self._alert("straggler", name, f"{name}: straggler rank {event.rank}",
+                                f"{event.ratio:.1f}x its peers' time per batch "
+                                f"({event.slowest * 1e3:.0f} ms vs {event.median * 1e3:.0f} ms)")]
+        return []
+
+    def _step(self, event: StepMetrics) -> list[Alert]:
+        name, loss = event.pipeline, event.loss
+        window = self.losses.setdefault(name, deque(maxlen=self.config.spike_window))
+        if not math.isfinite(loss):
+            return []  # the NaN policy's notice or error says it
+        found = []
+        if len(window) >= min(10, window.maxlen) and (z := robust_z(loss, list(window))) >= self.config.spike:
+            found.append(self._alert("spike", name, f"{name}: loss spike", (
+                f"loss {loss:.4g} at step {event.step} is {z:.0f} robust z-scores above the last "
+                f"{len(window)} reports' median {statistics.median(window):.4g}")))
+        window.append(loss)
+        return found
+
+    def disk(self, free: int, total: int, path: str, now: float) -> list[Alert]:
+        """The disk alert when the runs folder's disk has less than `disk_free` of `total` bytes free."""
+        share = self.config.disk_free
+        if not share or not total or free >= share * total:
+            return []
+        alert = self._alert("disk", "", "torchherd: disk almost full", (
+            f"{free / (1 << 30):.1f} GiB free of {total / (1 << 30):.0f} GiB ({free / total:.0%}) where the "
+            f"runs are written ({path}); a checkpoint that cannot be written stops the run"))
+        return [a for a in [self._limit(alert, now)] if a is not None]
+
+    def _alert(self, rule: str, pipeline: str, title: str, message: str) -> Alert:
+        return Alert(pipeline=pipeline, rule=rule, title=title, message=message, bell=self.config.bell)
+
+    def _limit(self, alert: Alert, now: float) -> Alert | None:
+        """`alert` if none of its rule and pipeline went out within `interval`, counting the held ones."""
+        key = (alert.rule, alert.pipeline)
+        last = self.last.get(key)
+        if last is not None and now - last < self.config.interval:
+            self.held[key] = self.held.get(key, 0) + 1
+            return None
+        self.last[key] = now
+        count = 1 + self.held.pop(key, 0)
+        if count == 1:
+            return alert
+        return Alert(pipeline=alert.pipeline, rule=alert.rule, title=alert.title, count=count, bell=alert.bell,
+                     message=f"{alert.message} ({count} times since the last alert)")

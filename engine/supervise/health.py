@@ -1,0 +1,191 @@
+"""A session's watch on what goes wrong, as a bus tap: stragglers from the ranks' pace, a triage of every
+stall (and of each stack request), and alerts, with the command `[alerts] command` names run for each.
+
+Everything it says goes through the supervisor's `record`, called soon, never from inside the bus's publish.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..protocol.health import Alert, RankPace, Triage
+from ..protocol.records import to_record
+from ..protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerStarted
+from .alert_rules import AlertRules
+from .commands import STACKS_ASKED
+from .stragglers import StragglerWatch
+from .triage import read_places, verdict
+
+DISK_EVERY = 30.0  # seconds between looks at the runs folder's free space
+SETTLE = 0.5  # seconds a rank's log must stay the same size for its stack dump to be whole
+TRIAGE_WAIT = 4.0  # seconds at most to wait for the dumps
+LOOKBACK = 64 << 10  # bytes before the request read too: a dump may land before its request is seen
+COMMAND_TIMEOUT = 10.0  # seconds an alert's command may run
+WEBHOOK_TRIES = (0.0, 1.0, 3.0)  # seconds to wait before each try of an alert's POST (5 s each at most)
+
+
+class HealthWatch:
+    """Taps a supervisor's bus for its stragglers, triages and alerts."""
+
+    def __init__(self, supervisor: Any):
+        self._sup = supervisor
+        self.run_dir = Path(supervisor.run_dir)
+        self.config = supervisor.config.alerts
+        self.rules = AlertRules(self.config)
+        self.stragglers = StragglerWatch(self.config.straggler)
+        self.gangs: dict[str, tuple[int, int]] = {}  # pipeline -> (attempt, ranks) of its newest start
+        self.asked: dict[str, list[int]] = {}  # pipeline -> its logs' sizes when this watch asked for stacks
+        self._disk_at = 0.0  # monotonic time of the last disk look
+        self._webhook_failed = False  # said once that the webhook does not take alerts
+        self._loop = asyncio.get_running_loop()
+
+    def on_event(self, event: Any, line: bytes = b"", kept: bool = True) -> None:
+        if isinstance(event, StepMetrics):
+            self._raise(self.rules.take(event))
+            return
+        if isinstance(event, WorkerStarted):
+            self.gangs[event.pipeline] = (event.attempt, max(len(event.pids), 1))
+        elif isinstance(event, RankPace):
+            attempt, world = self.gangs.get(event.pipeline, (0, 2))
+            found = self.stragglers.take(event, attempt, world)
+            if found is not None:
+                self._loop.call_soon(self._sup.record, found)
+        elif isinstance(event, Stalled) and event.quiet > 0:
+            self.asked[event.pipeline] = self._sizes(event.pipeline)
+            self._loop.call_soon(self._ask_stacks, event.pipeline)
+        elif isinstance(event, Notice) and event.text == STACKS_ASKED and event.pipeline:
+            sizes = self.asked.pop(event.pipeline, None) or self._sizes(event.pipeline)
+            self._loop.create_task(self._triage(event.pipeline, sizes))
+        elif isinstance(event, Alert):
+            if self.config.command:
+                threading.Thread(target=self._command, args=(event,), daemon=True).start()
+            if self.config.webhook:
+                threading.Thread(target=self._post, args=(event,), daemon=True).start()
+            return
+        self._raise(self.rules.take(event))
+        self._look_at_disk()
+
+    def on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
+        for step in steps:
+            self._raise(self.rules.take(step))
+
+    def _raise(self, alerts: list[Alert]) -> None:
+        for alert in alerts:
+            self._loop.call_soon(self._sup.record, alert)
+
+    def _look_at_disk(self) -> None:
+        now = time.monotonic()
+        if now - self._disk_at < DISK_EVERY:
+            return
+        self._disk_at = now
+        try:
+            usage = shutil.disk_usage(self.run_dir)
+        except OSError:
+            return
+        self._raise(self.rules.disk(usage.free, usage.total, str(self.run_dir.parent), time.time()))
+
+    # ------------------------------------------------------------ triage
+
+    def _logs(self, pipeline: str) -> list[Path]:
+        world = self.gangs.get(pipeline, (0, 1))[1]
+        folder = self.run_dir / pipeline
+        return [folder / ("log.txt" if rank == 0 else f"log-rank{rank}.txt") for rank in range(world)]
+
+    def _sizes(self, pipeline: str) -> list[int]:
+        return [p.stat().st_size if p.exists() else 0 for p in self._logs(pipeline)]
+
+    def _ask_stacks(self, pipeline: str) -> None:
+        try:
+            self._sup.stacks(pipeline)  # its notice starts the triage
+        except (KeyError, ValueError):  # it ended meanwhile
+            self.asked.pop(pipeline, None)
+
+    async def _triage(self, pipeline: str, sizes: list[int]) -> None:
+        """Wait (bounded) until every rank's dump has landed, then gather them and say the verdict."""
+        logs, seen, steady = self._logs(pipeline), None, 0.0
+        deadline = time.monotonic() + TRIAGE_WAIT
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            now = self._sizes(pipeline)
+            grown = all(n > s for n, s in zip(now, sizes))
+            steady = steady + 0.1 if now == seen and grown else 0.0
+            seen = now
+            if steady >= SETTLE:
+                break
+        dumps = await asyncio.to_thread(_read_from, logs, [max(0, s - LOOKBACK) for s in sizes])
+        places = read_places(dumps)
+        folder = self.run_dir / pipeline / "stacks" / time.strftime("%Y%m%d-%H%M%S")
+        folder = next(f for n in range(1000) if not (f := folder.with_name(f"{folder.name}-{n}" if n else
+                                                                           folder.name)).exists())
+        await asyncio.to_thread(_gather, folder, dumps, verdict(places))
+        self._sup.record(Triage(pipeline=pipeline, verdict=verdict(places), folder=str(folder),
+                                ranks=tuple(p.text if p is not None else "" for p in places)))
+
+    # ------------------------------------------------------------ the alert's command
+
+    def _command(self, alert: Alert) -> None:
+        """Run `[alerts] command` for `alert` (a thread): argv, no shell, its output into alerts.log."""
+        fields = {"title": alert.title, "message": alert.message, "rule": alert.rule, "pipeline": alert.pipeline,
+                  "run": self.run_dir.name}
+        argv = [part.format(**fields) for part in self.config.command]
+        try:
+            with open(self.run_dir / "alerts.log", "ab") as out:
+                out.write(f"--- {time.strftime('%H:%M:%S')} {alert.rule} {alert.pipeline}: {argv}\n".encode())
+                out.flush()
+                subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                               timeout=COMMAND_TIMEOUT, start_new_session=True, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            self._loop.call_soon_threadsafe(self._sup.record, Notice(level="warning", pipeline=alert.pipeline, text=(
+                f"the alert command {argv[0]!r} failed: {type(exc).__name__}: {exc} (see alerts.log)")))
+
+
+    def _post(self, alert: Alert) -> None:
+        """POST `alert` as JSON to `[alerts] webhook` (a thread): a few tries, then one notice for the run."""
+        import urllib.request
+
+        body = json.dumps({**to_record(alert), "run": self.run_dir.name}).encode()
+        error: Exception | None = None
+        for wait in WEBHOOK_TRIES:
+            time.sleep(wait)
+            request = urllib.request.Request(self.config.webhook, data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=5.0):
+                    return
+            except Exception as exc:  # refused, timed out, an HTTP error: the run goes on either way
+                error = exc
+        if not self._webhook_failed:
+            self._webhook_failed = True
+            self._loop.call_soon_threadsafe(self._sup.record, Notice(level="warning", text=(
+                f"the alert webhook did not take an alert ({type(error).__name__}: {error}); alerts go on in the "
+                "event log (said once)")))
+
+
+def _read_from(logs: list[Path], starts: list[int]) -> list[str]:
+    out = []
+    for path, start in zip(logs, starts):
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                out.append(f.read().decode("utf-8", "replace"))
+        except OSError:
+            out.append("")
+    return out
+
+
+def _gather(folder: Path, dumps: list[str], line: str) -> None:
+    """Each rank's stacks and the verdict into the pipeline's stacks/ folder."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for rank, text in enumerate(dumps):  # from its first stack on: what it printed before is in its log
+            first = text.find("(most recent call first)")
+            (folder / f"rank{rank}.txt").write_text(text[text.rfind("\n", 0, first) + 1:] if first >= 0 else text)
+        (folder / "verdict.txt").write_text(line + "\n")
+    except OSError:
+        pass

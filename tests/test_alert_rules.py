@@ -1,0 +1,127 @@
+"""The logic under alerts, stragglers and triage, without processes: the rules and their rate limit, the
+straggler rule over rank reports, and the verdict read from faulthandler's dumps."""
+from __future__ import annotations
+
+import pytest
+
+from torchherd.engine.config.alerts import AlertsConfig
+from torchherd.engine.config.problems import ConfigError
+from torchherd.engine.protocol.health import RankPace, Straggler
+from torchherd.engine.protocol.messages import Notice, Stalled, StepMetrics, WorkerError, WorkerExited
+from torchherd.engine.supervise.alert_rules import AlertRules, robust_z
+from torchherd.engine.supervise.stragglers import GangPace
+from torchherd.engine.supervise.triage import Place, read_places, verdict
+from tests.conftest import make_config
+
+
+def step(loss: float, n: int, t: float = 0.0) -> StepMetrics:
+    return StepMetrics(pipeline="a", epoch=0, step=n, loss=loss, time=t)
+
+
+def rules(**kw) -> AlertRules:
+    return AlertRules(AlertsConfig(**kw))
+
+
+def test_a_loss_spike_is_one_alert_and_noise_is_none():
+    r = rules(spike=10.0)
+    noisy = [1.0 - 0.001 * i + (0.02 if i % 2 else -0.02) for i in range(40)]
+    assert [a for i, loss in enumerate(noisy) for a in r.take(step(loss, i))] == []
+    [alert] = r.take(step(5.0, 41))
+    assert alert.rule == "spike" and alert.pipeline == "a" and "loss 5 at step 41" in alert.message
+
+
+def test_a_robust_z_score_ignores_one_outlier_in_the_window():
+    assert robust_z(1.1, [1.0, 1.1, 0.9, 1.0, 50.0]) < 2
+
+
+def test_nan_stall_straggler_and_oom_each_raise_their_rule():
+    r = rules()
+    seen = [a.rule for ev in (
+        Notice(pipeline="a", level="warning", text="training loss is nan at epoch 0 step 3 (step report)"),
+        Stalled(pipeline="b", quiet=61.0), Stalled(pipeline="b", quiet=0.0),
+        Straggler(pipeline="c", rank=1, ratio=1.6, median=0.1, slowest=0.16),
+        Straggler(pipeline="c", rank=1, ratio=0.0, median=0.1, slowest=0.1),
+        WorkerExited(pipeline="d", pid=1, attempt=1, exit_code=1, error="CUDA out of memory: tried to allocate"),
+        WorkerError(pipeline="e", error="NonFiniteLoss: training loss is inf", where="train"))
+        for a in r.take(ev)]
+    assert seen == ["nan", "stall", "straggler", "oom", "nan"]
+
+
+def test_one_alert_per_rule_and_pipeline_per_interval_then_a_count():
+    r = rules(interval=60.0)
+    first = r.take(Stalled(pipeline="a", quiet=5.0, time=100.0))
+    assert len(first) == 1 and first[0].count == 1
+    assert r.take(Stalled(pipeline="a", quiet=5.0, time=120.0)) == []
+    assert len(r.take(Stalled(pipeline="b", quiet=5.0, time=121.0))) == 1  # another pipeline: its own limit
+    [later] = r.take(Stalled(pipeline="a", quiet=5.0, time=170.0))
+    assert later.count == 2 and "2 times" in later.message
+
+
+def test_the_disk_rule_fires_under_its_share_free_and_never_when_off():
+    assert rules(disk_free=0.05).disk(4 << 30, 100 << 30, "/runs", 0.0)[0].rule == "disk"
+    assert rules(disk_free=0.05).disk(6 << 30, 100 << 30, "/runs", 0.0) == []
+    assert rules(disk_free=0.0).disk(0, 100 << 30, "/runs", 0.0) == []
+
+
+def test_the_bell_setting_travels_with_each_alert():
+    assert rules(bell=False).take(Stalled(pipeline="a", quiet=5.0))[0].bell is False
+
+
+def pace(rank: int, seconds: float) -> RankPace:
+    return RankPace(pipeline="g", rank=rank, step=1, step_time=seconds)
+
+
+def test_a_rank_consistently_slower_is_flagged_once_and_cleared_once():
+    gang = GangPace(world=2, ratio=1.5)
+    out = []
+    for _ in range(4):
+        out += [gang.take(pace(0, 0.010)), gang.take(pace(1, 0.050))]
+    flagged = [e for e in out if e is not None]
+    assert len(flagged) == 1 and flagged[0].rank == 1 and flagged[0].ratio == pytest.approx(5.0)
+    out = []
+    for _ in range(4):
+        out += [gang.take(pace(0, 0.010)), gang.take(pace(1, 0.011))]
+    cleared = [e for e in out if e is not None]
+    assert len(cleared) == 1 and cleared[0].ratio == 0
+
+
+def test_one_slow_window_or_a_tiny_absolute_gap_is_no_straggler():
+    gang = GangPace(world=2, ratio=1.5)
+    out = [gang.take(pace(0, 0.010)), gang.take(pace(1, 0.050)), gang.take(pace(0, 0.010)), gang.take(pace(1, 0.010))]
+    out += [gang.take(pace(r, t)) for _ in range(5) for r, t in ((0, 0.0001), (1, 0.0005))]  # 5x, 0.4 ms
+    assert [e for e in out if e is not None] == []
+
+
+DUMP0 = '''Thread 0x00007f5f79afe6c0 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f5f7d5feb80 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2500 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/home/me/train.py", line 30 in <module>
+'''
+DUMP1 = '''Current thread 0x00007f3c5ce9ab80 (most recent call first):
+  File "/home/me/train.py", line 28 in <module>
+'''
+
+
+def test_the_verdict_names_the_rank_outside_the_collective_first():
+    places = read_places([DUMP0, DUMP1])
+    assert places[0] == Place(True, "all_reduce") and not places[1].waiting
+    # train.py is not on this machine: no source line to show, so the function and where it is
+    assert verdict(places) == "rank 1 is in <module> (train.py:28); rank 0 waits in all_reduce"
+
+
+def test_the_verdict_says_when_every_rank_waits_alike_and_which_stacks_are_missing():
+    assert verdict([Place(True, "barrier")] * 3) == "every rank waits in barrier"
+    assert verdict([Place(True, "barrier"), None]) == "rank 0 waits in barrier; rank 1: no stack found"
+
+
+def test_alert_keys_are_checked_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        make_config(tmp_path, [{"name": "a"}], alerts={"command": ["notify-send", "{titel}"]})
+    assert "alerts.command" in str(err.value) and "{titel}" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        make_config(tmp_path, [{"name": "a"}], alerts={"straggler": 0.9})
+    assert "alerts.straggler" in str(err.value)

@@ -1,0 +1,94 @@
+"""Alerts from a real run: a loss that turns NaN under nan_policy "warn" raises one `alert` (not one per
+report), an out-of-memory crash one, and each runs the configured command once, argv with its placeholders
+filled, its output in alerts.log; a webhook gets the alert as JSON, and one that refuses costs the run nothing."""
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import socket
+import sys
+import threading
+
+import pytest
+
+from torchherd.engine.protocol.health import Alert
+from torchherd.engine.protocol.messages import Notice, StepMetrics
+from torchherd.engine.rundir.directory import read_events
+from torchherd.engine.supervise.supervisor import Supervisor
+from tests.conftest import wait_for
+from tests.faults.support import faulty_config, finish, poll_until, supervised
+
+pytestmark = pytest.mark.slow
+
+WRITE = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '|' + sys.argv[3] + '\\n'); print('told')"
+
+
+async def test_a_nan_loss_and_an_oom_crash_are_one_alert_each_and_one_run_of_the_command_each(tmp_path):
+    told = tmp_path / "told.txt"
+    cfg = faulty_config(tmp_path, [
+        {"name": "a", "nan_policy": "warn", "params": {"samples": 256, "fault": "nan", "fault_at_call": 3}},
+        {"name": "b", "params": {"samples": 256, "fault": "oom", "fault_at_call": 3,
+                                 "once_file": str(tmp_path / "oom-once")}}],
+        defaults={"max_epochs": 2}, validation={"mode": "off"}, restart={"min_uptime": 0.0},
+        alerts={"command": [sys.executable, "-c", WRITE, str(told), "{rule}", "{title}"]})
+    sup = Supervisor(cfg)
+    async with supervised(sup):
+        assert await finish(sup) == {"a": "completed", "b": "completed"}  # b restarted after its OOM
+    alerts = [e for e in read_events(sup.run_dir) if isinstance(e, Alert)]
+    # every report of a is NaN, and b's error and its exit both say out of memory: one alert each
+    assert sorted((a.rule, a.pipeline, a.count) for a in alerts) == [("nan", "a", 1), ("oom", "b", 1)]
+    await asyncio.to_thread(poll_until, lambda: told.exists() and len(told.read_text().splitlines()) == 2, 30,
+                            "the alert command's two lines")
+    assert sorted(told.read_text().splitlines()) == ["nan|a: loss is not finite", "oom|b: out of memory"]
+    assert (sup.run_dir / "alerts.log").read_text().splitlines().count("told") == 2  # the commands' output
+
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    """A local webhook: keeps every body POSTed to it."""
+
+    bodies: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        Hook.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:  # nothing on the test's stderr
+        pass
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("refusing", [False, True])
+async def test_the_webhook_gets_the_alert_as_json_and_a_refusing_one_costs_the_run_nothing(tmp_path, refusing):
+    server = http.server.HTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Hook.bodies = []
+    port = closed_port() if refusing else server.server_address[1]
+    cfg = faulty_config(tmp_path, [{"name": "a", "nan_policy": "warn", "max_epochs": 1000,
+                                    "params": {"samples": 256, "delay": 0.002, "fault": "nan", "fault_at_call": 3}}],
+                        validation={"mode": "off"}, alerts={"webhook": f"http://127.0.0.1:{port}/hook"})
+    sup = Supervisor(cfg)
+    try:
+        async with supervised(sup) as stream:
+            if refusing:  # three tries, then one notice; training goes on meanwhile
+                await wait_for(stream, lambda e: isinstance(e, Notice) and "webhook" in e.text, 60)
+                await wait_for(stream, lambda e: isinstance(e, StepMetrics), 60)
+            else:
+                await asyncio.to_thread(poll_until, lambda: Hook.bodies, 60, "the webhook's POST")
+            sup.stop()
+            assert await finish(sup) == {"a": "stopped"}
+    finally:
+        server.shutdown()
+    notices = [e for e in read_events(sup.run_dir) if isinstance(e, Notice) and "webhook" in e.text]
+    if refusing:
+        assert len(notices) == 1 and Hook.bodies == []
+    else:
+        [body] = Hook.bodies
+        assert (body["type"], body["rule"], body["pipeline"], body["run"]) == ("alert", "nan", "a", sup.run_id)
+        assert notices == []
