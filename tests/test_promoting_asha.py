@@ -101,3 +101,13 @@ def test_the_pipeline_table_shortens_a_paused_trial_to_its_column():
 
     row = PipelineProgress(name="t", state="pruned", finish_reason="paused at rung 2: val_loss 0.3 at epoch 2")
     assert state_text(row, 0.0) == "paused at rung 2" and state_text(row, 0.0, 10) == "paused r2"
+
+
+def test_the_sweep_view_says_paused_and_promoted_in_a_trial_reasons():
+    from torchherd.engine.protocol.messages import TrialDecision
+    from torchherd.tui.ranking import TrialRow, fold_trial
+
+    row = TrialRow("t", {})
+    for action in ("pause", "promote"):
+        fold_trial(row, TrialDecision(pipeline="t", action=action, rung=1, value=0.3, reason="why"), "val_loss", "min")
+    assert row.reasons == ["rung 1: paused: why", "rung 1: promoted: why"]
