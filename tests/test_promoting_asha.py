@@ -111,3 +111,14 @@ def test_the_sweep_view_says_paused_and_promoted_in_a_trial_reasons():
     for action in ("pause", "promote"):
         fold_trial(row, TrialDecision(pipeline="t", action=action, rung=1, value=0.3, reason="why"), "val_loss", "min")
     assert row.reasons == ["rung 1: paused: why", "rung 1: promoted: why"]
+
+
+def test_when_nothing_else_can_run_a_rung_that_let_none_go_on_promotes_its_best():
+    # 8 trials, rungs 1, 2, 4, 8 of 16 epochs: one trial reaches rung 8 and no other can; it trains to the end.
+    asha = PromotingAsha([1, 2, 4, 8], 2, "val_loss", "min")
+    asha.result("a", 8.0, 0.2)
+    asha.result("b", 4.0, math.nan)
+    assert asha.promotions() == []
+    [(name, verdict)] = asha.last_promotion()
+    assert name == "a" and verdict.rung == 8 and verdict.reason.endswith("and no other can: promoted")
+    assert asha.last_promotion() == []  # NaN is never promoted

@@ -58,6 +58,8 @@ def test_params_of_the_pipeline_and_defaults_stay_under_the_trials(tmp_path):
     ({"space": {"params": {"lr": [0.1]}}, "samples": 3}, "sweep.samples", "no key is sampled"),
     ({"space": {"params": {"lr": [0.1]}}, "scheduler": "hyperband"}, "sweep.scheduler", "asha"),
     ({"space": {}}, "sweep.space", "is empty"),
+    ({"space": {"params": {"lr": [0.1]}}, "scheduler": "median", "mode": "promote"}, "sweep.mode", "only ASHA"),
+    ({"space": {"params": {"lr": [0.1]}}, "scheduler": "asha", "mode": "pause"}, "sweep.mode", "'stop' or 'promote'"),
 ])
 def test_a_bad_sweep_names_the_key_and_launches_nothing(tmp_path, sweep, key, text):
     with pytest.raises(ConfigError) as err:

@@ -178,6 +178,21 @@ class PromotingAsha(Asha):
                                        f"{len(top)} of {n}: promoted")))
         return out
 
+    def last_promotion(self) -> list[tuple[str, Verdict]]:
+        """Nothing else can run: the highest rung that let no trial go on (it holds fewer than
+        reduction_factor) promotes its best paused trial, so the sweep trains one trial to its end."""
+        for rung in reversed(self.rungs):
+            waiting = [n for n, r in self.paused.items() if r == rung and math.isfinite(self.recorded[rung][n])]
+            if waiting and not self.promoted[rung]:
+                sign = 1.0 if self.mode == "min" else -1.0
+                name = min(waiting, key=lambda n: (sign * self.recorded[rung][n], n))
+                del self.paused[name]
+                self.promoted[rung].add(name)
+                value, n = self.recorded[rung][name], len(self.recorded[rung])
+                return [(name, Verdict(False, rung, value, value, f"{_at(self.metric, value, self.unit, rung)}, "
+                                       f"the best of the {n} that reached the rung, and no other can: promoted"))]
+        return []
+
     def forget(self, trial: str) -> None:
         """`trial` waits no more: it ended otherwise, or a person promoted it."""
         rung = self.paused.pop(trial, None)

@@ -99,6 +99,8 @@ class SweepPruner:
         self.exempt.add(name)
         if isinstance(self.rule, PromotingAsha):
             self.rule.forget(name)
+            if state == S.STOPPING:  # its pause is taking effect: it trains on once that has ended
+                self.waking.add(name)
         if state == S.PRUNED:
             self._sup.restart(name)  # PRUNED -> QUEUED: it trains on from its checkpoint
 
@@ -159,8 +161,9 @@ class SweepPruner:
             self._sup.stop(name, reason=f"{PAUSED_AT}{verdict.rung:g}: {verdict.reason}", ending=S.PRUNED)
         self._promote()
 
-    def _promote(self) -> None:
-        for name, verdict in self.rule.promotions():
+    def _promote(self, last: bool = False) -> None:
+        """Promote the paused trials that qualify now; `last`: nothing else can run (`last_promotion`)."""
+        for name, verdict in self.rule.promotions() or (self.rule.last_promotion() if last else []):
             self._sup.record(TrialDecision(pipeline=name, action="promote", rung=verdict.rung,
                                            value=verdict.value, cutoff=verdict.cutoff, reason=verdict.reason))
             self.waking.add(name)
@@ -178,7 +181,7 @@ class SweepPruner:
         on), else cut the trials still paused, for good (False)."""
         if not isinstance(self.rule, PromotingAsha):
             return False
-        self._promote()
+        self._promote(last=True)
         if self.waking:
             return True
         for name, verdict in self.rule.unpromoted():
