@@ -161,13 +161,16 @@ class SweepPruner:
             self._sup.stop(name, reason=f"{PAUSED_AT}{verdict.rung:g}: {verdict.reason}", ending=S.PRUNED)
         self._promote()
 
-    def _promote(self, last: bool = False) -> None:
-        """Promote the paused trials that qualify now; `last`: nothing else can run (`last_promotion`)."""
-        for name, verdict in self.rule.promotions() or (self.rule.last_promotion() if last else []):
+    def _promote(self, last: bool = False) -> int:
+        """Promote the paused trials that qualify now (`last`: nothing else can run, `last_promotion`);
+        returns how many were."""
+        promoted = self.rule.promotions() or (self.rule.last_promotion() if last else [])
+        for name, verdict in promoted:
             self._sup.record(TrialDecision(pipeline=name, action="promote", rung=verdict.rung,
                                            value=verdict.value, cutoff=verdict.cutoff, reason=verdict.reason))
             self.waking.add(name)
         self._wake()
+        return len(promoted)
 
     def _wake(self) -> None:
         """Queue again each promoted trial whose pause has ended (one still stopping waits for its end)."""
@@ -181,8 +184,7 @@ class SweepPruner:
         on), else cut the trials still paused, for good (False)."""
         if not isinstance(self.rule, PromotingAsha):
             return False
-        self._promote(last=True)
-        if self.waking:
+        if self._promote(last=True) or self.waking:  # queued again, or to be once its pause has ended
             return True
         for name, verdict in self.rule.unpromoted():
             self._sup.record(TrialDecision(pipeline=name, action="prune", rung=verdict.rung, value=verdict.value,
