@@ -164,6 +164,9 @@ def main() -> None:
     ap.add_argument("--grace", type=int, default=1, help="ASHA's grace_period (its first rung), in epochs")
     ap.add_argument("--no-ray", action="store_true", help="skip Ray Tune even where it is installed")
     args = ap.parse_args()
+    # A ledger of its own: on a shared machine another run's pipelines book the same CPU slots, and a sweep
+    # that waits behind them measures their length, not its scheduling.
+    os.environ.setdefault("TORCHHERD_LEDGER", tempfile.mkdtemp(prefix="sweep-asha-ledger-"))
     PARAMS["samples"] = args.samples
     LRS = LRS_16 if args.trials == 16 else LRS
     trials = len(LRS) * len(BATCHES)
