@@ -58,3 +58,31 @@ async def test_a_paused_trial_is_promoted_as_its_rung_fills_and_the_rest_end_pru
 async def until_finished(sup: Supervisor) -> dict[str, str]:
     await until(lambda: sup.finished)
     return await sup.wait()
+
+
+async def test_resume_only_a_paused_trial_trains_it_on_and_keeps_the_other_paused(tmp_path):
+    # Regression guard: resuming rebuilt the pauses and paused again the trial `--only` named.
+    launcher = ScriptedLauncher(obey_stop=True)
+    config = make_config(tmp_path, [{"name": "t"}], defaults={"max_epochs": 2}, devices={"cpu_slots": 1},
+                         sweep={"space": {"params": {"lr": [0.1, 0.2, 0.3]}}, "scheduler": "asha"},
+                         telemetry={"enabled": False})
+    sup = Supervisor(config, launcher=launcher, inventory=Inventory(cpu_count=1), tick=0.005)
+    await sup.start()
+    try:
+        for n, (name, value) in enumerate([("t-lr0.1", 0.9), ("t-lr0.2", 0.95)]):
+            await until(lambda: len(launcher.handles) == n + 1)
+            _scored(launcher.handles[n], name, value)
+            await until(lambda: sup.view(name).state == S.PRUNED)  # both pause; lr 0.1, best of 2, is promoted
+        await until(lambda: len(launcher.handles) == 3)  # and starts again, ahead of lr 0.3
+    finally:
+        await sup.shutdown(graceful=False)
+    again = ScriptedLauncher(obey_stop=True)
+    resumed = Supervisor.resume_run(sup.run_dir, only=["t-lr0.2"], launcher=again,
+                                    inventory=Inventory(cpu_count=1), tick=0.005)
+    await resumed.start()
+    try:
+        await until(lambda: len(again.handles) == 1)
+        assert resumed.view("t-lr0.2").state in (S.STARTING, S.RUNNING)
+        assert "t-lr0.2" in resumed.sweep.exempt
+    finally:
+        await resumed.shutdown(graceful=False)

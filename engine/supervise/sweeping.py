@@ -56,6 +56,7 @@ class SweepPruner:
         pruner = cls(supervisor, rule)
         per_epoch: dict[str, int] = {}
         decisions: list[TrialDecision] = []
+        ended: dict[str, float] = {}  # when each pipeline last ended
         for event in read_events(run_dir):  # the rungs as they stood when the run was cut short
             if isinstance(event, (TrainingStarted, EpochEnd)):
                 per_epoch[event.pipeline] = event.steps_per_epoch
@@ -63,15 +64,17 @@ class SweepPruner:
                 pruner._judge(event, per_epoch.get(event.pipeline, 0))
             elif isinstance(event, TrialDecision):
                 decisions.append(event)
+            elif isinstance(event, PipelineFinished):
+                ended[event.pipeline] = event.time
         if isinstance(rule, PromotingAsha):
-            pruner._restore(decisions)
+            pruner._restore(decisions, ended)
         supervisor.tap(pruner._on_event)
         return pruner
 
-    def _restore(self, decisions: list[TrialDecision]) -> None:
+    def _restore(self, decisions: list[TrialDecision], ended: dict[str, float]) -> None:
         """Promoting ASHA's rungs, pauses and promotions as its decisions left them: paused trials stay paused
-        (they kept their state, pruned), and one promoted whose pause had ended but that had not started
-        again is queued now."""
+        (they kept their state, pruned), one promoted whose pause had ended but that had not started again is
+        queued now, and one paused that `resume --only` names trains on, promoted by a person."""
         last: dict[str, TrialDecision] = {}
         for d in decisions:
             rung = int(d.rung)
@@ -85,6 +88,9 @@ class SweepPruner:
             state = self._sup.view(name).state
             if d.action == "promote" and state == S.PRUNED:
                 self.waking.add(name)
+            elif d.action == "pause" and state == S.QUEUED and ended.get(name, 0.0) > d.time:  # --only NAME
+                self.exempt.add(name)
+                self.rule.forget(name)
             elif d.action == "pause" and state == S.QUEUED:  # cut short while its pause took effect
                 self._sup.stop(name, reason=f"{PAUSED_AT}{d.rung:g}: {d.reason}", ending=S.PRUNED)
         self._wake()
