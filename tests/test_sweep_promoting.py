@@ -113,16 +113,20 @@ params.shape = {SHAPES!r}
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    count = len(read_events(run_dir))
+    before = read_events(run_dir)
+    last = {e.pipeline: e.action for e in before if isinstance(e, TrialDecision)}  # as the kill left them
+    assert last[SLOW] == "pause", last  # 'slow' waits at rung 1 ('fast' may have paused again at rung 2)
     again = cli("resume", str(run_dir), "--headless")
     text, _ = again.communicate(timeout=240)
     assert again.returncode == 0, text
-    later = read_events(run_dir)[count:]
+    later = read_events(run_dir)[len(before):]
     started = [e.pipeline for e in later if isinstance(e, WorkerStarted)]
-    assert started[0] == FAST, started  # the promoted trial trains on first
-    promote_slow = next(i for i, e in enumerate(later) if isinstance(e, TrialDecision) and e.pipeline == SLOW
-                        and e.action == "promote")
-    assert not any(isinstance(e, WorkerStarted) and e.pipeline == SLOW for e in later[:promote_slow])  # paused
+    if last[FAST] == "promote":  # killed while it trained on: it trains on first
+        assert started[0] == FAST, started
+    for name in (n for n, action in last.items() if action == "pause"):  # paused: it waits for a promotion
+        promoted = next((i for i, e in enumerate(later) if isinstance(e, TrialDecision) and e.pipeline == name
+                         and e.action == "promote"), len(later))
+        assert not any(isinstance(e, WorkerStarted) and e.pipeline == name for e in later[:promoted]), name
     events = read_events(run_dir)
     assert judged_once_per_rung(events)
     finals = [e for e in later if isinstance(e, RunFinished)][-1].statuses
