@@ -1,7 +1,9 @@
-"""What pruning buys a sweep: wall time and best metric of one grid with ASHA against the same grid without
-pruning (torchherd both times), and against Ray Tune's ASHA on the same trials and slots where Ray is installed.
+"""What pruning buys a sweep: wall time and best metric of one grid under ASHA, stopping (`mode = "stop"`) and
+promoting (`mode = "promote"`), against the same grid without pruning (torchherd every time), and against Ray
+Tune's ASHA on the same trials and slots where Ray is installed.
 
 Goals: ASHA <= 0.5x the unpruned sweep's time for the same best trial; <= 1.0x Ray Tune's time.
+`--trials 8` is 4 learning rates x 2 batch sizes; `--trials 16` is 8 x 2.
 Each trial is a process of its own that builds its task before its first step; pruning saves only the
 training after a rung, so `--samples` sets epochs long enough for training to be most of a trial. Rounds
 alternate which sweep goes first, so a change in the machine's load falls on both; each sweep also says how
@@ -9,8 +11,8 @@ long its trials took to start (worker started -> training started) and how long 
 16 epochs by default (rungs at 1, 2, 4 and 8): with 8, the one trial that trains to the end holds a slot for
 8 of the pruned sweep's epochs while the other slot idles, and the run's one import of torch is a quarter of
 its time, so the ratio measures those more than pruning (0.45-0.56x there on a quiet box).
-Usage: python benchmarks/sweep_asha.py [--slots 2] [--epochs 16] [--samples 40000] [--rounds 2] [--grace 1]
-       [--no-ray]
+Usage: python benchmarks/sweep_asha.py [--trials 8] [--slots 2] [--epochs 16] [--samples 40000] [--rounds 2]
+       [--grace 1] [--no-ray]
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from torchherd.engine.rundir.directory import read_events  # noqa: E402
 from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 LRS = [0.03, 0.01, 0.003, 0.001]
+LRS_16 = [0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.003, 0.001]  # --trials 16
+MODES = {"none": "no pruning:", "stop": "ASHA stop:", "promote": "ASHA promote:"}  # the sweeps of a round
 BATCHES = [32, 128]
 PARAMS = {"samples": 40000, "hidden": 128}  # --samples overrides
 
@@ -52,25 +56,32 @@ class Sweep:
 
 
 def timings(events: list, slots: int) -> tuple[float, list[float], list[float]]:
-    """(first step, start-ups, slot idle gaps) of a sweep, from its events.jsonl."""
-    started = {e.pipeline: e.time for e in events if isinstance(e, WorkerStarted)}
+    """(first step, start-ups, slot idle gaps) of a sweep, from its events.jsonl; a promoted trial starts
+    again, so each training start is paired with its own worker's start."""
+    started: dict[str, float] = {}
+    startup = []
+    for e in events:
+        if isinstance(e, WorkerStarted):
+            started[e.pipeline] = e.time
+        elif isinstance(e, TrainingStarted):
+            startup.append(e.time - started[e.pipeline])
     trained = [e for e in events if isinstance(e, TrainingStarted)]
-    startup = [e.time - started[e.pipeline] for e in trained]
     first = min(e.time for e in trained) - min(e.time for e in events if isinstance(e, RunStarted))
-    starts = sorted(started.values())
+    starts = sorted(e.time for e in events if isinstance(e, WorkerStarted))
     ends = sorted(e.time for e in events if isinstance(e, PipelineFinished))
-    # The k-th trial to end frees the slot that the (slots + k)-th to start takes.
+    # The k-th attempt to end frees the slot that the (slots + k)-th to start takes.
     return first, startup, [starts[slots + k] - ends[k] for k in range(len(starts) - slots)]
 
 
-async def torchherd_sweep(tmp: Path, scheduler: str, slots: int, epochs: int, grace: int) -> Sweep:
-    """The grid under `scheduler` ("asha" or "none")."""
+async def torchherd_sweep(tmp: Path, how: str, slots: int, epochs: int, grace: int) -> Sweep:
+    """The grid under `how`: "none" (no pruning), or ASHA's mode ("stop", "promote")."""
+    asha = {"scheduler": "asha", "mode": how} if how != "none" else {"scheduler": "none"}
     config = parse_config({
         "runs_dir": str(tmp / "runs"), "tensorboard": False,
         "defaults": {"task": "regression", "max_epochs": epochs, "params": PARAMS},
         "pipelines": [{"name": "reg"}], "devices": {"placement": "cpu", "cpu_slots": slots},
         "validation": {"mode": "inline"}, "telemetry": {"enabled": False},
-        "sweep": {"space": {"params": {"lr": LRS}, "batch_size": BATCHES}, "scheduler": scheduler,
+        "sweep": {"space": {"params": {"lr": LRS}, "batch_size": BATCHES}, **asha,
                   "grace_period": grace, "reduction_factor": 2}}, str(tmp / "sweep.toml"), tmp)
     sup = Supervisor(config)
     t = time.perf_counter()
@@ -84,7 +95,8 @@ async def torchherd_sweep(tmp: Path, scheduler: str, slots: int, epochs: int, gr
     best = min((e for e in events if isinstance(e, ValResult) and not e.error), key=lambda e: e.metrics["val_loss"])
     return Sweep(wall, best.pipeline, best.metrics["val_loss"], *timings(events, slots),
                  epochs=sum(isinstance(e, EpochEnd) for e in events),
-                 pruned=sum(isinstance(e, PipelineFinished) and e.status == "pruned" for e in events))
+                 pruned=len({e.pipeline for e in events if isinstance(e, PipelineFinished) and e.status == "pruned"
+                             and not e.reason.startswith("paused at rung")}))
 
 
 def ray_sweep(slots: int, epochs: int, grace: int) -> tuple[float, str, float]:
@@ -142,39 +154,45 @@ def line(label: str, sweep: Sweep) -> str:
 
 
 def main() -> None:
+    global LRS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, choices=(8, 16), default=8, help="8: 4 lrs x 2 batch sizes; 16: 8 x 2")
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=16)
     ap.add_argument("--samples", type=int, default=PARAMS["samples"], help="regression samples per trial")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of both sweeps, alternating which goes first")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of every sweep, turning which goes first")
     ap.add_argument("--grace", type=int, default=1, help="ASHA's grace_period (its first rung), in epochs")
     ap.add_argument("--no-ray", action="store_true", help="skip Ray Tune even where it is installed")
     args = ap.parse_args()
+    # A ledger of its own: on a shared machine another run's pipelines book the same CPU slots, and a sweep
+    # that waits behind them measures their length, not its scheduling.
+    os.environ.setdefault("TORCHHERD_LEDGER", tempfile.mkdtemp(prefix="sweep-asha-ledger-"))
     PARAMS["samples"] = args.samples
+    LRS = LRS_16 if args.trials == 16 else LRS
     trials = len(LRS) * len(BATCHES)
     print(f"{trials} trials (lr x batch_size) of {args.epochs} epochs of {args.samples} samples on {args.slots} "
           f"CPU slots; ASHA grace_period {args.grace}, reduction_factor 2; load {os.getloadavg()[0]:.2f}")
-    totals = {"none": 0.0, "asha": 0.0}
-    same_every_time = True
+    totals = {how: 0.0 for how in MODES}
+    found = {how: 0 for how in MODES if how != "none"}  # rounds that ended with the grid's best trial
     for r in range(args.rounds):
-        results = {}
+        order = list(MODES)[r % 3:] + list(MODES)[:r % 3]  # each sweep goes first in turn: load falls on all
         with tempfile.TemporaryDirectory() as tmp:
-            for scheduler in ("none", "asha") if r % 2 == 0 else ("asha", "none"):
-                results[scheduler] = asyncio.run(torchherd_sweep(Path(tmp) / scheduler, scheduler, args.slots,
-                                                                 args.epochs, args.grace))
-        full, asha = results["none"], results["asha"]
-        totals["none"] += full.wall
-        totals["asha"] += asha.wall
-        same = asha.best == full.best
-        same_every_time &= same
+            results = {how: asyncio.run(torchherd_sweep(Path(tmp) / how, how, args.slots, args.epochs, args.grace))
+                       for how in order}
         print(f"round {r + 1} (load {os.getloadavg()[0]:.2f}):")
-        print("  " + line("no pruning:", full))
-        print("  " + line("torchherd ASHA:", asha))
-        print(f"  ASHA / no pruning: {asha.wall / full.wall:.2f}x the time, "
-              f"{'same best trial' if same else 'a DIFFERENT best trial'}")
-    print(f"ASHA / no pruning over {args.rounds} round(s): {totals['asha'] / totals['none']:.2f}x the time, "
-          f"{'the same best trial every round' if same_every_time else 'a DIFFERENT best trial in some round'} "
-          "(goal <= 0.5x, same best trial)")
+        full = results["none"]
+        for how, label in MODES.items():
+            totals[how] += results[how].wall
+            print("  " + line(label, results[how]))
+        for how in found:
+            same = results[how].best == full.best
+            found[how] += same
+            which = "the grid's best trial" if same else "NOT the grid's best trial"
+            print(f"  {MODES[how][:-1]} / no pruning: {results[how].wall / full.wall:.2f}x the time, {which}")
+    for how in found:
+        print(f"{MODES[how][:-1]} / no pruning over {args.rounds} round(s): {totals[how] / totals['none']:.2f}x "
+              f"the time, the grid's best trial in {found[how]} of {args.rounds} (goal <= 0.5x, every round)")
+    totals["asha"] = totals["promote"]
     if args.no_ray or importlib.util.find_spec("ray") is None:
         print("Ray Tune: skipped (not installed, or --no-ray)")
         return
@@ -186,7 +204,7 @@ def main() -> None:
     mean_asha = totals["asha"] / args.rounds
     print(f"Ray Tune ASHA:    {ray_result[0]:6.1f}s, best {ray_result[1]} val_loss {ray_result[2]:.4g} "
           f"(load {os.getloadavg()[0]:.2f})")
-    print(f"torchherd ASHA (mean of rounds) / Ray Tune ASHA: {mean_asha / ray_result[0]:.2f}x the time "
+    print(f"torchherd promoting ASHA (mean of rounds) / Ray Tune ASHA: {mean_asha / ray_result[0]:.2f}x the time "
           "(goal <= 1.0x)")
 
 

@@ -428,7 +428,7 @@ async def test_a_lightning_pipelines_snapshot_ledger_names_best_ckpt(tmp_path, l
 async def test_promote_unprunes_a_pruned_trial_exempts_a_running_one_and_refuses_an_ended_one(tmp_path, launcher):
     from torchherd.engine.protocol.messages import ValResult
 
-    sweep = {"space": {"params": {"lr": [0.1, 0.0]}}, "scheduler": "asha", "grace_period": 1}
+    sweep = {"space": {"params": {"lr": [0.1, 0.0]}}, "scheduler": "asha", "mode": "stop", "grace_period": 1}
     sup = make(tmp_path, [{"name": "t"}], launcher, defaults={"max_epochs": 4}, sweep=sweep)
     fast, still = "t-lr0.1", "t-lr0"
     await sup.start()

@@ -58,6 +58,8 @@ def test_params_of_the_pipeline_and_defaults_stay_under_the_trials(tmp_path):
     ({"space": {"params": {"lr": [0.1]}}, "samples": 3}, "sweep.samples", "no key is sampled"),
     ({"space": {"params": {"lr": [0.1]}}, "scheduler": "hyperband"}, "sweep.scheduler", "asha"),
     ({"space": {}}, "sweep.space", "is empty"),
+    ({"space": {"params": {"lr": [0.1]}}, "scheduler": "median", "mode": "promote"}, "sweep.mode", "only ASHA"),
+    ({"space": {"params": {"lr": [0.1]}}, "scheduler": "asha", "mode": "pause"}, "sweep.mode", "'stop' or 'promote'"),
 ])
 def test_a_bad_sweep_names_the_key_and_launches_nothing(tmp_path, sweep, key, text):
     with pytest.raises(ConfigError) as err:
@@ -69,7 +71,7 @@ def test_check_shows_the_trial_count_and_the_first_trials(tmp_path):
     config = sweep_config(tmp_path, {"space": {"params": {"lr": [0.1, 0.01, 0.001]}, "batch_size": [16, 32]},
                                      "scheduler": "asha"}, defaults={"max_epochs": 8})
     lines = sweep_lines(config)
-    assert lines[0] == "sweep: 6 trials, ASHA pruning at epoch 1, 2, 4 (keeps 1/2 at each)"
+    assert lines[0] == "sweep: 6 trials, ASHA at epoch 1, 2, 4 (promotes the best 1/2 at each; the others wait there)"
     assert lines[1] == "  t-lr0.1-batch_size16: params.lr = 0.1, batch_size = 16"
     assert lines[-1] == "  ... and 2 more"
 

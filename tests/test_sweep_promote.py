@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 
 # One slot: the fast learner trains its four epochs first and sets every rung's cut; lr 0 never learns, so it
 # is pruned at its first rung, and (promoted) would be cut again at the next one.
-SWEEP = {"space": {"params": {"lr": [0.1, 0.0]}}, "scheduler": "asha", "grace_period": 1, "reduction_factor": 2}
+SWEEP = {"space": {"params": {"lr": [0.1, 0.0]}}, "scheduler": "asha", "mode": "stop", "grace_period": 1,
+         "reduction_factor": 2}
 # Seconds each sample takes (256 an epoch: half a second): the cut reaches lr 0 in its second epoch. Without it
 # an epoch took milliseconds and, on a loaded machine, lr 0 had trained all four before its first rung's verdict.
 DELAY = 0.002

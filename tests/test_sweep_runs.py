@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 # Best first: on tiny.py (a linear fit) a larger step learns faster, and lr 0 never learns. Started in this
 # order, every trial after the first few meets a rung whose cut is set by better ones.
 LRS = [0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.003, 0.002, 0.001, 0.0003, 0.0001, 0.0]
-SWEEP = {"space": {"params": {"lr": LRS}}, "scheduler": "asha", "grace_period": 1, "reduction_factor": 2}
+SWEEP = {"space": {"params": {"lr": LRS}}, "scheduler": "asha", "mode": "stop", "grace_period": 1,
+         "reduction_factor": 2}
 
 
 async def test_asha_prunes_the_worst_at_their_first_rung_and_the_best_runs_to_the_end(tmp_path):
@@ -97,6 +98,7 @@ mode = "inline"
 enabled = false
 [sweep]
 scheduler = "asha"
+mode = "stop"
 [sweep.space]
 params.lr = [{lrs}]
 """)
@@ -136,7 +138,7 @@ def test_the_sample_sweep_prunes_and_prints_the_ranked_table(tmp_path):
                            "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=540)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
-    assert ": pruned (val_loss" in out and "rung cut" in out
+    assert ": pruned (val_loss" in out and "never among the best" in out and ": paused at rung 1 (val_loss" in out
     table = out[out.index("sweep: 8 trials ranked by val_loss"):]
     assert "#  trial" in table and "best: reg-lr" in table and "best.pt" in table
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the config's schema (pydantic) loads with headless's rankin
 
 # engine/worker/checkpoint.py's names, and a Lightning pipeline's (engine/runners/lightning)
 KNOWN = ("best.pt", "best.ckpt", "last.pt", "last.ckpt")
+SAID = {"prune": "pruned", "pause": "paused", "promote": "promoted"}  # a trial_decision's action, as a reason says it
 
 
 @dataclass
@@ -43,7 +44,7 @@ def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
         row.epoch = max(row.epoch, ev.epoch + 1)
     elif isinstance(ev, TrialDecision):
         row.rung = ev.rung if row.rung is None else max(row.rung, ev.rung)
-        row.reasons.append(f"rung {ev.rung:g}: {'pruned' if ev.action == 'prune' else 'goes on'}: {ev.reason}")
+        row.reasons.append(f"rung {ev.rung:g}: {SAID.get(ev.action, 'goes on')}: {ev.reason}")
     elif isinstance(ev, PipelineFinished):
         row.state = ended_label(ev.status, ev.reason)
     elif isinstance(ev, ClientCommand) and ev.action == Action.PROMOTE and ev.ok:

@@ -52,6 +52,9 @@ def space_problems(sweep: SweepConfig, file: str) -> list[Problem]:
             continue
         for message in _spec_problems(key, spec):
             problems.append(Problem(file, where, message))
+    if "mode" in sweep.model_fields_set and sweep.scheduler != "asha":
+        problems.append(Problem(file, "sweep.mode", f"is {sweep.mode!r}, but only ASHA stops or promotes: set "
+                                f"scheduler = \"asha\" (it is {sweep.scheduler!r}) or leave mode out"))
     if sweep.samples > 1 and not any(isinstance(s, dict) for s in space.values()):
         problems.append(Problem(file, "sweep.samples", f"is {sweep.samples}, but no key is sampled: give one a "
                                 "table such as {log_uniform = [1e-4, 1e-1]}, or leave samples at 1"))

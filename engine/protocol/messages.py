@@ -267,7 +267,7 @@ class TrialDecision(PipelineEvent):
     """A sweep's scheduler judged a trial's validation result at a rung: it goes on, or it is pruned."""
 
     type: ClassVar[str] = "trial_decision"
-    action: str  # "continue" or "prune"
+    action: str  # "continue", "prune"; promoting ASHA: "pause" (waits at the rung), "promote" (trains on)
     rung: float  # the milestone, in the sweep's rung_unit (epochs or steps)
     value: float  # the trial's `metric` there
     cutoff: float | None = None  # the rung's cut (None: the first at its rung)

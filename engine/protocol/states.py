@@ -91,17 +91,21 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
 # How the engine words the reasons that a final state alone does not tell apart.
 EARLY_STOP = "early stopping"  # begins the reason of a pipeline its validation stopped (`patience`)
 BEFORE_START = "before it started"  # ends the reason of a pipeline that ended without ever running
+PAUSED_AT = "paused at rung "  # begins the reason of a sweep's trial waiting at a rung to be promoted (pruned)
 
 
 def ended_label(state: WorkerState | str, reason: str = "") -> str:
     """A final state as people read it: 'never ran' is told apart from a stop on request (the state itself
     stays 'stopped' or 'killed' in the records), and 'early_stopped' reads 'early stop' (as does a run
-    recorded before that state existed, 'stopped' for early stopping); any other state is its own name."""
+    recorded before that state existed, 'stopped' for early stopping), a trial paused at a rung 'paused at
+    rung 2'; any other state is its own name."""
     value = WorkerState(state).value
     if value in ("stopped", "killed") and reason.endswith(BEFORE_START):
         return "never ran"
     if value == "early_stopped" or (value == "stopped" and reason.startswith(EARLY_STOP)):
         return "early stop"
+    if value == "pruned" and reason.startswith(PAUSED_AT):
+        return reason.split(":", 1)[0]  # 'paused at rung 2': promoting ASHA may train it on
     return value
 
 

@@ -1,6 +1,6 @@
-"""The decisions of a sweep's schedulers, apart from any process: ASHA (asynchronous successive halving) and
-the median stopping rule, each fed a trial's validation results as (progress, value) and answering with a
-`Verdict` (go on or prune, and why) when the result is one the rule judges.
+"""The decisions of a sweep's schedulers, apart from any process: ASHA (asynchronous successive halving, stopping
+or promoting) and the median stopping rule, each fed a trial's validation results as (progress, value) and
+answering with a `Verdict` (go on, prune or pause, and why) when the result is one the rule judges.
 
 Pure and standard library only: `supervise/sweeping.py` feeds them `val_result` events and acts on them.
 """
@@ -23,6 +23,7 @@ class Verdict:
     value: float
     cutoff: float | None  # the value it had to match; None when there was nothing to compare with
     reason: str
+    pause: bool = False  # promoting ASHA: it waits at the rung (checkpointed, its slot freed) to be promoted
 
 
 def worse(value: float, than: float, mode: str) -> bool:
@@ -118,3 +119,94 @@ class MedianRule:
         said = _at(self.metric, best if best is not None else value, self.unit, t)
         return Verdict(prune, t, best if best is not None else value, median,
                        f"{said}, median of {len(others)} others {median:.4g}")
+
+
+class PromotingAsha(Asha):
+    """ASHA as its paper gives it (Li et al. 2018, arXiv 1810.05934): a trial reaching a rung goes on only
+    while it is among the best floor(n / reduction_factor) of the n trials recorded there; otherwise it waits
+    there (paused) and is promoted when the rung has filled enough for it to qualify. Nothing is cut for good
+    until the sweep can make no more progress (`unpromoted`)."""
+
+    def __init__(self, rungs: list[int], reduction_factor: int, metric: str, mode: str, unit: str = "epoch"):
+        super().__init__(rungs, reduction_factor, metric, mode, unit)
+        self.promoted: dict[int, set[str]] = {r: set() for r in self.rungs}  # went on from each rung
+        self.paused: dict[str, int] = {}  # trial -> the rung it waits at
+
+    def top(self, rung: int) -> list[str]:
+        """The trials a rung lets go on now: its best floor(n / reduction_factor), best first."""
+        sign = 1.0 if self.mode == "min" else -1.0
+        ranked = sorted((sign * v, name) for name, v in self.recorded[rung].items() if math.isfinite(v))
+        return [name for _, name in ranked[:len(self.recorded[rung]) // self.reduction_factor]]
+
+    def _edge(self, rung: int) -> float | None:
+        """The value of the last trial the rung lets go on; None while it lets none."""
+        top = self.top(rung)
+        return self.recorded[rung][top[-1]] if top else None
+
+    def result(self, trial: str, t: float, value: float) -> Verdict | None:
+        """Judge `trial` at the highest rung it reached and was not judged at: it goes on when among the best
+        1/reduction_factor of the rung so far, else it pauses there; None when it reached no new rung, or it
+        is paused (a result of the steps it trained while its pause took effect: judged once it is promoted)."""
+        if trial in self.paused:
+            return None
+        for rung in reversed(self.rungs):
+            if t + EPS < rung or trial in self.recorded[rung]:
+                continue
+            self.recorded[rung][trial] = value
+            n, said = len(self.recorded[rung]), _at(self.metric, value, self.unit, t)
+            best = n // self.reduction_factor
+            if trial in self.top(rung):
+                self.promoted[rung].add(trial)
+                return Verdict(False, rung, value, self._edge(rung), f"{said}, among the best {best} of {n}")
+            self.paused[trial] = rung
+            return Verdict(False, rung, value, self._edge(rung),
+                           f"{said}, not among the best {best} of {n} at rung {rung}", pause=True)
+        return None
+
+    def promotions(self) -> list[tuple[str, Verdict]]:
+        """The paused trials that qualify now (highest rung first), each taken off `paused` as promoted."""
+        out = []
+        for rung in reversed(self.rungs):
+            top = self.top(rung)
+            for name in top:
+                if self.paused.get(name) == rung:
+                    del self.paused[name]
+                    self.promoted[rung].add(name)
+                    value, n = self.recorded[rung][name], len(self.recorded[rung])
+                    out.append((name, Verdict(False, rung, value, self._edge(rung),
+                                       f"{_at(self.metric, value, self.unit, rung)}, now among the best "
+                                       f"{len(top)} of {n}: promoted")))
+        return out
+
+    def last_promotion(self) -> list[tuple[str, Verdict]]:
+        """Nothing else can run: the highest rung that let no trial go on (it holds fewer than
+        reduction_factor) promotes its best paused trial, so the sweep trains one trial to its end."""
+        for rung in reversed(self.rungs):
+            waiting = [n for n, r in self.paused.items() if r == rung and math.isfinite(self.recorded[rung][n])]
+            if waiting and not self.promoted[rung]:
+                sign = 1.0 if self.mode == "min" else -1.0
+                name = min(waiting, key=lambda n: (sign * self.recorded[rung][n], n))
+                del self.paused[name]
+                self.promoted[rung].add(name)
+                value, n = self.recorded[rung][name], len(self.recorded[rung])
+                return [(name, Verdict(False, rung, value, value, f"{_at(self.metric, value, self.unit, rung)}, "
+                                       f"the best of the {n} that reached the rung, and no other can: promoted"))]
+        return []
+
+    def forget(self, trial: str) -> None:
+        """`trial` waits no more: it ended otherwise, or a person promoted it."""
+        rung = self.paused.pop(trial, None)
+        if rung is not None:
+            self.promoted[rung].add(trial)
+
+    def unpromoted(self) -> list[tuple[str, Verdict]]:
+        """The sweep can make no more progress: every trial still paused is cut, each with why."""
+        out = []
+        for name, rung in sorted(self.paused.items()):
+            n, value = len(self.recorded[rung]), self.recorded[rung][name]
+            best = n // self.reduction_factor
+            out.append((name, Verdict(True, rung, value, self._edge(rung),
+                                      f"{_at(self.metric, value, self.unit, rung)}, never among the best {best} "
+                                      f"of the {n} trials that reached rung {rung}")))
+        self.paused.clear()
+        return out

@@ -373,6 +373,8 @@ class Supervisor:
             return
         training_done = all(r.state.final for r in self._runs.values())
         if training_done and (self._closing or not self._validation.pending(training_done=True)):
+            if not self._closing and self.sweep is not None and self.sweep.settle():
+                return  # a trial paused at a rung was promoted: the sweep goes on
             if self._closing:
                 self._validation.abandon(SESSION_ENDED)  # never scored: say so before the end
             statuses = {n: r.state.value for n, r in self._runs.items()}

@@ -1,6 +1,7 @@
 """A sweep's pruning in a live session: every `val_result` (the background validator's or inline) goes to the
 sweep's scheduler (`pruning.py`), each verdict becomes a `trial_decision` event, and a pruned trial is stopped
-(checkpoint first) into the final state `pruned`, so its slot goes to the next queued trial.
+(checkpoint first) into the final state `pruned`, so its slot goes to the next queued trial. Promoting ASHA
+pauses a trial the same way (`pruned`, its reason 'paused at rung N') and queues it again once promoted.
 
 It reads the session only through the supervisor's public methods (tap, record, view, stop, restart).
 """
@@ -11,17 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from ..config.schema import RunConfig
-from ..protocol.messages import EpochEnd, Event, TrainingStarted, TrialDecision, ValResult
+from ..protocol.messages import EpochEnd, Event, PipelineFinished, TrainingStarted, TrialDecision, ValResult
 from ..protocol.progress import metric_value
-from ..protocol.states import WorkerState
+from ..protocol.states import PAUSED_AT, WorkerState
 from ..rundir.directory import read_events
-from .pruning import Asha, MedianRule
+from .pruning import Asha, MedianRule, PromotingAsha, Verdict
 
 S = WorkerState
 JUDGED = (S.STARTING, S.RUNNING, S.PAUSED)  # live trials a prune can stop; results of others are only recorded
 
 
-def scheduler_for(config: RunConfig) -> Asha | MedianRule | None:
+def scheduler_for(config: RunConfig) -> Asha | PromotingAsha | MedianRule | None:
     """The pruning rule `config`'s [sweep] asks for, on its [validation] metric; None without one."""
     sweep, v = config.sweep, config.validation
     if sweep is None or sweep.scheduler == "none":
@@ -30,7 +31,8 @@ def scheduler_for(config: RunConfig) -> Asha | MedianRule | None:
         return MedianRule(sweep.grace_period, sweep.min_trials, v.metric, v.metric_mode, sweep.rung_unit)
     limits = [p.max_epochs if sweep.rung_unit == "epoch" else p.max_steps for p in config.pipelines]
     limit = None if None in limits else max(limits)
-    return Asha(sweep.rungs(limit), sweep.reduction_factor, v.metric, v.metric_mode, sweep.rung_unit)
+    kind = PromotingAsha if sweep.mode == "promote" else Asha
+    return kind(sweep.rungs(limit), sweep.reduction_factor, v.metric, v.metric_mode, sweep.rung_unit)
 
 
 class SweepPruner:
@@ -41,6 +43,7 @@ class SweepPruner:
         self._unit = supervisor.config.sweep.rung_unit
         self._metric = supervisor.config.validation.metric
         self.exempt: set[str] = set()  # trials a person promoted: never pruned again this session
+        self.waking: set[str] = set()  # promoted from a pause, queued again once their pause has ended
         self._loop = asyncio.get_running_loop()
 
     @classmethod
@@ -52,13 +55,45 @@ class SweepPruner:
             return None
         pruner = cls(supervisor, rule)
         per_epoch: dict[str, int] = {}
+        decisions: list[TrialDecision] = []
+        ended: dict[str, float] = {}  # when each pipeline last ended
         for event in read_events(run_dir):  # the rungs as they stood when the run was cut short
             if isinstance(event, (TrainingStarted, EpochEnd)):
                 per_epoch[event.pipeline] = event.steps_per_epoch
-            elif isinstance(event, ValResult):
+            elif isinstance(event, ValResult) and not isinstance(rule, PromotingAsha):
                 pruner._judge(event, per_epoch.get(event.pipeline, 0))
+            elif isinstance(event, TrialDecision):
+                decisions.append(event)
+            elif isinstance(event, PipelineFinished):
+                ended[event.pipeline] = event.time
+        if isinstance(rule, PromotingAsha):
+            pruner._restore(decisions, ended)
         supervisor.tap(pruner._on_event)
         return pruner
+
+    def _restore(self, decisions: list[TrialDecision], ended: dict[str, float]) -> None:
+        """Promoting ASHA's rungs, pauses and promotions as its decisions left them: paused trials stay paused
+        (they kept their state, pruned), one promoted whose pause had ended but that had not started again is
+        queued now, and one paused that `resume --only` names trains on, promoted by a person."""
+        last: dict[str, TrialDecision] = {}
+        for d in decisions:
+            rung = int(d.rung)
+            if d.action in ("continue", "pause") and rung in self.rule.recorded:  # a result judged at its rung
+                self.rule.recorded[rung][d.pipeline] = d.value
+            if d.action in ("continue", "promote") and rung in self.rule.promoted:
+                self.rule.promoted[rung].add(d.pipeline)
+            last[d.pipeline] = d
+        self.rule.paused = {n: int(d.rung) for n, d in last.items() if d.action == "pause"}
+        for name, d in last.items():
+            state = self._sup.view(name).state
+            if d.action == "promote" and state == S.PRUNED:
+                self.waking.add(name)
+            elif d.action == "pause" and state == S.QUEUED and ended.get(name, 0.0) > d.time:  # --only NAME
+                self.exempt.add(name)
+                self.rule.forget(name)
+            elif d.action == "pause" and state == S.QUEUED:  # cut short while its pause took effect
+                self._sup.stop(name, reason=f"{PAUSED_AT}{d.rung:g}: {d.reason}", ending=S.PRUNED)
+        self._wake()
 
     def promote(self, name: str) -> None:
         """Never prune `name` again this session; a pruned trial is un-pruned and trains on from its
@@ -68,6 +103,10 @@ class SweepPruner:
             raise ValueError(f"{name} is {state.value}, not pruned: only a pruned trial or one still going can "
                              "be promoted (restart starts it again)")
         self.exempt.add(name)
+        if isinstance(self.rule, PromotingAsha):
+            self.rule.forget(name)
+            if state == S.STOPPING:  # its pause is taking effect: it trains on once that has ended
+                self.waking.add(name)
         if state == S.PRUNED:
             self._sup.restart(name)  # PRUNED -> QUEUED: it trains on from its checkpoint
 
@@ -84,6 +123,8 @@ class SweepPruner:
         return self.rule.result(event.pipeline, self.progress(event, steps_per_epoch), value)
 
     def _on_event(self, event: Event, line: bytes, kept: bool) -> None:
+        if isinstance(event, PipelineFinished) and event.pipeline in self.waking:
+            self._loop.call_soon(self._wake)  # a promoted trial's pause has ended: it trains on
         if not isinstance(event, ValResult):
             return
         try:
@@ -94,7 +135,10 @@ class SweepPruner:
         if verdict is not None:  # acted on after this event has reached everyone, not inside its publishing
             self._loop.call_soon(self._act, event.pipeline, verdict)
 
-    def _act(self, name: str, verdict) -> None:
+    def _act(self, name: str, verdict: Verdict) -> None:
+        if isinstance(self.rule, PromotingAsha):
+            self._act_promoting(name, verdict)
+            return
         live = self._sup.view(name).state in JUDGED
         prune = verdict.prune and live and name not in self.exempt
         reason = verdict.reason if live or not verdict.prune else f"{verdict.reason} (it had ended already)"
@@ -104,3 +148,54 @@ class SweepPruner:
                                        value=verdict.value, cutoff=verdict.cutoff, reason=reason))
         if prune:
             self._sup.stop(name, reason=verdict.reason, ending=S.PRUNED)
+
+    def _act_promoting(self, name: str, verdict: Verdict) -> None:
+        """Promoting ASHA: a trial goes on or pauses at its rung; then any paused trial that now qualifies
+        is promoted."""
+        live, action, reason = self._sup.view(name).state in JUDGED, "continue", verdict.reason
+        if verdict.pause and name in self.exempt:
+            self.rule.forget(name)
+            reason += " (promoted: never paused)"
+        elif verdict.pause and not live:
+            self.rule.forget(name)
+            reason += " (it had ended already)"
+        elif verdict.pause:
+            action = "pause"
+        self._sup.record(TrialDecision(pipeline=name, action=action, rung=verdict.rung, value=verdict.value,
+                                       cutoff=verdict.cutoff, reason=reason))
+        if action == "pause":
+            self._sup.stop(name, reason=f"{PAUSED_AT}{verdict.rung:g}: {verdict.reason}", ending=S.PRUNED)
+        self._promote()
+
+    def _promote(self, last: bool = False) -> int:
+        """Promote the paused trials that qualify now (`last`: nothing else can run, `last_promotion`);
+        returns how many were."""
+        promoted = self.rule.promotions() or (self.rule.last_promotion() if last else [])
+        for name, verdict in promoted:
+            self._sup.record(TrialDecision(pipeline=name, action="promote", rung=verdict.rung,
+                                           value=verdict.value, cutoff=verdict.cutoff, reason=verdict.reason))
+            self.waking.add(name)
+        self._wake()
+        return len(promoted)
+
+    def _wake(self) -> None:
+        """Queue again each promoted trial whose pause has ended (one still stopping waits for its end)."""
+        for name in sorted(self.waking):
+            if self._sup.view(name).state.final:
+                self.waking.discard(name)
+                self._sup.restart(name)  # PRUNED -> QUEUED: it trains on from its checkpoint
+
+    def settle(self) -> bool:
+        """Every trial has ended and every result is in: promote whoever qualifies now (True: the sweep goes
+        on), else cut the trials still paused, for good (False)."""
+        if not isinstance(self.rule, PromotingAsha):
+            return False
+        if self._promote(last=True) or self.waking:  # queued again, or to be once its pause has ended
+            return True
+        for name, verdict in self.rule.unpromoted():
+            self._sup.record(TrialDecision(pipeline=name, action="prune", rung=verdict.rung, value=verdict.value,
+                                           cutoff=verdict.cutoff, reason=verdict.reason))
+            view = self._sup.view(name)
+            self._sup.record(PipelineFinished(pipeline=name, status=S.PRUNED.value, reason=verdict.reason,
+                                              epoch=view.epoch, step=view.step))
+        return False

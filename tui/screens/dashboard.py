@@ -18,7 +18,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from ...engine.protocol.states import WorkerState
+from ...engine.protocol.states import PAUSED_AT, WorkerState
 from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Promote, Restart, Resume, Stacks, Stop, refusal
 from ..messages import CommandRequested
 from ..runstate import RunState
@@ -193,10 +193,11 @@ class DashboardScreen(Screen[None]):
 
     def _status(self) -> None:
         state = self.state
-        counts: dict[WorkerState, int] = {}
-        for row in state.rows.values():
-            counts[row.state] = counts.get(row.state, 0) + 1
-        summary = ", ".join(f"{n} {s.value}" for s, n in counts.items()) or "no pipelines yet"
+        counts: dict[str, int] = {}
+        for row in state.rows.values():  # a sweep's trial paused at a rung is no pruned one yet
+            key = "paused at a rung" if row.finish_reason.startswith(PAUSED_AT) else row.state.value
+            counts[key] = counts.get(key, 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no pipelines yet"
         tag = "  [reverse] read-only [/reverse]" if state.read_only else ""
         done = "  [b]finished[/b]" if state.finished else ""
         added = f" + {', '.join(state.added)}" if state.added else ""  # the run keeps its first config's name

@@ -22,7 +22,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from ...engine.protocol.progress import PipelineProgress
-from ...engine.protocol.states import WorkerState, ended_label
+from ...engine.protocol.states import PAUSED_AT, WorkerState, ended_label
 from ..formats import fmt_count, fmt_device, fmt_duration, fmt_num, fmt_quiet, metric_label
 
 S = WorkerState
@@ -65,14 +65,18 @@ def fmt_try(row: PipelineProgress, width: int) -> str:
     return full if len(full) <= width else short
 
 
-def state_text(row: PipelineProgress, now: float) -> str:
+def state_text(row: PipelineProgress, now: float, width: int = 0) -> str:
     """Its state as people read it: 'early stop' and 'never ran' once ended, 'stall 6m' while it makes no step,
-    'r1 1.6x' while a straggler slows its gang."""
+    'r1 1.6x' while a straggler slows its gang, 'paused at rung 2' ('paused r2' within `width` cells) for a
+    sweep's trial waiting to be promoted."""
     if row.stalled_since is not None and row.state in (WorkerState.STARTING, WorkerState.RUNNING):
         return f"stall {fmt_quiet(now - row.stalled_since)}"
     if row.straggler and row.state == WorkerState.RUNNING:  # a gang's rank behind the others: "r1 1.6x"
         return row.straggler
-    return ended_label(row.state, row.finish_reason)
+    text = ended_label(row.state, row.finish_reason)
+    if width and len(text) > width and text.startswith(PAUSED_AT):
+        return f"paused r{text[len(PAUSED_AT):]}"
+    return text
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ class Column:
 COLUMNS = (
     Column("name", "pipeline", 14, lambda r, now, w: r.name, True),
     Column("device", "device", 6, lambda r, now, w: fmt_device(r.device, w), True),
-    Column("state", "state", 10, lambda r, now, w: state_text(r, now), True),
+    Column("state", "state", 10, lambda r, now, w: state_text(r, now, w), True),
     Column("attempt", "try", 7, lambda r, now, w: fmt_try(r, w), True),
     Column("step", "epoch step", 12, lambda r, now, w: fmt_epoch_step(r, w), True),
     Column("progress", "progress", 10, lambda r, now, w: fmt_progress(r, w), False),

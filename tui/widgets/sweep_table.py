@@ -19,6 +19,7 @@ from .pipeline_table import Column, PipelineTable, state_text
 
 VALUE_WIDTH = (4, 12)  # cells a value column takes at least and at most
 NAME_WIDTH = 30  # at most, for the trial's name where there is room
+STATE_WIDTH = (10, 16)  # cells the state takes, up to 'paused at rung 2' whole while a trial reads so
 BORDER = 2
 
 
@@ -76,7 +77,9 @@ class SweepTable(PipelineTable):
         """Take the ranked rows (`progress`: each trial's live figures, for its state and epoch; `marks`: the
         chart's glyph of the trials it overlays); keep the cursor on the trial it was on."""
         marks = marks or {}
-        columns = [_column("rank", "#", 3), *value_columns(rows), _column("state", "state", 10),
+        states = {r.name: state_text(progress[r.name], now) if r.name in progress else r.state for r in rows}
+        state_width = min(max([STATE_WIDTH[0], *map(cell_len, states.values())]), STATE_WIDTH[1])
+        columns = [_column("rank", "#", 3), *value_columns(rows), _column("state", "state", state_width),
                    _column("best", f"best {metric_label(metric)}", 10), _column("rung", "rung", 4),
                    _column("epoch", "epoch", 5)]
         used = sum(c.width + 1 for c in columns)
@@ -92,7 +95,7 @@ class SweepTable(PipelineTable):
             cells[row.name] = {
                 "rank": f"{i + 1}{marks.get(row.name, '')}", "name": row.name,
                 **{f"value:{k}": short_value(v) for k, v in row.values.items()},
-                "state": state_text(live, now) if live is not None else row.state,
+                "state": states[row.name],
                 "best": fmt_num(row.best, 10), "rung": fmt_rung(row.rung), "epoch": fmt_epoch(live)}
             self.states[row.name] = live.state if live is not None else WorkerState.QUEUED
             self.stalled[row.name] = cells[row.name]["state"].startswith("stall ")
