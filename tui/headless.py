@@ -8,9 +8,7 @@ SIGTERM and SIGHUP stop gracefully too. The exit status says how the run ended.
 """
 from __future__ import annotations
 
-import asyncio
 import math
-import signal
 import sys
 import time
 from pathlib import Path
@@ -25,7 +23,6 @@ from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop,
 from ..engine.protocol.health import Alert, Straggler, Triage
 from ..engine.protocol.names import ExitReason, PipelineKind, ValidationMode
 from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
-from ..engine.supervise.supervisor import Supervisor
 from .formats import quiet_text, straggler_text
 
 EXIT_OK = 0
@@ -355,47 +352,3 @@ def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = 
         return run_detached(Path(config.source), Path(runs_dir) if runs_dir else None, out)
     return run_service_headless(Path(config.source), Path(runs_dir) if runs_dir else None, printer,
                                 check_builds=held, err=err)
-
-
-async def run_headless(config: RunConfig | None, runs_dir: str | None = None, out: TextIO = sys.stdout,
-                       supervisor: Supervisor | None = None, printer: LinePrinter | None = None) -> int:
-    """Run `config` (or carry on `supervisor`'s run) to the end, printing to `out` (or through `printer`,
-    whose clock may have started earlier); returns the exit status."""
-    if supervisor is None:
-        assert config is not None
-        supervisor = Supervisor(config, runs_dir=runs_dir)
-    if printer is None:
-        printer = LinePrinter(out, supervisor.config.validation.metric)
-    stream = supervisor.subscribe()
-    loop = asyncio.get_running_loop()
-    interrupts = 0
-
-    def on_interrupt(signame: str) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts == 1 and signame == "SIGINT":
-            supervisor.stop(reason="interrupted")
-            printer.write("\nstopping every pipeline gracefully (Ctrl-C again to kill)\n")
-        elif interrupts == 1:
-            supervisor.stop(reason=signame)
-            printer.write(f"\n{signame}: stopping every pipeline gracefully\n")
-        elif signame == "SIGINT":
-            for view in supervisor.views():
-                supervisor.kill(view.name)
-            printer.write("\nkilling every pipeline\n")
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        loop.add_signal_handler(sig, on_interrupt, signal.Signals(sig).name)
-    try:
-        await supervisor.start()
-        async for event in stream:
-            printer.handle(event)
-            if isinstance(event, RunFinished):
-                break
-        statuses = await supervisor.wait()
-    finally:
-        await supervisor.shutdown(graceful=False, timeout=0)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
-    printer.write(f"run directory: {supervisor.run_dir}\n")
-    return exit_status(statuses)
