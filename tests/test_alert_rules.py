@@ -125,3 +125,25 @@ def test_alert_keys_are_checked_naming_the_key(tmp_path):
     with pytest.raises(ConfigError) as err:
         make_config(tmp_path, [{"name": "a"}], alerts={"straggler": 0.9})
     assert "alerts.straggler" in str(err.value)
+
+
+def snapshot(util: int | None, t: float, owner: str = "a"):
+    from torchherd.engine.protocol.telemetry import GpuProcess, GpuSample, TelemetrySnapshot
+
+    gpu = GpuSample(index=0, uuid="GPU-0", name="fake", util_gpu=util, processes=(GpuProcess(pid=11, used_memory=1 << 30, owner=owner),))
+    return TelemetrySnapshot(gpus=(gpu,), time=t)
+
+
+def test_a_running_pipelines_idle_gpu_is_one_alert_after_its_minutes_and_busy_again_resets_it():
+    r = rules(idle_gpu=5.0, idle_minutes=10.0)
+    assert r.idle(snapshot(2, 0.0)) == [] and r.idle(snapshot(2, 599.0)) == []
+    [alert] = r.idle(snapshot(0, 600.0))
+    assert alert.rule == "idle" and alert.pipeline == "a" and "0% of the time for 10.0 min" in alert.message
+    assert r.idle(snapshot(0, 700.0)) == []  # one per interval
+    r = rules(idle_gpu=5.0, idle_minutes=10.0)
+    assert r.idle(snapshot(0, 0.0)) == [] and r.idle(snapshot(50, 300.0)) == [] and r.idle(snapshot(0, 400.0)) == []
+    assert r.idle(snapshot(0, 900.0)) == []  # idle again only since 400 s
+    assert rules(idle_gpu=5.0, idle_minutes=0).idle(snapshot(0, 0.0), paused=frozenset({"a"})) == []
+    assert rules(idle_gpu=0).idle(snapshot(0, 1e6)) == []  # off
+    assert rules(idle_minutes=0).idle(snapshot(None, 0.0)) == []  # no reading is no idle
+    assert rules(idle_minutes=0).idle(snapshot(0, 0.0, owner="other")) == []  # someone else's process

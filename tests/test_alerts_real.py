@@ -92,3 +92,31 @@ async def test_the_webhook_gets_the_alert_as_json_and_a_refusing_one_costs_the_r
         [body] = Hook.bodies
         assert (body["type"], body["rule"], body["pipeline"], body["run"]) == ("alert", "nan", "a", sup.run_id)
         assert notices == []
+
+
+async def test_a_running_pipeline_whose_gpu_sits_idle_is_one_alert_and_one_run_of_the_command(tmp_path, fake_nvml):
+    # The fake NVIDIA driver lists the worker's pid on gpu0 at 0% utilisation; the pipeline trains on a CPU slot
+    # (this torch may have no CUDA), held at a gate so it runs for as long as the test needs.
+    from tests.nvml_fake import FakeGpu, GiB
+    from torchherd.engine.protocol.messages import WorkerStarted
+
+    fake_nvml.gpus = [FakeGpu(util_gpu=0)]
+    fake_nvml.write()
+    told, gate = tmp_path / "told.txt", tmp_path / "gate"
+    cfg = faulty_config(tmp_path, [{"name": "a", "params": {"samples": 640, "gate_file": str(gate), "gate_at_call": 3}}],
+                        defaults={"max_epochs": 1}, devices={"placement": "cpu", "cpu_slots": 1},
+                        validation={"mode": "off"}, telemetry={"interval": 0.05, "persist_every": 0.05},
+                        alerts={"idle_minutes": 0.01, "command": [sys.executable, "-c", WRITE, str(told), "{rule}",
+                                                                  "{title}"]})
+    sup = Supervisor(cfg)
+    async with supervised(sup) as stream:
+        started = await wait_for(stream, lambda e: isinstance(e, WorkerStarted) and e.pipeline == "a")
+        fake_nvml.gpus[0].processes = [(started.pid, 2 * GiB)]
+        fake_nvml.write()
+        alert = await wait_for(stream, lambda e: isinstance(e, Alert) and e.rule == "idle")
+        assert alert.pipeline == "a" and "0% of the time" in alert.message
+        gate.touch()
+        assert await finish(sup) == {"a": "completed"}
+    assert [(e.rule, e.pipeline) for e in read_events(sup.run_dir) if isinstance(e, Alert)] == [("idle", "a")]
+    await asyncio.to_thread(poll_until, lambda: told.exists() and told.read_text().strip(), 30, "the command's line")
+    assert told.read_text().splitlines() == ["idle|a: GPU idle"]

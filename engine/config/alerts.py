@@ -9,7 +9,8 @@ COMMAND_FIELDS = ("title", "message", "rule", "pipeline", "run")  # what `comman
 
 
 class AlertsConfig(BaseModel):
-    """Alerts on what the supervisor sees: NaN loss, a loss spike, a stall, a straggler, out of memory, a full disk."""
+    """Alerts on what the supervisor sees: NaN loss, a loss spike, a stall, a straggler, out of memory, an idle
+    GPU, a full disk."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -31,6 +32,10 @@ class AlertsConfig(BaseModel):
         "A step's loss this many robust z-scores (median and MAD of the recent window) above the window's "
         "median is a loss spike."))
     spike_window: int = Field(50, ge=10, description="Step reports in the loss spike rule's window.")
+    idle_gpu: float = Field(5.0, ge=0, le=100, description=(
+        "Alert when a running pipeline's GPUs ran kernels less than this percent of the time for "
+        "idle_minutes (NVML's utilisation; a job stuck on data or a lost process); 0 turns the rule off."))
+    idle_minutes: float = Field(10.0, ge=0, description="Minutes of idle GPU before the idle rule alerts.")
     disk_free: float = Field(0.05, ge=0, lt=1, description=(
         "Alert when the runs folder's disk has less than this share free (0.05: 5%); 0 turns the rule off."))
 

@@ -2,7 +2,8 @@
 
 `AlertRules.take(event)` returns the alerts an event raises: a NaN or infinite loss, a
 loss spike (a robust z-score over the recent step reports), a stall, a straggler, an
-out-of-memory crash; `disk(free, total)` the runs folder's disk almost full. One alert
+out-of-memory crash; `idle(snapshot)` a running pipeline's GPU idle for minutes (NVML's
+utilisation in telemetry); `disk(free, total)` the runs folder's disk almost full. One alert
 per rule and pipeline per `interval`; the next one counts those held back. Pure logic.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import deque
 from ..config.alerts import AlertsConfig
 from ..protocol.health import Alert, Straggler
 from ..protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerError, WorkerExited
+from ..protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, TelemetrySnapshot
 
 MAD_SCALE = 1.4826  # the MAD of normal data times this is its standard deviation
 MIN_SPREAD = 1e-6  # a window of identical losses: a spike must still exceed them by this much (relative)
@@ -42,6 +44,7 @@ class AlertRules:
         self.losses: dict[str, deque[float]] = {}  # pipeline -> its recent step losses
         self.last: dict[tuple[str, str], float] = {}  # (rule, pipeline) -> when its last alert went out
         self.held: dict[tuple[str, str], int] = {}  # (rule, pipeline) -> alerts held back since then
+        self.idle_since: dict[str, float] = {}  # pipeline -> when its GPUs last went idle
 
     def take(self, event: Event) -> list[Alert]:
         """The alerts `event` raises (after the rate limit: [] when one went out for its rule lately)."""
@@ -78,6 +81,32 @@ class AlertRules:
                 f"loss {loss:.4g} at step {event.step} is {z:.0f} robust z-scores above the last "
                 f"{len(window)} reports' median {statistics.median(window):.4g}")))
         window.append(loss)
+        return found
+
+    def idle(self, snapshot: TelemetrySnapshot, paused: frozenset[str] = frozenset()) -> list[Alert]:
+        """The idle-GPU alert for each pipeline (but the `paused` ones) whose GPUs, those NVML lists its processes
+        on, all ran kernels less than `idle_gpu` percent of the time for `idle_minutes`."""
+        if not self.config.idle_gpu:
+            return []
+        busiest: dict[str, int] = {}  # pipeline -> the highest utilisation among its GPUs
+        for gpu in snapshot.gpus:
+            if gpu.util_gpu is None:
+                continue
+            for proc in gpu.processes or ():
+                if proc.owner not in (OWNER_OTHER, OWNER_UNKNOWN, *paused):
+                    busiest[proc.owner] = max(busiest.get(proc.owner, 0), gpu.util_gpu)
+        now, found = snapshot.time, []
+        for name in [n for n in self.idle_since if busiest.get(n, 100) >= self.config.idle_gpu]:
+            del self.idle_since[name]  # busy again, or no longer on a GPU
+        for name, used in busiest.items():
+            if used >= self.config.idle_gpu:
+                continue
+            quiet = now - self.idle_since.setdefault(name, now)
+            if quiet >= self.config.idle_minutes * 60:
+                alert = self._limit(self._alert("idle", name, f"{name}: GPU idle", (
+                    f"its GPU ran kernels {used}% of the time for {quiet / 60:.1f} min while it runs "
+                    "(stuck on data, or waiting on something?)")), now)
+                found += [alert] if alert is not None else []
         return found
 
     def disk(self, free: int, total: int, path: str, now: float) -> list[Alert]:

@@ -17,6 +17,8 @@ from typing import Any
 from ..protocol.health import Alert, RankPace, Triage
 from ..protocol.records import to_record
 from ..protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerStarted
+from ..protocol.states import WorkerState
+from ..protocol.telemetry import TelemetrySnapshot
 from .alert_rules import AlertRules
 from .commands import STACKS_ASKED
 from .stragglers import StragglerWatch
@@ -48,6 +50,10 @@ class HealthWatch:
     def on_event(self, event: Any, line: bytes = b"", kept: bool = True) -> None:
         if isinstance(event, StepMetrics):
             self._raise(self.rules.take(event))
+            return
+        if isinstance(event, TelemetrySnapshot):  # a paused pipeline's GPU is idle on purpose
+            paused = frozenset(v.name for v in self._sup.views() if v.state == WorkerState.PAUSED)
+            self._raise(self.rules.idle(event, paused))
             return
         if isinstance(event, WorkerStarted):
             self.gangs[event.pipeline] = (event.attempt, max(len(event.pids), 1))
