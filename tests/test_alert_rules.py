@@ -147,3 +147,22 @@ def test_a_running_pipelines_idle_gpu_is_one_alert_after_its_minutes_and_busy_ag
     assert rules(idle_gpu=0).idle(snapshot(0, 1e6)) == []  # off
     assert rules(idle_minutes=0).idle(snapshot(None, 0.0)) == []  # no reading is no idle
     assert rules(idle_minutes=0).idle(snapshot(0, 0.0, owner="other")) == []  # someone else's process
+
+
+def test_a_validator_that_falls_behind_is_one_alert_and_a_background_score_resets_the_count():
+    from torchherd.engine.protocol.messages import SnapshotTaken, ValResult
+
+    def taken(seq: int) -> SnapshotTaken:
+        return SnapshotTaken(pipeline="a", seq=seq, epoch=0, step=10 * seq, slot=0, stall_ms=1.0, nbytes=1, time=float(seq))
+
+    r = rules(validator_behind=3)
+    assert r.take(taken(1)) == [] and r.take(taken(2)) == []
+    [alert] = r.take(taken(3))
+    assert alert.rule == "validator" and "3 snapshots handed off" in alert.message
+    assert r.take(taken(4)) == []  # one per interval
+    r = rules(validator_behind=3)
+    for seq in range(1, 10):  # a score after every second snapshot: never behind
+        assert r.take(taken(seq)) == []
+        if seq % 2 == 0:
+            assert r.take(ValResult(pipeline="a", epoch=0, step=10 * seq, metrics={}, mode="background")) == []
+    assert rules(validator_behind=0).take(taken(99)) == []

@@ -10,7 +10,7 @@ COMMAND_FIELDS = ("title", "message", "rule", "pipeline", "run")  # what `comman
 
 class AlertsConfig(BaseModel):
     """Alerts on what the supervisor sees: NaN loss, a loss spike, a stall, a straggler, out of memory, an idle
-    GPU, a full disk."""
+    GPU, a validator falling behind, a full disk."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -36,6 +36,9 @@ class AlertsConfig(BaseModel):
         "Alert when a running pipeline's GPUs ran kernels less than this percent of the time for "
         "idle_minutes (NVML's utilisation; a job stuck on data or a lost process); 0 turns the rule off."))
     idle_minutes: float = Field(10.0, ge=0, description="Minutes of idle GPU before the idle rule alerts.")
+    validator_behind: int = Field(3, ge=0, description=(
+        "Alert when this many snapshots of a pipeline were handed off since the background validator last "
+        "scored one of its weights (results lag training); 0 turns the rule off."))
     disk_free: float = Field(0.05, ge=0, lt=1, description=(
         "Alert when the runs folder's disk has less than this share free (0.05: 5%); 0 turns the rule off."))
 

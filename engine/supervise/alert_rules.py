@@ -3,7 +3,7 @@
 `AlertRules.take(event)` returns the alerts an event raises: a NaN or infinite loss, a
 loss spike (a robust z-score over the recent step reports), a stall, a straggler, an
 out-of-memory crash; `idle(snapshot)` a running pipeline's GPU idle for minutes (NVML's
-utilisation in telemetry); `disk(free, total)` the runs folder's disk almost full. One alert
+utilisation in telemetry); the validator falling behind; `disk(free, total)` the runs folder's disk almost full. One alert
 per rule and pipeline per `interval`; the next one counts those held back. Pure logic.
 """
 from __future__ import annotations
@@ -14,7 +14,9 @@ from collections import deque
 
 from ..config.alerts import AlertsConfig
 from ..protocol.health import Alert, Straggler
-from ..protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerError, WorkerExited
+from ..protocol.messages import (Event, Notice, SnapshotTaken, Stalled, StepMetrics, ValResult, WorkerError,
+                                 WorkerExited)
+from ..protocol.names import ValidationMode
 from ..protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, TelemetrySnapshot
 
 MAD_SCALE = 1.4826  # the MAD of normal data times this is its standard deviation
@@ -45,6 +47,7 @@ class AlertRules:
         self.last: dict[tuple[str, str], float] = {}  # (rule, pipeline) -> when its last alert went out
         self.held: dict[tuple[str, str], int] = {}  # (rule, pipeline) -> alerts held back since then
         self.idle_since: dict[str, float] = {}  # pipeline -> when its GPUs last went idle
+        self.unscored: dict[str, int] = {}  # pipeline -> snapshots handed off since its last background result
 
     def take(self, event: Event) -> list[Alert]:
         """The alerts `event` raises (after the rate limit: [] when one went out for its rule lately)."""
@@ -55,6 +58,8 @@ class AlertRules:
         name = getattr(event, "pipeline", "")
         if isinstance(event, StepMetrics):
             return self._step(event)
+        if isinstance(event, (SnapshotTaken, ValResult)):
+            return self._behind(event)
         if isinstance(event, Notice) and is_nan_text(event.text):
             return [self._alert("nan", name, f"{name}: loss is not finite", event.text)]
         if isinstance(event, WorkerError) and "NonFiniteLoss" in event.error:
@@ -82,6 +87,20 @@ class AlertRules:
                 f"{len(window)} reports' median {statistics.median(window):.4g}")))
         window.append(loss)
         return found
+
+    def _behind(self, event: SnapshotTaken | ValResult) -> list[Alert]:
+        """The validator-behind alert once `validator_behind` snapshots wait since the pipeline's last score."""
+        name = event.pipeline
+        if isinstance(event, ValResult):
+            if event.mode == ValidationMode.BACKGROUND:
+                self.unscored[name] = 0
+            return []
+        self.unscored[name] = waiting = self.unscored.get(name, 0) + 1
+        if not self.config.validator_behind or waiting < self.config.validator_behind:
+            return []
+        return [self._alert("validator", name, f"{name}: validator behind", (
+            f"{waiting} snapshots handed off since the validator last scored {name}'s weights (at step "
+            f"{event.step} now): its results lag training"))]
 
     def idle(self, snapshot: TelemetrySnapshot, paused: frozenset[str] = frozenset()) -> list[Alert]:
         """The idle-GPU alert for each pipeline (but the `paused` ones) whose GPUs, those NVML lists its processes
