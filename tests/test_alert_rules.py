@@ -166,3 +166,21 @@ def test_a_validator_that_falls_behind_is_one_alert_and_a_background_score_reset
         if seq % 2 == 0:
             assert r.take(ValResult(pipeline="a", epoch=0, step=10 * seq, metrics={}, mode="background")) == []
     assert rules(validator_behind=0).take(taken(99)) == []
+
+
+def test_an_alert_is_text_in_its_pipelines_tensorboard_file(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchherd.engine.protocol.health import Alert
+    from torchherd.engine.rundir.tensorboard import TensorBoardExport
+
+    export = TensorBoardExport(tmp_path / "tb", make_config(tmp_path, [{"name": "a"}]))
+    export.on_event(step(0.5, 7))
+    export.on_event(Alert(pipeline="a", rule="spike", title="a: loss spike", message="loss 9 at step 7"))
+    export.close()
+    acc = EventAccumulator(str(tmp_path / "tb" / "a"), size_guidance={"tensors": 0})
+    acc.Reload()
+    [tag] = [t for t in acc.Tags()["tensors"] if t.startswith("alerts/spike")]
+    [written] = acc.Tensors(tag)
+    assert written.step == 7 and written.tensor_proto.string_val == [b"a: loss spike: loss 9 at step 7"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.schema import RunConfig
+from ..protocol.health import Alert
 from ..protocol.messages import EpochEnd, Event, PipelineFinished, RunFinished, StepMetrics, ValResult, WorkerStarted
 from ..protocol.progress import better, metric_value
 from ..protocol.records import from_record
@@ -141,6 +142,8 @@ class TensorBoardExport:
             self._telemetry(event)
         elif isinstance(event, PipelineFinished):
             self._finished(event)
+        elif isinstance(event, Alert):
+            self._alert(event)
         elif isinstance(event, RunFinished):
             self.close()
 
@@ -154,6 +157,17 @@ class TensorBoardExport:
             if p.pipeline in self._steps:
                 self._scalars(p.pipeline, (("process/cpu_percent", p.cpu_percent), ("process/rss_bytes", p.rss)),
                               self._steps[p.pipeline], snap.time)
+
+    def _alert(self, alert: Alert) -> None:
+        """An alert as text (TensorBoard's Text tab, tag alerts/RULE) at its pipeline's newest step; one of no
+        pipeline (the disk's) in the file of every pipeline written so far."""
+        from tensorboardX.summary import text
+
+        for name in [alert.pipeline] if alert.pipeline else list(self._writers):
+            w = self.writer(name)
+            w.summary(text(f"alerts/{alert.rule}", f"{alert.title}: {alert.message}"), self._steps.get(name, 0),
+                      alert.time)
+            w.flush()
 
     def _finished(self, event: PipelineFinished) -> None:
         """A trial's HParams session: its values with its best and last metric (TensorBoard's HParams tab)."""
