@@ -342,9 +342,13 @@ class ScriptAttempt(ClientFrames):
         for regex in self.regexes:
             if (match := regex.search(line)) is not None:
                 groups = match.groupdict()
-                self.prints_steps = False and groups.get("step") is not None or groups.get("epoch") is None
+                # a step report (not an epoch's end): from now on steps and output, not CPU, prove progress
+                self.prints_steps = self.prints_steps or groups.get("step") is not None or groups.get("epoch") is None
+                counted = self.events.epoch_base
                 for event in self.events.from_match(groups):
                     self._emit(event, parse_number(groups.get("loss")))
+                if counted is None and self.events.epoch_base is not None:
+                    self._save_state()  # how it counts epochs, kept at once: a gang's kill may end this attempt
                 matched = True
                 break
         # a script reporting through the client does not need its lines matched

@@ -67,7 +67,7 @@ class TrainerCheckpoints:
             self.sender.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
         if state is None:
             return
-        if note and self.lead:
+        if note and self.lead and self.sharded:  # "resharded: ..." (a plain checkpoint's note was warned above)
             self.sender.send(Notice(pipeline=self.name, level="info", text=f"checkpoint {path.name}: {note}"))
         if not self.sharded:
             self.model.load_state_dict(state["model"])
