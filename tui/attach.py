@@ -80,6 +80,31 @@ def run_service_headless(config: Path, runs_dir: Path | None, printer: LinePrint
     return status
 
 
+class ClientSignals:
+    """What a signal does to the run a client follows: SIGHUP (and SIGTERM to a client that did not start it,
+    and any signal to a read-only one) ends only the client; Ctrl-C stops the run gracefully, twice kills it."""
+
+    def __init__(self, run: Any, printer: LinePrinter, owner: bool, read_only: bool):
+        self.run, self.printer, self.owner, self.read_only = run, printer, owner, read_only
+        self.hung_up = asyncio.Event()  # the client ends; the run goes on
+        self.interrupts = 0
+
+    def __call__(self, sig: signal.Signals) -> None:
+        printer = self.printer
+        if sig == signal.SIGHUP or (sig == signal.SIGTERM and not self.owner) or self.read_only:
+            printer.gone = sig == signal.SIGHUP  # the terminal may be gone: print nothing more
+            self.hung_up.set()
+            return
+        self.interrupts += 1
+        if self.interrupts == 1:
+            self.run.stop(reason="interrupted" if sig == signal.SIGINT else sig.name)
+            printer.write("\nstopping every pipeline gracefully" +
+                          (" (Ctrl-C again to kill)\n" if sig == signal.SIGINT else f" ({sig.name})\n"))
+        elif sig == signal.SIGINT:
+            self.run.send("kill")
+            printer.write("\nkilling every pipeline\n")
+
+
 async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, owner: bool = False,
                      read_only: bool = False) -> int:
     """Print a live run's events until it finishes (its exit status), the terminal goes away or the run
@@ -99,24 +124,8 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
                 "Ctrl-C stops every pipeline (twice: kills them); closing this terminal leaves it going")
         printer.write(f"torchherd: following run {run_dir.name} ({run_dir}): {keys}\n")
     loop = asyncio.get_running_loop()
-    hung_up = asyncio.Event()
-    interrupts = 0
-
-    def on_signal(sig: signal.Signals) -> None:
-        nonlocal interrupts
-        if sig == signal.SIGHUP or (sig == signal.SIGTERM and not owner) or read_only:
-            printer.gone = sig == signal.SIGHUP  # the terminal may be gone: print nothing more
-            hung_up.set()
-            return
-        interrupts += 1
-        if interrupts == 1:
-            run.stop(reason="interrupted" if sig == signal.SIGINT else sig.name)
-            printer.write("\nstopping every pipeline gracefully" +
-                          (" (Ctrl-C again to kill)\n" if sig == signal.SIGINT else f" ({sig.name})\n"))
-        elif sig == signal.SIGINT:
-            run.send("kill")
-            printer.write("\nkilling every pipeline\n")
-
+    on_signal = ClientSignals(run, printer, owner, read_only)
+    hung_up = on_signal.hung_up
     for sig in SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
     if from_start and not owner:  # its history arrives at once: timed by the run's own clock
