@@ -1,26 +1,65 @@
-"""torchherd's engine: configs, supervised training processes and their events; no UI code.
+"""torchherd's engine, and the seam the app and the command line use it through: every name they need, here.
 
-Import what you need from here (`from torchherd.engine import Supervisor`); each name loads its module on
-first use, so a worker child or the app importing one sub-package pays for no other, and none loads
-torch or Textual.
+`from torchherd.engine import load_config, RemoteRun` loads each name's module on first use, so a worker
+child or the app importing one name pays for no other, and none loads torch or Textual. Outside the engine,
+only this module and `engine.protocol` (the event and command types) are imported (tests/test_boundary.py);
+`LiveRun` is what a live run offers, in-process or over its socket.
 """
+from __future__ import annotations
+
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 _WHERE = {  # name -> the module that defines it
-    "CheckReport": ".preflight.check", "check_config": ".preflight.check",
-    "load_config": ".config.load",
+    # configs: read, checked, labelled
     "ConfigError": ".config.problems", "Problem": ".config.problems",
-    "RunConfig": ".config.schema",
-    "Event": ".protocol.messages",
-    "WorkerState": ".protocol.states",
-    "PipelineView": ".supervise.supervisor", "Supervisor": ".supervise.supervisor",
-    "Task": ".runners.task.api",
+    "RunConfig": ".config.schema", "load_config": ".config.load", "labelled": ".config.labels",
+    "CheckReport": ".preflight.check", "check_config": ".preflight.check",
+    "ProbeCancelled": ".preflight.probe", "pending_jobs": ".preflight.probe", "plan_jobs": ".preflight.probe",
+    "probe_tasks": ".preflight.probe",
+    # run directories: what a run left, live or ended
+    "RunSummary": ".rundir.directory", "list_runs": ".rundir.directory", "load_resolved_configs": ".rundir.directory",
+    "read_events": ".rundir.directory", "run_held": ".rundir.directory", "summarize": ".rundir.directory",
+    "read_history": ".rundir.history", "export_run": ".rundir.tensorboard",
+    # live runs: started as a service, found, reached
+    "LiveRun": ".live", "EventStream": ".supervise.bus",
+    "Supervisor": ".supervise.supervisor", "PipelineView": ".supervise.supervisor",
+    "ServiceFailed": ".serve.service", "StartCancelled": ".serve.service", "spawn": ".serve.service",
+    "NotLive": ".serve.remote", "RemoteRun": ".serve.remote",
+    "clean_stale": ".serve.runtime", "live_runs": ".serve.runtime", "read_control": ".serve.runtime",
+    "Ledger": ".hardware.ledger",
+    # what training code and scripts use
+    "Task": ".runners.task.api", "uses_client": ".runners.script",
+    "Event": ".protocol.messages", "WorkerState": ".protocol.states",
 }
 
 __all__ = sorted(_WHERE)
 
+if TYPE_CHECKING:  # the same names, for type checkers and readers (kept equal to _WHERE by tests/test_seam.py)
+    from .config.labels import labelled
+    from .config.load import load_config
+    from .config.problems import ConfigError, Problem
+    from .config.schema import RunConfig
+    from .hardware.ledger import Ledger
+    from .live import LiveRun
+    from .preflight.check import CheckReport, check_config
+    from .preflight.probe import ProbeCancelled, pending_jobs, plan_jobs, probe_tasks
+    from .protocol.messages import Event
+    from .protocol.states import WorkerState
+    from .rundir.directory import (RunSummary, list_runs, load_resolved_configs, read_events, run_held,
+                                   summarize)
+    from .rundir.history import read_history
+    from .rundir.tensorboard import export_run
+    from .runners.script import uses_client
+    from .runners.task.api import Task
+    from .serve.remote import NotLive, RemoteRun
+    from .serve.runtime import clean_stale, live_runs, read_control
+    from .serve.service import ServiceFailed, StartCancelled, spawn
+    from .supervise.bus import EventStream
+    from .supervise.supervisor import PipelineView, Supervisor
 
-def __getattr__(name: str):
+
+def __getattr__(name: str) -> object:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(import_module(_WHERE[name], __name__), name)

@@ -143,3 +143,44 @@ def test_no_module_grows_past_400_lines():
             *Path(torchherd.__path__[0]).glob("*.py")]
     long = {str(p): n for p in tree if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"split these: {long}"
+
+
+def tui_root() -> Path:
+    import torchherd.tui
+    return Path(torchherd.tui.__path__[0])
+
+
+def engine_imports_past_the_seam(path: Path, root: Path) -> set[str]:
+    """The engine modules a tui/ file imports other than the seam (`torchherd.engine`) and `engine.protocol`."""
+    package = ["torchherd", "tui", *path.relative_to(root).parent.parts]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            names = [".".join(base + ([node.module] if node.module else []))]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found.update(n for n in names if n.startswith("torchherd.engine.")
+                     and not n.startswith("torchherd.engine.protocol"))
+    return found
+
+
+def test_the_app_reaches_the_engine_through_the_seam_alone():
+    """tui/ imports `torchherd.engine` (engine/__init__.py: the seam) and `engine.protocol` (the event types), nothing
+    deeper: what the app needs of the engine is written down in one module."""
+    root = tui_root()
+    files = sorted(root.rglob("*.py"))
+    assert len(files) >= 20
+    found = {f"{p.relative_to(root)}: {name}" for p in files for name in engine_imports_past_the_seam(p, root)}
+    assert found == set()
+
+
+def test_the_seam_check_sees_an_import_past_it(tmp_path):
+    widget = tmp_path / "widgets" / "x.py"
+    widget.parent.mkdir()
+    widget.write_text("from ...engine.serve.remote import RemoteRun\nfrom ...engine import RemoteRun\n"
+                      "from ...engine.protocol.states import WorkerState\nimport torchherd.engine.rundir.history\n")
+    assert engine_imports_past_the_seam(widget, tmp_path) == {"torchherd.engine.serve.remote",
+                                                              "torchherd.engine.rundir.history"}

@@ -129,7 +129,7 @@ class TorchherdApp(App[int]):
         if kind == "attach":
             await self._attach(path)
             return
-        from ..engine.config.problems import ConfigError
+        from ..engine import ConfigError
 
         adding = self.bridge.live
         try:
@@ -156,7 +156,7 @@ class TorchherdApp(App[int]):
             self._show_dashboard(self.bridge.state)
 
     async def _attach(self, run_dir: Path, read_only: bool = False) -> None:
-        from ..engine.rundir.directory import run_held
+        from ..engine import run_held
 
         self.attached = True
         try:

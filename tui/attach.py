@@ -26,7 +26,7 @@ def attach_command(run_dir: Path) -> str:
 def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr, check_builds: bool = False):
     """Spawn the run's service (blocking); None, with the reasons on `err`, when it did not start; EXIT_STOPPED
     when Ctrl-C cancelled the start (the service stopped what it had started and kept no run)."""
-    from ..engine.serve.service import ServiceFailed, StartCancelled, spawn
+    from ..engine import ServiceFailed, StartCancelled, spawn
 
     try:
         return spawn(config=config, runs_dir=runs_dir, check_builds=check_builds)
@@ -109,8 +109,8 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
                      read_only: bool = False) -> int:
     """Print a live run's events until it finishes (its exit status), the terminal goes away or the run
     is cut short (EXIT_FAILED)."""
-    from ..engine.rundir.directory import run_held
-    from ..engine.serve.remote import NotLive, RemoteRun
+    from ..engine import run_held
+    from ..engine import NotLive, RemoteRun
 
     try:
         run = await RemoteRun.connect(run_dir, read_only=read_only, history=from_start)
@@ -160,8 +160,8 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
 def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int:
     """A run nobody supervises any more: its history (with `from_start`), how it ended, and the status that
     following it to its end would have given; EXIT_FAILED when it was cut short."""
-    from ..engine.rundir.directory import summarize
-    from ..engine.rundir.history import read_history
+    from ..engine import summarize
+    from ..engine import read_history
     from .control import state_of
 
     if from_start:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .sessions import ServiceSession, Session
 
 if TYPE_CHECKING:  # the config's schema (pydantic) loads when a config is launched, not with the first screen
-    from ..engine.config.schema import RunConfig
+    from ..engine import RunConfig
     from .commands import PipelineCommand
     from .runstate import RunState
 
@@ -48,7 +48,7 @@ def check_config_file(path: Path, runs_dir: Path | None = None) -> ConfigCheck:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         return ConfigCheck(path, "", False, problems=[f"{path}: cannot read: {exc.strerror}"])
-    from ..engine.preflight.check import check_config
+    from ..engine import check_config
 
     report = check_config(path, runs_dir=runs_dir)
     return ConfigCheck(path, text, report.ok, list(report.lines), [str(p) for p in report.problems])
@@ -87,7 +87,7 @@ class PastRun:
 
 def list_past_runs(runs_dir: Path) -> list[PastRun]:
     """Past runs under `runs_dir`, newest first (blocking: use a thread)."""
-    from ..engine.rundir.directory import list_runs
+    from ..engine import list_runs
 
     try:
         return [PastRun(r.run_id, r.path, r.started, r.status, tuple(r.pipelines), r.resumable, r.to_resume, r.live)
@@ -110,7 +110,7 @@ def with_saved_metric(state: RunState, run_dir: Path) -> RunState:
 
 def replay_run(run_dir: Path) -> RunState:
     """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
-    from ..engine.rundir.directory import read_events
+    from ..engine import read_events
 
     from .ranking import saved_sweep
     from .runstate import RunState
@@ -143,7 +143,7 @@ def _saved(checkpoints: Path) -> bool:
 
 def run_end(run_dir: Path) -> RunEnd:
     """How the run in `run_dir` ended, where it is, how to carry it on (blocking: reads events.jsonl)."""
-    from ..engine.rundir.directory import summarize
+    from ..engine import summarize
 
     from .headless import EXIT_FAILED, exit_status
 
@@ -181,7 +181,7 @@ class Bridge:
         self.runs_dir = runs_dir
         self._state: RunState | None = None  # made on first use: the run state's modules load after the first frame
         self._factory = factory or service_session
-        self._sup: Session | None = None
+        self._session: Session | None = None
         self._consumer: asyncio.Task | None = None
         self._closed = False
         self._signalled = False  # a change signal is scheduled
@@ -208,27 +208,27 @@ class Bridge:
     @property
     def live(self) -> bool:
         """A supervisor session exists and has not been shut down."""
-        return self._sup is not None and not self._closed
+        return self._session is not None and not self._closed
 
     @property
     def alive(self) -> bool:
         """Some worker process exists."""
-        return self.live and self._sup.alive
+        return self.live and self._session.alive
 
     @property
     def remote(self) -> bool:
         """The session's run lives in a service of its own: the app can leave it running."""
-        return self.live and self._sup.remote
+        return self.live and self._session.remote
 
     async def launch(self, path: Path) -> list[str]:
         """Start a session with this config, or add it to the running one; raises ConfigError."""
-        from ..engine.config.load import load_config
+        from ..engine import load_config
 
         from .runstate import RunState
 
         config = load_config(path)
         if self.live:
-            return await self._sup.add_config(config)
+            return await self._session.add_config(config)
         if self._closed:
             raise RuntimeError("the session has ended")
         made = self._factory(config, self.runs_dir)
@@ -263,7 +263,7 @@ class Bridge:
     async def detach(self) -> None:
         """Leave a remote session's run going and end this app's part in it."""
         if self.live:
-            await self._sup.detach()
+            await self._session.detach()
         self._closed = True
         if self._consumer is not None:
             self._consumer.cancel()
@@ -276,7 +276,7 @@ class Bridge:
             from .ranking import saved_sweep
 
             state.set_sweep(await asyncio.to_thread(saved_sweep, session.run_dir))
-        self._sup = session
+        self._session = session
         self.remember(session.run_dir)
         stream = session.subscribe()
         for event in stream.waiting(FOLD_AT_ONCE):  # the history, folded before the first frame: it draws whole
@@ -295,33 +295,33 @@ class Bridge:
 
         if not self.live:
             raise RuntimeError("this run is read-only" if self.state.read_only else "no run is active")
-        sup, name = self._sup.sup, command.pipeline
+        run, name = self._session.run, command.pipeline
         match command:
             case Kill():
-                sup.kill(name)
+                run.kill(name)
             case Restart():
-                sup.restart(name)
+                run.restart(name)
             case Pause():
-                sup.pause(name)
+                run.pause(name)
             case Resume():
-                sup.resume(name)
+                run.resume(name)
             case Stop():
-                sup.stop(name)
+                run.stop(name)
             case Checkpoint():
-                sup.checkpoint(name)
+                run.checkpoint(name)
             case Stacks():
-                sup.stacks(name)
+                run.stacks(name)
             case Promote():
-                sup.promote(name)
+                run.promote(name)
             case _:
                 raise TypeError(f"not a pipeline command: {command!r}")
 
     async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
         """Stop (gracefully: checkpoint first) or kill every worker and end the session."""
-        if self._sup is None or self._closed:
+        if self._session is None or self._closed:
             self._closed = True
             return
-        await self._sup.shutdown(graceful=graceful, timeout=timeout)
+        await self._session.shutdown(graceful=graceful, timeout=timeout)
         self._closed = True
         if self._consumer is not None:
             try:
@@ -333,7 +333,7 @@ class Bridge:
     async def close(self) -> None:
         """End a session whose pipelines are all final, so that the next launch starts a new one."""
         await self.shutdown(graceful=True, timeout=5.0)
-        self._sup, self._consumer, self._closed = None, None, False
+        self._session, self._consumer, self._closed = None, None, False
         self._state = None
 
     # ------------------------------------------------------------ internals
@@ -350,11 +350,11 @@ class Bridge:
             burst += 1
             if burst % 2000 == 0:
                 await asyncio.sleep(0)  # a very long burst must not starve keys and redraws
-        if self.remote:  # its service has ended (with the run), or the connection under a run still going
+        if self.remote and isinstance(self._session, ServiceSession):  # its service ended, or the connection dropped
             if not self.state.finished:
                 from ..engine.protocol.messages import Notice
 
-                self.state.apply(Notice(level="error", text=await self._sup.sup.why_ended()))
+                self.state.apply(Notice(level="error", text=await self._session.why_ended()))
             self.state.live = False  # nothing will carry out a command now
         self._signal()
 

@@ -128,7 +128,7 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..engine.preflight.check import check_config
+    from ..engine import check_config
 
     report = check_config(args.config, probe=args.probe)
     print(report.render())
@@ -139,7 +139,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()  # headless lines count from here, not from when the run starts
     if not args.headless and not args.detach:  # the app opens at once and checks in its picker, before the
         return run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)  # engine loads
-    from ..engine.preflight.check import check_config
+    from ..engine import check_config
     from .headless import EXIT_CONFIG, check_and_run
 
     # The fast check first (milliseconds); building every task comes next, with progress shown:
@@ -179,8 +179,8 @@ def run_app_checked(config: Path, runs_dir: Path | None) -> int:
     app.run()
     if app.bridge.run_dirs or app.return_code:  # it launched: how it ended, and where
         return report_runs(app, launch=True)
-    from ..engine.preflight.check import check_config  # after the app: its first frame waits for no engine
-    from ..engine.preflight.probe import pending_jobs, probe_tasks
+    from ..engine import check_config  # after the app: its first frame waits for no engine
+    from ..engine import pending_jobs, probe_tasks
     from .headless import EXIT_CONFIG, EXIT_STOPPED
 
     report = check_config(config, runs_dir=runs_dir)
@@ -195,7 +195,7 @@ def run_app_checked(config: Path, runs_dir: Path | None) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from ..engine.rundir.directory import summarize
+    from ..engine import summarize
     from .control import BadRun, resolve_run
 
     try:
@@ -227,7 +227,7 @@ def _resume(args: argparse.Namespace) -> int:
         from .app import run_app
 
         return run_app(run_dir, None, launch=True, only=only or None)
-    from ..engine.serve.service import ServiceFailed, StartCancelled, spawn
+    from ..engine import ServiceFailed, StartCancelled, spawn
     from .attach import follow_run, say_detached
     from .headless import EXIT_STOPPED, LinePrinter
 
@@ -264,7 +264,7 @@ def _attach(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..engine.rundir.tensorboard import export_run
+    from ..engine import export_run
     from .control import BadRun, resolve_run
 
     try:

@@ -38,7 +38,7 @@ def resolve_run(run: str | None, runs_dir: Path, live_only: bool = False) -> Pat
             raise BadRun(f"no live run of yours (none under {runs_dir} nor started elsewhere; start one with "
                          "`torchherd run CONFIG --detach`; `torchherd ls` lists the finished ones)")
         return live[0].path
-    from ..engine.serve.runtime import live_runs
+    from ..engine import live_runs
 
     for path in (Path(run), runs_dir / run, *(p for p in live_runs() if p.name == run)):
         if (path / "events.jsonl").exists():
@@ -49,8 +49,8 @@ def resolve_run(run: str | None, runs_dir: Path, live_only: bool = False) -> Pat
 def all_runs(runs_dir: Path) -> list:
     """The runs under `runs_dir` and the user's live runs started elsewhere (found through the runtime folder),
     newest first."""
-    from ..engine.rundir.directory import list_runs, summarize
-    from ..engine.serve.runtime import live_runs
+    from ..engine import list_runs, summarize
+    from ..engine import live_runs
 
     runs = list_runs(runs_dir)
     here = {r.path.resolve() for r in runs}
@@ -70,7 +70,7 @@ def state_of(summary) -> str:
 def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int:
     """`torchherd ls`: every run under `runs_dir` and every live run of the user's wherever it was started,
     newest first, with its state; stale sockets cleaned."""
-    from ..engine.serve.runtime import clean_stale, read_control
+    from ..engine import clean_stale, read_control
 
     runs = all_runs(runs_dir)
     pids: dict[Path, int | None] = {}
@@ -121,7 +121,7 @@ def fit_names(names: list[str] | tuple[str, ...], room: int) -> str:
 
 def machine_ledger() -> tuple[list, list]:
     """Every lease and live session of this user's device ledger on this machine (empty if unreadable)."""
-    from ..engine.hardware.ledger import Ledger
+    from ..engine import Ledger
 
     try:
         ledger = Ledger()
@@ -167,7 +167,7 @@ def act_command(verb: str, run: str, name: str | None, runs_dir: Path, out: Text
 
 
 async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextIO) -> int:
-    from ..engine.serve.remote import NotLive, RemoteRun
+    from ..engine import NotLive, RemoteRun
 
     live = action == "stacks"  # where its ranks are comes back as a triage event, once their stacks are in
     try:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from ..engine.config.schema import RunConfig
+from ..engine import RunConfig
 from ..engine.protocol.control import ClientCommand
 from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop, EpochEnd, Event, Notice, PipelineWaiting,
                                         PipelineFinished, Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled,
@@ -321,7 +321,7 @@ def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = 
     nobody stays to hear their verdict, so every task is first built once in a fresh process.
     Lines show seconds since `start` (time.monotonic(); default now), when the command began.
     """
-    from ..engine.preflight.probe import plan_jobs, probe_tasks
+    from ..engine import plan_jobs, probe_tasks
 
     printer = LinePrinter(out, config.validation.metric, start)
     tasks = len(plan_jobs(config))

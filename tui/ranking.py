@@ -15,7 +15,7 @@ from ..engine.protocol.progress import better, metric_value
 from ..engine.protocol.states import ended_label
 
 if TYPE_CHECKING:  # the config's schema (pydantic) loads with headless's ranking, not with the app's run state
-    from ..engine.config.schema import RunConfig
+    from ..engine import RunConfig
 
 # engine/worker/checkpoint.py's names, and a Lightning pipeline's (engine/runners/lightning)
 KNOWN = ("best.pt", "best.ckpt", "last.pt", "last.ckpt")
@@ -57,7 +57,7 @@ def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
 def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, str] | None = None) -> list[TrialRow]:
     """Each of `config`'s pipelines as a row, best first by [validation] metric and mode (rows without a
     result last, in config order). `states`: final or live states by name, over those the events say."""
-    from ..engine.config.labels import labelled
+    from ..engine import labelled
 
     v = config.validation
     rows = {name: TrialRow(name, values) for name, values in labelled({p.name: dict(p.trial)
@@ -89,7 +89,7 @@ def saved_sweep(run_dir: Path) -> SavedSweep | None:
         if not first.get("sweep"):
             return None
         validation = first.get("validation", {})
-        from ..engine.config.labels import labelled
+        from ..engine import labelled
 
         return SavedSweep(labelled({p["name"]: dict(p.get("trial") or {}) for p in first["pipelines"]}),
                           validation.get("metric", "val_loss"), validation.get("metric_mode", "min"))
@@ -151,7 +151,7 @@ def sweep_ranking(run_dir: Path, states: dict[str, str], more: Iterable[Event] =
     """`ranked_table` of the sweep in `run_dir` (none for a run that is no sweep), from its saved config and
     events (a resumed sweep's earlier results too), `more` events not in the file yet, and each trial's
     ended state as people read it (`states`)."""
-    from ..engine.rundir.directory import load_resolved_configs, read_events
+    from ..engine import load_resolved_configs, read_events
 
     try:
         config = load_resolved_configs(run_dir)[0]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..engine.config.schema import RunConfig
+    from ..engine import LiveRun, RemoteRun, RunConfig, Supervisor
 
 
 class Session:
@@ -17,28 +17,30 @@ class Session:
 
     remote = False
 
-    def __init__(self, sup: Any):
-        self.sup = sup  # a Supervisor, or a RemoteRun once a service session has started
+    run: LiveRun  # what the app watches and steers (a service session's once started)
+
+    def __init__(self, supervisor: Supervisor):
+        self.run = self._supervisor = supervisor
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.sup.run_dir)
+        return Path(self.run.run_dir)
 
     @property
     def alive(self) -> bool:
-        return bool(self.sup.alive)
+        return bool(self.run.alive)
 
     async def start(self) -> None:
-        await self.sup.start()
+        await self._supervisor.start()
 
     async def add_config(self, config: RunConfig) -> list[str]:
-        return list(self.sup.add_config(config))
+        return list(self._supervisor.add_config(config))
 
     def subscribe(self):
-        return self.sup.subscribe()
+        return self.run.subscribe()
 
     async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
-        await self.sup.shutdown(graceful=graceful, timeout=timeout)
+        await self.run.shutdown(graceful=graceful, timeout=timeout)
 
     async def detach(self) -> None:
         raise RuntimeError("this run lives in the app's process: it cannot be left running")
@@ -51,27 +53,33 @@ class ServiceSession(Session):
 
     def __init__(self, config: Path | None = None, runs_dir: Path | None = None, *, resume: Path | None = None,
                  only: list[str] | None = None, attach: Path | None = None, read_only: bool = False):
-        super().__init__(None)
+        self._remote: RemoteRun | None = None  # once started
         self._spawn = {"config": config, "runs_dir": runs_dir, "resume": resume, "only": only}
         self._attach, self.read_only = attach, read_only
 
     async def start(self) -> None:
         """Spawn the service (unless attaching), then connect; raises ServiceFailed or NotLive."""
-        from ..engine.serve.remote import RemoteRun
-        from ..engine.serve.service import spawn
+        from ..engine import RemoteRun, spawn
 
         run_dir = self._attach
         if run_dir is None:
             run_dir = (await asyncio.to_thread(spawn, **self._spawn)).run_dir
-        self.sup = await RemoteRun.connect(run_dir, read_only=self.read_only, summary=True)
+        self.run = self._remote = await RemoteRun.connect(run_dir, read_only=self.read_only, summary=True)
 
     async def add_config(self, config: RunConfig) -> list[str]:
-        return await self.sup.add_config_file(Path(config.source))
+        assert self._remote is not None, "add_config before start"
+        return await self._remote.add_config_file(Path(config.source))
 
     async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
-        if self.sup is not None:
-            await (self.sup.close() if self.read_only else self.sup.shutdown(graceful=graceful, timeout=timeout))
+        if self._remote is not None:
+            remote = self._remote
+            await (remote.close() if self.read_only else remote.shutdown(graceful=graceful, timeout=timeout))
 
     async def detach(self) -> None:
-        if self.sup is not None:
-            await self.sup.detach()
+        if self._remote is not None:
+            await self._remote.detach()
+
+    async def why_ended(self) -> str:
+        """Why the connection ended though the run did not finish, for people."""
+        assert self._remote is not None, "why_ended before start"
+        return await self._remote.why_ended()

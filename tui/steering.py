@@ -25,7 +25,7 @@ class ScriptSteering:
 def script_steering(run_dir: Path, name: str) -> ScriptSteering | None:
     """`name`'s steering if it is a script pipeline of the run in `run_dir`, else None (a Task or Lightning
     pipeline obeys every command itself)."""
-    from ..engine.runners.script import uses_client
+    from ..engine import uses_client
 
     try:
         configs = json.loads((run_dir / "config.json").read_text())

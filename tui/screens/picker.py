@@ -40,9 +40,9 @@ def build_tasks(path: Path, check: ConfigCheck, worker: Worker,
 
     Blocking: call it from a thread worker. `progress(built, total)` is called as tasks finish.
     """
-    from ...engine.config.load import load_config
-    from ...engine.config.problems import ConfigError
-    from ...engine.preflight.probe import ProbeCancelled, pending_jobs, probe_tasks
+    from ...engine import load_config
+    from ...engine import ConfigError
+    from ...engine import ProbeCancelled, pending_jobs, probe_tasks
 
     try:
         config = load_config(path)
