@@ -34,9 +34,19 @@ def module_name(path: Path) -> list[str]:
 
 def imported_modules(path: Path) -> set[str]:
     """Every module an engine file names in an import statement, at top level or inside a function."""
-    package = module_name(path)[:-1]
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    return imported_modules_of(path, module_name(path)[:-1])
+
+
+def imported_modules_of(path: Path, package: list[str], typing_too: bool = True) -> set[str]:
+    """Every module a file of `package` names in an import statement, at top level or inside a function
+    (and, unless `typing_too` is false, inside `if TYPE_CHECKING:`)."""
+    names: set[str] = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and ast.unparse(block.test) == "TYPE_CHECKING" for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if not typing_too and id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -184,3 +194,51 @@ def test_the_seam_check_sees_an_import_past_it(tmp_path):
                       "from ...engine.protocol.states import WorkerState\nimport torchherd.engine.rundir.history\n")
     assert engine_imports_past_the_seam(widget, tmp_path) == {"torchherd.engine.serve.remote",
                                                               "torchherd.engine.rundir.history"}
+
+
+def test_no_function_grows_past_60_lines():
+    """A function past 60 lines is two functions, and the second one deserves a name."""
+    import torchherd.tui
+    tree = [*ENGINE.rglob("*.py"), *Path(torchherd.tui.__path__[0]).rglob("*.py"),
+            *Path(torchherd.__path__[0]).glob("*.py")]
+    long = {f"{p.name}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
+            for p in tree for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60}
+    assert not long, f"split these: {long}"
+
+
+def test_the_client_wire_format_needs_only_the_standard_library():
+    # torchherd/client_frames.py and client_env.py run inside users' scripts and the engine's script runner
+    # speaks them: a leaf both sides import, so the public package and the engine never import in a circle.
+    found = {f"{name}: {imp}" for name in ("client_frames.py", "client_env.py")
+             for imp in imported_modules_of(Path(torchherd.__path__[0]) / name, ["torchherd"])
+             if imp.split(".")[0] in ("torch", "pydantic", "msgspec", "numpy")
+             or (imp.startswith("torchherd") and not imp.startswith("torchherd.client_"))}
+    assert found == set()
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Which torchherd module imports which (engine, tui, the public package), imports for type checkers left out."""
+    import torchherd.tui
+    roots = {"torchherd.engine": ENGINE, "torchherd.tui": Path(torchherd.tui.__path__[0])}
+    files = {f"{pkg}.{'.'.join(p.relative_to(root).with_suffix('').parts)}": p
+             for pkg, root in roots.items() for p in root.rglob("*.py")}
+    files.update({f"torchherd.{p.stem}": p for p in Path(torchherd.__path__[0]).glob("*.py")})
+    files = {name.removesuffix(".__init__"): p for name, p in files.items()}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for imported in imported_modules_of(path, package, typing_too=False):
+            while imported and imported not in files:
+                imported = imported.rpartition(".")[0]
+            related = imported.startswith(name + ".") or name.startswith(imported + ".")  # a package and its own
+            if imported and imported != name and not related:
+                graph.setdefault(name, set()).add(imported)
+    return graph
+
+
+def test_no_module_imports_itself_round_a_loop():
+    """No two torchherd modules import each other, directly or round a longer loop (lazy imports count)."""
+    graph = module_graph()
+    assert {"torchherd.tui.attach", "torchherd.engine.worker.snapshot", "torchherd.client"} <= set(graph)
+    assert cycle_in(graph) == []

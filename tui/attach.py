@@ -1,6 +1,9 @@
 """Headless clients of a live run: `torchherd run --headless` (start the run as a service, then follow it)
 and `torchherd attach --headless` (follow a run that is already going), printing one line per event.
 
+`check_and_run` starts the run at once, and each worker's first build is the run's task check: no pipeline
+steps until every task built, and one that does not build stops them all (exit 2, as a bad config does).
+
 Ctrl-C asks the run to stop gracefully (twice: kill); SIGTERM too when this client started the run;
 SIGHUP (the terminal went away) only ends this client, and the run goes on.
 """
@@ -10,11 +13,16 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..engine.protocol.messages import Notice, RunFinished, RunStarted
+from ..engine.protocol.names import PipelineKind
 from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, LinePrinter, exit_status
+
+if TYPE_CHECKING:
+    from ..engine import RunConfig
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -201,3 +209,43 @@ async def _print(stream, printer: LinePrinter, old: int = 0, skip: int = 0) -> b
         if isinstance(event, RunFinished) and seen > old:
             return True
     return False
+
+
+def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = sys.stdout,
+                  err: TextIO = sys.stderr, start: float | None = None, detach: bool = False) -> int:
+    """Run `config` and follow it (unless `detach`); returns the exit status.
+
+    A task that does not build trains nothing: the problems go to `err` and the status is EXIT_CONFIG.
+    Followed, the workers' first builds are the check (engine/supervise/build_check.py); detached,
+    nobody stays to hear their verdict, so every task is first built once in a fresh process.
+    Lines show seconds since `start` (time.monotonic(); default now), when the command began.
+    """
+    from ..engine import plan_jobs, probe_tasks
+
+    printer = LinePrinter(out, config.validation.metric, start)
+    tasks = len(plan_jobs(config))
+    noun = f"{tasks} task{'s' if tasks != 1 else ''}"
+    # Scripts only: nothing to build (their files were checked with the config). A script or a Lightning
+    # module cannot be held before its first step: with one of them the probe builds every task first.
+    held = tasks > 0 and not detach and all(p.kind == PipelineKind.TASK for p in config.pipelines)
+    if held:
+        printer.line(f"checking {noun}: each worker builds its own and holds before its first step until all built")
+    elif tasks:
+        printer.line(f"checking {noun}: building each once in a fresh process ...")
+        try:
+            problems = probe_tasks(config)
+        except KeyboardInterrupt:  # the probe's process is gone already
+            printer.write("\ninterrupted while checking the tasks; nothing launched\n")
+            return EXIT_STOPPED
+        took = time.monotonic() - printer.start
+        if problems:
+            printer.line(f"checking failed after {took:.1f}s: nothing launched")
+            count = len(problems)
+            err.write(f"{count} problem{'s' if count != 1 else ''}:\n" + "".join(f"{p}\n" for p in problems))
+            err.flush()
+            return EXIT_CONFIG
+        printer.line(f"{noun} built in {took:.1f}s")
+    if detach:
+        return run_detached(Path(config.source), Path(runs_dir) if runs_dir else None, out)
+    return run_service_headless(Path(config.source), Path(runs_dir) if runs_dir else None, printer,
+                                check_builds=held, err=err)

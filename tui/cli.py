@@ -140,7 +140,8 @@ def _run(args: argparse.Namespace) -> int:
     if not args.headless and not args.detach:  # the app opens at once and checks in its picker, before the
         return run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)  # engine loads
     from ..engine import check_config
-    from .headless import EXIT_CONFIG, check_and_run
+    from .attach import check_and_run
+    from .headless import EXIT_CONFIG
 
     # The fast check first (milliseconds); building every task comes next, with progress shown:
     # headless prints a line at once.

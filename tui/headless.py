@@ -1,27 +1,20 @@
-"""`torchherd run CONFIG --headless`: run a config with no screen, one line per event worth reading.
-
-`check_and_run` starts the run at once, and each worker's first build is the run's task check: no
-pipeline steps until every task built, and one that does not build stops them all (exit 2, as a bad
-config does). It says so at once and how long the builds took; the clock in each line starts when the
-command does. Ctrl-C once stops every pipeline gracefully (checkpoint, exit); twice kills them.
-SIGTERM and SIGHUP stop gracefully too. The exit status says how the run ended.
+"""What a headless client prints: one line per event worth reading (`LinePrinter`), the clock in each line
+starting when the command did, and the exit status a run's end gives (`exit_status`).
 """
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from ..engine import RunConfig
 from ..engine.protocol.control import ClientCommand
 from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop, EpochEnd, Event, Notice, PipelineWaiting,
                                         PipelineFinished, Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled,
                                         StepMetrics, TasksChecked, TrainingStarted, TrialDecision, ValResult,
                                         ValidatorStarted, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted)
 from ..engine.protocol.health import Alert, Straggler, Triage
-from ..engine.protocol.names import ExitReason, PipelineKind, ValidationMode
+from ..engine.protocol.names import ExitReason, ValidationMode
 from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .formats import quiet_text, straggler_text
 
@@ -310,45 +303,3 @@ def exit_status(statuses: dict[str, str]) -> int:
     if values & {WorkerState.FAILED, WorkerState.KILLED}:
         return EXIT_FAILED
     return EXIT_STOPPED
-
-
-def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = sys.stdout,
-                  err: TextIO = sys.stderr, start: float | None = None, detach: bool = False) -> int:
-    """Run `config` and follow it (unless `detach`); returns the exit status.
-
-    A task that does not build trains nothing: the problems go to `err` and the status is EXIT_CONFIG.
-    Followed, the workers' first builds are the check (engine/supervise/build_check.py); detached,
-    nobody stays to hear their verdict, so every task is first built once in a fresh process.
-    Lines show seconds since `start` (time.monotonic(); default now), when the command began.
-    """
-    from ..engine import plan_jobs, probe_tasks
-
-    printer = LinePrinter(out, config.validation.metric, start)
-    tasks = len(plan_jobs(config))
-    noun = f"{tasks} task{'s' if tasks != 1 else ''}"
-    # Scripts only: nothing to build (their files were checked with the config). A script or a Lightning
-    # module cannot be held before its first step: with one of them the probe builds every task first.
-    held = tasks > 0 and not detach and all(p.kind == PipelineKind.TASK for p in config.pipelines)
-    if held:
-        printer.line(f"checking {noun}: each worker builds its own and holds before its first step until all built")
-    elif tasks:
-        printer.line(f"checking {noun}: building each once in a fresh process ...")
-        try:
-            problems = probe_tasks(config)
-        except KeyboardInterrupt:  # the probe's process is gone already
-            printer.write("\ninterrupted while checking the tasks; nothing launched\n")
-            return EXIT_STOPPED
-        took = time.monotonic() - printer.start
-        if problems:
-            printer.line(f"checking failed after {took:.1f}s: nothing launched")
-            count = len(problems)
-            err.write(f"{count} problem{'s' if count != 1 else ''}:\n" + "".join(f"{p}\n" for p in problems))
-            err.flush()
-            return EXIT_CONFIG
-        printer.line(f"{noun} built in {took:.1f}s")
-    from .attach import run_detached, run_service_headless
-
-    if detach:
-        return run_detached(Path(config.source), Path(runs_dir) if runs_dir else None, out)
-    return run_service_headless(Path(config.source), Path(runs_dir) if runs_dir else None, printer,
-                                check_builds=held, err=err)

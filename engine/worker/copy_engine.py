@@ -1,8 +1,9 @@
 """How a hand-off's bytes reach a snapshot slot: the copy engines a `SnapshotWriter` drives.
 
-A `CopyEngine` starts the copy of the live weights into one slot and returns a `Copy` that says
-when the bytes have landed; `engine_for` picks one by where the weights live: `HostCopy` for the CPU
-(done when `start` returns), CUDA's asynchronous engine (worker/cuda_copy.py), else `BlockingDeviceCopy`.
+A `CopyEngine` starts the copy of the live weights into one slot and returns a `Copy` that says when
+the bytes have landed; worker/snapshot.py picks one by where the weights live (`copy_mode`): `HostCopy`
+for the CPU (done when `start` returns), CUDA's asynchronous engine (worker/cuda_copy.py), else
+`BlockingDeviceCopy`.
 """
 from __future__ import annotations
 
@@ -96,16 +97,3 @@ def copy_mode(devices: list[torch.device], staging: bool) -> str:
     if devices and all(d.type == "cuda" for d in devices) and len({d.index for d in devices}) == 1:
         return STAGED if staging else DIRECT
     return BLOCKING
-
-
-def engine_for(tensors: list[torch.Tensor], slots: list[torch.Tensor], views: list[list[torch.Tensor]],
-               staging: bool) -> CopyEngine:
-    """The engine for these weights; `slots` are the flat byte buffers, `views` their typed per-tensor views."""
-    mode = copy_mode([t.device for t in tensors], staging)
-    if mode == HOST:
-        return HostCopy(tensors, views)
-    if mode == BLOCKING:
-        return BlockingDeviceCopy(tensors, views)
-    from .cuda_copy import CudaCopy
-
-    return CudaCopy(tensors, slots, views, staging=mode == STAGED)

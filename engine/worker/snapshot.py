@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from .copy_engine import CopyEngine, engine_for
+from .copy_engine import BLOCKING, HOST, STAGED, BlockingDeviceCopy, CopyEngine, HostCopy, copy_mode
 from .publisher import Flight, Publisher
 
 # Header fields, one int64 each per slot.
@@ -27,6 +27,19 @@ VERSION, SEQ, EPOCH, STEP, HANDOFF_NS, CONSUMED, FIELDS = 0, 1, 2, 3, 4, 5, 8
 ALIGN = 64  # bytes; each tensor starts on a cache line
 SLOTS_UNREAD = "all {slots} slots hold snapshots the validator has not read (policy 'all')"
 IN_FLIGHT = "the previous snapshot's copy off the GPU is still running"
+
+
+def engine_for(tensors: list[torch.Tensor], slots: list[torch.Tensor], views: list[list[torch.Tensor]],
+               staging: bool) -> CopyEngine:
+    """The engine for these weights; `slots` are the flat byte buffers, `views` their typed per-tensor views."""
+    mode = copy_mode([t.device for t in tensors], staging)
+    if mode == HOST:
+        return HostCopy(tensors, views)
+    if mode == BLOCKING:
+        return BlockingDeviceCopy(tensors, views)
+    from .cuda_copy import CudaCopy
+
+    return CudaCopy(tensors, slots, views, staging=mode == STAGED)
 
 
 @dataclass(frozen=True)

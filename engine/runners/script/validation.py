@@ -1,9 +1,8 @@
-"""Validation of a script pipeline's hand-offs: its `validate` factory, and scoring inline in the worker.
+"""Scoring a script pipeline's hand-offs inline, in its worker.
 
-The background validator builds a script pipeline's model and data with
-`build_validation`; with `[validation] mode = "inline"` the worker scores each
-hand-off itself with the validator's own `PipelineScorer` while the script waits,
-so the numbers, `best.pt` and early stopping are the same either way.
+With `[validation] mode = "inline"` the worker scores each hand-off itself with the validator's own
+`PipelineScorer` (its model and data from the script's `validate` factory, `task.api.build_validation`)
+while the script waits, so the numbers, `best.pt` and early stopping are the same either way.
 """
 from __future__ import annotations
 
@@ -13,30 +12,6 @@ from typing import Any, Callable
 
 from ...protocol.messages import EarlyStop, Event, ValResult
 from ...protocol.names import ValidationMode
-
-
-def build_validation(ref: str, params: dict[str, Any]) -> Any:
-    """Call a script pipeline's `validate` factory and check what it returns (a Validation, or a Task)."""
-    import torch
-
-    from ..task.api import TaskError, load_callable
-
-    fn = load_callable(ref)
-    try:
-        built = fn(dict(params))
-    except Exception as exc:
-        raise TaskError(f"validate factory {ref} raised {type(exc).__name__}: {exc}") from exc
-    problems = []
-    if not isinstance(getattr(built, "model", None), torch.nn.Module):
-        problems.append("no model (a torch.nn.Module)")
-    if getattr(built, "val_data", None) is None:
-        problems.append("no val_data")
-    if not callable(getattr(built, "loss_fn", None)):
-        problems.append("no callable loss_fn")
-    if problems:
-        raise TaskError(f"validate factory {ref} returned a {type(built).__name__} with " + ", ".join(problems) +
-                        "; return torchherd.client.Validation(model=..., val_data=..., loss_fn=...)")
-    return built
 
 
 class InlineScorer:

@@ -51,9 +51,8 @@ class TaskError(Exception):
 def load_callable(ref: str) -> Callable[..., Any]:
     from ...config.schema import BUILTIN_TASKS
 
-    if ref in BUILTIN_TASKS:
-        from . import builtin as builtin_tasks
-        return getattr(builtin_tasks, ref)
+    if ref in BUILTIN_TASKS:  # built-in tasks are Tasks too: found by name, as any module's are
+        ref = f"{__package__}.builtin:{ref}"
     target, _, attr = ref.rpartition(":")
     if target.endswith(".py"):
         path = Path(target)
@@ -89,6 +88,28 @@ def load_callable(ref: str) -> Callable[..., Any]:
 def build_task(ref: str, params: dict[str, Any]) -> Task:
     """Import the factory named by `ref`, call it with `params` and check what it returns."""
     return check_task(ref, call_factory(ref, params))
+
+
+def build_validation(ref: str, params: dict[str, Any]) -> Any:
+    """Call a script pipeline's `validate` factory and check what it returns (a Validation, or a Task)."""
+    import torch
+
+    fn = load_callable(ref)
+    try:
+        built = fn(dict(params))
+    except Exception as exc:
+        raise TaskError(f"validate factory {ref} raised {type(exc).__name__}: {exc}") from exc
+    problems = []
+    if not isinstance(getattr(built, "model", None), torch.nn.Module):
+        problems.append("no model (a torch.nn.Module)")
+    if getattr(built, "val_data", None) is None:
+        problems.append("no val_data")
+    if not callable(getattr(built, "loss_fn", None)):
+        problems.append("no callable loss_fn")
+    if problems:
+        raise TaskError(f"validate factory {ref} returned a {type(built).__name__} with " + ", ".join(problems) +
+                        "; return torchherd.client.Validation(model=..., val_data=..., loss_fn=...)")
+    return built
 
 
 def call_factory(ref: str, params: dict[str, Any], fn: Any = None) -> Any:

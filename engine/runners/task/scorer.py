@@ -21,14 +21,12 @@ class PipelineScorer:
 
         from ...worker.data import make_loader
         from ...worker.precision import autocast
-        from .api import build_task
+        from .api import build_task, build_validation
 
         open_pipeline(self, name, directory)
         self.device = torch.device(device)
         self.failed = ""
         if self.pipe.kind == PipelineKind.SCRIPT:  # the script's `validate` factory: model and data, no training parts
-            from ..script.validation import build_validation
-
             task = build_validation(self.pipe.validate_ref or self.pipe.validate_factory, self.pipe.params)
         else:
             task = build_task(self.pipe.task_ref or self.pipe.task, self.pipe.params)
