@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..engine.protocol.control import Action, ClientCommand
-from ..engine.protocol.messages import Event, PipelineFinished, TrialDecision, ValResult
+from ..engine.protocol.messages import Event, PipelineFinished, TrialDecision, ValResult, pipeline_of
 from ..engine.protocol.progress import better, metric_value
 from ..engine.protocol.states import ended_label
 
@@ -63,7 +63,7 @@ def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, st
     rows = {name: TrialRow(name, values) for name, values in labelled({p.name: dict(p.trial)
                                                                        for p in config.pipelines}).items()}
     for ev in events:
-        row = rows.get(getattr(ev, "pipeline", ""))
+        row = rows.get(pipeline_of(ev))
         if row is not None:
             fold_trial(row, ev, v.metric, v.metric_mode)
     for name, state in (states or {}).items():

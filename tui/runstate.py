@@ -134,7 +134,7 @@ class RunState:
 
     # ------------------------------------------------------------ reducer
     def apply(self, ev: m.Event) -> None:
-        name = getattr(ev, "pipeline", "")
+        name = m.pipeline_of(ev)
         if type(ev) is m.StepMetrics:  # the stream's bulk: its fold waits for a read (`rows`)
             if name not in self._rows:
                 self.row(name)

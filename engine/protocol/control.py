@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from .messages import Event, Message
+from .messages import Event, Message, PipelineOrRunEvent
 
 
 class Action(StrEnum):
@@ -93,12 +93,11 @@ class Reply(Message):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ClientCommand(Event):
+class ClientCommand(PipelineOrRunEvent):
     """A client's request, whether it was carried out, and who sent it (its pid, as the socket saw it)."""
 
     type: ClassVar[str] = "client_command"
     action: str
-    pipeline: str = ""
     client_pid: int = 0
     ok: bool = True
     text: str = ""

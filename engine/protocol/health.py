@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .messages import Event, PipelineEvent
+from .messages import PipelineEvent, PipelineOrRunEvent
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,12 +46,11 @@ class Triage(PipelineEvent):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Alert(Event):
+class Alert(PipelineOrRunEvent):
     """A rule on what the supervisor sees fired (NaN loss, loss spike, stall, straggler, out of memory, disk
     almost full): one per rule and pipeline per interval, `count` the times it fired since the last one."""
 
-    type: ClassVar[str] = "alert"
-    pipeline: str = ""  # "" for the whole run (the disk)
+    type: ClassVar[str] = "alert"  # pipeline "" for the whole run (the disk)
     rule: str  # "nan", "spike", "stall", "straggler", "oom", "disk"
     title: str  # "torchherd: g stalled"
     message: str

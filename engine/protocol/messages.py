@@ -41,6 +41,18 @@ class PipelineEvent(Event):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineOrRunEvent(Event):
+    """Base of the events about one pipeline or, with `pipeline` "", the whole run (notices, alerts)."""
+
+    pipeline: str = ""
+
+
+def pipeline_of(event: Event) -> str:
+    """The pipeline an event is about; "" for an event about the whole run."""
+    return event.pipeline if isinstance(event, (PipelineEvent, PipelineOrRunEvent)) else ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RunStarted(Event):
     """A run began: its id, directory and the pipelines it will train."""
 
@@ -325,11 +337,10 @@ class PipelineFinished(PipelineEvent):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Notice(Event):
+class Notice(PipelineOrRunEvent):
     """Something a person should read that is not a failure (NaN loss, ...)."""
 
     type: ClassVar[str] = "notice"
-    pipeline: str = ""
     level: str = "warning"  # "info", "warning", "error"
     text: str = ""
 

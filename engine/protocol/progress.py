@@ -144,7 +144,7 @@ class PipelineProgress:
 
 def apply(progress: PipelineProgress, event: m.Event) -> PipelineProgress:
     """The progress after `event`; the same object when the event is not about this pipeline or changes nothing."""
-    if getattr(event, "pipeline", None) != progress.name:
+    if m.pipeline_of(event) != progress.name:
         return progress
     fold = _FOLDS.get(type(event))
     return progress if fold is None else fold(progress, event)

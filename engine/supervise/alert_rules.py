@@ -15,7 +15,7 @@ from collections import deque
 from ..config.alerts import AlertsConfig
 from ..protocol.health import Alert, Straggler
 from ..protocol.messages import (Event, Notice, SnapshotTaken, Stalled, StepMetrics, ValResult, WorkerError,
-                                 WorkerExited)
+                                 WorkerExited, pipeline_of)
 from ..protocol.names import ValidationMode
 from ..protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, TelemetrySnapshot
 
@@ -55,7 +55,7 @@ class AlertRules:
         return [a for a in (self._limit(alert, event.time) for alert in found) if a is not None]
 
     def _judge(self, event: Event) -> list[Alert]:
-        name = getattr(event, "pipeline", "")
+        name = pipeline_of(event)
         if isinstance(event, StepMetrics):
             return self._step(event)
         if isinstance(event, (SnapshotTaken, ValResult)):

@@ -26,7 +26,7 @@ from typing import Callable
 from ..config.problems import Problem
 from ..config.schema import RunConfig
 from ..preflight.probe import plan_jobs, probe_tasks, shorten, task_problems
-from ..protocol.messages import Event, Proceed, TaskBuilt, TasksChecked, WorkerError
+from ..protocol.messages import Event, Proceed, TaskBuilt, TasksChecked, WorkerError, pipeline_of
 from ..protocol.names import PipelineKind
 from . import commands
 from .bus import EventBus
@@ -61,7 +61,7 @@ class BuildCheck:
         self.tasks = len(plan_jobs(self.config, background)) if self.asked and not resuming else 0
         if self.tasks:
             self.active, self.started = True, time.monotonic()
-            bus.add_sink(lambda event: self.heard(getattr(event, "pipeline", ""), event))
+            bus.add_sink(lambda event: self.heard(pipeline_of(event), event))
 
     @property
     def holding(self) -> bool:

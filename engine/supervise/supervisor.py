@@ -18,7 +18,7 @@ from ..hardware.placement import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
 from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Notice, PipelineQueued, PipelineWaiting, RunFinished,
-                                 RunStarted)
+                                 RunStarted, pipeline_of)
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
@@ -389,7 +389,7 @@ class Supervisor:
         self._bus.publish(event)
         if self.disk is not None:
             self.disk.seen(event)
-        run = self._runs.get(getattr(event, "pipeline", ""))
+        run = self._runs.get(pipeline_of(event))
         if run is not None:
             run.fold(event)  # the one fold of progress, as the app folds the same events
 

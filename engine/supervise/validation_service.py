@@ -24,8 +24,8 @@ from typing import Callable
 
 from ..config.schema import RestartConfig
 from ..launch.backend import Backend, Handle, LaunchSpec
-from ..protocol.messages import (EarlyStop, Event, Notice, SnapshotSkipped, SnapshotTaken, Stop,
-                                       ValidatorStarted, ValResult)
+from ..protocol.messages import (EarlyStop, Event, Notice, SnapshotSkipped, SnapshotTaken, Stop, ValidatorStarted,
+                                 ValResult, pipeline_of)
 from ..hardware.placement import ValidationPlan
 from .policy import RestartPolicy
 from ..rundir.directory import claim_root
@@ -350,7 +350,7 @@ class ValidationService:
         if v.handle is not handle:
             return  # a late batch from a validator already reaped
         for event in events:
-            name = getattr(event, "pipeline", "")
+            name = pipeline_of(event)
             known = name in self.ledgers
             if isinstance(event, ValResult):
                 self.last_result = time.monotonic()
