@@ -5,7 +5,7 @@ to attached clients, and training under it.
    RunDirectory. read_history (what an attach reads) in events/s, and against read_events (the full
    json.loads + from_record decode); the fold of that history into the app's RunState; the history in short
    the server keeps (what the app attaches with); then the real app attaching: a stand-in supervisor holds
-   the directory and serves it on a real ControlServer, and TorchherdApp(attach=...) runs headless
+   the directory and serves it on a real ControlServer, and TorchherdApp(start=Attach(...)) runs headless
    (Textual's run_test) in a process of its own, timed from the attach to its data model holding the
    whole run's figures and to the first dashboard redraw with all of it. Goal: a full screen within 1 s.
 2. Fan-out. A real Supervisor (its fold, events.jsonl, bus) over 4 flood workers that each send N step
@@ -207,6 +207,7 @@ async def app_attach(run_dir: Path, pipelines: int, steps: int) -> dict:
     import psutil
 
     from torchherd.tui.app import TorchherdApp
+    from torchherd.tui.start import Attach
     from torchherd.tui.screens.dashboard import DashboardScreen
 
     epochs = max(1, math.ceil(steps / STEPS_PER_EPOCH))
@@ -241,7 +242,7 @@ async def app_attach(run_dir: Path, pipelines: int, steps: int) -> dict:
                 mark("state")
             super().on_run_changed(message)
 
-    app = TimedApp(ROOT / "sample_configs", attach=run_dir, read_only=True)
+    app = TimedApp(ROOT / "sample_configs", start=Attach(run_dir, read_only=True))
     async with app.run_test(size=(120, 40)) as pilot:
         deadline = time.monotonic() + 300
         while "redrawn" not in marks and app.return_code is None and time.monotonic() < deadline:

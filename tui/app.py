@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Literal
 
 from textual import work
 from textual.app import App
@@ -21,7 +21,8 @@ from ..engine.protocol.states import WorkerState
 from .bridge import Bridge, SupervisorFactory, list_configs, replay_run, run_end
 from .messages import CommandRequested, RunChanged
 from .screens.dialogs import HelpScreen, QuitScreen
-from .screens.picker import PickerResult, PickerScreen
+from .screens.picker import PickerScreen
+from .start import STARTS_A_RUN, Attach, Open, Pick, Picked, Resume, Start
 from .steering import script_steering
 
 if TYPE_CHECKING:
@@ -48,22 +49,17 @@ class TorchherdApp(App[int]):
 
     def __init__(self, target: Path | None = None, runs_dir: Path | None = None, *,
                  factory: SupervisorFactory | None = None, refresh_hz: float = 2.0,
-                 clock: Callable[[], float] = time.time,
-                 launch: bool = False, only: list[str] | None = None,
-                 attach: Path | None = None, read_only: bool = False):
+                 clock: Callable[[], float] = time.time, start: Start = Pick()):
         super().__init__()
-        self.attach_to, self.read_only = attach, read_only  # a live run to open at once
-        self.launch = launch  # start the target (a config, or an unfinished run to resume) at once
-        self.only = only  # resuming: only these pipelines
+        self.start = start  # what to do at once: the picker, or a launch, resume or attach
         target = Path(target) if target is not None else default_folder()
-        self.target = target
         self.directory = target if not target.is_file() else target.parent
-        self.initial = target if target.is_file() else None
+        self.initial = target if target.is_file() else None  # the picker's config, highlighted
         self.runs_dir = runs_dir
         self.refresh_hz, self.clock = refresh_hz, clock
         self.bridge = Bridge(lambda: self.post_message(RunChanged()), runs_dir, factory)
         self.dashboard: DashboardScreen | None = None
-        self.stopping = ""  # "graceful" or "kill" once quitting has begun
+        self.stopping: Literal["", "graceful", "kill"] = ""  # how quitting goes, once it has begun
         self.hung_up = False  # SIGHUP: the terminal went away
         self.detached = False  # quit leaving the runs going
         self.attached = False  # watching a run another command started: SIGTERM ends only this client
@@ -72,15 +68,14 @@ class TorchherdApp(App[int]):
     # ------------------------------------------------------------ lifecycle
     def on_mount(self) -> None:
         self.install_signal_handlers()
-        if self.attach_to is not None:
-            self.call_later(self._attach, self.attach_to, self.read_only)
-        elif self.launch and self.target.is_file():
-            self.call_later(self._picked, ("launch", self.target))
-        elif self.launch and self.target.is_dir():
-            self.directory = default_folder()
-            self.call_later(self._picked, ("resume", self.target))
-        else:
-            self.push_screen(self._picker(adding=False), self._picked)
+        match self.start:
+            case Pick():
+                self.push_screen(self._picker(adding=False), self._picked)
+            case Resume():
+                self.directory = default_folder()  # `n` then picks configs from here
+                self.call_later(self._picked, self.start)
+            case _:
+                self.call_later(self._picked, self.start)
 
     def install_signal_handlers(self) -> None:
         """SIGHUP (the SSH session went away) ends only this client of a run that has a service of its own;
@@ -119,25 +114,25 @@ class TorchherdApp(App[int]):
         runs = self.runs_dir if self.runs_dir is not None else Path("runs")
         return PickerScreen(self.directory, runs, self.initial, adding=adding, launch_runs_dir=self.runs_dir)
 
-    async def _picked(self, result: PickerResult) -> None:
-        if result is None:
-            return
-        kind, path = result
-        if kind == "open":
-            self._replay(path)
-            return
-        if kind == "attach":
-            await self._attach(path)
-            return
+    async def _picked(self, picked: Picked | None) -> None:
+        match picked:
+            case None:
+                return
+            case Open(run_dir):
+                self._replay(run_dir)
+                return
+            case Attach(run_dir, read_only):
+                await self._attach(run_dir, read_only)
+                return
         from ..engine import ConfigError
 
         adding = self.bridge.live
         try:
-            if kind == "resume":
-                await self.bridge.resume(path, self.only if path == self.target else None)
+            if isinstance(picked, Resume):
+                await self.bridge.resume(picked.run_dir, list(picked.only) or None)
                 names = list(self.bridge.state.rows)
             else:
-                names = await self.bridge.launch(path)
+                names = await self.bridge.launch(picked.config)
         except ConfigError as exc:
             self.notify("\n".join(str(p) for p in exc.problems) or str(exc), title="cannot launch",
                         severity="error", timeout=10)
@@ -289,14 +284,12 @@ class TorchherdApp(App[int]):
         self._leave(0)
 
 
-def run_app(target: Path | None = None, runs_dir: Path | None = None, launch: bool = False,
-            only: list[str] | None = None, attach: Path | None = None, read_only: bool = False) -> int:
-    """Open the app on a config directory (or one config); with `launch`, start the config (or resume
-    the run directory, `only` some of its pipelines) at once. Returns the exit status: with `launch`, 0 only
-    if every pipeline completed."""
-    app = TorchherdApp(target, runs_dir, launch=launch, only=only, attach=attach, read_only=read_only)
+def run_app(target: Path | None = None, runs_dir: Path | None = None, start: Start = Pick()) -> int:
+    """Open the app on a config directory (or one config), doing `start` at once. Returns the exit status:
+    for a launch or a resume (`start`'s or the picker's), 0 only if every pipeline completed."""
+    app = TorchherdApp(target, runs_dir, start=start)
     app.run()
-    return report_runs(app, launch or app.launched)
+    return report_runs(app, isinstance(start, STARTS_A_RUN) or app.launched)
 
 
 def report_runs(app: TorchherdApp, launch: bool) -> int:

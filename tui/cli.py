@@ -226,8 +226,9 @@ def _resume(args: argparse.Namespace) -> int:
         return 0  # nothing to do is no mistake (2 is for bad input)
     if not args.headless and not args.detach:
         from .app import run_app
+        from .start import Resume
 
-        return run_app(run_dir, None, launch=True, only=only or None)
+        return run_app(None, None, start=Resume(run_dir, tuple(only or ())))
     from ..engine import ServiceFailed, StartCancelled, spawn
     from .attach import follow_run, say_detached
     from .headless import EXIT_STOPPED, LinePrinter
@@ -260,8 +261,9 @@ def _attach(args: argparse.Namespace) -> int:
         return asyncio.run(follow_run(run_dir, LinePrinter(sys.stdout), from_start=args.from_start,
                                       read_only=args.read_only))
     from .app import run_app
+    from .start import Attach
 
-    return run_app(None, Path(args.runs_dir), attach=run_dir, read_only=args.read_only)
+    return run_app(None, Path(args.runs_dir), start=Attach(run_dir, args.read_only))
 
 
 def _export(args: argparse.Namespace) -> int:

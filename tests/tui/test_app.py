@@ -18,6 +18,7 @@ from torchherd.tui.widgets.pipeline_table import PipelineTable
 from tests.tui.conftest import CONFIGS
 from tests.tui.pilots import launch, wait_for
 from tests.tui.scripting import write_past_run
+from torchherd.tui.start import Attach, Launch
 
 pytestmark = pytest.mark.asyncio
 
@@ -114,7 +115,7 @@ async def test_past_run_opens_read_only(make_app, runs_dir, clock):
 
 async def test_attach_to_a_run_that_has_ended_opens_it_as_it_ended(make_app, runs_dir, clock):
     run_dir = await write_past_run(runs_dir, clock)
-    app = make_app(attach=run_dir)  # as `torchherd attach RUN` once its supervisor has gone
+    app = make_app(start=Attach(run_dir))  # as `torchherd attach RUN` once its supervisor has gone
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="dashboard")
         state = app.screen.state
@@ -260,7 +261,7 @@ async def test_resize_switches_table_columns(make_app, session):
 
 async def test_launch_flag_skips_the_picker(make_app):
     # `torchherd run CONFIG` without --headless: straight to the dashboard.
-    app = make_app(CONFIGS / "good.toml", launch=True)
+    app = make_app(CONFIGS / "good.toml", start=Launch(CONFIGS / "good.toml"))
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="dashboard")
         await wait_for(pilot, lambda: app.screen.query_one(PipelineTable).row_count == 2, what="rows")
@@ -276,7 +277,7 @@ async def test_run_app_prints_the_run_directory_after_exit(monkeypatch, capsys, 
         self.bridge.run_dirs.append(run_dir)
 
     monkeypatch.setattr(app_module.TorchherdApp, "run", fake_run)
-    assert app_module.run_app(CONFIGS / "good.toml", launch=True) == 1  # its pipeline failed
+    assert app_module.run_app(CONFIGS / "good.toml", start=Launch(CONFIGS / "good.toml")) == 1  # its pipeline failed
     out = capsys.readouterr().out.splitlines()
     assert out == ["torchherd: run 20231114-220000-old failed", "  alpha failed", f"  run directory: {run_dir}",
                    f"  carry it on once what failed is fixed, from the start (nothing was saved): torchherd resume "
@@ -284,7 +285,7 @@ async def test_run_app_prints_the_run_directory_after_exit(monkeypatch, capsys, 
     # checkpoints", for a pipeline that had none and had failed with an error no restart could fix)
     (run_dir / "alpha" / "checkpoints").mkdir(parents=True)
     (run_dir / "alpha" / "checkpoints" / "last.pt").write_text("saved")
-    assert app_module.run_app(CONFIGS / "good.toml", launch=True) == 1
+    assert app_module.run_app(CONFIGS / "good.toml", start=Launch(CONFIGS / "good.toml")) == 1
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"  carry it on once what failed is fixed, from its checkpoints: torchherd resume {run_dir}")
 
@@ -311,7 +312,7 @@ async def test_the_app_exits_as_headless_would_after_a_user_stop(monkeypatch, ca
         self.bridge.run_dirs.append(sup.run_dir)
 
     monkeypatch.setattr(app_module.TorchherdApp, "run", fake_run)
-    assert app_module.run_app(CONFIGS / "good.toml", launch=True) == EXIT_STOPPED
+    assert app_module.run_app(CONFIGS / "good.toml", start=Launch(CONFIGS / "good.toml")) == EXIT_STOPPED
     assert "torchherd: run 20231114-230000-stopped stopped" in capsys.readouterr().out
 
     def picked_and_launched(self) -> None:  # `torchherd`, the config launched from the picker (exited 0)

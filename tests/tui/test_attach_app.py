@@ -34,6 +34,7 @@ from torchherd.tui.widgets.pipeline_table import PipelineTable
 from tests.conftest import TASKS, repo_env
 from tests.faults.support import REPO, is_alive, kill_all, records, tree, wait_gone
 from tests.tui.pilots import wait_for
+from torchherd.tui.start import Attach
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]  # real services and training processes
 
@@ -171,7 +172,7 @@ async def test_attached_app_shows_the_steps_from_before_it_attached(tmp_path, ru
         before = steps_of(run_dir, "long")
         assert [r["step"] for r in before] == list(range(1, GATE))
 
-        app = TorchherdApp(None, runs_dir, attach=run_dir)
+        app = TorchherdApp(None, runs_dir, start=Attach(run_dir))
         async with app.run_test(size=SIZE) as pilot:
             dashboard = await dashboard_of(pilot)
             state = app.bridge.state
@@ -213,7 +214,7 @@ async def test_kill_from_the_app_is_carried_out_by_the_service_and_recorded_with
         seen: list[Event] = []
         reading = asyncio.ensure_future(collect(watcher.subscribe(replay=False), seen))
 
-        app = TorchherdApp(None, runs_dir, attach=run_dir)
+        app = TorchherdApp(None, runs_dir, start=Attach(run_dir))
         toasts = shown(app)
         async with app.run_test(size=SIZE) as pilot:
             dashboard = await dashboard_of(pilot)
@@ -279,7 +280,7 @@ async def test_read_only_app_cannot_kill(tmp_path, runs_dir):
         run_dir = started.run_dir
         await wait_for_file(lambda: held(run_dir, "watched"), "training")
 
-        app = TorchherdApp(None, runs_dir, attach=run_dir, read_only=True)
+        app = TorchherdApp(None, runs_dir, start=Attach(run_dir, read_only=True))
         toasts = shown(app)
         async with app.run_test(size=SIZE) as pilot:
             dashboard = await dashboard_of(pilot)
@@ -332,7 +333,7 @@ async def test_quit_then_detach_leaves_the_service_training_to_the_end(tmp_path,
         service = psutil.Process(started.pid)
         await wait_for_file(lambda: held(run_dir, "long"), "training")
 
-        app = TorchherdApp(None, runs_dir, attach=run_dir)
+        app = TorchherdApp(None, runs_dir, start=Attach(run_dir))
         async with app.run_test(size=SIZE) as pilot:
             await dashboard_of(pilot)
             await wait_for(pilot, lambda: getattr(app.bridge.state.rows.get("long"), "step", 0) == GATE - 1,

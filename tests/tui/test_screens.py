@@ -19,6 +19,7 @@ from torchherd.tui.widgets.loss_chart import GLYPHS, GUTTER, MARKER, RESTART, Lo
 from torchherd.tui.widgets.pipeline_table import PipelineTable
 from tests.tui.conftest import CONFIGS
 from tests.tui.pilots import launch, lines_of, settled, wait_for
+from torchherd.tui.start import Launch
 
 pytestmark = pytest.mark.asyncio
 
@@ -96,7 +97,7 @@ async def test_a_resumed_worker_says_which_epoch_it_carries_on_from(make_app, se
 
 async def test_accuracy_is_not_drawn_on_the_loss_axis(make_app, session):
     # Regression: with metric = "accuracy" the markers sat at 0.5-1.0 on a loss axis near 0.01.
-    app = make_app(CONFIGS / "metrics" / "accuracy.toml", launch=True)
+    app = make_app(CONFIGS / "metrics" / "accuracy.toml", start=Launch(CONFIGS / "metrics" / "accuracy.toml"))
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="dashboard")
         await wait_for(pilot, lambda: session.sup.views()[0].state.value == "starting", what="started")

@@ -19,6 +19,7 @@ from torchherd.tui.widgets.log_views import LogTail
 from tests.tui.conftest import CONFIGS
 from tests.tui.pilots import launch, settled, wait_for
 from tests.tui.scripting import RUN_ID, T0, write_past_run
+from torchherd.tui.start import Launch
 
 GIB = 2 ** 30
 
@@ -119,7 +120,7 @@ def test_accuracy_strip(snap_compare, make_app, fixed_machine, session):
         await wait_for(pilot, lambda: len(app.bridge.state.series["alpha"].val) == 4, what="results")
         await settled(pilot)
 
-    app = make_app(CONFIGS / "metrics" / "accuracy.toml", launch=True)
+    app = make_app(CONFIGS / "metrics" / "accuracy.toml", start=Launch(CONFIGS / "metrics" / "accuracy.toml"))
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
 
 

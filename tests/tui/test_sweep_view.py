@@ -12,6 +12,7 @@ from torchherd.tui.widgets.loss_chart import GLYPHS, LossChart
 from torchherd.tui.widgets.sweep_table import SweepTable
 from tests.tui.conftest import CONFIGS
 from tests.tui.pilots import launch, settled, wait_for
+from torchherd.tui.start import Launch
 
 GRID = CONFIGS / "sweep" / "grid.toml"
 BEST, WORST = "t-lr0.03-batch_size32", "t-lr0.03-batch_size128"  # the first two trials, side by side
@@ -40,7 +41,7 @@ def table_text(table: SweepTable) -> list[str]:
 
 
 async def test_the_sweep_view_ranks_trials_by_the_metric_with_values_state_best_and_rung(make_app, session):
-    app = make_app(GRID, launch=True)
+    app = make_app(GRID, start=Launch(GRID))
     async with app.run_test(size=(80, 24)) as pilot:
         await _first_rung(pilot, session)
         dashboard = app.screen
@@ -69,7 +70,7 @@ async def test_the_sweep_view_ranks_trials_by_the_metric_with_values_state_best_
 
 
 async def test_at_120_columns_the_trials_names_show_too(make_app, session):
-    app = make_app(GRID, launch=True)
+    app = make_app(GRID, start=Launch(GRID))
     async with app.run_test(size=(120, 40)) as pilot:
         await _first_rung(pilot, session)
         await pilot.press("t")
@@ -82,7 +83,7 @@ async def test_at_120_columns_the_trials_names_show_too(make_app, session):
 
 
 async def test_the_chart_overlays_the_best_trials_in_rank_order_and_t_goes_back(make_app, session):
-    app = make_app(GRID, launch=True)
+    app = make_app(GRID, start=Launch(GRID))
     async with app.run_test(size=(120, 40)) as pilot:
         await _first_rung(pilot, session)
         chart = app.screen.query_one(LossChart)
@@ -98,7 +99,7 @@ async def test_the_chart_overlays_the_best_trials_in_rank_order_and_t_goes_back(
 
 
 async def test_u_promotes_the_selected_pruned_trial_through_the_command_path(make_app, session):
-    app = make_app(GRID, launch=True)
+    app = make_app(GRID, start=Launch(GRID))
     async with app.run_test(size=(80, 24)) as pilot:
         await _first_rung(pilot, session)
         sent = []

@@ -1,9 +1,9 @@
 """The config picker: configs from a directory and past runs, the selected config highlighted and checked.
 
-It dismisses with ("launch", path) for a config that passed the check, ("open", run_dir) for a past
-run, ("attach", run_dir) for a live one, ("resume", run_dir) for an unfinished one, or None. The check
-is the one `torchherd run` makes: the config, then every task built once in a fresh process (cached until a file changes), so a config
-`torchherd run` would refuse cannot be launched here either: enter says why.
+It dismisses with what was picked (tui/start.py): `Launch` for a config that passed the check, `Open` for a
+past run, `Attach` for a live one, `Resume` for an unfinished one, or None. The check is the one `torchherd
+run` makes: the config, then every task built once in a fresh process (cached until a file changes), so a
+config `torchherd run` would refuse cannot be launched here either: enter says why.
 """
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ from textual.widgets.option_list import Option
 from textual.worker import Worker, get_current_worker
 
 from ..bridge import ConfigCheck, PastRun, check_config_file, list_configs, list_past_runs
-
-PickerResult = tuple[str, Path] | None
+from ..start import Attach, Launch, Open, Picked, Resume
 
 
 def _plural(n: int, word: str) -> str:
@@ -87,7 +86,7 @@ def _stamp(path: Path) -> tuple[int, int]:
     return (st.st_mtime_ns, st.st_size)
 
 
-class PickerScreen(Screen[PickerResult]):
+class PickerScreen(Screen[Picked | None]):
     """Choose a config to launch (or add to the session), or a past run to open."""
 
     CSS_PATH = "picker.tcss"
@@ -256,7 +255,7 @@ class PickerScreen(Screen[PickerResult]):
             return
         kind, item = chosen
         if kind == "run":
-            self.dismiss(("attach" if item.live and not self.adding else "open", item.path))
+            self.dismiss(Attach(item.path) if item.live and not self.adding else Open(item.path))
             return
         check = self.checks.get(item)
         if check is None:
@@ -270,7 +269,7 @@ class PickerScreen(Screen[PickerResult]):
 
     def _launch(self, check: ConfigCheck) -> None:
         if check.ok:
-            self.dismiss(("launch", check.path))
+            self.dismiss(Launch(check.path))
         else:
             self.notify(f"{check.path.name} cannot be launched: {_plural(len(check.problems), 'problem')} "
                         "(see the check pane)", severity="error", timeout=6)
@@ -377,7 +376,7 @@ class PickerScreen(Screen[PickerResult]):
         if not run.resumable or self.adding:
             self.notify(f"{run.run_id} is {run.status}: nothing to resume", timeout=4)
             return
-        self.dismiss(("resume", run.path))
+        self.dismiss(Resume(run.path))
 
     def action_back(self) -> None:
         self.dismiss(None)  # offered only over a live run (check_action)
