@@ -9,13 +9,13 @@ import asyncio
 import signal
 
 from torchherd.engine.launch.backend import Backend, Handle
-from torchherd.engine.protocol.channel import EXIT_STOPPED
+from torchherd.engine.protocol.channel import WorkerExit
 from torchherd.engine.protocol.messages import Stop, TrainingStarted
 
 
 class FakeHandle(Handle):
     """A worker that exits when told to; `ignore_term` makes it shrug off `terminate()`; `obey_stop` makes it
-    exit at a Stop command as a real child does (EXIT_STOPPED), else it waits for the test.
+    exit at a Stop command as a real child does (WorkerExit.STOPPED), else it waits for the test.
 
     `signals` records what it was asked, as the signals a local process would get. It is a `Handle`,
     so a method the contract adds and this fake lacks is a TypeError when a test makes one.
@@ -55,7 +55,7 @@ class FakeHandle(Handle):
     def send(self, command):
         self.sent.append(command)
         if self.obey_stop and isinstance(command, Stop) and self.code is None:
-            self.code = EXIT_STOPPED
+            self.code = WorkerExit.STOPPED
         return True
 
     def attach(self, on_events):

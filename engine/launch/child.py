@@ -18,8 +18,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from ..protocol.channel import EXIT_ERROR, EXIT_ORPHANED, ControlReceiver, StatusSender, SupervisorGone, \
-    dial_back
+from ..protocol.channel import ControlReceiver, StatusSender, SupervisorGone, WorkerExit, dial_back
 from ..protocol.spec import ValidatorSpec, read_spec
 
 PR_SET_PDEATHSIG = 1
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None, transport: dict | None = None) -> None:
         except OSError as exc:
             print(f"torchherd: cannot reach the supervisor at {transport.address}: {exc}", file=sys.stderr,
                   flush=True)
-            os._exit(EXIT_ORPHANED)
+            os._exit(WorkerExit.ORPHANED)
     else:
         status = Connection(transport.status_fd, readable=False)
         commands = Connection(transport.control_fd, writable=False)
@@ -91,10 +90,10 @@ def main(argv: list[str] | None = None, transport: dict | None = None) -> None:
         code = body(spec, sender, control)
     except SupervisorGone:
         print("torchherd: the supervisor went away; exiting", file=sys.stderr, flush=True)
-        os._exit(EXIT_ORPHANED)
+        os._exit(WorkerExit.ORPHANED)
     except BaseException:
         traceback.print_exc()
-        code = EXIT_ERROR
+        code = WorkerExit.ERROR
     sender.close(timeout=10.0)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from ..protocol.channel import EXIT_COMPLETED, EXIT_STOPPED
+from ..protocol.channel import WorkerExit
 from ..protocol.health import RankPace
 from ..protocol.messages import Command, Event, Notice, WorkerError
 from ..protocol.names import Intent
@@ -25,7 +25,7 @@ from .ports import hold_port, release_port, take_port
 # rank_env and the ports are re-exported: a gang's torchrun variables and port, as one place to look
 __all__ = ["GangHandle", "hold_port", "launch_gang", "rank_env", "release_port", "take_port"]
 
-CLEAN = (EXIT_COMPLETED, EXIT_STOPPED)  # a rank that ends so has not failed: its peers may still be finishing
+CLEAN = (WorkerExit.COMPLETED, WorkerExit.STOPPED)  # a rank that ends so has not failed: its peers may still be finishing
 
 
 class GangHandle(Handle):

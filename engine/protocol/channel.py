@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 from collections import deque
+from enum import IntEnum
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -29,12 +30,17 @@ import msgspec
 from .messages import Command, Event, Message, StepMetrics
 from .records import _hints, message_types, to_record
 
-EXIT_COMPLETED = 0
-EXIT_ERROR = 1  # an exception in training: the restart policy applies
-EXIT_STOPPED = 10  # stopped on request (or early-stopped) after a checkpoint
-EXIT_FATAL = 11  # an error a restart cannot fix (bad task, NaN with nan_policy=stop)
-EXIT_RESTART = 12  # asks to be restarted from the last checkpoint (nan_policy=restart)
-EXIT_ORPHANED = 13  # the supervisor went away
+
+
+class WorkerExit(IntEnum):
+    """A worker process's exit status, as the supervisor reads it (a command's own exit status is tui/headless.py's)."""
+
+    COMPLETED = 0
+    ERROR = 1  # an exception in training: the restart policy applies
+    STOPPED = 10  # stopped on request (or early-stopped) after a checkpoint
+    FATAL = 11  # an error a restart cannot fix (bad task, NaN with nan_policy=stop)
+    RESTART = 12  # asks to be restarted from the last checkpoint (nan_policy=restart)
+    ORPHANED = 13  # the supervisor went away
 
 
 class SupervisorGone(Exception):

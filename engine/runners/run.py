@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import traceback
 
-from ..protocol.channel import EXIT_ERROR, ControlReceiver, StatusSender, SupervisorGone
+from ..protocol.channel import ControlReceiver, StatusSender, SupervisorGone, WorkerExit
 from ..protocol.messages import WorkerError
 from ..protocol.spec import WorkerSpec
 from .base import error_text
@@ -38,4 +38,4 @@ def run(spec: WorkerSpec, sender: StatusSender, receiver: ControlReceiver) -> in
         error = str(exc) if str(exc).startswith("CUDA out of memory") else error_text(f"{type(exc).__name__}: {exc}")
         sender.send(WorkerError(pipeline=name, error=error, traceback=tb, where=where,
                                 step=control.step if control is not None else -1))
-        return EXIT_ERROR
+        return WorkerExit.ERROR

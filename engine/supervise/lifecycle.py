@@ -10,7 +10,7 @@ import signal
 import time
 from typing import Callable
 
-from ..protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_RESTART, EXIT_STOPPED
+from ..protocol.channel import WorkerExit
 from ..launch.backend import Handle, NoRoom
 from ..launch.gang import GangHandle
 from ..protocol.messages import (Event, Notice, PipelineFinished, Stalled, Stop, WorkerExited, WorkerRestarting,
@@ -32,8 +32,8 @@ ROOM_WAIT = 1.0  # seconds between looks for room for a pipeline whose node left
 
 
 BY_INTENT = {Intent.RESTART: R.RESTARTED, Intent.KILL: R.KILLED, Intent.HUNG: R.HUNG, Intent.NODE_LEFT: R.RESTARTED}
-BY_CODE = {EXIT_STOPPED: R.STOPPED, EXIT_COMPLETED: R.COMPLETED, EXIT_RESTART: R.RESTART_REQUESTED,
-           EXIT_FATAL: R.FAILED}
+BY_CODE = {WorkerExit.STOPPED: R.STOPPED, WorkerExit.COMPLETED: R.COMPLETED, WorkerExit.RESTART: R.RESTART_REQUESTED,
+           WorkerExit.FATAL: R.FAILED}
 WITH_ERROR = (R.FAILED, R.CRASHED, R.HUNG, R.RESTART_REQUESTED)  # reasons that carry the worker's error
 EXIT_SHOWN = (R.FAILED, R.CRASHED, R.HUNG)  # reasons whose exit ("exit code 3") is the error when none was sent
 
@@ -42,7 +42,7 @@ def classify(intent: Intent | None, code: int) -> ExitReason:
     """The reason an attempt ended, from why we asked it to end (if we did) and its exit status."""
     if intent in BY_INTENT:
         return BY_INTENT[intent]
-    if intent == Intent.STOP and code != EXIT_COMPLETED:
+    if intent == Intent.STOP and code != WorkerExit.COMPLETED:
         return R.STOPPED  # asked to stop; however it went, it is not a crash
     return BY_CODE.get(code, R.CRASHED)
 

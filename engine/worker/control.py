@@ -10,7 +10,7 @@ import math
 import time
 from typing import Callable
 
-from ..protocol.channel import EXIT_FATAL, EXIT_RESTART, ControlReceiver, StatusSender
+from ..protocol.channel import ControlReceiver, StatusSender, WorkerExit
 from ..protocol.messages import CheckpointNow, Heartbeat, Notice, Pause, Proceed, Resume, Stop, WorkerError
 
 CONTROL_INTERVAL = 0.02  # seconds between looks at the control pipe
@@ -113,4 +113,4 @@ class WorkerControl:
             return None
         self.sender.send(WorkerError(pipeline=self.name, error=f"NonFiniteLoss: {text}", traceback="",
                                      where="train"))
-        return EXIT_FATAL if self.nan_policy == "stop" else EXIT_RESTART
+        return WorkerExit.FATAL if self.nan_policy == "stop" else WorkerExit.RESTART

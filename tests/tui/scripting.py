@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torchherd.engine.protocol import messages as m
 from torchherd.engine.protocol import telemetry as tm
-from torchherd.engine.protocol.channel import EXIT_ERROR
+from torchherd.engine.protocol.channel import WorkerExit
 from torchherd.engine.config.schema import RunConfig
 from torchherd.engine.hardware.devices import Inventory
 from torchherd.engine.protocol.names import ValidationMode
@@ -150,7 +150,7 @@ class Session:
         self.clock.now += 1
         self.feed(name, m.WorkerError(pipeline=name, error=error, traceback=traceback, where="train",
                                       time=self.clock.now))
-        self.launcher.handle(name).code = EXIT_ERROR
+        self.launcher.handle(name).code = WorkerExit.ERROR
 
     def show_telemetry(self, snapshot: tm.TelemetrySnapshot) -> None:
         """Hand the supervisor a telemetry sample as its sampler thread would (the sampler is off in tests)."""

@@ -25,7 +25,7 @@ import torch
 
 from ...worker import checkpoint as ckpt
 from ..base import error_text
-from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED
+from ...protocol.channel import WorkerExit
 from . import LightningRunner
 from .data import ResumableSampler, resumable
 from .gang import LightningGang, gang_trainer_args
@@ -328,26 +328,26 @@ class LightningAttempt:
                 print(f"torchherd: {exc}", file=sys.stderr)
                 self.send(WorkerError(pipeline=self.name, error=error_text(str(exc)), where="build",
                                       traceback=traceback.format_exc()))
-                return EXIT_FATAL
+                return WorkerExit.FATAL
         if self.validation.mode == ValidationMode.BACKGROUND:
             found = val_monitors(task, with_optimizers=False)
             if found:
                 text = monitors_problem(found)
                 self.send(WorkerError(pipeline=self.name, error=text, where="build"))
-                return EXIT_FATAL
+                return WorkerExit.FATAL
         prepare_once(task, self.dir)
         self._wrap_train_loader(task)
         try:
             path = self._latest()
         except ckpt.CheckpointRefused as exc:  # no restart makes it safe: the pipeline fails, saying why
             self.send(WorkerError(pipeline=self.name, error=f"CheckpointRefused: {exc}", where="checkpoint"))
-            return EXIT_FATAL
+            return WorkerExit.FATAL
         callback = herd_callback(self)
         try:
             args = self.trainer_args(task, callback)
         except ValueError as exc:  # a gang Lightning cannot train (engine/runners/lightning/gang.py)
             self.send(WorkerError(pipeline=self.name, error=str(exc), where="build"))
-            return EXIT_FATAL
+            return WorkerExit.FATAL
         trainer = pl.Trainer(**args)
         # Lightning loads the file as _latest checked it (2.5+ takes weights_only; before, only _latest's check)
         safety = {"weights_only": not self.pipe.trust_checkpoints} \
@@ -361,12 +361,12 @@ class LightningAttempt:
         if callback.exit_code is not None:
             return callback.exit_code
         if trainer.interrupted:  # a KeyboardInterrupt Lightning caught: nothing finished
-            return EXIT_STOPPED
+            return WorkerExit.STOPPED
         if not callback.stopping and self.saved_step != trainer.global_step:  # ended mid-epoch (max_steps, ...)
             self.save(trainer, "final")
         if self.gang is not None:  # stopped or done, every rank at the same step
             self.gang.finish(task.module, trainer.global_step)
-        return EXIT_STOPPED if callback.stopping else EXIT_COMPLETED
+        return WorkerExit.STOPPED if callback.stopping else WorkerExit.COMPLETED
 
 
 def herd_callback(runner: LightningAttempt) -> Any:

@@ -48,10 +48,6 @@ def lightning_installed() -> bool:
     return importlib.util.find_spec("lightning") is not None
 
 
-def is_lightning_ref(task: str) -> bool:
-    return task.startswith(PREFIX)
-
-
 def _load_attr(ref: str) -> Any:
     """The object `file.py:Name` or `package.module:Name` names (a class or a factory)."""
     from ..task.api import TaskError, load_callable

@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 
 from .... import client_frames as wire
-from ...protocol.channel import EXIT_COMPLETED, EXIT_ERROR, EXIT_STOPPED
+from ...protocol.channel import WorkerExit
 from ...config.schema import patterns
 from ...protocol.messages import (Event, Notice, StepMetrics, TrainingStarted, ValResult,
                                   WorkerError)
@@ -290,11 +290,11 @@ class ScriptAttempt(ClientFrames):
         if self.fail_code is not None:
             return self.fail_code
         if self.limit:
-            return EXIT_COMPLETED
+            return WorkerExit.COMPLETED
         if self.control.should_stop:
-            return EXIT_STOPPED
+            return WorkerExit.STOPPED
         if code == 0:
-            return EXIT_COMPLETED
+            return WorkerExit.COMPLETED
         if code < 0 and -code in signal.Signals._value2member_map_:
             how = f"was killed by {signal.Signals(-code).name}"
         else:
@@ -305,7 +305,7 @@ class ScriptAttempt(ClientFrames):
         error = f"{error} ({who} {how})" if error else f"{who} {how}"
         self.sender.send(WorkerError(pipeline=self.name, error=error, traceback=crash_excerpt(lines), where="train",
                                      rank=self.spec.rank, step=self.events.step or -1))
-        return EXIT_ERROR
+        return WorkerExit.ERROR
 
     # ------------------------------------------------------------ the script's output
 

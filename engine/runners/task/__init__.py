@@ -52,7 +52,7 @@ class TaskRunner(Runner):
     def run(self, spec, pipe, validation, sender, control) -> int:
         """Build the user's task and train it with torchherd's own loop (or with Lightning's, when the factory
         returned a torchherd.LightningTask)."""
-        from ...protocol.channel import EXIT_FATAL, EXIT_STOPPED
+        from ...protocol.channel import WorkerExit
         from ...protocol.messages import TaskBuilt, WorkerError
         from ...protocol.names import ValidationMode
         from ..lightning import check_built
@@ -68,11 +68,11 @@ class TaskRunner(Runner):
             print(f"torchherd: {exc}", file=sys.stderr)
             sender.send(WorkerError(pipeline=pipe.name, error=error_text(str(exc)), where="build",
                                     traceback=factory_traceback(exc)))
-            return EXIT_FATAL
+            return WorkerExit.FATAL
         if spec.hold:  # its build is the run's task check (engine/supervise/build_check.py): no step until all built
             sender.send(TaskBuilt(pipeline=pipe.name))
             if not control.hold():
-                return EXIT_STOPPED
+                return WorkerExit.STOPPED
         if isinstance(task, LightningTask):  # only the factory could tell: the config says "task"
             from ..lightning.runner import run_lightning
 

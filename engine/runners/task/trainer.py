@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ...worker import checkpoint as ckpt
-from ...protocol.channel import EXIT_COMPLETED, EXIT_FATAL, EXIT_STOPPED, StatusSender
+from ...protocol.channel import StatusSender, WorkerExit
 from ...config.schema import Pipeline, ValidationConfig
 from ...protocol.messages import EarlyStop, EpochEnd, Notice, TrainingStarted, ValResult, WorkerError
 from ...protocol.names import PipelineKind, ValidationMode
@@ -180,7 +180,7 @@ class Trainer(TrainerCheckpoints):
             self.resume()
         except ckpt.CheckpointRefused as exc:  # no restart makes it safe: the pipeline fails, saying why
             self.sender.send(WorkerError(pipeline=self.name, error=f"CheckpointRefused: {exc}", where="checkpoint"))
-            return EXIT_FATAL
+            return WorkerExit.FATAL
         per_epoch = self._batches_per_epoch()
         steps_per_epoch = per_epoch // self.pipe.accumulate_grad_batches if per_epoch else 0
         self._start_training(steps_per_epoch)
@@ -289,7 +289,7 @@ class Trainer(TrainerCheckpoints):
             # No rank ends while rank 0 still validates or saves: an early exit would start the gang's
             # linger clock, and rank 0 could be ended before its last checkpoint.
             self.gang.barrier()
-        return EXIT_STOPPED if stopped else EXIT_COMPLETED
+        return WorkerExit.STOPPED if stopped else WorkerExit.COMPLETED
 
     def _end_epoch(self, epoch_start: float, samples: int, steps_per_epoch: int) -> int | None:
         duration = time.monotonic() - epoch_start
