@@ -191,11 +191,19 @@ def test_validation_runs_on_each_node_across_cluster_nodes():
 
 
 def service(tmp_path, launcher, results):
+    """A validation service over `launcher`; what it publishes, and each result as (pipeline, result) in `results`."""
+    from torchherd.engine.protocol.messages import ValResult
     from torchherd.engine.supervise.validation_service import ValidationService
 
     published = []
-    svc = ValidationService(launcher, published.append, tmp_path / "run", tmp_path / "shm" / "torchherd-r-0123",
-                            lambda name, r: results.append((name, r)), lambda name, e: None)
+
+    def publish(event):
+        published.append(event)
+        if isinstance(event, ValResult):
+            results.append((event.pipeline, event))
+
+    svc = ValidationService(backend=launcher, publish=publish, run_dir=tmp_path / "run",
+                            snapshot_root=tmp_path / "shm" / "torchherd-r-0123", on_early_stop=lambda name, e: None)
     return svc, published
 
 

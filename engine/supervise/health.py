@@ -12,7 +12,6 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from ..protocol.health import Alert, RankPace, Triage
 from ..protocol.records import to_record
@@ -23,6 +22,7 @@ from .alert_rules import AlertRules
 from .commands import STACKS_ASKED
 from .stragglers import StragglerWatch
 from .triage import read_places, verdict
+from .observed import ObservedSession
 
 DISK_EVERY = 30.0  # seconds between looks at the runs folder's free space
 SETTLE = 0.5  # seconds a rank's log must stay the same size for its stack dump to be whole
@@ -35,7 +35,7 @@ WEBHOOK_TRIES = (0.0, 1.0, 3.0)  # seconds to wait before each try of an alert's
 class HealthWatch:
     """Taps a supervisor's bus for its stragglers, triages and alerts."""
 
-    def __init__(self, supervisor: Any):
+    def __init__(self, supervisor: ObservedSession):
         self._sup = supervisor
         self.run_dir = Path(supervisor.run_dir)
         self.config = supervisor.config.alerts
@@ -47,7 +47,7 @@ class HealthWatch:
         self._webhook_failed = False  # said once that the webhook does not take alerts
         self._loop = asyncio.get_running_loop()
 
-    def on_event(self, event: Any, line: bytes = b"", kept: bool = True) -> None:
+    def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
         if isinstance(event, StepMetrics):
             self._raise(self.rules.take(event))
             return

@@ -18,7 +18,7 @@ from .validation_service import ValidationService
 class WorkerIntake:
     """Takes each batch a worker's handle delivers (`take`, which the lifecycle calls)."""
 
-    def __init__(self, lifecycle: Lifecycle, bus: EventBus, validation: ValidationService,
+    def __init__(self, *, lifecycle: Lifecycle, bus: EventBus, validation: ValidationService,
                  emit: Callable[[Event], None], early_stop: Callable[[str, EarlyStop], None]):
         self._lifecycle, self._bus, self._validation = lifecycle, bus, validation
         self._emit, self._early_stop = emit, early_stop

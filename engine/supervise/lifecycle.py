@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 from ..protocol.channel import WorkerExit
 from ..launch.backend import Handle, NoRoom
@@ -53,14 +53,31 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-class Lifecycle:
-    """Starts and ends attempts and moves pipelines through their states."""
+class Intake(Protocol):
+    """Where the events an attempt's handle delivers go (supervise/intake.py's WorkerIntake)."""
 
-    def __init__(self, start: Callable[[PipelineRun], Handle], scheduler: Scheduler, publish: Callable[[Event], None],
-                 on_events: Callable[[PipelineRun, Handle, list[Event]], None],
-                 gpu_note: Callable[[PipelineRun], str]):
+    def take(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None: ...
+
+
+class Lifecycle:
+    """Starts and ends attempts and moves pipelines through their states.
+
+    Built before the intake that depends on it; `deliver_to` then names that intake, before any attempt starts.
+    """
+
+    def __init__(self, *, start: Callable[[PipelineRun], Handle], scheduler: Scheduler,
+                 publish: Callable[[Event], None], gpu_note: Callable[[PipelineRun], str]):
         self._start, self._scheduler, self._publish = start, scheduler, publish  # start: raises OSError
-        self._on_events, self._gpu_note = on_events, gpu_note
+        self._gpu_note = gpu_note  # what the GPU looked like, for a crash's message
+        self._intake: Intake | None = None
+
+    def deliver_to(self, intake: Intake) -> None:
+        """Every attempt's events go to `intake` from now on."""
+        self._intake = intake
+
+    def _on_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
+        assert self._intake is not None, "deliver_to before the first attempt"
+        self._intake.take(run, handle, events)
 
     # ------------------------------------------------------------ states
 

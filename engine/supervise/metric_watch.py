@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..protocol.messages import Notice, ValResult
+from ..protocol.messages import Event, Notice, ValResult
+from .observed import ObservedSession
 
 
 def missing_metric_text(metric: str, metrics: dict[str, Any]) -> str:
@@ -21,13 +22,13 @@ def missing_metric_text(metric: str, metrics: dict[str, Any]) -> str:
 class MetricWatch:
     """A bus tap that warns once per pipeline whose validation results lack the configured metric."""
 
-    def __init__(self, supervisor: Any):
+    def __init__(self, supervisor: ObservedSession):
         self._sup = supervisor
         self.metric = supervisor.config.validation.metric
         self.warned: set[str] = set()
         self._loop = asyncio.get_running_loop()
 
-    def on_event(self, event: Any, line: bytes = b"", kept: bool = True) -> None:
+    def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
         if not isinstance(event, ValResult) or event.error or not event.metrics or event.pipeline in self.warned:
             return
         if self.metric in event.metrics:

@@ -4,17 +4,16 @@ warning about a validation metric never reported (`metric_watch.py`), and the wa
 alerts (`health.py`)."""
 from __future__ import annotations
 
-from typing import Any
-
 from ..rundir.tensorboard import FOLDER, TensorBoardTap
 from .health import HealthWatch
 from .metric_watch import MetricWatch
+from .observed import ObservedSession
 from .sweeping import SweepPruner
 
 __all__ = ["SweepPruner", "attach_observers"]
 
 
-def attach_observers(supervisor: Any) -> SweepPruner | None:
+def attach_observers(supervisor: ObservedSession) -> SweepPruner | None:
     """Tap `supervisor`'s bus for its TensorBoard files and its sweep; returns the sweep's pruner, if any."""
     if supervisor.config.tensorboard:
         supervisor.tap(TensorBoardTap(supervisor.run_dir / FOLDER, supervisor.config).on_event)

@@ -40,7 +40,6 @@ from .telemetry_feed import TelemetryFeed, gpu_note
 from .validation_service import SESSION_ENDED, ValidationService
 
 __all__ = ["EventStream", "PipelineView", "Supervisor"]
-
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
 
@@ -71,11 +70,12 @@ class Supervisor:
         self._bus = EventBus()
         self._scheduler = Scheduler.for_run(self._backend, slots, self.run_id, self.run_dir, config.devices)
         self._nodes = NodeFollower(self._backend, config, self._scheduler, inventory)  # a cluster's, as they change
-        self._lifecycle = Lifecycle(self._start_attempt, self._scheduler, self._emit,
-                                    lambda *batch: self._intake.take(*batch), lambda run: gpu_note(run, self.telemetry))
-        self._validation = ValidationService(self._backend, self._emit_validation, self.run_dir, self.snapshot_root,
-                                             lambda _, ev: self._emit_validation(ev), self._on_early_stop)
-        self._intake = WorkerIntake(self._lifecycle, self._bus, self._validation, self._emit, self._on_early_stop)
+        self._validation = ValidationService(backend=self._backend, publish=self._emit_validation, run_dir=self.run_dir,
+                                             snapshot_root=self.snapshot_root, on_early_stop=self._on_early_stop)
+        self._lifecycle = Lifecycle(start=self._start_attempt, scheduler=self._scheduler, publish=self._emit,
+                                    gpu_note=lambda run: gpu_note(run, self.telemetry))
+        self._lifecycle.deliver_to(WorkerIntake(lifecycle=self._lifecycle, bus=self._bus, validation=self._validation,
+                                                emit=self._emit, early_stop=self._on_early_stop))
         self._runs: dict[str, PipelineRun] = {}
         self._order = 0
         self._rundir: RunDirectory | None = None

@@ -111,12 +111,12 @@ class Validator:
 class ValidationService:
     """Runs the validators of a session and keeps the snapshot ledgers of its pipelines."""
 
-    def __init__(self, backend: Backend, publish: Callable[[Event], None], run_dir: Path, snapshot_root: Path,
-                 on_result: Callable[[str, ValResult], None], on_early_stop: Callable[[str, EarlyStop], None]):
-        self._backend, self._publish = backend, publish
+    def __init__(self, *, backend: Backend, publish: Callable[[Event], None], run_dir: Path, snapshot_root: Path,
+                 on_early_stop: Callable[[str, EarlyStop], None]):
+        self._backend, self._publish = backend, publish  # publish: results, skips, the validator's own news
         self._policy = RestartPolicy(VALIDATOR_RESTARTS)
         self.run_dir, self.snapshot_root = run_dir, snapshot_root
-        self._on_result, self._on_early_stop = on_result, on_early_stop
+        self._on_early_stop = on_early_stop
         self.ledgers: dict[str, SnapshotLedger] = {}
         self.plan: ValidationPlan | None = None
         self.validators: dict[str, Validator] = {}  # by node id; "" is this machine
@@ -361,7 +361,7 @@ class ValidationService:
                     for seq, epoch, step in ledger.resolve(event.seq):
                         self._publish(SnapshotSkipped(pipeline=name, seq=seq, epoch=epoch, step=step,
                                                       reason=SKIPPED_NEWER))
-                    self._on_result(name, event)
+                    self._publish(event)
                     if ledger.far_behind():
                         ledger.said_behind = True
                         self._publish(Notice(pipeline=name, level="warning", text=far_behind_text(ledger)))
