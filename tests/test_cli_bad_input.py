@@ -72,7 +72,7 @@ def test_restart_of_a_pipeline_whose_run_has_ended_says_how_to_start_it_again(tm
     # supervisor is running it".
     import io
 
-    from torchherd.tui.control import act_command
+    from torchherd.tui.verbs import act_command
 
     run_dir = tmp_path / "runs" / "20260101-000000-x"
     run_dir.mkdir(parents=True)

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from torchherd import client_frames as script_wire
 from torchherd.engine.config.load import load_config, parse_config
 from torchherd.engine.config.problems import ConfigError
-from torchherd.engine.launch.channel_handle import FrameReader as ChannelFrames
+from torchherd.engine.launch.channel_handle import StatusFrameReader as ChannelFrames
 from torchherd.engine.protocol.channel import ChannelError, decode_batch, decode_command
 from torchherd.engine.protocol.control import Action, Request
 from torchherd.engine.protocol.messages import Event, Message

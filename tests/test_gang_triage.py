@@ -77,7 +77,7 @@ async def test_a_rank_slow_in_its_data_path_is_flagged_as_a_straggler_with_its_r
 
 async def test_torchherd_stacks_answers_with_where_each_rank_of_a_hung_gang_is(tmp_path):
     from torchherd.engine.protocol.control import Action
-    from torchherd.tui.control import _ask
+    from torchherd.tui.verbs import _ask
     from tests.test_service import served
 
     sock = Path(tempfile.mkdtemp(prefix="th-test-")) / "control.sock"  # AF_UNIX paths are short

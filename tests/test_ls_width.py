@@ -1,6 +1,6 @@
 """`torchherd ls` fits a run's row to the terminal: a sweep's trials are cut with a count, not printed whole;
 into a pipe the names go whole."""
-from torchherd.tui.control import fit_names
+from torchherd.tui.verbs import fit_names
 
 
 def test_a_sweeps_pipeline_list_is_cut_to_the_room_with_a_count():

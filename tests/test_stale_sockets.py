@@ -17,7 +17,7 @@ from torchherd.engine.rundir.directory import RunDirectory
 from torchherd.engine.serve import remote
 from torchherd.engine.serve.remote import NotLive, RemoteRun
 from torchherd.engine.serve.runtime import CONTROL_FILE, clean_stale, runtime_dir, socket_path
-from torchherd.tui.control import list_command
+from torchherd.tui.verbs import list_command
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ..engine.protocol.control import Action
 from ..engine.protocol.messages import Notice, RunFinished, RunStarted
 from ..engine.protocol.names import PipelineKind
 from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, LinePrinter, exit_status
@@ -109,7 +110,7 @@ class ClientSignals:
             printer.write("\nstopping every pipeline gracefully" +
                           (" (Ctrl-C again to kill)\n" if sig == signal.SIGINT else f" ({sig.name})\n"))
         elif sig == signal.SIGINT:
-            self.run.send("kill")
+            self.run.send(Action.KILL)  # every pipeline
             printer.write("\nkilling every pipeline\n")
 
 
@@ -170,7 +171,7 @@ def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int
     following it to its end would have given; EXIT_FAILED when it was cut short."""
     from ..engine import summarize
     from ..engine import read_history
-    from .control import state_of
+    from .verbs import state_of
 
     if from_start:
         printer.by_event_time()

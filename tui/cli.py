@@ -92,7 +92,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
 
 def _client_parsers() -> dict[str, argparse.ArgumentParser]:
     """attach, ls and the commands that act on a live run."""
-    from .control import ACTIONS, NEEDS_NAME
+    from .verbs import ACTIONS, NEEDS_NAME
 
     runs_dir = {"metavar": "DIR", "default": "runs", "help": "where runs are found (default: ./runs)"}
     attach = argparse.ArgumentParser(
@@ -197,7 +197,7 @@ def run_app_checked(config: Path, runs_dir: Path | None) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from ..engine import summarize
-    from .control import BadRun, resolve_run
+    from .verbs import BadRun, resolve_run
 
     try:
         run_dir = resolve_run(args.run_dir, Path(args.runs_dir))
@@ -247,7 +247,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _attach(args: argparse.Namespace) -> int:
-    from .control import BadRun, resolve_run
+    from .verbs import BadRun, resolve_run
 
     try:
         run_dir = resolve_run(args.run, Path(args.runs_dir))
@@ -268,7 +268,7 @@ def _attach(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from ..engine import export_run
-    from .control import BadRun, resolve_run
+    from .verbs import BadRun, resolve_run
 
     try:
         run_dir = resolve_run(args.run, Path(args.runs_dir))
@@ -282,7 +282,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from .control import list_command
+    from .verbs import list_command
 
     return list_command(Path(args.runs_dir), args.json)
 
@@ -306,7 +306,7 @@ def _main(argv: list[str]) -> int:
                     "export": _export}
         if argv[0] in handlers:
             return handlers[argv[0]](args)
-        from .control import act_command
+        from .verbs import act_command
 
         return act_command(argv[0], args.run, args.name, Path(args.runs_dir))
     args = app_parser.parse_args(argv)

@@ -20,7 +20,7 @@ READ_CHUNK = 1 << 16  # bytes read from the channel at a time
 MAX_BATCH = 256 << 20  # bytes: a batch longer than this is a broken or hostile peer, not a worker's events
 
 
-class FrameReader:
+class StatusFrameReader:
     """Splits a byte stream into the messages `Connection.send_bytes` framed (a length, then the bytes)."""
 
     def __init__(self) -> None:
@@ -52,7 +52,7 @@ class FrameReader:
         return bytes(self._buf)
 
 
-class _Lost(FrameReader):
+class _Lost(StatusFrameReader):
     """A channel whose framing was lost: whatever follows is never read."""
 
     def feed(self, data: bytes) -> list[bytes]:
@@ -75,7 +75,7 @@ class ChannelHandle(Handle):
     def __init__(self, status: Connection | None = None, control: Connection | None = None):
         self._status: Connection | None = None
         self._control: Connection | None = None
-        self._frames = FrameReader()
+        self._frames = StatusFrameReader()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_events: Callable[[list[Event]], None] | None = None
         self._reading = False
