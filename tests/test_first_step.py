@@ -91,7 +91,7 @@ def held(name: str, kind: str = "task") -> SimpleNamespace:
 def opened(config) -> BuildCheck:
     """The check of a fresh run, as the supervisor opens it before its first wave launches."""
     check = BuildCheck(config, asked=True)
-    check.open(resuming=False, background=False, bus=SimpleNamespace(add_sink=lambda sink: None))
+    check.open(resuming=False, background=False, bus=SimpleNamespace(add_tap=lambda tap: None))
     return check
 
 

@@ -61,7 +61,7 @@ class BuildCheck:
         self.tasks = len(plan_jobs(self.config, background)) if self.asked and not resuming else 0
         if self.tasks:
             self.active, self.started = True, time.monotonic()
-            bus.add_sink(lambda event: self.heard(pipeline_of(event), event))
+            bus.add_tap(lambda event, line, kept: self.heard(pipeline_of(event), event))
 
     @property
     def holding(self) -> bool:

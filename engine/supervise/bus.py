@@ -1,9 +1,8 @@
-"""The event bus of a session: every event goes to its sinks (the run directory) and its subscribers.
+"""The event bus of a session: events go on with `publish` (one), `publish_steps` (a run of step reports at
+once) or `publish_transient` (telemetry: never written); they come off through `add_writer` (the run directory,
+first), `add_tap` (a callback per event) and `subscribe` (a stream, the history first for late comers).
 
-Subscribers (the app, the headless CLI) get an `EventStream`, optionally replaying
-the history kept for late comers; transient events (telemetry) reach subscribers
-only. Each event is encoded once (its events.jsonl line) for every sink and tap that takes the bytes.
-Closing the bus ends every stream.
+Each event is encoded once (its events.jsonl line) for every writer and tap. Closing the bus ends every stream.
 """
 from __future__ import annotations
 
@@ -71,12 +70,11 @@ class EventStream:
 
 
 class EventBus:
-    """Fans events out to sinks and subscribers, in the order they were published."""
+    """Fans events out to writers, taps and subscribers, in the order they were published."""
 
     def __init__(self, history: int = HISTORY):
         self._history: deque[Event] = deque(maxlen=history)
         self._subscribers: list[asyncio.Queue] = []
-        self._sinks: list[Callable[[Event], None]] = []
         self._writers: list[Callable[[Event, bytes], None]] = []
         self._step_writers: list[Callable[[list[StepMetrics], list[bytes]], None]] = []
         self._taps: list[Callable[[Event, bytes, bool], None]] = []
@@ -84,14 +82,10 @@ class EventBus:
         self._step_taps: list[Callable[[list[StepMetrics], list[bytes]], None]] = []
         self.closed = False
 
-    def add_sink(self, sink: Callable[[Event], None]) -> None:
-        """Call `sink(event)` for every event published from now on, until the bus closes."""
-        self._sinks.append(sink)
-
     def add_writer(self, writer: Callable[[Event, bytes], None],
                    steps: Callable[[list[StepMetrics], list[bytes]], None] | None = None) -> None:
-        """A sink that takes the event's events.jsonl line too: `writer(event, line)` (the run directory); `steps`,
-        if given, takes a run of step reports and their lines at once (`publish_steps`)."""
+        """Call `writer(event, line)` with its events.jsonl line for every kept event, before any tap (the run
+        directory); `steps`, if given, takes a run of step reports and their lines at once (`publish_steps`)."""
         self._writers.append(writer)
 
         def each(events: list[StepMetrics], lines: list[bytes]) -> None:
@@ -101,8 +95,8 @@ class EventBus:
 
     def add_tap(self, tap: Callable[[Event, bytes, bool], None],
                 steps: Callable[[list[StepMetrics], list[bytes]], None] | None = None) -> None:
-        """Call `tap(event, line, kept)` for every event from now on, kept or transient, right after the sinks
-        (so a tap that reads the sinks' files sees the event written); for the control socket's fan-out.
+        """Call `tap(event, line, kept)` for every event from now on, kept or transient, right after the writers
+        (so a tap that reads the run directory sees the event written): the control socket's fan-out, observers.
         `line` is the event's one encoding, the bytes events.jsonl has (or would have, for a transient).
         `steps`, if given, takes a run of step reports (all kept) and their lines at once instead."""
         self._taps.append(tap)
@@ -116,8 +110,6 @@ class EventBus:
         if self.closed:
             return
         line = encode_line(event) if self._writers or self._taps else b""
-        for sink in self._sinks:
-            sink(event)
         for writer in self._writers:
             writer(event, line)
         for tap in self._taps:
@@ -126,7 +118,7 @@ class EventBus:
             queue.put_nowait(event)
 
     def publish_steps(self, steps: list[StepMetrics]) -> None:
-        """`publish` of each of a run of step reports, in order, to the same sinks, taps and subscribers: one call
+        """`publish` of each of a run of step reports, in order, to the same writers, taps and subscribers: one call
         for the bulk of a worker's batch. Every line is written (into the buffers: step reports are not flushed)
         before the first tap or subscriber sees its event."""
         if self.closed:
@@ -137,13 +129,11 @@ class EventBus:
             write(steps, lines)
         for tap_steps in self._step_taps:
             tap_steps(steps, lines)
-        history, sinks, taps, queues = self._history.append, self._sinks, self._each_step_taps, self._subscribers
+        history, taps, queues = self._history.append, self._each_step_taps, self._subscribers
         for event, line in zip(steps, lines):
             history(event)
             if self.closed:  # by a tap, meanwhile: what follows is kept in the history only
                 continue
-            for sink in sinks:
-                sink(event)
             for tap in taps:
                 tap(event, line, True)
             for queue in queues:
@@ -175,7 +165,6 @@ class EventBus:
         if self.closed:
             return
         self.closed = True
-        self._sinks.clear()
         self._writers.clear()
         self._step_writers.clear()
         self._taps.clear()

@@ -1,6 +1,6 @@
 """The supervisor: the asyncio facade of a session, which owns every worker of a run and reports on them.
 
-It composes an event bus (the run directory is one sink), a scheduler of device
+It composes an event bus (the run directory is its writer), a scheduler of device
 slots, the lifecycle of attempts and the validation service, and runs one
 supervision pass every tick; none of its methods blocks the event loop.
 """
