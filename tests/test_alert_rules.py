@@ -156,6 +156,7 @@ def test_a_validator_that_falls_behind_is_one_alert_and_a_background_score_reset
         return SnapshotTaken(pipeline="a", seq=seq, epoch=0, step=10 * seq, slot=0, stall_ms=1.0, nbytes=1, time=float(seq))
 
     r = rules(validator_behind=3)
+    r.take(ValResult(pipeline="a", epoch=0, step=0, metrics={}, mode="background"))  # the validator is up
     assert r.take(taken(1)) == [] and r.take(taken(2)) == []
     [alert] = r.take(taken(3))
     assert alert.rule == "validator" and "3 snapshots handed off" in alert.message
@@ -166,6 +167,20 @@ def test_a_validator_that_falls_behind_is_one_alert_and_a_background_score_reset
         if seq % 2 == 0:
             assert r.take(ValResult(pipeline="a", epoch=0, step=10 * seq, metrics={}, mode="background")) == []
     assert rules(validator_behind=0).take(taken(99)) == []
+
+
+def test_snapshots_handed_off_while_the_validator_starts_are_no_lag_until_its_grace_has_passed():
+    from torchherd.engine.protocol.messages import SnapshotTaken
+    from torchherd.engine.supervise.alert_rules import STARTUP_GRACE
+
+    def taken(seq: int, at: float) -> SnapshotTaken:
+        return SnapshotTaken(pipeline="a", seq=seq, epoch=seq, step=seq, slot=0, stall_ms=1.0, nbytes=1, time=at)
+
+    r = rules(validator_behind=3)
+    # Epochs of a tenth of a second on a GPU: ten snapshots before the validator has imported torch.
+    assert [r.take(taken(seq, 100.0 + seq / 10)) for seq in range(1, 11)] == [[]] * 10
+    [alert] = r.take(taken(11, 100.1 + STARTUP_GRACE))  # never scored a minute on: that is lag
+    assert alert.rule == "validator" and "11 snapshots handed off" in alert.message
 
 
 def test_an_alert_is_text_in_its_pipelines_tensorboard_file(tmp_path):

@@ -38,7 +38,8 @@ class AlertsConfig(BaseModel):
     idle_minutes: float = Field(10.0, ge=0, description="Minutes of idle GPU before the idle rule alerts.")
     validator_behind: int = Field(3, ge=0, description=(
         "Alert when this many snapshots of a pipeline were handed off since the background validator last "
-        "scored one of its weights (results lag training); 0 turns the rule off."))
+        "scored one of its weights (results lag training); before its first score of the pipeline (while it "
+        "starts) only a minute on; 0 turns the rule off."))
     disk_free: float = Field(0.05, ge=0, lt=1, description=(
         "Alert when the runs folder's disk has less than this share free (0.05: 5%); 0 turns the rule off."))
 

@@ -21,6 +21,7 @@ from ..protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, TelemetrySnapshot
 
 MAD_SCALE = 1.4826  # the MAD of normal data times this is its standard deviation
 MIN_SPREAD = 1e-6  # a window of identical losses: a spike must still exceed them by this much (relative)
+STARTUP_GRACE = 60.0  # seconds: snapshots before the validator's first score of a pipeline count only after this
 
 
 def robust_z(value: float, window: list[float]) -> float:
@@ -48,6 +49,8 @@ class AlertRules:
         self.held: dict[tuple[str, str], int] = {}  # (rule, pipeline) -> alerts held back since then
         self.idle_since: dict[str, float] = {}  # pipeline -> when its GPUs last went idle
         self.unscored: dict[str, int] = {}  # pipeline -> snapshots handed off since its last background result
+        self.first_unscored: dict[str, float] = {}  # pipeline -> when the first of those was handed off
+        self.scored: set[str] = set()  # pipelines the validator has scored: it is up and reading theirs
 
     def take(self, event: Event) -> list[Alert]:
         """The alerts `event` raises (after the rate limit: [] when one went out for its rule lately)."""
@@ -89,14 +92,21 @@ class AlertRules:
         return found
 
     def _behind(self, event: SnapshotTaken | ValResult) -> list[Alert]:
-        """The validator-behind alert once `validator_behind` snapshots wait since the pipeline's last score."""
+        """The validator-behind alert once `validator_behind` snapshots wait since the pipeline's last score.
+
+        Before its first score of a pipeline the validator is starting (torch, CUDA, the model): short epochs
+        hand off several snapshots meanwhile, which is no lag, so they count only after STARTUP_GRACE seconds."""
         name = event.pipeline
         if isinstance(event, ValResult):
             if event.mode == ValidationMode.BACKGROUND:
                 self.unscored[name] = 0
+                self.scored.add(name)
             return []
         self.unscored[name] = waiting = self.unscored.get(name, 0) + 1
-        if not self.config.validator_behind or waiting < self.config.validator_behind:
+        if waiting == 1:
+            self.first_unscored[name] = event.time
+        starting = name not in self.scored and event.time - self.first_unscored[name] < STARTUP_GRACE
+        if not self.config.validator_behind or waiting < self.config.validator_behind or starting:
             return []
         return [self._alert("validator", name, f"{name}: validator behind", (
             f"{waiting} snapshots handed off since the validator last scored {name}'s weights (at step "
