@@ -37,16 +37,11 @@ def imported_modules(path: Path) -> set[str]:
     return imported_modules_of(path, module_name(path)[:-1])
 
 
-def imported_modules_of(path: Path, package: list[str], typing_too: bool = True) -> set[str]:
-    """Every module a file of `package` names in an import statement, at top level or inside a function
-    (and, unless `typing_too` is false, inside `if TYPE_CHECKING:`)."""
+def imported_modules_of(path: Path, package: list[str]) -> set[str]:
+    """Every module a file of `package` names in an import statement, at top level, inside a function or for
+    type checkers."""
     names: set[str] = set()
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
-                   and ast.unparse(block.test) == "TYPE_CHECKING" for n in ast.walk(block)}
-    for node in ast.walk(tree):
-        if not typing_too and id(node) in typing_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -218,7 +213,7 @@ def test_the_client_wire_format_needs_only_the_standard_library():
 
 
 def module_graph() -> dict[str, set[str]]:
-    """Which torchherd module imports which (engine, tui, the public package), imports for type checkers left out."""
+    """Which torchherd module imports which (engine, tui, the public package), imports for type checkers too."""
     import torchherd.tui
     roots = {"torchherd.engine": ENGINE, "torchherd.tui": Path(torchherd.tui.__path__[0])}
     files = {f"{pkg}.{'.'.join(p.relative_to(root).with_suffix('').parts)}": p
@@ -228,7 +223,7 @@ def module_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        for imported in imported_modules_of(path, package, typing_too=False):
+        for imported in imported_modules_of(path, package):
             while imported and imported not in files:
                 imported = imported.rpartition(".")[0]
             related = imported.startswith(name + ".") or name.startswith(imported + ".")  # a package and its own
@@ -238,7 +233,8 @@ def module_graph() -> dict[str, set[str]]:
 
 
 def test_no_module_imports_itself_round_a_loop():
-    """No two torchherd modules import each other, directly or round a longer loop (lazy imports count)."""
+    """No two torchherd modules import each other, directly or round a longer loop (lazy imports and imports for
+    type checkers count: a loop of types is a loop a reader follows too)."""
     graph = module_graph()
     assert {"torchherd.tui.attach", "torchherd.engine.worker.snapshot", "torchherd.client"} <= set(graph)
     assert cycle_in(graph) == []

@@ -9,14 +9,31 @@ import os
 import signal
 import socket
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ...protocol.messages import Event, Notice
 from ...protocol.names import Intent
 from ..channel_handle import ChannelHandle
 
 if TYPE_CHECKING:
-    from .launcher import RayLauncher
+    from .placement import ClusterInventory
+
+
+class HandleOwner(Protocol):
+    """What a handle asks of the launcher that made it (launcher.py's RayLauncher)."""
+
+    @property
+    def inventory(self) -> ClusterInventory:
+        """The cluster's devices, to name a node in people's words."""
+        ...
+
+    def why_lost(self, handle: RayHandle, exc: BaseException) -> str:
+        """People's words for an actor that died without its child reporting an exit."""
+        ...
+
+    def ended(self, handle: RayHandle) -> None:
+        """The attempt is over: its room frees and its actor ends."""
+        ...
 
 
 class RayHandle(ChannelHandle):
@@ -26,7 +43,7 @@ class RayHandle(ChannelHandle):
     to read; from then on the connection is read exactly as a local worker's pipe is.
     """
 
-    def __init__(self, launcher: RayLauncher, key: str, name: str, actor, node_id: str, label: str):
+    def __init__(self, launcher: HandleOwner, key: str, name: str, actor, node_id: str, label: str):
         super().__init__()  # no channel yet: see `connected`
         self._launcher, self.key, self.name, self.actor = launcher, key, name, actor
         self._node_id = node_id
