@@ -113,6 +113,20 @@ def test_engine_subpackages_import_each_other_without_loops():
     assert cycle_in(graph) == []
 
 
+# The engine's sub-packages from the ground up: each imports only those below it (docs/develop/architecture.md).
+# Runners sit below hardware: placement asks a pipeline's runner what it can run (a gang, a strategy) before
+# it grants devices, and a runner never asks where it runs (its environment says).
+LAYERS = ["protocol", "config", "worker", "rundir", "runners", "validation", "hardware", "telemetry", "launch",
+          "preflight", "supervise", "serve"]
+
+
+def test_engine_subpackages_import_only_the_layers_below():
+    graph = subpackage_graph()
+    assert set(graph) <= set(LAYERS), f"place the new sub-package in LAYERS: {set(graph) - set(LAYERS)}"
+    upward = {f"{a} -> {b}" for a, targets in graph.items() for b in targets if LAYERS.index(b) > LAYERS.index(a)}
+    assert upward == set()
+
+
 def test_the_loop_finder_finds_a_loop():
     assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert cycle_in({"a": {"b"}, "b": set()}) == []
