@@ -13,7 +13,8 @@ def test_the_first_at_a_rung_pauses_and_the_second_better_one_goes_on():
     asha = PromotingAsha([1, 2], 2, "val_loss", "min")
     first = asha.result("a", 1.0, 0.30)
     assert first.pause and not first.prune and asha.paused == {"a": 1}
-    assert first.reason == "val_loss 0.3 at epoch 1, not among the best 0 of 1 at rung 1"
+    assert first.reason == ("val_loss 0.3 at epoch 1, waits for more trials at rung 1 "
+                            "(the best 1 of every 2 go on; 1 so far)")
     second = asha.result("b", 1.0, 0.20)  # best 1 of 2: it goes on at once
     assert not second.pause and second.reason == "val_loss 0.2 at epoch 1, among the best 1 of 2"
     assert asha.promotions() == []  # 'a' is second of 2: it still waits

@@ -159,8 +159,9 @@ class PromotingAsha(Asha):
                 self.promoted[rung].add(trial)
                 return Verdict(False, rung, value, self._edge(rung), f"{said}, among the best {best} of {n}")
             self.paused[trial] = rung
-            return Verdict(False, rung, value, self._edge(rung),
-                           f"{said}, not among the best {best} of {n} at rung {rung}", pause=True)
+            where = (f"waits for more trials at rung {rung:g} (the best 1 of every {self.reduction_factor:g} "
+                     f"go on; {n} so far)" if best == 0 else f"not among the best {best} of {n} at rung {rung:g}")
+            return Verdict(False, rung, value, self._edge(rung), f"{said}, {where}", pause=True)
         return None
 
     def promotions(self) -> list[tuple[str, Verdict]]:
