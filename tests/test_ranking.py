@@ -74,7 +74,7 @@ def test_the_app_folds_the_same_rows_event_by_event_as_headless_does(tmp_path):
 
     config = sweep(tmp_path)
     state = RunState()
-    state.set_sweep(SavedSweep({p.name: dict(p.trial) for p in config.pipelines}, "val_loss", "min"))
+    state.add_sweep(SavedSweep({p.name: dict(p.trial) for p in config.pipelines}, "val_loss", "min"))
     for event in events():
         state.apply(event)
     assert [(r.name, r.best, r.rung, r.reasons) for r in state.ranked()] == \
@@ -89,18 +89,43 @@ def test_the_app_folds_the_same_rows_event_by_event_as_headless_does(tmp_path):
 def test_a_run_directory_says_its_sweep_without_loading_the_schema(tmp_path):
     import json
 
-    from torchherd.tui.ranking import saved_sweep
+    from torchherd.tui.ranking import saved_sweeps
 
     config = sweep(tmp_path, "max")
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps([config.model_dump(mode="json")]))
-    saved = saved_sweep(run)
-    assert saved is not None and (saved.metric, saved.metric_mode) == ("val_loss", "max")
+    [saved] = saved_sweeps(run)
+    assert (saved.metric, saved.metric_mode, saved.overlay) == ("val_loss", "max", 4)
     assert saved.trials == {"t-lr0.1": {"params.lr": 0.1}, "t-lr0.01": {"params.lr": 0.01},
                             "t-lr0.001": {"params.lr": 0.001}}
     plain = make_config(tmp_path, [{"name": "a"}])
     (run / "config.json").write_text(json.dumps([plain.model_dump(mode="json")]))
-    assert saved_sweep(run) is None  # no sweep
+    assert saved_sweeps(run) == []  # no sweep
     (run / "config.json").write_text("{not json")
-    assert saved_sweep(run) is None and saved_sweep(tmp_path / "nowhere") is None
+    assert saved_sweeps(run) == [] and saved_sweeps(tmp_path / "nowhere") == []
+
+
+def test_every_sweep_of_a_session_is_ranked_on_its_own_metric_and_mode(tmp_path):
+    import json
+
+    from torchherd.tui.ranking import SavedSweep, saved_sweeps
+    from torchherd.tui.runstate import RunState
+
+    first, added = sweep(tmp_path, "min"), sweep(tmp_path, "max")
+    added = added.model_copy(update={"sweep": added.sweep.model_copy(update={"overlay": 2})})
+    run = tmp_path / "run"
+    run.mkdir()
+    plain = make_config(tmp_path, [{"name": "a"}])
+    configs = [first, plain, added]  # the second config added with `n` is no sweep; the third is one
+    (run / "config.json").write_text(json.dumps([c.model_dump(mode="json") for c in configs]))
+    assert [(s.metric_mode, s.overlay) for s in saved_sweeps(run)] == [("min", 4), ("max", 2)]
+    state = RunState()
+    state.add_sweep(SavedSweep.of(first))
+    renamed = [f"{p.name}-2" for p in added.pipelines]  # the session's names for the added trials
+    state.add_sweep(SavedSweep.of(added, renamed))
+    for name, value in [("t-lr0.1", 0.5), ("t-lr0.01", 0.2), ("t-lr0.1-2", 0.5), ("t-lr0.01-2", 0.2)]:
+        state.apply(ValResult(pipeline=name, epoch=1, step=10, metrics={"val_loss": value}))
+    assert [r.name for r in state.ranked("t-lr0.1")][:2] == ["t-lr0.01", "t-lr0.1"]  # min: lower first
+    assert [r.name for r in state.ranked("t-lr0.01-2")][:2] == ["t-lr0.1-2", "t-lr0.01-2"]  # max: higher first
+    assert state.sweep_for("a") is state.sweeps[0] and state.sweep_for("t-lr0.001-2").overlay == 2

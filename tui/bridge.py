@@ -112,11 +112,12 @@ def replay_run(run_dir: Path) -> RunState:
     """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
     from ..engine import read_events
 
-    from .ranking import saved_sweep
+    from .ranking import saved_sweeps
     from .runstate import RunState
 
     state = with_saved_metric(RunState(read_only=True, run_dir=run_dir, run_id=run_dir.name), run_dir)
-    state.set_sweep(saved_sweep(run_dir))
+    for sweep in saved_sweeps(run_dir):
+        state.add_sweep(sweep)
     for event in read_events(run_dir):
         state.apply(event)
     state.run_dir = run_dir  # the directory as found now, whatever the run called it then
@@ -226,19 +227,19 @@ class Bridge:
 
         from .runstate import RunState
 
+        from .ranking import SavedSweep
+
         config = load_config(path)
         if self.live:
-            return await self._session.add_config(config)
+            names = await self._session.add_config(config)
+            self.state.add_sweep(SavedSweep.of(config, names))  # its sweep view too (t on one of its trials)
+            return names
         if self._closed:
             raise RuntimeError("the session has ended")
         made = self._factory(config, self.runs_dir)
         session = made if isinstance(made, Session) else Session(made)
         state = RunState(metric=config.validation.metric, metric_mode=config.validation.metric_mode)
-        if config.sweep is not None:
-            from .ranking import SavedSweep
-
-            v = config.validation
-            state.set_sweep(SavedSweep({p.name: dict(p.trial) for p in config.pipelines}, v.metric, v.metric_mode))
+        state.add_sweep(SavedSweep.of(config))
         await self._start(session, state)
         return [p.name for p in config.pipelines]
 
@@ -272,10 +273,11 @@ class Bridge:
         state.live = True
         self.state = state
         await session.start()  # spawns processes: must run on this loop's thread
-        if not state.trials:  # resumed or attached: its sweep as its run directory saved it
-            from .ranking import saved_sweep
+        if not state.trials:  # resumed or attached: its sweeps as its run directory saved them
+            from .ranking import saved_sweeps
 
-            state.set_sweep(await asyncio.to_thread(saved_sweep, session.run_dir))
+            for sweep in await asyncio.to_thread(saved_sweeps, session.run_dir):
+                state.add_sweep(sweep)
         self._session = session
         self.remember(session.run_dir)
         stream = session.subscribe()

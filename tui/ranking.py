@@ -74,27 +74,41 @@ def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, st
 
 @dataclass(frozen=True)
 class SavedSweep:
-    """What a run directory's config.json says of its sweep: each trial's values, and the metric ranked on."""
+    """One sweep of a session: each trial's values (by the name the session gave it), the metric ranked on, and
+    how many of its best trials the sweep view's chart overlays."""
 
     trials: dict[str, dict[str, Any]]
     metric: str
     metric_mode: str
+    overlay: int = 4
 
-
-def saved_sweep(run_dir: Path) -> SavedSweep | None:
-    """The sweep of the run in `run_dir` (its first config's), read from config.json without the schema;
-    None for a run that is no sweep or whose config cannot be read."""
-    try:
-        first = json.loads((Path(run_dir) / "config.json").read_text())[0]
-        if not first.get("sweep"):
+    @classmethod
+    def of(cls, config: RunConfig, names: list[str] | None = None) -> SavedSweep | None:
+        """`config`'s sweep, its trials under `names` (what the session called its pipelines, in order; default
+        their own names); None for a config that is no sweep."""
+        if config.sweep is None:
             return None
-        validation = first.get("validation", {})
         from ..engine import labelled
 
-        return SavedSweep(labelled({p["name"]: dict(p.get("trial") or {}) for p in first["pipelines"]}),
-                          validation.get("metric", "val_loss"), validation.get("metric_mode", "min"))
+        names = names or [p.name for p in config.pipelines]
+        v = config.validation
+        return cls(labelled({n: dict(p.trial) for n, p in zip(names, config.pipelines)}), v.metric, v.metric_mode,
+                   config.sweep.overlay)
+
+
+def saved_sweeps(run_dir: Path) -> list[SavedSweep]:
+    """Every sweep of the run in `run_dir`, one per config that is one, read from config.json without the schema;
+    [] for a run with none or whose config cannot be read."""
+    try:
+        configs = json.loads((Path(run_dir) / "config.json").read_text())
+        from ..engine import labelled
+
+        return [SavedSweep(labelled({p["name"]: dict(p.get("trial") or {}) for p in c["pipelines"]}),
+                           c.get("validation", {}).get("metric", "val_loss"),
+                           c.get("validation", {}).get("metric_mode", "min"), int(c["sweep"].get("overlay", 4)))
+                for c in configs if c.get("sweep")]
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return None
+        return []
 
 
 def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
@@ -148,16 +162,15 @@ def ranked_table(rows: list[TrialRow], metric: str, run_dir: Path, limit: int = 
 
 
 def sweep_ranking(run_dir: Path, states: dict[str, str], more: Iterable[Event] = ()) -> list[str]:
-    """`ranked_table` of the sweep in `run_dir` (none for a run that is no sweep), from its saved config and
-    events (a resumed sweep's earlier results too), `more` events not in the file yet, and each trial's
-    ended state as people read it (`states`)."""
+    """`ranked_table` of each sweep in `run_dir` (one per config that is a sweep; none for a run with none),
+    from its saved configs and events (a resumed sweep's earlier results too), `more` events not in the file
+    yet, and each trial's ended state as people read it (`states`)."""
     from ..engine import load_resolved_configs, read_events
 
     try:
-        config = load_resolved_configs(run_dir)[0]
+        configs = [c for c in load_resolved_configs(run_dir) if c.sweep is not None]
     except (OSError, ValueError, IndexError):
         return []
-    if config.sweep is None:
-        return []
-    rows = fold_trials(config, [*read_events(run_dir), *more], states)
-    return ranked_table(rows, config.validation.metric, run_dir)
+    events = [*read_events(run_dir), *more] if configs else []
+    return [line for config in configs
+            for line in ranked_table(fold_trials(config, events, states), config.validation.metric, run_dir)]

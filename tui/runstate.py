@@ -63,7 +63,9 @@ class RunState:
     chart_metric: str = ""  # what the chart plots: "" the training loss, else a value the step reports carry
     log: deque[LogEntry] = field(default_factory=lambda: deque(maxlen=LOG_KEEP))
     telemetry: t.TelemetrySnapshot | None = None
-    trials: dict[str, TrialRow] = field(default_factory=dict)  # a sweep's trials by name; empty for no sweep
+    trials: dict[str, TrialRow] = field(default_factory=dict)  # every sweep's trials by name; empty for no sweep
+    sweeps: list[SavedSweep] = field(default_factory=list)  # the session's sweeps, in the order their configs came
+    sweep_of: dict[str, int] = field(default_factory=dict)  # a trial's name -> its sweep's index in `sweeps`
     trials_version: int = 0
     rows_version: int = 0
     series_version: int = 0
@@ -103,17 +105,30 @@ class RunState:
         """Where the pipeline's worker log is (or will be)."""
         return self.run_dir / name / "log.txt" if self.run_dir is not None else None
 
-    def set_sweep(self, sweep: SavedSweep | None) -> None:
-        """The run is a sweep of these trials (call before its events are applied); None: no sweep."""
+    def add_sweep(self, sweep: SavedSweep | None) -> None:
+        """A config of the session is a sweep of these trials (call before their results are applied; the first
+        sweep's metric is the run's); None: that config is no sweep."""
         if sweep is None:
             return
-        self.metric, self.metric_mode = sweep.metric, sweep.metric_mode
-        self.trials = {name: TrialRow(name, values) for name, values in sweep.trials.items()}
+        if not self.sweeps:
+            self.metric, self.metric_mode = sweep.metric, sweep.metric_mode
+        self.sweeps.append(sweep)
+        for name, values in sweep.trials.items():
+            self.trials[name], self.sweep_of[name] = TrialRow(name, values), len(self.sweeps) - 1
         self.trials_version += 1
 
-    def ranked(self) -> list[TrialRow]:
-        """The sweep's trials best first by the metric (those without a result last, in config order)."""
-        return rank(list(self.trials.values()), self.metric_mode)
+    def sweep_for(self, name: str | None) -> SavedSweep | None:
+        """The sweep `name` is a trial of; the session's first for a pipeline of none (None without a sweep)."""
+        return self.sweeps[self.sweep_of.get(name or "", 0)] if self.sweeps else None
+
+    def ranked(self, name: str | None = None) -> list[TrialRow]:
+        """The trials of `name`'s sweep (see `sweep_for`) best first by its metric (those without a result last,
+        in config order)."""
+        sweep = self.sweep_for(name)
+        if sweep is None:
+            return []
+        return rank([row for trial, row in self.trials.items() if self.sweeps[self.sweep_of[trial]] is sweep],
+                    sweep.metric_mode)
 
     @property
     def metric_is_loss(self) -> bool:
@@ -150,8 +165,10 @@ class RunState:
                 self._rows[name] = after
                 self.rows_version += 1
             trial = self.trials.get(name)
-            if trial is not None and fold_trial(trial, ev, self.metric, self.metric_mode):
-                self.trials_version += 1
+            if trial is not None:
+                sweep = self.sweeps[self.sweep_of[name]]
+                if fold_trial(trial, ev, sweep.metric, sweep.metric_mode):
+                    self.trials_version += 1
         handler = _HANDLERS.get(type(ev))
         if handler is not None:
             handler(self, ev, before)

@@ -49,6 +49,9 @@ class SweepConfig(BaseModel):
         "ASHA: rungs at grace_period x reduction_factor^k; 1/reduction_factor of the trials at a rung go on."))
     min_trials: int = Field(3, ge=1, description=(
         "Median rule: other trials that must have reached the same point before one is compared with them."))
+    overlay: int = Field(4, ge=1, le=8, description=(
+        "The app's sweep view (`t`): how many of the best trials its chart overlays, each with a marker of "
+        "its own."))
 
     def rungs(self, limit: int | None) -> list[int]:
         """ASHA's milestones in `rung_unit`, up to `limit` (a trial's max_epochs or max_steps) excluded:

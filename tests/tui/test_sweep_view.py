@@ -187,3 +187,22 @@ def test_promote_applies_to_a_pruned_or_live_trial_and_says_why_not_otherwise():
         assert refusal(Promote("t"), state) is None
     assert refusal(Promote("t"), S.COMPLETED) == "t is completed, not pruned: it cannot be promoted; r starts it again"
     assert refusal(Promote("t"), S.STOPPING) == "t is stopping: it cannot be promoted now"
+
+
+async def test_a_sweep_added_with_n_gets_a_sweep_view_of_its_own(make_app, session):
+    app = make_app(GRID, start=Launch(GRID))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _first_rung(pilot, session)
+        dashboard = app.screen
+        added = await app.bridge.launch(CONFIGS / "sweep" / "added.toml")  # what `n` does once a config is picked
+        assert sorted(added) == ["u-lr0.05", "u-lr0.1"]
+        await wait_for(pilot, lambda: set(added) <= set(app.bridge.state.rows), what="the added trials' rows")
+        dashboard._select("u-lr0.1")
+        await pilot.press("t")
+        table = dashboard.query_one(SweepTable)
+        await wait_for(pilot, lambda: table.display and set(table.names) == set(added), what="the added sweep")
+        assert app.bridge.state.sweep_for("u-lr0.1").overlay == 1
+        await pilot.press("t")  # back to the table; the grid's own trial selected, the grid's sweep again
+        dashboard._select(BEST)
+        await pilot.press("t")
+        await wait_for(pilot, lambda: table.names[:2] == [BEST, WORST] and len(table.names) == 6, what="the grid")

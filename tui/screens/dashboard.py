@@ -33,7 +33,6 @@ from ..widgets.loss_chart import GLYPHS, LossChart
 from ..widgets.pipeline_table import PipelineTable
 from ..widgets.sweep_table import SweepTable
 
-TOP_TRIALS = 4  # trials the chart overlays in the sweep view, best first
 
 
 class DashboardScreen(Screen[None]):
@@ -158,14 +157,17 @@ class DashboardScreen(Screen[None]):
         self._seen = (state.rows_version, state.series_version, state.telemetry_version)
 
     def _draw_sweep(self) -> None:
-        """The trials best first, the chart on the best TOP_TRIALS of those with a result, and why the
-        selected trial stands where it does."""
+        """The selected trial's sweep (the session's first, for a pipeline of none) best first, the chart on the
+        best `[sweep] overlay` of those with a result, and why the selected trial stands where it does."""
         state = self.state
         self._seen_trials = (state.rows_version, state.trials_version)
-        ranked = state.ranked()
-        top = [r.name for r in ranked if r.best is not None][:TOP_TRIALS]
+        sweep = state.sweep_for(self.selected)
+        if sweep is None:
+            return
+        ranked = state.ranked(self.selected)
+        top = [r.name for r in ranked if r.best is not None][:min(sweep.overlay, len(GLYPHS))]
         marks = {name: GLYPHS[i] for i, name in enumerate(top)}
-        self.query_one(SweepTable).update_trials(ranked, state.rows, self.clock(), self.size.width, state.metric,
+        self.query_one(SweepTable).update_trials(ranked, state.rows, self.clock(), self.size.width, sweep.metric,
                                                  marks)
         chart = self.query_one(LossChart)
         if chart.only != top:
