@@ -27,11 +27,13 @@ class SweepConfig(BaseModel):
         "Random draws of the sampled keys per grid point (Ray Tune's num_samples); more than 1 needs a "
         "sampled key."))
     seed: int = Field(0, description="Seed of the random draws: the same seed gives the same trials.")
-    scheduler: Literal["none", "asha", "median"] = Field("none", description=(
+    scheduler: Literal["none", "asha", "median", "pbt"] = Field("none", description=(
         "Pruning by validation results on [validation] `metric` and `metric_mode`: 'asha' (asynchronous "
         "successive halving: at each rung a trial outside the best 1/reduction_factor of those that reached "
         "the rung before it is pruned), 'median' (pruned when its best is worse than the median of the other "
-        "trials' bests at the same point), or 'none'."))
+        "trials' bests at the same point), 'pbt' (population-based training: every perturbation_interval a "
+        "trial in the bottom quantile_fraction takes over the checkpoint of one in the top and trains on "
+        "with its values explored), or 'none'."))
     # promote by default: on benchmarks/sweep_asha.py it ended with the same best trial as stop every time, in
     # as many epochs or up to 39% fewer, and no trial is lost to the order trials reach a rung in
     # (tests/test_sweep_promoting.py); its wall time was 0.9x-1.35x stop's (pauses restart trials).
@@ -52,6 +54,15 @@ class SweepConfig(BaseModel):
     overlay: int = Field(4, ge=1, le=8, description=(
         "The app's sweep view (`t`): how many of the best trials its chart overlays, each with a marker of "
         "its own."))
+    perturbation_interval: int = Field(1, ge=1, description=(
+        "PBT: epochs (or steps, with rung_unit = \"step\") a trial trains between two of its perturbations."))
+    quantile_fraction: float = Field(0.25, gt=0.0, le=0.5, description=(
+        "PBT: the share of the trials with a result that counts as the bottom (they take over a checkpoint) "
+        "and as the top (whose checkpoints are taken); at least one trial each once two have results."))
+    explore: dict[str, Literal["perturb", "resample"]] = Field(default_factory=dict, description=(
+        "PBT: how each swept key changes when a trial takes over another's checkpoint: 'perturb' (numbers: "
+        "the donor's value times 0.8 or 1.2) or 'resample' (a value drawn from the key's list or range). "
+        "Unlisted keys: 'perturb' for numbers, else 'resample'."))
 
     def rungs(self, limit: int | None) -> list[int]:
         """ASHA's milestones in `rung_unit`, up to `limit` (a trial's max_epochs or max_steps) excluded:
@@ -73,6 +84,10 @@ class SweepConfig(BaseModel):
                         "others wait there)"
             else:
                 text += f", ASHA pruning at {unit} {rungs} (keeps 1/{self.reduction_factor} at each)"
+        elif self.scheduler == "pbt":
+            share = f"{self.quantile_fraction:.0%}"
+            text += (f", PBT every {self.perturbation_interval} {unit}{'s' if self.perturbation_interval != 1 else ''}"
+                     f" (the bottom {share} take over a top {share} trial's checkpoint, values explored)")
         elif self.scheduler == "median":
             text += (f", median pruning from {unit} {self.grace_period} once {self.min_trials} other "
                      "trials got there")

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from .problems import Problem
 from .schema import PipelineSettings
 from .labels import list_parts as _list_parts, short as _short
+from .placeholders import _text
 from .sweep import RANGE_KINDS, SweepConfig
 
 NOT_SWEPT = ("params", "task", "script", "name", "datamodule_params")  # what a trial cannot vary as a whole
@@ -55,10 +56,45 @@ def space_problems(sweep: SweepConfig, file: str) -> list[Problem]:
     if "mode" in sweep.model_fields_set and sweep.scheduler != "asha":
         problems.append(Problem(file, "sweep.mode", f"is {sweep.mode!r}, but only ASHA stops or promotes: set "
                                 f"scheduler = \"asha\" (it is {sweep.scheduler!r}) or leave mode out"))
+    problems += _pbt_problems(sweep, space, file)
     if sweep.samples > 1 and not any(isinstance(s, dict) for s in space.values()):
         problems.append(Problem(file, "sweep.samples", f"is {sweep.samples}, but no key is sampled: give one a "
                                 "table such as {log_uniform = [1e-4, 1e-1]}, or leave samples at 1"))
     return problems
+
+
+def _pbt_problems(sweep: SweepConfig, space: dict[str, Any], file: str) -> list[Problem]:
+    """PBT's keys: set only with scheduler = "pbt"; `explore` names swept keys, 'perturb' numeric ones."""
+    problems = []
+    for key in ("perturbation_interval", "quantile_fraction", "explore"):
+        if key in sweep.model_fields_set and sweep.scheduler != "pbt":
+            problems.append(Problem(file, f"sweep.{key}", f"is set, but only PBT uses it: set scheduler = \"pbt\" "
+                                    f"(it is {sweep.scheduler!r}) or leave it out"))
+    for key, how in flat_space(sweep.explore).items():
+        if key not in space:
+            problems.append(Problem(file, f"sweep.explore.{key}", f"is not a swept key (sweep.space has "
+                                    f"{', '.join(space) or 'none'})"))
+        elif how == "perturb" and not all(numeric(v) for v in space_values(space[key])):
+            problems.append(Problem(file, f"sweep.explore.{key}", "is 'perturb', but the key's values are not all "
+                                    "numbers: use 'resample'"))
+    return problems
+
+
+def numeric(value: Any) -> bool:
+    """A number PBT can perturb (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def space_values(spec: Any) -> list[Any]:
+    """The values a key's spec names: its list, its choices, or its range's ends."""
+    if isinstance(spec, list):
+        return spec
+    return list(next(iter(spec.values()))) if isinstance(spec, dict) and spec else []
+
+
+def draw(rng: random.Random, spec: Any) -> Any:
+    """One value of a key's spec: from its list (a grid axis) or a draw from its table."""
+    return rng.choice(spec) if isinstance(spec, list) else _draw(rng, spec)
 
 
 def _spec_problems(key: str, spec: Any) -> list[str]:
@@ -119,6 +155,23 @@ def _draw(rng: random.Random, spec: dict[str, Any]) -> Any:
     if kind == "log_uniform":
         return math.exp(rng.uniform(math.log(bounds[0]), math.log(bounds[1])))
     return rng.uniform(bounds[0], bounds[1])
+
+
+def retuned(pipe: Any, values: dict[str, Any]) -> Any:
+    """Pipeline `pipe` (a trial) with other values for its swept keys (PBT explored them): the keys and `trial`
+    set, and a script's arguments that carried an old value (`{KEY}` filled in: "0.01", "--lr=0.01") the new."""
+    update: dict[str, Any] = {"trial": {**pipe.trial, **values}}
+    args, resume_args = list(pipe.args), list(pipe.resume_args)
+    for key, value in values.items():
+        nest, _, sub = key.partition(".")
+        if sub and nest in NESTED:
+            update[nest] = {**update.get(nest, getattr(pipe, nest)), sub: value}
+        else:
+            update[key] = value
+        old, new = _text(pipe.trial.get(key)), _text(value)
+        for arguments in (args, resume_args):
+            arguments[:] = [new if a == old else a[:-len(old)] + new if a.endswith(f"={old}") else a for a in arguments]
+    return pipe.model_copy(update={**update, "args": args, "resume_args": resume_args})
 
 
 def trial_name(base: str, values: dict[str, Any], others: list[dict[str, Any]] = ()) -> str:

@@ -91,6 +91,7 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
 # How the engine words the reasons that a final state alone does not tell apart.
 EARLY_STOP = "early stopping"  # begins the reason of a pipeline its validation stopped (`patience`)
 BEFORE_START = "before it started"  # ends the reason of a pipeline that ended without ever running
+EXPLOITING = "takes over "  # begins the reason of a PBT trial stopped to train on from another's checkpoint (pruned)
 PAUSED_AT = "paused at rung "  # begins the reason of a sweep's trial waiting at a rung to be promoted (pruned)
 
 
@@ -106,6 +107,8 @@ def ended_label(state: WorkerState | str, reason: str = "") -> str:
         return "early stop"
     if value == "pruned" and reason.startswith(PAUSED_AT):
         return reason.split(":", 1)[0]  # 'paused at rung 2': promoting ASHA may train it on
+    if value == "pruned" and reason.startswith(EXPLOITING):
+        return "exploiting"  # PBT: it trains on from a better trial's checkpoint
     return value
 
 

@@ -7,7 +7,9 @@ then looks at the session as a whole (is it finished, is there something to sche
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
+from ..config.trials import retuned
 from ..protocol.messages import CheckpointNow, Notice, Pause, Resume
 from ..protocol.names import Intent
 from ..protocol.states import BEFORE_START, WorkerState
@@ -102,6 +104,12 @@ def restart(lifecycle: Lifecycle, run: PipelineRun) -> bool:
         lifecycle.set_state(run, S.QUEUED)  # final -> QUEUED: a person asked for another go
         return True
     return False
+
+
+def retune(run: PipelineRun, values: dict) -> None:
+    """Its next attempts train with other values for its swept keys (a PBT trial taking over another's
+    checkpoint); the plan is replaced whole, as an attempt reads it when it starts."""
+    run.plan = replace(run.plan, config=retuned(run.plan.config, values))
 
 
 def end_at_shutdown(lifecycle: Lifecycle, run: PipelineRun) -> None:

@@ -7,6 +7,7 @@ supervision pass every tick; none of its methods blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from .nodes import NodeFollower
 from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
-from .observers import SweepPruner, attach_observers
+from .observers import PbtController, SweepPruner, attach_observers
 from .scheduler import Scheduler
 from .validator_gpu import start_validator
 from .telemetry_feed import TelemetryFeed, gpu_note
@@ -90,7 +91,7 @@ class Supervisor:
         self._resume_configs: list[RunConfig] | None = None
         self._resume_only: set[str] | None = None
         self.task_check = build_check.BuildCheck(config, check_builds)  # the first wave's builds check every task
-        self.sweep: SweepPruner | None = None  # prunes a [sweep]'s trials, from start()
+        self.sweep: SweepPruner | PbtController | None = None  # a [sweep]'s pruner or PBT, from start()
 
     # ------------------------------------------------------------ session
 
@@ -98,8 +99,7 @@ class Supervisor:
     def resume_run(cls, run_dir: str | Path, only: list[str] | None = None, **kwargs) -> "Supervisor":
         """A supervisor that carries on a run that did not complete, in the same directory: every pipeline
         that did not complete (or those in `only`) from its checkpoint, with a fresh restart budget."""
-        run_dir = Path(run_dir)
-        configs = load_resolved_configs(run_dir)
+        configs = load_resolved_configs(run_dir := Path(run_dir))
         sup = cls(configs[0], runs_dir=run_dir.parent, run_id=run_dir.name, **kwargs)
         sup._resume_configs = configs
         sup._resume_only = set(only) if only else None
@@ -117,9 +117,7 @@ class Supervisor:
         self._rundir.resuming = resuming
         self._rundir.save_config(self.config)
         self._bus.add_writer(self._rundir.write, self._rundir.write_steps)
-        names = self._add(self.config)
-        for config in (self._resume_configs or [])[1:]:
-            names += self._add(config)
+        names = [n for config in [self.config, *(self._resume_configs or [])[1:]] for n in self._add(config)]
         kept = kept_on_resume(done, names, self._resume_only) if resuming else {}
         for name in names:
             self._runs[name].attempts = attempts.get(name, 0)  # attempt numbers count on across resumes
@@ -222,6 +220,9 @@ class Supervisor:
             self._announce_queued([run.name])
             self._schedule()
 
+    def retune(self, name: str, values: dict) -> None:  # PBT: its next attempts train with these swept values
+        commands.retune(self._get(name), values)
+
     def promote(self, name: str) -> None:
         """A sweep's trial is never pruned again this session; a pruned one trains on from its checkpoint."""
         if self.sweep is None:
@@ -255,10 +256,8 @@ class Supervisor:
         await asyncio.to_thread(self._feed.stop)
         if self._tick_task is not None:
             self._tick_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._tick_task
-            except asyncio.CancelledError:
-                pass
         self._closed = True
         self._scheduler.close()  # every lease back to the ledger
         self._backend.close()  # a cluster's: its listening socket and the actors still ending

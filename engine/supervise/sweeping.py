@@ -25,7 +25,7 @@ JUDGED = (S.STARTING, S.RUNNING, S.PAUSED)  # live trials a prune can stop; resu
 def scheduler_for(config: RunConfig) -> Asha | PromotingAsha | MedianRule | None:
     """The pruning rule `config`'s [sweep] asks for, on its [validation] metric; None without one."""
     sweep, v = config.sweep, config.validation
-    if sweep is None or sweep.scheduler == "none":
+    if sweep is None or sweep.scheduler in ("none", "pbt"):  # PBT prunes nothing: supervise/exploiting.py
         return None
     if sweep.scheduler == "median":
         return MedianRule(sweep.grace_period, sweep.min_trials, v.metric, v.metric_mode, sweep.rung_unit)

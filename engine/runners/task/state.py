@@ -17,6 +17,10 @@ from ...protocol.messages import CheckpointSaved, Notice, Resumed
 from ...worker import checkpoint as ckpt
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 class TrainerCheckpoints:
     """Saving and resuming, for `Trainer` (engine/runners/task/trainer.py), whose attributes it reads."""
 
@@ -33,6 +37,7 @@ class TrainerCheckpoints:
                     # its own GPU's only: a gang's rank sees its peers' GPUs too, and must not touch them
                     "cuda": [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None},
             "pipeline": self.name,
+            "params_lr": _number(self.pipe.params.get("lr")),  # what a PBT trial taking this file over rescales from
         }
 
     def _state(self) -> dict[str, Any]:
@@ -76,6 +81,7 @@ class TrainerCheckpoints:
             self.task.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler") is not None and self.scaler is not None:
             self.scaler.load_state_dict(state["scaler"])
+        self._retune_lr(state.get("params_lr"))
         self.epoch, self.step = state["epoch"], state["step"]
         self.batch_in_epoch = state.get("batch_in_epoch", 0)
         self.epoch_loss.fill_(state.get("epoch_loss", 0.0))
@@ -97,6 +103,24 @@ class TrainerCheckpoints:
             if self.lead:
                 print(f"torchherd: resumed at step {self.step} with weights checksum {total:.10g}", file=sys.stderr,
                       flush=True)
+
+    def _retune_lr(self, saved: float | None) -> None:
+        """A checkpoint written under another `params.lr` (a PBT trial took over a better one's): the loaded
+        param groups' lr (and a scheduler's base lrs) scaled by the new over the old, so the optimizer trains on
+        at the new rate with its state otherwise as saved."""
+        new = _number(self.pipe.params.get("lr"))
+        if saved is None or new is None or saved == new or saved == 0:
+            return
+        scale = new / saved
+        for group in self.optimizer.param_groups:
+            for key in ("lr", "initial_lr"):
+                if key in group:
+                    group[key] = group[key] * scale
+        if self.task.scheduler is not None and getattr(self.task.scheduler, "base_lrs", None):
+            self.task.scheduler.base_lrs = [b * scale for b in self.task.scheduler.base_lrs]
+        if self.lead:
+            self.sender.send(Notice(pipeline=self.name, level="info", text=(
+                f"checkpoint written with params.lr {saved:g}: learning rate scaled to params.lr {new:g}")))
 
     def save(self, reason: str, name: str = ckpt.LAST) -> None:
         """Write checkpoint `name`: rank 0 alone (every rank holds the same weights), or, sharded, every rank its
