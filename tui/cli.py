@@ -110,7 +110,8 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
     export = argparse.ArgumentParser(
         prog="torchherd export", description="Write a run's TensorBoard event files (one folder per pipeline, a "
         "sweep's HParams too) from its events.jsonl and telemetry.jsonl: for runs made before torchherd wrote "
-        "them, or with tensorboard = false. Exit status: 0 written, 2 no such run.")
+        "them, or with tensorboard = false; a PBT sweep's schedules.json too (each trial's values, epoch by "
+        "epoch). Exit status: 0 written, 2 no such run.")
     export.add_argument("run", metavar="RUN", help="run directory or run id")
     export.add_argument("--tensorboard", metavar="DIR", required=True, help="where the event files go")
     export.add_argument("--runs-dir", **runs_dir)
@@ -267,17 +268,20 @@ def _attach(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..engine import export_run
+    from ..engine import export_run, export_schedules
     from .verbs import BadRun, resolve_run
 
     try:
         run_dir = resolve_run(args.run, Path(args.runs_dir))
         count = export_run(run_dir, Path(args.tensorboard))
+        schedules = export_schedules(run_dir, Path(args.tensorboard))
     except (BadRun, OSError, ValueError) as exc:
         print(f"torchherd: {exc}", file=sys.stderr)
         return 2
     print(f"{run_dir}: TensorBoard files of {count} pipeline(s) in {args.tensorboard} "
           f"(tensorboard --logdir {args.tensorboard}; TensorBoard itself: pip install tensorboard)")
+    if schedules is not None:
+        print(f"{run_dir}: each PBT trial's values, epoch by epoch, in {schedules}")
     return 0
 
 

@@ -33,6 +33,7 @@ class TrialRow:
     rung: float | None = None  # the highest rung its scheduler judged it at
     epoch: int = 0  # the newest validated epoch, from 1
     reasons: list[str] = field(default_factory=list)  # its scheduler's decisions and promotions, oldest first
+    lineage: str = ""  # PBT: whose checkpoint it trains on from, and from which epoch ('from lr0.03@e4')
 
 
 def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
@@ -42,6 +43,10 @@ def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
         if value is not None and better(value, row.best, mode):
             row.best = value
         row.epoch = max(row.epoch, ev.epoch + 1)
+    elif isinstance(ev, TrialDecision) and ev.action == "exploit":
+        row.values = {**row.values, **{k: v for k, v in ev.values.items() if k in row.values}}
+        row.lineage = lineage(ev)
+        row.reasons.append(f"epoch {ev.epoch}: {lineage(ev)}: {ev.reason}")
     elif isinstance(ev, TrialDecision):
         row.rung = ev.rung if row.rung is None else max(row.rung, ev.rung)
         row.reasons.append(f"rung {ev.rung:g}: {SAID.get(ev.action, 'goes on')}: {ev.reason}")
@@ -52,6 +57,12 @@ def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
     else:
         return False
     return True
+
+
+def lineage(decision: TrialDecision) -> str:
+    """A PBT trial's lineage as the sweep view says it: 'from lr0.03@e4' (the donor's name less its base)."""
+    donor = decision.donor.split("-", 1)[1] if "-" in decision.donor else decision.donor
+    return f"from {donor}@e{decision.epoch}"
 
 
 def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, str] | None = None) -> list[TrialRow]:

@@ -59,10 +59,11 @@ class SweepConfig(BaseModel):
     quantile_fraction: float = Field(0.25, gt=0.0, le=0.5, description=(
         "PBT: the share of the trials with a result that counts as the bottom (they take over a checkpoint) "
         "and as the top (whose checkpoints are taken); at least one trial each once two have results."))
-    explore: dict[str, Literal["perturb", "resample"]] = Field(default_factory=dict, description=(
+    explore: dict[str, Any] = Field(default_factory=dict, description=(
         "PBT: how each swept key changes when a trial takes over another's checkpoint: 'perturb' (numbers: "
         "the donor's value times 0.8 or 1.2) or 'resample' (a value drawn from the key's list or range). "
-        "Unlisted keys: 'perturb' for numbers, else 'resample'."))
+        "Keys are written as in `space` (params.lr = \"resample\"). Unlisted keys: 'perturb' for numbers, else "
+        "'resample'."))
 
     def rungs(self, limit: int | None) -> list[int]:
         """ASHA's milestones in `rung_unit`, up to `limit` (a trial's max_epochs or max_steps) excluded:

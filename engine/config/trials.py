@@ -71,7 +71,9 @@ def _pbt_problems(sweep: SweepConfig, space: dict[str, Any], file: str) -> list[
             problems.append(Problem(file, f"sweep.{key}", f"is set, but only PBT uses it: set scheduler = \"pbt\" "
                                     f"(it is {sweep.scheduler!r}) or leave it out"))
     for key, how in flat_space(sweep.explore).items():
-        if key not in space:
+        if how not in ("perturb", "resample"):
+            problems.append(Problem(file, f"sweep.explore.{key}", f"must be 'perturb' or 'resample' (got {how!r})"))
+        elif key not in space:
             problems.append(Problem(file, f"sweep.explore.{key}", f"is not a swept key (sweep.space has "
                                     f"{', '.join(space) or 'none'})"))
         elif how == "perturb" and not all(numeric(v) for v in space_values(space[key])):

@@ -122,8 +122,3 @@ def schedules(initial: dict[str, dict[str, Any]], decisions: Iterable[Any], epoc
         out[name] = [{"epoch": e + 1, **next(v for start, v in reversed(segs) if start <= e)} for e in range(epochs)]
     return out
 
-
-def lineage(decision: Any) -> str:
-    """A trial's lineage as the sweep view says it: 'from lr0.03@e4' (the donor's name less its base)."""
-    donor = decision.donor.split("-", 1)[1] if "-" in decision.donor else decision.donor
-    return f"from {donor}@e{decision.epoch}"

@@ -1,6 +1,7 @@
 """A sweep's trials as a table, best first: rank (with the chart's glyph for the trials it overlays), the
 values each trial trains with, its state as the pipeline table words it, its best metric, the highest rung
-its scheduler judged it at, and its epoch. The trial's name shows only where the terminal has room for it.
+its scheduler judged it at (PBT: its lineage), and its epoch. The trial's name shows only where the terminal
+has room for it.
 
 It draws and moves its cursor as `PipelineTable` does (and posts the same `Selected`), so the dashboard's
 keys act on the trial under the cursor; rows are re-ranked as results arrive, the cursor staying on its trial.
@@ -18,6 +19,7 @@ from ..ranking import TrialRow, short_value
 from .pipeline_table import Column, PipelineTable, state_text
 
 VALUE_WIDTH = (4, 12)  # cells a value column takes at least and at most
+LINEAGE_WIDTH = 24  # cells a PBT trial's lineage takes at most ('from lr0.03@e4')
 NAME_WIDTH = 30  # at most, for the trial's name where there is room
 STATE_WIDTH = (10, 16)  # cells the state takes, up to 'paused at rung 2' whole while a trial reads so
 BORDER = 2
@@ -82,6 +84,9 @@ class SweepTable(PipelineTable):
         columns = [_column("rank", "#", 3), *value_columns(rows), _column("state", "state", state_width),
                    _column("best", f"best {metric_label(metric)}", 10), _column("rung", "rung", 4),
                    _column("epoch", "epoch", 5)]
+        lineage = min(max((cell_len(r.lineage) for r in rows), default=0), LINEAGE_WIDTH)
+        if lineage:  # PBT: whose checkpoint each trains on from, in place of rungs it has none of
+            columns[-2] = _column("lineage", "lineage", max(lineage, 7))
         used = sum(c.width + 1 for c in columns)
         name_width = min(NAME_WIDTH, max((cell_len(r.name) for r in rows), default=0))
         if rows and used + name_width + 1 <= terminal_width - BORDER:  # room for the names too
@@ -96,7 +101,8 @@ class SweepTable(PipelineTable):
                 "rank": f"{i + 1}{marks.get(row.name, '')}", "name": row.name,
                 **{f"value:{k}": short_value(v) for k, v in row.values.items()},
                 "state": states[row.name],
-                "best": fmt_num(row.best, 10), "rung": fmt_rung(row.rung), "epoch": fmt_epoch(live)}
+                "best": fmt_num(row.best, 10), "rung": fmt_rung(row.rung), "epoch": fmt_epoch(live),
+                "lineage": row.lineage or "-"}
             self.states[row.name] = live.state if live is not None else WorkerState.QUEUED
             self.stalled[row.name] = cells[row.name]["state"].startswith("stall ")
         relayout = names != self.names or [(c.key, c.width) for c in columns] != \

@@ -1,0 +1,110 @@
+"""PBT's rule apart from any process (engine/supervise/pbt.py): quantiles, exploration, when a trial takes over
+another's checkpoint, the schedules folded from its decisions; its config keys and a retuned trial."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from torchherd.engine.config.problems import ConfigError
+from torchherd.engine.config.trials import retuned
+from torchherd.engine.protocol.messages import TrialDecision
+from torchherd.engine.supervise.pbt import Pbt, explore, quantiles, schedules
+from torchherd.tui.ranking import lineage
+from tests.conftest import make_config
+
+
+def rule(**kw) -> Pbt:
+    out = Pbt({"params.lr": [0.1, 0.01]}, kw.pop("interval", 2), kw.pop("fraction", 0.25), {}, "val_loss", "min",
+              seed=kw.pop("seed", 0))
+    out.values = {n: {"params.lr": 0.1} for n in "abcd"}
+    return out
+
+
+def test_quantiles_are_a_share_of_the_trials_with_results_at_most_half():
+    latest = {"a": 0.1, "b": 0.2, "c": 0.3, "d": 0.4, "e": float("nan")}
+    assert quantiles(latest, 0.25, "min") == (["e", "d"], ["a", "b"])  # ceil(5 * 0.25) = 2; NaN is worst
+    assert quantiles({"a": 0.1, "b": 0.2}, 0.5, "max") == (["a"], ["b"])
+    assert quantiles({"a": 0.1}, 0.25, "min") == ([], [])  # one trial: nothing to compare with
+
+
+def test_explore_perturbs_numbers_by_0_8_or_1_2_and_resamples_the_rest():
+    space = {"params.lr": [0.1, 0.01], "batch_size": [16, 64], "params.act": ["relu", "gelu"]}
+    values = {"params.lr": 0.1, "batch_size": 32, "params.act": "relu"}
+    seen = [explore(values, space, {}, random.Random(i)) for i in range(20)]
+    assert {v["params.lr"] for v in seen} == {0.08, 0.12}  # 6 significant digits: no 0.08000000000000002
+    assert {v["batch_size"] for v in seen} == {26, 38}  # a whole number stays whole
+    assert {v["params.act"] for v in seen} == {"relu", "gelu"}
+    resampled = {explore(values, space, {"params.lr": "resample"}, random.Random(i))["params.lr"] for i in range(20)}
+    assert resampled == {0.1, 0.01}
+
+
+def test_a_bottom_trial_at_its_perturbation_point_takes_over_a_better_top_one():
+    pbt = rule()
+    assert pbt.result("a", 1.0, 0.5, lambda n: True) is None  # alone, and before its point (interval 2)
+    for name, value in (("b", 0.4), ("c", 0.3), ("d", 0.2)):
+        assert pbt.result(name, 2.0, value, lambda n: True) is None  # not the worst when it got there
+    ex = pbt.result("a", 2.0, 0.9, lambda n: True)
+    assert ex is not None and ex.donor == "d" and ex.trial == "a" and ex.cutoff == 0.2
+    assert ex.values["params.lr"] in (0.08, 0.12)
+    assert "in the bottom 25%" in ex.reason and "takes over d's checkpoint" in ex.reason
+    pbt.exploited("a", ex.values, 2.0)
+    assert "a" not in pbt.latest and pbt.values["a"] == ex.values
+    assert pbt.result("a", 3.0, 0.9, lambda n: True) is None  # its next point is at 4
+
+
+def test_no_exploit_without_a_donor_that_can_give_or_that_is_better():
+    pbt = rule()
+    pbt.result("d", 2.0, 0.2, lambda n: True)
+    assert pbt.result("a", 2.0, 0.9, lambda n: False) is None  # the top one has no checkpoint to copy
+    alike = rule()
+    alike.result("d", 2.0, 1.0, lambda n: True)
+    assert alike.result("a", 2.0, 1.0, lambda n: True) is None  # a tie gives it nothing
+
+
+def _exploit(trial, donor, epoch, lr) -> TrialDecision:
+    return TrialDecision(pipeline=trial, action="exploit", rung=epoch, value=1.0, donor=donor, epoch=epoch,
+                         step=epoch * 4, values={"params.lr": lr})
+
+
+def test_schedules_follow_each_final_trial_back_through_its_donors():
+    initial = {"t-lr0.1": {"params.lr": 0.1}, "t-lr0.01": {"params.lr": 0.01}, "t-lr0.002": {"params.lr": 0.002}}
+    decisions = [_exploit("t-lr0.01", "t-lr0.1", 1, 0.08), _exploit("t-lr0.002", "t-lr0.01", 3, 0.064)]
+    out = schedules(initial, decisions, 4)
+    assert [e["params.lr"] for e in out["t-lr0.1"]] == [0.1] * 4
+    assert [e["params.lr"] for e in out["t-lr0.01"]] == [0.1, 0.08, 0.08, 0.08]
+    assert [e["params.lr"] for e in out["t-lr0.002"]] == [0.1, 0.08, 0.08, 0.064]
+    assert out["t-lr0.002"][0] == {"epoch": 1, "params.lr": 0.1}
+    assert lineage(decisions[1]) == "from lr0.01@e3"
+
+
+def test_pbt_keys_are_checked_by_name(tmp_path):
+    space = {"params": {"lr": [0.1, 0.01]}, "batch_size": [16, 32]}
+    config = make_config(tmp_path, [{"name": "t"}], sweep={"space": space, "scheduler": "pbt",
+                                                            "explore": {"batch_size": "resample"}})
+    assert config.sweep.describe(4, 3).endswith("PBT every 1 epoch (the bottom 25% take over a top 25% trial's "
+                                                 "checkpoint, values explored)")
+    with pytest.raises(ConfigError) as bad:
+        make_config(tmp_path, [{"name": "t"}], sweep={"space": space, "scheduler": "asha", "quantile_fraction": 0.5,
+                                                      "explore": {"params": {"wd": "perturb"}}})
+    said = {p.key: p.message for p in bad.value.problems}
+    assert "only PBT uses it" in said["sweep.quantile_fraction"]
+    assert said["sweep.explore.params.wd"].startswith("is not a swept key")
+    with pytest.raises(ConfigError) as bad:
+        make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"act": ["relu", "gelu"]}},
+                                                      "scheduler": "pbt", "explore": {"params": {"act": "perturb"}}})
+    assert "not all numbers" in bad.value.problems[0].message
+
+
+def test_a_retuned_trial_trains_with_the_new_values_and_a_script_passes_them_on(tmp_path):
+    config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1]}, "batch_size": [16]},
+                                                           "scheduler": "pbt"})
+    pipe = retuned(config.pipelines[0], {"params.lr": 0.08, "batch_size": 19})
+    assert (pipe.params["lr"], pipe.batch_size, pipe.trial) == (0.08, 19, {"params.lr": 0.08, "batch_size": 19})
+    script = tmp_path / "train.py"
+    script.write_text("")
+    config = make_config(tmp_path, [{"name": "s", "script": str(script), "task": None,
+                                     "args": ["--lr={params.lr}", "--bs", "{batch_size}", "--epochs=3"]}],
+                         sweep={"space": {"params": {"lr": [0.1]}, "batch_size": [16]}, "scheduler": "pbt"})
+    pipe = retuned(config.pipelines[0], {"params.lr": 0.08, "batch_size": 19})
+    assert pipe.args == ["--lr=0.08", "--bs", "19", "--epochs=3"]
