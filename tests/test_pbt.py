@@ -2,6 +2,8 @@
 another's checkpoint, the schedules folded from its decisions; its config keys and a retuned trial."""
 from __future__ import annotations
 
+import hashlib
+import os
 import random
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from torchherd.engine.config.problems import ConfigError
 from torchherd.engine.config.trials import retuned
 from torchherd.engine.protocol.messages import TrialDecision
+from torchherd.engine.supervise.exploiting import STAGED, checksum, stage, unstage
 from torchherd.engine.supervise.pbt import Pbt, explore, quantiles, schedules
 from torchherd.tui.ranking import lineage
 from tests.conftest import make_config
@@ -108,3 +111,30 @@ def test_a_retuned_trial_trains_with_the_new_values_and_a_script_passes_them_on(
                          sweep={"space": {"params": {"lr": [0.1]}, "batch_size": [16]}, "scheduler": "pbt"})
     pipe = retuned(config.pipelines[0], {"params.lr": 0.08, "batch_size": 19})
     assert pipe.args == ["--lr=0.08", "--bs", "19", "--epochs=3"]
+
+
+def test_a_staged_copy_is_the_donors_newest_checkpoint_and_replaces_the_trials_own(tmp_path):
+    donor, mine = tmp_path / "d" / "checkpoints", tmp_path / "r" / "checkpoints"
+    donor.mkdir(parents=True)
+    mine.mkdir(parents=True)
+    (donor / "last.pt").write_bytes(b"donor at step 8")
+    (donor / "prev.pt").write_bytes(b"donor at step 4")
+    (mine / "last.pt").write_bytes(b"mine")
+    (mine / "prev.pt").write_bytes(b"mine before")
+    staged = tmp_path / "r" / STAGED
+    assert stage(donor, staged, task=True) == hashlib.sha256(b"donor at step 8").hexdigest()
+    (donor / ".last.new.pt").write_bytes(b"donor at step 12")  # the donor saves on, as save_checkpoint does
+    os.replace(donor / "last.pt", donor / "prev.pt")
+    os.replace(donor / ".last.new.pt", donor / "last.pt")
+    unstage(staged, mine, task=True)
+    assert sorted(p.name for p in mine.iterdir()) == ["last.pt"]  # no older file of its own to fall back to
+    assert (mine / "last.pt").read_bytes() == b"donor at step 8" == (staged / "last.pt").read_bytes()
+
+    (donor / "sub").mkdir()  # a script's own files, whatever their names
+    (donor / "sub" / "model.bin").write_bytes(b"weights")
+    (donor / ".tmp-partial").write_bytes(b"half")
+    digest = stage(donor, staged, task=False)
+    assert digest == checksum(staged) and not (staged / ".tmp-partial").exists()
+    unstage(staged, mine, task=False)
+    assert (mine / "sub" / "model.bin").read_bytes() == b"weights" and (mine / "last.pt").read_bytes() == \
+        b"donor at step 12"

@@ -255,6 +255,8 @@ class LinePrinter:
 
     def _trial_decision(self, ev: TrialDecision) -> None:
         self.results.append(ev)  # a prune shows as the pipeline's end, with this reason
+        if ev.action == "exploit":  # PBT: it ends only to train on from the donor's checkpoint
+            self.line(f"{ev.pipeline}: {ev.reason}")
 
     def sweep_ranking(self, statuses: dict[str, str]) -> list[str]:
         """A sweep's trials ranked by the metric (none for a run that is no sweep), those seen here too."""

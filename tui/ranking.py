@@ -154,9 +154,11 @@ def ranked_table(rows: list[TrialRow], metric: str, run_dir: Path, limit: int = 
     if not rows:
         return []
     keys = list(rows[0].values)
-    head = ["#", "trial", *(k.rsplit(".", 1)[-1] for k in keys), metric, "state", "rung"]
+    pbt = any(r.lineage for r in rows)  # its lineage where a rung would be: PBT has none
+    head = ["#", "trial", *(k.rsplit(".", 1)[-1] for k in keys), metric, "state", "lineage" if pbt else "rung"]
     body = [[str(i + 1), r.name, *(short_value(r.values.get(k, "")) for k in keys),
-             "-" if r.best is None else f"{r.best:.4g}", r.state, "-" if r.rung is None else f"{r.rung:g}"]
+             "-" if r.best is None else f"{r.best:.4g}", r.state,
+             (r.lineage or "-") if pbt else "-" if r.rung is None else f"{r.rung:g}"]
             for i, r in enumerate(rows[:limit])]
     widths = [max(len(line[c]) for line in [head, *body]) for c in range(len(head))]
     out = [f"sweep: {len(rows)} trials ranked by {metric}"]
