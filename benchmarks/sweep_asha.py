@@ -1,6 +1,7 @@
 """What pruning buys a sweep: wall time and best metric of one grid under ASHA, stopping (`mode = "stop"`) and
 promoting (`mode = "promote"`), against the same grid without pruning (torchherd every time), and against Ray
-Tune's ASHA on the same trials and slots where Ray is installed.
+Tune's ASHA on the same trials and slots where Ray is installed. `--pbt` adds population-based training
+(`scheduler = "pbt"`) on the same grid: its best val_loss against the grid's, in its time.
 
 Goals: ASHA <= 0.5x the unpruned sweep's time for the same best trial; <= 1.0x Ray Tune's time.
 `--trials 8` is 4 learning rates x 2 batch sizes; `--trials 16` is 8 x 2.
@@ -12,7 +13,7 @@ long its trials took to start (worker started -> training started) and how long 
 8 of the pruned sweep's epochs while the other slot idles, and the run's one import of torch is a quarter of
 its time, so the ratio measures those more than pruning (0.45-0.56x there on a quiet box).
 Usage: python benchmarks/sweep_asha.py [--trials 8] [--slots 2] [--epochs 16] [--samples 40000] [--rounds 2]
-       [--grace 1] [--no-ray]
+       [--grace 1] [--pbt [--interval 2]] [--no-ray]
 """
 from __future__ import annotations
 
@@ -30,13 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from torchherd.engine.config.load import parse_config  # noqa: E402
 from torchherd.engine.protocol.messages import (EpochEnd, PipelineFinished, RunStarted,  # noqa: E402
-                                                TrainingStarted, ValResult, WorkerStarted)
+                                                TrainingStarted, TrialDecision, ValResult, WorkerStarted)
 from torchherd.engine.rundir.directory import read_events  # noqa: E402
 from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 LRS = [0.03, 0.01, 0.003, 0.001]
 LRS_16 = [0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.003, 0.001]  # --trials 16
 MODES = {"none": "no pruning:", "stop": "ASHA stop:", "promote": "ASHA promote:"}  # the sweeps of a round
+PBT = {"scheduler": "pbt", "perturbation_interval": 2}  # --pbt adds it to MODES; --interval sets its interval
 BATCHES = [32, 128]
 PARAMS = {"samples": 40000, "hidden": 128}  # --samples overrides
 
@@ -53,6 +55,7 @@ class Sweep:
     idle: list[float]  # seconds from a trial's end to the start of the next on the slot it freed
     epochs: int  # epochs trained, all trials together
     pruned: int  # trials pruned
+    exploits: int = 0  # PBT: checkpoints taken over
 
 
 def timings(events: list, slots: int) -> tuple[float, list[float], list[float]]:
@@ -74,15 +77,15 @@ def timings(events: list, slots: int) -> tuple[float, list[float], list[float]]:
 
 
 async def torchherd_sweep(tmp: Path, how: str, slots: int, epochs: int, grace: int) -> Sweep:
-    """The grid under `how`: "none" (no pruning), or ASHA's mode ("stop", "promote")."""
-    asha = {"scheduler": "asha", "mode": how} if how != "none" else {"scheduler": "none"}
+    """The grid under `how`: "none" (no pruning), ASHA's mode ("stop", "promote"), or "pbt"."""
+    asha = {"scheduler": "asha", "mode": how, "grace_period": grace, "reduction_factor": 2} \
+        if how in ("stop", "promote") else PBT if how == "pbt" else {"scheduler": "none"}
     config = parse_config({
         "runs_dir": str(tmp / "runs"), "tensorboard": False,
         "defaults": {"task": "regression", "max_epochs": epochs, "params": PARAMS},
         "pipelines": [{"name": "reg"}], "devices": {"placement": "cpu", "cpu_slots": slots},
         "validation": {"mode": "inline"}, "telemetry": {"enabled": False},
-        "sweep": {"space": {"params": {"lr": LRS}, "batch_size": BATCHES}, **asha,
-                  "grace_period": grace, "reduction_factor": 2}}, str(tmp / "sweep.toml"), tmp)
+        "sweep": {"space": {"params": {"lr": LRS}, "batch_size": BATCHES}, **asha}}, str(tmp / "sweep.toml"), tmp)
     sup = Supervisor(config)
     t = time.perf_counter()
     await sup.start()
@@ -96,7 +99,8 @@ async def torchherd_sweep(tmp: Path, how: str, slots: int, epochs: int, grace: i
     return Sweep(wall, best.pipeline, best.metrics["val_loss"], *timings(events, slots),
                  epochs=sum(isinstance(e, EpochEnd) for e in events),
                  pruned=len({e.pipeline for e in events if isinstance(e, PipelineFinished) and e.status == "pruned"
-                             and not e.reason.startswith("paused at rung")}))
+                             and not e.reason.startswith(("paused at rung", "takes over"))}),
+                 exploits=sum(isinstance(e, TrialDecision) and e.action == "exploit" for e in events))
 
 
 def ray_sweep(slots: int, epochs: int, grace: int) -> tuple[float, str, float]:
@@ -147,7 +151,8 @@ def ray_sweep(slots: int, epochs: int, grace: int) -> tuple[float, str, float]:
 def line(label: str, sweep: Sweep) -> str:
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     return (f"{label:17s} {sweep.wall:6.1f}s, best {sweep.best} val_loss {sweep.value:.4g}; {sweep.epochs} "
-            f"epochs trained, {sweep.pruned} trials pruned\n"
+            f"epochs trained, {sweep.pruned} trials pruned" + (f", {sweep.exploits} exploits" if sweep.exploits else "")
+            + "\n"
             f"{'':19s} first step {sweep.first:.1f}s after the start; each trial's start-up mean "
             f"{mean(sweep.startup):.2f}s max {max(sweep.startup, default=0):.2f}s; a freed slot idle mean "
             f"{mean(sweep.idle):.3f}s max {max(sweep.idle, default=0):.3f}s")
@@ -162,8 +167,13 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=PARAMS["samples"], help="regression samples per trial")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of every sweep, turning which goes first")
     ap.add_argument("--grace", type=int, default=1, help="ASHA's grace_period (its first rung), in epochs")
+    ap.add_argument("--pbt", action="store_true", help="also population-based training on the same grid")
+    ap.add_argument("--interval", type=int, default=2, help="PBT's perturbation_interval, in epochs")
     ap.add_argument("--no-ray", action="store_true", help="skip Ray Tune even where it is installed")
     args = ap.parse_args()
+    if args.pbt:
+        MODES["pbt"] = "PBT:"
+        PBT["perturbation_interval"] = args.interval
     # A ledger of its own: on a shared machine another run's pipelines book the same CPU slots, and a sweep
     # that waits behind them measures their length, not its scheduling.
     os.environ.setdefault("TORCHHERD_LEDGER", tempfile.mkdtemp(prefix="sweep-asha-ledger-"))
@@ -173,9 +183,10 @@ def main() -> None:
     print(f"{trials} trials (lr x batch_size) of {args.epochs} epochs of {args.samples} samples on {args.slots} "
           f"CPU slots; ASHA grace_period {args.grace}, reduction_factor 2; load {os.getloadavg()[0]:.2f}")
     totals = {how: 0.0 for how in MODES}
-    found = {how: 0 for how in MODES if how != "none"}  # rounds that ended with the grid's best trial
+    found = {how: 0 for how in MODES if how in ("stop", "promote")}  # rounds that ended with the grid's best trial
     for r in range(args.rounds):
-        order = list(MODES)[r % 3:] + list(MODES)[:r % 3]  # each sweep goes first in turn: load falls on all
+        k = r % len(MODES)
+        order = list(MODES)[k:] + list(MODES)[:k]  # each sweep goes first in turn: load falls on all
         with tempfile.TemporaryDirectory() as tmp:
             results = {how: asyncio.run(torchherd_sweep(Path(tmp) / how, how, args.slots, args.epochs, args.grace))
                        for how in order}
@@ -189,6 +200,11 @@ def main() -> None:
             found[how] += same
             which = "the grid's best trial" if same else "NOT the grid's best trial"
             print(f"  {MODES[how][:-1]} / no pruning: {results[how].wall / full.wall:.2f}x the time, {which}")
+        if "pbt" in results:  # its trials change values: judged by the best metric, not by the trial's name
+            pbt = results["pbt"]
+            print(f"  PBT / no pruning: {pbt.wall / full.wall:.2f}x the time, best val_loss {pbt.value:.4g} against "
+                  f"the grid's {full.value:.4g} ({'better' if pbt.value < full.value else 'NOT better'}), "
+                  f"{pbt.epochs} epochs against {full.epochs}")
     for how in found:
         print(f"{MODES[how][:-1]} / no pruning over {args.rounds} round(s): {totals[how] / totals['none']:.2f}x "
               f"the time, the grid's best trial in {found[how]} of {args.rounds} (goal <= 0.5x, every round)")
