@@ -66,8 +66,8 @@ def test_no_exploit_without_a_donor_that_can_give_or_that_is_better():
 
 
 def _exploit(trial, donor, epoch, lr) -> TrialDecision:
-    return TrialDecision(pipeline=trial, action="exploit", rung=epoch, value=1.0, donor=donor, epoch=epoch,
-                         step=epoch * 4, values={"params.lr": lr})
+    return TrialDecision(pipeline=trial, action="exploit", rung=epoch, value=1.0,
+                         exploit={"donor": donor, "epoch": epoch, "step": epoch * 4, "values": {"params.lr": lr}})
 
 
 def test_schedules_follow_each_final_trial_back_through_its_donors():

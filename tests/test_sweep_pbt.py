@@ -67,17 +67,19 @@ async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_check
     assert min(ended.values()) < fixed * 0.9, ended
 
     for d in exploits:  # it trained on from the donor's checkpoint at the step the decision names
-        saved = [e for e in events if isinstance(e, CheckpointSaved) and e.pipeline == d.donor and e.step == d.step]
-        assert saved and saved[0].epoch == d.epoch, d
+        x = d.exploit
+        saved = [e for e in events if isinstance(e, CheckpointSaved) and e.pipeline == x["donor"]
+                 and e.step == x["step"]]
+        assert saved and saved[0].epoch == x["epoch"], d
         after = events[events.index(d):]
         resumed = next(e for e in after if isinstance(e, Resumed) and e.pipeline == d.pipeline)
-        assert resumed.step == d.step, (d, resumed)
+        assert resumed.step == x["step"], (d, resumed)
     for name in {d.pipeline for d in exploits}:  # the last copy each took is kept: the donor's file, byte for byte
-        last = [d for d in exploits if d.pipeline == name][-1]
+        x = [d for d in exploits if d.pipeline == name][-1].exploit
         copy = sup.run_dir / name / "exploited" / "last.pt"
-        assert hashlib.sha256(copy.read_bytes()).hexdigest() == last.checksum
+        assert hashlib.sha256(copy.read_bytes()).hexdigest() == x["checksum"]
         state = torch.load(copy, weights_only=True)
-        assert (state["pipeline"], state["step"], state["epoch"]) == (last.donor, last.step, last.epoch)
+        assert (state["pipeline"], state["step"], state["epoch"]) == (x["donor"], x["step"], x["epoch"])
 
     # The lr reached the param groups: each trial scored what its schedule predicts, epoch by epoch.
     schedules = exported_schedules(sup.run_dir, tmp_path)
@@ -87,8 +89,9 @@ async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_check
 
     rows = {r.name: r for r in replay_run(sup.run_dir).ranked()}
     last = exploits[-1]
-    assert rows[last.pipeline].lineage == f"from {last.donor.split('-', 1)[1]}@e{last.epoch}"
-    assert rows[last.pipeline].values["params.lr"] == last.values["params.lr"]
+    x = last.exploit
+    assert rows[last.pipeline].lineage == f"from {x['donor'].split('-', 1)[1]}@e{x['epoch']}"
+    assert rows[last.pipeline].values["params.lr"] == x["values"]["params.lr"]
 
 
 def test_a_sigkilled_pbt_sweep_resumes_with_its_lineage(tmp_path):

@@ -44,9 +44,9 @@ def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
             row.best = value
         row.epoch = max(row.epoch, ev.epoch + 1)
     elif isinstance(ev, TrialDecision) and ev.action == "exploit":
-        row.values = {**row.values, **{k: v for k, v in ev.values.items() if k in row.values}}
+        row.values = {**row.values, **{k: v for k, v in ev.exploit.get("values", {}).items() if k in row.values}}
         row.lineage = lineage(ev)
-        row.reasons.append(f"epoch {ev.epoch}: {lineage(ev)}: {ev.reason}")
+        row.reasons.append(f"{lineage(ev)}: {ev.reason}")
     elif isinstance(ev, TrialDecision):
         row.rung = ev.rung if row.rung is None else max(row.rung, ev.rung)
         row.reasons.append(f"rung {ev.rung:g}: {SAID.get(ev.action, 'goes on')}: {ev.reason}")
@@ -61,8 +61,8 @@ def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
 
 def lineage(decision: TrialDecision) -> str:
     """A PBT trial's lineage as the sweep view says it: 'from lr0.03@e4' (the donor's name less its base)."""
-    donor = decision.donor.split("-", 1)[1] if "-" in decision.donor else decision.donor
-    return f"from {donor}@e{decision.epoch}"
+    donor = str(decision.exploit.get("donor", ""))
+    return f"from {donor.split('-', 1)[1] if '-' in donor else donor}@e{decision.exploit.get('epoch', 0)}"
 
 
 def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, str] | None = None) -> list[TrialRow]:

@@ -1,8 +1,7 @@
 """Every message that crosses a process boundary: events up, commands down.
 
-Each is a frozen, picklable dataclass of primitives stamped with wall-clock
-`time` (seconds since the epoch) and a `type` tag; `protocol/records.py` turns
-them into the JSON objects of `events.jsonl` and back.
+Each is a frozen, picklable dataclass of primitives stamped with wall-clock `time` (seconds since the epoch) and
+a `type` tag; `protocol/records.py` turns them into the JSON objects of `events.jsonl` and back.
 """
 from __future__ import annotations
 
@@ -276,20 +275,15 @@ class EarlyStop(PipelineEvent):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialDecision(PipelineEvent):
-    """A sweep's scheduler judged a trial's validation result at a rung: it goes on, or it is pruned; PBT's
-    "exploit": it takes over a donor's checkpoint and trains on with new values."""
+    """A sweep's scheduler judged a trial's validation result at a rung: it goes on, or it is pruned (or exploits)."""
 
     type: ClassVar[str] = "trial_decision"
-    action: str  # "continue", "prune"; promoting ASHA: "pause" (waits at the rung), "promote" (trains on); "exploit"
+    action: str  # "continue", "prune"; promoting ASHA: "pause", "promote"; PBT: "exploit" (a donor's checkpoint)
     rung: float  # the milestone, in the sweep's rung_unit (epochs or steps); PBT: the trial's progress judged
     value: float  # the trial's `metric` there
     cutoff: float | None = None  # the rung's cut (None: the first at its rung); PBT: the bottom quantile's edge
     reason: str = ""  # "val_loss 0.31 at epoch 4, rung cut 0.27"
-    donor: str = ""  # "exploit": the trial whose checkpoint it takes over
-    step: int = -1  # "exploit": the optimizer step of the donor's checkpoint it took
-    epoch: int = -1  # "exploit": the epochs trained in that checkpoint
-    values: dict = field(default_factory=dict)  # "exploit": the swept keys' values it trains on with
-    checksum: str = ""  # "exploit": sha256 of the donor's checkpoint file as copied
+    exploit: dict = field(default_factory=dict)  # PBT: donor, its checkpoint's step and epoch, new values, checksum
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -113,10 +113,11 @@ def schedules(initial: dict[str, dict[str, Any]], decisions: Iterable[Any], epoc
     trial's values as configured; `decisions`: trial_decision events in the order they were made."""
     segments = {name: [(0, dict(values))] for name, values in initial.items()}  # (first epoch, values)
     for d in decisions:
-        if d.action != "exploit" or d.pipeline not in segments or d.donor not in segments:
+        donor, epoch = d.exploit.get("donor"), d.exploit.get("epoch", 0)
+        if d.action != "exploit" or d.pipeline not in segments or donor not in segments:
             continue
-        taken = [(start, v) for start, v in segments[d.donor] if start < d.epoch] or segments[d.donor][:1]
-        segments[d.pipeline] = [*taken, (max(d.epoch, 0), dict(d.values))]
+        taken = [(start, v) for start, v in segments[donor] if start < epoch] or segments[donor][:1]
+        segments[d.pipeline] = [*taken, (max(epoch, 0), dict(d.exploit.get("values", {})))]
     out = {}
     for name, segs in segments.items():
         out[name] = [{"epoch": e + 1, **next(v for start, v in reversed(segs) if start <= e)} for e in range(epochs)]
