@@ -230,7 +230,7 @@ def sample(hint):
         return next(_values)
     if hint is float:
         return next(_values) + 0.5
-    if hint is str:
+    if hint is str or hint is typing.Any:  # Any: a table of plain values (trial_decision's exploit)
         return f"s{next(_values)}"
     if origin is tuple:
         return (sample(args[0]), sample(args[0]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .names import ValidationMode
 
@@ -283,7 +283,7 @@ class TrialDecision(PipelineEvent):
     value: float  # the trial's `metric` there
     cutoff: float | None = None  # the rung's cut (None: the first at its rung); PBT: the bottom quantile's edge
     reason: str = ""  # "val_loss 0.31 at epoch 4, rung cut 0.27"
-    exploit: dict = field(default_factory=dict)  # PBT: donor, its checkpoint's step and epoch, new values, checksum
+    exploit: dict[str, Any] = field(default_factory=dict)  # PBT: donor, step and epoch taken, new values, checksum
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
