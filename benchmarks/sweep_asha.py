@@ -1,7 +1,8 @@
 """What pruning buys a sweep: wall time and best metric of one grid under ASHA, stopping (`mode = "stop"`) and
 promoting (`mode = "promote"`), against the same grid without pruning (torchherd every time), and against Ray
-Tune's ASHA on the same trials and slots where Ray is installed. `--pbt` adds population-based training
-(`scheduler = "pbt"`) on the same grid: its best val_loss against the grid's, in its time.
+Tune's ASHA on the same trials and slots where Ray is installed (benchmarks/ray_sweeps.py). `--pbt` adds
+population-based training (`scheduler = "pbt"`) on the same grid, its best val_loss against the grid's, and
+against Ray Tune's PBT.
 
 Goals: ASHA <= 0.5x the unpruned sweep's time for the same best trial; <= 1.0x Ray Tune's time.
 `--trials 8` is 4 learning rates x 2 batch sizes; `--trials 16` is 8 x 2.
@@ -38,7 +39,8 @@ from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 LRS = [0.03, 0.01, 0.003, 0.001]
 LRS_16 = [0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.003, 0.001]  # --trials 16
 MODES = {"none": "no pruning:", "stop": "ASHA stop:", "promote": "ASHA promote:"}  # the sweeps of a round
-PBT = {"scheduler": "pbt", "perturbation_interval": 2}  # --pbt adds it to MODES; --interval sets its interval
+# --pbt adds it to MODES, --interval sets its interval; batch sizes resampled from the grid's, as Ray's PBT is told
+PBT = {"scheduler": "pbt", "perturbation_interval": 2, "explore": {"batch_size": "resample"}}
 BATCHES = [32, 128]
 PARAMS = {"samples": 40000, "hidden": 128}  # --samples overrides
 
@@ -103,51 +105,6 @@ async def torchherd_sweep(tmp: Path, how: str, slots: int, epochs: int, grace: i
                  exploits=sum(isinstance(e, TrialDecision) and e.action == "exploit" for e in events))
 
 
-def ray_sweep(slots: int, epochs: int, grace: int) -> tuple[float, str, float]:
-    """(wall seconds, best trial, its best val_loss) of the same grid under Ray Tune's ASHAScheduler, the
-    same training loop per epoch (torchherd's built-in regression task), `slots` trials at a time."""
-    import ray
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-
-    def trainable(cfg):
-        import torch
-
-        from torchherd.engine.runners.task.api import build_task
-        torch.set_num_threads(1)
-        task = build_task("regression", {**PARAMS, "lr": cfg["lr"]})
-        train = torch.utils.data.DataLoader(task.train_data, batch_size=cfg["batch_size"], shuffle=True)
-        val = torch.utils.data.DataLoader(task.val_data, batch_size=256)
-        for _ in range(epochs):
-            task.model.train()
-            for x, y in train:
-                task.optimizer.zero_grad()
-                task.loss_fn(task.model(x), y).backward()
-                task.optimizer.step()
-            task.model.eval()
-            with torch.no_grad():
-                total = sum(task.loss_fn(task.model(x), y).item() * len(x) for x, y in val)
-            tune.report({"val_loss": total / len(task.val_data)})
-
-    t = time.perf_counter()
-    ray.init(num_cpus=slots, include_dashboard=False, log_to_driver=False)
-    try:
-        tuner = tune.Tuner(
-            tune.with_resources(trainable, {"cpu": 1}),
-            param_space={"lr": tune.grid_search(LRS), "batch_size": tune.grid_search(BATCHES)},
-            tune_config=tune.TuneConfig(scheduler=ASHAScheduler(metric="val_loss", mode="min", grace_period=grace,
-                                                                reduction_factor=2, max_t=epochs),
-                                        max_concurrent_trials=slots),
-            run_config=tune.RunConfig(verbose=0))  # no status table every few seconds
-        results = tuner.fit()
-        best = results.get_best_result(metric="val_loss", mode="min", scope="all")
-        wall = time.perf_counter() - t
-        value = float(best.metrics_dataframe["val_loss"].min())
-        return wall, f"reg-lr{best.config['lr']:.3g}-batch_size{best.config['batch_size']}", value
-    finally:
-        ray.shutdown()
-
-
 def line(label: str, sweep: Sweep) -> str:
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     return (f"{label:17s} {sweep.wall:6.1f}s, best {sweep.best} val_loss {sweep.value:.4g}; {sweep.epochs} "
@@ -191,7 +148,7 @@ def main() -> None:
             results = {how: asyncio.run(torchherd_sweep(Path(tmp) / how, how, args.slots, args.epochs, args.grace))
                        for how in order}
         print(f"round {r + 1} (load {os.getloadavg()[0]:.2f}):")
-        full = results["none"]
+        full, last = results["none"], results
         for how, label in MODES.items():
             totals[how] += results[how].wall
             print("  " + line(label, results[how]))
@@ -208,20 +165,25 @@ def main() -> None:
     for how in found:
         print(f"{MODES[how][:-1]} / no pruning over {args.rounds} round(s): {totals[how] / totals['none']:.2f}x "
               f"the time, the grid's best trial in {found[how]} of {args.rounds} (goal <= 0.5x, every round)")
-    totals["asha"] = totals["promote"]
     if args.no_ray or importlib.util.find_spec("ray") is None:
         print("Ray Tune: skipped (not installed, or --no-ray)")
         return
-    try:
-        ray_result = ray_sweep(args.slots, args.epochs, args.grace)
-    except ImportError as exc:  # ray without its tune extra
-        print(f"Ray Tune: skipped ({exc})")
-        return
-    mean_asha = totals["asha"] / args.rounds
-    print(f"Ray Tune ASHA:    {ray_result[0]:6.1f}s, best {ray_result[1]} val_loss {ray_result[2]:.4g} "
-          f"(load {os.getloadavg()[0]:.2f})")
-    print(f"torchherd promoting ASHA (mean of rounds) / Ray Tune ASHA: {mean_asha / ray_result[0]:.2f}x the time "
-          "(goal <= 1.0x)")
+    from ray_sweeps import ray_sweep
+
+    for how, ours in (("asha", "promote"), ("pbt", "pbt")):
+        if ours not in MODES:
+            continue
+        try:
+            theirs = ray_sweep(how, LRS, BATCHES, PARAMS, args.slots, args.epochs, args.grace, args.interval)
+        except ImportError as exc:  # ray without its tune extra
+            print(f"Ray Tune: skipped ({exc})")
+            return
+        mine = last[ours]
+        print(f"Ray Tune {how.upper():5s} {theirs.wall:6.1f}s, best {theirs.best} val_loss {theirs.value:.4g}; "
+              f"{theirs.epochs} epochs trained (load {os.getloadavg()[0]:.2f})")
+        print(f"torchherd {MODES[ours][:-1]} (mean of rounds) / Ray Tune {how.upper()}: "
+              f"{totals[ours] / args.rounds / theirs.wall:.2f}x the time; best val_loss {mine.value:.4g} against "
+              f"{theirs.value:.4g}; epochs {mine.epochs} against {theirs.epochs} (goal <= 1.0x, as good)")
 
 
 if __name__ == "__main__":
