@@ -1,7 +1,7 @@
 """The session's observers beside the run directory, attached as bus taps when it starts: a sweep's pruner
 (`sweeping.py`) or PBT (`exploiting.py`), the TensorBoard event files (`rundir/tensorboard.py`, unless
-`tensorboard = false`) and the warning about a validation metric never reported (`metric_watch.py`), and the watch on stragglers, stalls and
-alerts (`health.py`)."""
+`tensorboard = false`) and the warning about a validation metric never reported (`metric_watch.py`), and the
+watch on stragglers, stalls and alerts (`health.py`)."""
 from __future__ import annotations
 
 from ..rundir.tensorboard import FOLDER, TensorBoardTap
