@@ -138,3 +138,21 @@ def test_a_staged_copy_is_the_donors_newest_checkpoint_and_replaces_the_trials_o
     unstage(staged, mine, task=False)
     assert (mine / "sub" / "model.bin").read_bytes() == b"weights" and (mine / "last.pt").read_bytes() == \
         b"donor at step 12"
+
+
+def test_the_ranking_shows_an_exploited_trials_new_values_and_lineage(tmp_path):
+    from torchherd.tui.ranking import fold_trials, ranked_table
+    from torchherd.engine.protocol.messages import ValResult
+
+    config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1, 0.01]}},
+                                                           "scheduler": "pbt"})
+    events = [ValResult(pipeline="t-lr0.1", epoch=1, step=8, metrics={"val_loss": 0.3}),
+              ValResult(pipeline="t-lr0.01", epoch=1, step=8, metrics={"val_loss": 0.9}),
+              _exploit("t-lr0.01", "t-lr0.1", 2, 0.08),
+              ValResult(pipeline="t-lr0.01", epoch=3, step=16, metrics={"val_loss": 0.2})]
+    rows = fold_trials(config, events)
+    assert [(r.name, r.values["params.lr"], r.lineage) for r in rows] == [
+        ("t-lr0.01", 0.08, "from lr0.1@e2"), ("t-lr0.1", 0.1, "")]
+    lines = ranked_table(rows, "val_loss", tmp_path)
+    assert lines[1].split() == ["#", "trial", "lr", "val_loss", "state", "lineage"]
+    assert lines[2].split() == ["1", "t-lr0.01", "0.08", "0.2", "queued", "from", "lr0.1@e2"]
