@@ -29,7 +29,7 @@ EPOCHS = 5
 SEED = 7  # its first draws perturb by 0.8: the first exploits follow the ideal's fall (any seed finds a schedule)
 SWEEP = {"space": {"params": {"lr": LRS}}, "scheduler": "pbt", "perturbation_interval": 1, "seed": SEED}
 DEFAULTS = {"task": f"{TASKS / 'schedule.py'}:build", "max_epochs": EPOCHS, "batch_size": 8,
-            "params": {"samples": 32, "delay": 0.05}}  # 4 steps an epoch, 1.6 s: the validator keeps pace
+            "params": {"samples": 32, "delay": 0.02}}  # 4 steps an epoch, 0.64 s
 
 
 def finals(events) -> dict[str, float]:
@@ -47,8 +47,10 @@ def exported_schedules(run_dir: Path, tmp_path: Path) -> dict[str, list[float]]:
 
 
 async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_checkpoint(tmp_path):
+    # Validation inline (make_config's default): PBT takes val_result events from either, and on a loaded 2-core
+    # box the background validator's first results reached these 5-epoch trials only in their last epoch.
     config = make_config(tmp_path, [{"name": "t"}], sweep=SWEEP, devices={"cpu_slots": 4}, defaults=DEFAULTS,
-                         validation={"mode": "background"}, telemetry={"enabled": False}, tensorboard=False)
+                         telemetry={"enabled": False}, tensorboard=False)
     sup = Supervisor(config)
     await sup.start()
     try:
@@ -64,9 +66,7 @@ async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_check
     assert fixed == final_loss([0.1] * EPOCHS)
     ended = finals(events)
     assert ended["t-lr0.1"] == pytest.approx(fixed, rel=1e-5)  # never exploited: it trained at 0.1 throughout
-    # Better than any fixed lr: by 30% when the validator keeps pace (exploits from epoch 1), by less when a loaded
-    # machine holds its first results back to the last epochs.
-    assert min(ended.values()) < fixed, ended
+    assert min(ended.values()) < fixed * 0.9, ended
 
     for d in exploits:  # it trained on from the donor's checkpoint at the step the decision names
         x = d.exploit
