@@ -25,7 +25,8 @@ from tests.conftest import TASKS, make_config, wait_for
 # Looked up, not imported: collecting the fast tier (every xdist worker) would pay Lightning's import for nothing.
 NO_LIGHTNING = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
                                   reason='Lightning is not installed: pip install "torchherd[lightning]"')
-pytestmark = [pytest.mark.slow, NO_LIGHTNING]
+# One xdist worker for the whole file: its tests share two module-scoped runs (--dist loadgroup).
+pytestmark = [pytest.mark.slow, NO_LIGHTNING, pytest.mark.xdist_group("test_lightning")]
 TINY = f"lightning:{TASKS / 'lit_tiny.py'}"
 
 

@@ -23,7 +23,8 @@ from tests.conftest import TASKS, make_config, still_alive, wait_for
 from tests.test_gangs import checksums
 from tests.test_lightning import NO_LIGHTNING, session
 
-pytestmark = [pytest.mark.slow, NO_LIGHTNING]
+# One xdist worker for the whole file: its tests share one module-scoped run (--dist loadgroup).
+pytestmark = [pytest.mark.slow, NO_LIGHTNING, pytest.mark.xdist_group("test_lightning_gang")]
 MODULE = f"lightning:{TASKS / 'lit_gang.py'}:LitRegression"
 DATA = f"{TASKS / 'lit_gang.py'}:RegressionData"
 

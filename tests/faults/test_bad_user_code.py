@@ -18,7 +18,8 @@ from tests.conftest import TASKS
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
 from torchherd.tui.headless import LinePrinter
 
-pytestmark = pytest.mark.slow
+# One xdist worker for the whole file: its tests share one module-scoped run (--dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_bad_user_code")]
 
 EPOCHS = 3
 FATAL = {  # pipeline -> (task, words its failure must carry)

@@ -19,7 +19,8 @@ from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import wait_for
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
 
-pytestmark = pytest.mark.slow
+# One xdist worker for the whole file: its tests share one module-scoped run (--dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_worker_crashes")]
 
 EPOCHS = 3
 ONCE = ("raise", "segv", "oom")  # pipelines named after the fault they hit once, at forward call 12
