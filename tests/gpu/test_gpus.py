@@ -3,7 +3,8 @@ cap, and a CUDA out-of-memory crash that restarts.
 
 Skipped without CUDA (see conftest.py). They mirror the CPU tests (tests/test_gangs.py,
 tests/faults/test_worker_crashes.py) on GPU slots, with the real inventory NVML gives. One file on
-purpose: `--dist loadfile` then never runs two of them at once on the same GPUs.
+purpose, and with test_handoff_gpu.py in one xdist group: `--dist loadgroup` never runs two GPU tests at once
+on the same GPUs.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.conftest import TASKS, make_config
 from tests.gpu.conftest import NO_CUDA, needs_gpus
 from tests.test_gangs import EPOCH_LOSS, checksums, run_to_end
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow, NO_CUDA]
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, NO_CUDA, pytest.mark.xdist_group("gpu")]  # one GPU test at a time
 
 GPU_TASK = f"{TASKS / 'gpu_task.py'}:build"
 DDP_CUDA = str(TASKS / "scripts" / "ddp_cuda.py")

@@ -21,7 +21,8 @@ from torchherd.engine.worker import cuda_copy
 from torchherd.engine.worker.copy_engine import BLOCKING, DIRECT, STAGED
 from torchherd.engine.worker.snapshot import IN_FLIGHT, SnapshotReader, SnapshotWriter
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available"),
+              pytest.mark.xdist_group("gpu")]  # never beside test_gpus.py on the same GPUs
 
 WAIT = 60.0  # seconds: a bound on waiting for a copy to land, never a pause
 
