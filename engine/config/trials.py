@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import re
 from typing import Any
 
 from pydantic import ValidationError

@@ -215,6 +215,8 @@ class Backend(ABC):
     def remove_roots(self, roots: dict[str, str]) -> None:
         """Remove the snapshot roots {node id: path} made on other nodes (blocking: called off the loop).
         Default: nothing, as this machine's root is the supervisor's to remove."""
+        return None
 
     def close(self) -> None:
         """The session is over: release what the backend holds (sockets, ending actors). Default: nothing."""
+        return None

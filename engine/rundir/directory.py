@@ -23,7 +23,7 @@ from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, Pip
                                 StepMetrics, ValResult)
 from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
-from .appending import HOLD as BUFFER, AppendFile
+from .appending import AppendFile
 from .lines import encode_line
 from .snapshots import (PID_FILE, SNAPSHOT_MARKER, _ours, claim_root, owner_alive, remove_root,  # noqa: F401
                         remove_stale_roots, snapshot_root)  # here too: where callers have always found them

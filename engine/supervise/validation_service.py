@@ -189,7 +189,7 @@ class ValidationService:
             return False
         # A validator that keeps dying: the run must still end without its results.
         given_up = {k for k, v in self.validators.items() if v.failures >= GIVE_UP}
-        waiting = {n: l for n, l in self.ledgers.items() if l.waiting and self.node_of.get(n, "") not in given_up}
+        waiting = {n: led for n, led in self.ledgers.items() if led.waiting and self.node_of.get(n, "") not in given_up}
         if not waiting:
             return False
         now = time.monotonic()

@@ -8,7 +8,7 @@ for the snapshot hand-off. Checkpoints are sharded_checkpoint.py.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
