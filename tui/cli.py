@@ -49,7 +49,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         description="Supervise PyTorch training from a terminal.\n"
                     "With no command, open the app: pick a config, watch it, steer it.")
     app.add_argument("target", nargs="?", metavar="DIR|CONFIG",
-                     help="a folder of configs or one config file (default: ./sample_configs, else this folder's *.toml)")
+                     help="a folder of configs or one config file "
+                          "(default: ./sample_configs, else this folder's *.toml)")
     app.add_argument("--runs-dir", metavar="DIR",
                      help="where run directories go and past runs are found (default: ./runs)")
 

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from ..engine.protocol.control import ClientCommand
-from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop, EpochEnd, Event, Notice, PipelineWaiting,
-                                        PipelineFinished, Resumed, RunFinished, RunStarted, SnapshotSkipped, Stalled,
-                                        StepMetrics, TasksChecked, TrainingStarted, TrialDecision, ValResult,
-                                        ValidatorStarted, WorkerError, WorkerExited, WorkerRestarting, WorkerStarted)
+from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop, EpochEnd, Event, Notice,
+                                        PipelineWaiting, PipelineFinished, Resumed, RunFinished, RunStarted,
+                                        SnapshotSkipped, Stalled, StepMetrics, TasksChecked, TrainingStarted,
+                                        TrialDecision, ValResult, ValidatorStarted, WorkerError, WorkerExited,
+                                        WorkerRestarting, WorkerStarted)
 from ..engine.protocol.health import Alert, Straggler, Triage
 from ..engine.protocol.names import ExitReason, ValidationMode
 from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label

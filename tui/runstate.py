@@ -312,7 +312,8 @@ class RunState:
     def _run_finished(self, ev: m.RunFinished, _) -> None:
         self.finished = True
         self.rows_version += 1
-        labels = {k: ended_label(v, self.rows[k].finish_reason if k in self.rows else "") for k, v in ev.statuses.items()}
+        labels = {k: ended_label(v, self.rows[k].finish_reason if k in self.rows else "")
+                  for k, v in ev.statuses.items()}
         self.note("info" if ev.ok else "error", "", "run finished: " +
                   ", ".join(f"{k} {v}" for k, v in labels.items()), at=ev.time)
         self._telemetry(self.telemetry, None)

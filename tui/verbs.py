@@ -22,7 +22,8 @@ EXIT_TOOK, EXIT_REFUSED, EXIT_BAD = 0, 1, 2
 ACTIONS = {"stop": "stop", "kill": "kill", "pause": "pause", "resume-pipeline": "resume",
            "checkpoint": "checkpoint", "restart": "restart", "stacks": "stacks", "promote": "promote"}
 TRIAGE_WAIT = 10.0  # seconds `torchherd stacks` waits for the verdict on where the pipeline's ranks are
-NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart", "stacks", "promote"}  # stop and kill default to every pipeline
+# stop and kill default to every pipeline
+NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart", "stacks", "promote"}
 
 
 class BadRun(ValueError):

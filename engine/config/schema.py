@@ -262,8 +262,8 @@ class ValidationConfig(_Strict):
     # strict=False: the TOML string (and a dumped config's) becomes the member; strict would want the member itself
     mode: ValidationMode = Field(ValidationMode.AUTO, strict=False, description=(
         "'background' hands weight snapshots to a validation process (one per node on a Ray cluster) while "
-        "training goes on; 'inline' validates in the worker, which waits; 'auto' picks background when there is a spare GPU or core, "
-        "else inline; 'off' never validates."))
+        "training goes on; 'inline' validates in the worker, which waits; 'auto' picks background when there "
+        "is a spare GPU or core, else inline; 'off' never validates."))
     every_n_epochs: int = Field(1, ge=1, description="Validate every this many epochs.")
     every_n_steps: int | None = Field(None, ge=1, description=(
         "Also hand off a snapshot every this many optimizer steps (background mode)."))
@@ -295,7 +295,8 @@ class RestartConfig(_Strict):
     max_restarts: int = Field(3, ge=0, description="Restarts allowed per pipeline after crashes.")
     backoff: float = Field(1.0, ge=0, description="Delay before the first restart (seconds); doubles per failed start.")
     backoff_max: float = Field(30.0, ge=0, description="Longest delay between restarts (seconds).")
-    min_uptime: float = Field(5.0, ge=0, description="A worker that dies sooner than this (seconds) counts as a failed start.")
+    min_uptime: float = Field(5.0, ge=0,
+                              description="A worker that dies sooner than this (seconds) counts as a failed start.")
     max_failed_starts: int = Field(3, ge=1, description="Consecutive failed starts after which the pipeline fails.")
     kill_grace: float = Field(5.0, gt=0, description="Seconds between SIGTERM and SIGKILL when killing.")
     hang_timeout: float | None = Field(None, gt=0, description=(
@@ -372,7 +373,8 @@ class RunConfig(_Strict):
         return v if v == "" else _check_name(v)  # "": the file's name is used
 
 
-RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir", "trial", "max_epochs_set")  # filled in by the loader, not keys
+# filled in by the loader, not keys
+RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir", "trial", "max_epochs_set")
 TABLES: dict[str, type[BaseModel]] = {  # the model of each table below the top level, by its key in the file
     "defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig, "validation": ValidationConfig,
     "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig, "sweep": SweepConfig,

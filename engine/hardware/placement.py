@@ -116,7 +116,8 @@ def order_pipelines(config: RunConfig) -> list[str]:
     return [p.name for _, p in indexed]
 
 
-def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory, held: Holdings | None = None) -> list[str]:
+def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory,
+                  held: Holdings | None = None) -> list[str]:
     """Human lines saying what would launch where, for `torchherd check` and the picker: the devices, what
     other runs and programs hold now (`held`: the ledger's leases and NVML's foreign processes), and each
     pipeline's grant, or what it would wait for."""
@@ -224,4 +225,5 @@ def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory,
         return ValidationPlan(ValidationMode.BACKGROUND, "cpu", None, v.threads, why)
     # Every core already trains: a validator would only slow the workers down (see
     # benchmarks/validation_overlap.py), so validate inline.
-    return ValidationPlan(ValidationMode.INLINE, "", None, v.threads, f"no spare core ({busy} of {inventory.cpu_count} train)")
+    return ValidationPlan(ValidationMode.INLINE, "", None, v.threads,
+                          f"no spare core ({busy} of {inventory.cpu_count} train)")

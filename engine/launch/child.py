@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None, transport: dict | None = None) -> None:
     faulthandler.enable(all_threads=True)  # a segfault leaves its stack in the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor's "where are you stuck?"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit a checkpoint fails (EFBIG), as on a full disk
+    # over a file size limit a checkpoint fails (EFBIG), as on a full disk
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     print(f"torchherd {spec.role} pid {os.getpid()} {spec.name} attempt {spec.attempt} device {spec.device}",
           flush=True)
     if transport.address:  # on a cluster node: one connection back to the supervisor

@@ -1,1 +1,2 @@
-"""What runs before a run launches: the static check of a config and the probe that builds each task in a fresh interpreter."""
+"""What runs before a run launches: the static check of a config and the probe that builds each task in a
+fresh interpreter."""

@@ -1,1 +1,2 @@
-"""What crosses a process boundary, standard library only: events and commands, worker states, child specs, the status and control pipes, and the fold of events into progress."""
+"""What crosses a process boundary, standard library only: events and commands, worker states, child specs,
+the status and control pipes, and the fold of events into progress."""

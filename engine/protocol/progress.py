@@ -161,9 +161,9 @@ def _waiting(p: PipelineProgress, ev: m.PipelineWaiting) -> PipelineProgress:
 
 
 def _started(p: PipelineProgress, ev: m.WorkerStarted) -> PipelineProgress:
-    return replace(p, device=ev.device, node=ev.node, pid=ev.pid, attempt=ev.attempt, started_at=p.started_at or ev.time,
-                   finished_at=None, rate_origin=None, step_rate=0.0, stalled_since=None, waiting="",
-                   rank_times=(), straggler="", verdict="", rank_places=())
+    return replace(p, device=ev.device, node=ev.node, pid=ev.pid, attempt=ev.attempt,
+                   started_at=p.started_at or ev.time, finished_at=None, rate_origin=None, step_rate=0.0,
+                   stalled_since=None, waiting="", rank_times=(), straggler="", verdict="", rank_places=())
 
 
 def _pace(p: PipelineProgress, ev: h.RankPace) -> PipelineProgress:
@@ -229,7 +229,8 @@ def _error(p: PipelineProgress, ev: m.WorkerError) -> PipelineProgress:
 
 
 def _exited(p: PipelineProgress, ev: m.WorkerExited) -> PipelineProgress:
-    return replace(p, pid=None, stalled_since=None, last_error=ev.error or p.last_error, traceback=ev.traceback or p.traceback)
+    return replace(p, pid=None, stalled_since=None, last_error=ev.error or p.last_error,
+                   traceback=ev.traceback or p.traceback)
 
 
 def _restarting(p: PipelineProgress, ev: m.WorkerRestarting) -> PipelineProgress:

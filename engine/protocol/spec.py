@@ -2,7 +2,8 @@
 
 `WorkerSpec` is one attempt of a pipeline's worker, `ValidatorSpec` the background
 validator; `Transport` says how the child reaches its supervisor (pipe descriptors
-for a local process, or an address to dial back with a per-attempt token). `write_spec`/`read_spec` keep the file format in one place.
+for a local process, or an address to dial back with a per-attempt token). `write_spec`/`read_spec`
+keep the file format in one place.
 Standard library only: every child imports this before anything else.
 """
 from __future__ import annotations

@@ -338,7 +338,8 @@ def summarize(run_dir: Path) -> RunSummary | None:
     finished = [r for r in records if r.get("type") == RunFinished.type]
     if finished:
         values = set(_texts(finished[-1].get("statuses")).values())
-        worst = (WorkerState.FAILED, WorkerState.KILLED, WorkerState.STOPPED)  # the worst any pipeline ended in names the run
+        # the worst any pipeline ended in names the run
+        worst = (WorkerState.FAILED, WorkerState.KILLED, WorkerState.STOPPED)
         status = next((s for s in worst if s in values), WorkerState.COMPLETED).value
     else:
         status = "unfinished"

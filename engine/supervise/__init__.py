@@ -1,1 +1,2 @@
-"""The supervisor process: the session facade over its event bus, scheduler, attempt lifecycle and validation service."""
+"""The supervisor process: the session facade over its event bus, scheduler, attempt lifecycle and validation
+service."""

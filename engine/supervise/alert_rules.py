@@ -3,8 +3,8 @@
 `AlertRules.take(event)` returns the alerts an event raises: a NaN or infinite loss, a
 loss spike (a robust z-score over the recent step reports), a stall, a straggler, an
 out-of-memory crash; `idle(snapshot)` a running pipeline's GPU idle for minutes (NVML's
-utilisation in telemetry); the validator falling behind; `disk(free, total)` the runs folder's disk almost full. One alert
-per rule and pipeline per `interval`; the next one counts those held back. Pure logic.
+utilisation in telemetry); the validator falling behind; `disk(free, total)` the runs folder's disk
+almost full. One alert per rule and pipeline per `interval`; the next one counts those held back. Pure logic.
 """
 from __future__ import annotations
 

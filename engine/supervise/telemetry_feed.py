@@ -19,7 +19,8 @@ FULL = 0.95  # fraction of a GPU's memory in use above which a crash report ment
 VALIDATOR = "(validator)"  # the validator's label in the pid map
 
 
-def pid_maps(runs: dict[str, PipelineRun], validator: Handle | None) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+def pid_maps(runs: dict[str, PipelineRun],
+             validator: Handle | None) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """{label: pid} of the processes on this machine, and {node id: {label: pid}} of those on others."""
     pids: dict[str, int] = {}
     remote: dict[str, dict[str, int]] = {}

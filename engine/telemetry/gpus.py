@@ -111,7 +111,8 @@ class GpuReader:
         util = read("nvmlDeviceGetUtilizationRates")
         mem = read("nvmlDeviceGetMemoryInfo")
         # nvmlDeviceGetTemperature is deprecated in nvidia-ml-py 13 and due to go in CUDA 14
-        temp_fn = "nvmlDeviceGetTemperature" if hasattr(nvml, "nvmlDeviceGetTemperature") else "nvmlDeviceGetTemperatureV"
+        temp_fn = ("nvmlDeviceGetTemperature" if hasattr(nvml, "nvmlDeviceGetTemperature")
+                   else "nvmlDeviceGetTemperatureV")
         temperature = read(temp_fn, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
         power = read("nvmlDeviceGetPowerUsage")  # milliwatts
         limit = read("nvmlDeviceGetEnforcedPowerLimit")  # milliwatts

@@ -1,1 +1,2 @@
-"""What every training process shares whatever its runner: the entry, commands, data, checkpoints and weight snapshots."""
+"""What every training process shares whatever its runner: the entry, commands, data, checkpoints and weight
+snapshots."""

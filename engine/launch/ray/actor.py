@@ -41,7 +41,8 @@ class ChildHost:
         return visible_devices(ray.get_gpu_ids())  # a cluster that asked Ray not to set it
 
     async def start(self, module: str, spec_path: str, log_path: str, env: dict[str, str], cwd: str,
-                    header: str, snapshot_root: str = "", own_root: bool = False, gang_gpus: list | None = None) -> dict:
+                    header: str, snapshot_root: str = "", own_root: bool = False,
+                    gang_gpus: list | None = None) -> dict:
         """Start the child (first making `snapshot_root` on this node, when given, and with `own_root`
         owning it); returns its pid and where it runs. `gang_gpus`, for a rank of a GPU gang: every rank
         actor's `visible_gpus` (object refs, in rank order); the child sees them all, as under torchrun."""

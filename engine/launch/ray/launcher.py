@@ -3,11 +3,11 @@
 `RayLauncher.launch(spec)` starts a `ChildHost` actor (engine/launch/ray/actor.py) on the
 node of the spec's slot, which runs the same child a local run does, and returns a
 `RayHandle`. Slots are planned on the cluster's nodes (engine/launch/ray/placement.py), so
-the scheduler chooses the node; `follow` tells the supervisor when nodes join or leave. The child dials back to this process
-(engine/launch/ray/transport.py) with its attempt's token; status and commands then flow
-over that connection with the framing of the local pipes, read on the event loop by
-the code `ProcessHandle` reads pipes with (`RayHandle`, engine/launch/ray/handle.py). Actors get no Ray-level restarts (the
-restart policy is torchherd's) and, owned by this process, die with it.
+the scheduler chooses the node; `follow` tells the supervisor when nodes join or leave. The child
+dials back to this process (engine/launch/ray/transport.py) with its attempt's token; status and
+commands then flow over that connection with the framing of the local pipes, read on the event
+loop by the code `ProcessHandle` reads pipes with (`RayHandle`, engine/launch/ray/handle.py).
+Actors get no Ray-level restarts (the restart policy is torchherd's) and, owned by this process, die with it.
 """
 from __future__ import annotations
 

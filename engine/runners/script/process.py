@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 # Runs between fork and the script: Ctrl-C back to its default (the worker ignores it, and an
-# ignored SIGINT would survive exec), SIGUSR2 unblocked (the worker blocks it), death with the worker, then the script itself in this pid.
+# ignored SIGINT would survive exec), SIGUSR2 unblocked (the worker blocks it), death with the worker,
+# then the script itself in this pid.
 _EXEC = ("import ctypes, os, signal, sys\n"
          "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
          "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})\n"  # the worker's parent-death signal

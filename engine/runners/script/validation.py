@@ -39,7 +39,8 @@ class InlineScorer:
                 self.scorer = PipelineScorer(self.name, self.directory, self.device)
             except Exception as exc:
                 self.broken = True
-                self.sender.send(ValResult(pipeline=self.name, epoch=-1, step=-1, metrics={}, mode=ValidationMode.INLINE,
+                self.sender.send(ValResult(pipeline=self.name, epoch=-1, step=-1, metrics={},
+                                           mode=ValidationMode.INLINE,
                                            error=f"building the validation failed: {type(exc).__name__}: {exc}"))
         if self.scorer is not None:
             self.scorer.score_newest(self)

@@ -336,9 +336,8 @@ class Trainer(TrainerCheckpoints):
             return
         self.sender.send(ValResult(pipeline=self.name, epoch=epoch, step=self.step, metrics=metrics,
                                    latency=time.monotonic() - start, mode=ValidationMode.INLINE))
-        print(f"torchherd: validated epoch {epoch + 1}: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
-                                                                   for k, v in metrics.items()),
-              flush=True)
+        shown = ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        print(f"torchherd: validated epoch {epoch + 1}: {shown}", flush=True)
         self._judge(metrics)
 
     def _judge(self, metrics: dict[str, Any]) -> None:
