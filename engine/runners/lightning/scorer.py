@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...protocol.channel import StatusSender
 from ...protocol.messages import Notice, ValResult
@@ -19,11 +19,25 @@ from ...protocol.names import ValidationMode
 from ..scoring import keep_best, load_newest, open_pipeline
 from . import LightningRunner
 
+if TYPE_CHECKING:
+    from ...config.schema import Pipeline, ValidationConfig
+    from ...worker.snapshot import SnapshotReader
+
 BEST = LightningRunner.checkpoint_name("best")
 
 
 class LightningScorer:
     """One Lightning pipeline as the validator sees it (the same interface as PipelineScorer)."""
+
+    # Set by open_pipeline (engine/runners/scoring.py) from the pipeline's snapshot folder.
+    name: str
+    reader: SnapshotReader
+    pipe: Pipeline
+    validation: ValidationConfig
+    pipeline_dir: Path
+    last_seq: int
+    best: float | None
+    since_best: int
 
     def __init__(self, name: str, directory: Path, device: str):
         import lightning.pytorch as pl

@@ -5,7 +5,10 @@ and sets: the socket, the events, the sender, the validation settings and the st
 """
 from __future__ import annotations
 
+import socket
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from .... import client_frames as wire
 from ...protocol.health import RankPace
@@ -13,9 +16,34 @@ from ...protocol.messages import CheckpointSaved, EarlyStop, Notice, Resumed
 from ...worker.handoff import announce_snapshot
 from .validation import InlineScorer
 
+if TYPE_CHECKING:
+    from ...config.schema import ValidationConfig
+    from ...protocol.channel import StatusSender
+    from ...protocol.messages import Event
+    from ...protocol.spec import WorkerSpec
+    from .events import ScriptEvents
+
 
 class ClientFrames:
     """Frames to and from the script's client; mixed into ScriptAttempt."""
+
+    # The attributes of `ScriptAttempt` used here (its __init__ sets them).
+    spec: WorkerSpec
+    name: str
+    validation: ValidationConfig
+    sender: StatusSender
+    events: ScriptEvents
+    state: dict[str, Any]
+    sock: socket.socket | None
+    _sock_lock: threading.Lock
+    client: bool
+    paused: bool
+    stopped_by_signal: bool
+    stopping: bool
+    inline_dir: str | None
+    inline: InlineScorer | None
+    _emit: Callable[[Event, float | None], None]
+    _save_state: Callable[[], None]
 
     def _frame(self, frame: wire.Frame) -> None:
         if not self.client or self.sock is None:

@@ -6,15 +6,30 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...protocol.channel import StatusSender
 from ...protocol.messages import ValResult
 from ...protocol.names import PipelineKind, ValidationMode
 from ..scoring import keep_best, load_newest, open_pipeline
 
+if TYPE_CHECKING:
+    from ...config.schema import Pipeline, ValidationConfig
+    from ...worker.snapshot import SnapshotReader
+
 
 class PipelineScorer:
     """One pipeline as the validator sees it: its model and data, built once, and its best score."""
+
+    # Set by open_pipeline (engine/runners/scoring.py) from the pipeline's snapshot folder.
+    name: str
+    reader: SnapshotReader
+    pipe: Pipeline
+    validation: ValidationConfig
+    pipeline_dir: Path
+    last_seq: int
+    best: float | None
+    since_best: int
 
     def __init__(self, name: str, directory: Path, device: str):
         import torch

@@ -9,12 +9,19 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from ...protocol.messages import CheckpointSaved, Notice, Resumed
 from ...worker import checkpoint as ckpt
+
+if TYPE_CHECKING:
+    from ...config.schema import Pipeline
+    from ...protocol.channel import StatusSender
+    from ...worker.handoff import HandOff
+    from .api import Task
+    from .distributed import Gang
 
 
 def _number(value: Any) -> float | None:
@@ -23,6 +30,27 @@ def _number(value: Any) -> float | None:
 
 class TrainerCheckpoints:
     """Saving and resuming, for `Trainer` (engine/runners/task/trainer.py), whose attributes it reads."""
+
+    # The attributes of `Trainer` read here (its __init__ sets them).
+    task: Task
+    pipe: Pipeline
+    name: str
+    gang: Gang | None
+    lead: bool
+    sharded: bool
+    device: torch.device
+    ckpt_dir: Path
+    sender: StatusSender
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    epoch_loss: torch.Tensor
+    handoff: HandOff
+    _elapsed: Callable[[], float]
+
+    @property
+    def _world(self) -> int:
+        return self.gang.world if self.gang is not None else 1
 
     def _progress(self) -> dict[str, Any]:
         """Everything of a checkpoint but the model's and optimizer's state: where training is, its RNG."""
@@ -54,15 +82,15 @@ class TrainerCheckpoints:
             return None, None, ""
         state = load_sharded(path, self.model, self.optimizer, self.pipe.trust_checkpoints)
         wrote = written_by(path)
-        if wrote == self.gang.world:
+        if wrote == self._world:
             return state, path, ""
         self._carry_epoch_over(state, wrote)
-        return state, path, f"resharded: written by {wrote} ranks, loaded by {self.gang.world}"
+        return state, path, f"resharded: written by {wrote} ranks, loaded by {self._world}"
 
     def _carry_epoch_over(self, state: dict[str, Any], wrote: int) -> None:
         """A checkpoint of `wrote` ranks resumed by this gang's: the samples of the epoch trained so far,
         counted in this gang's batches per rank, and the epoch's mean loss kept."""
-        batches = state.get("batch_in_epoch", 0) * wrote // self.gang.world
+        batches = state.get("batch_in_epoch", 0) * wrote // self._world
         mean = state.get("epoch_loss", 0.0) / max(state.get("epoch_batches", 0), 1)
         state.update(batch_in_epoch=batches, epoch_batches=batches, epoch_loss=mean * batches)
 
@@ -72,7 +100,8 @@ class TrainerCheckpoints:
             self.sender.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
         if state is None:
             return
-        if note and self.lead and self.sharded:  # "resharded: ..." (a plain checkpoint's note was warned above)
+        # "resharded: ..." (a plain checkpoint's note was warned above)
+        if note and path is not None and self.lead and self.sharded:
             self.sender.send(Notice(pipeline=self.name, level="info", text=f"checkpoint {path.name}: {note}"))
         if not self.sharded:
             self.model.load_state_dict(state["model"])
@@ -132,7 +161,7 @@ class TrainerCheckpoints:
                 from .sharded_checkpoint import save_sharded
 
                 path = save_sharded(self.ckpt_dir, name, self.model, self.optimizer, self._progress(), self.lead,
-                                    self.gang.world)
+                                    self._world)
             else:
                 path = ckpt.save_checkpoint(self.ckpt_dir, self._state(), name)
         except ckpt.CheckpointError as exc:

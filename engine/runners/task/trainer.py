@@ -98,7 +98,7 @@ class Trainer(TrainerCheckpoints):
         self.handoff = HandOff(self.name, sender, validation, snapshot_dir, snapshot_seq)
         v = validation
         self._step_handoff = v.every_n_steps if v.mode == ValidationMode.BACKGROUND and v.every_n_steps else 0
-        self.window: ReportWindow | None = None  # the steps since the last report, from _start_training
+        self.window = ReportWindow(self.epoch_loss.new_zeros(()))  # the steps since the last report (_start_training)
         self.full: FullWeights | None = None  # a sharded gang's whole weights, gathered for the validator
 
     # ------------------------------------------------------------ data
@@ -135,10 +135,6 @@ class Trainer(TrainerCheckpoints):
         return time.monotonic() - self._start - self.control.paused_time if self._start is not None else 0.0
 
     # ------------------------------------------------------------- train
-
-    @property
-    def _world(self) -> int:
-        return self.gang.world if self.gang is not None else 1
 
     def _report_mean(self, window_loss: torch.Tensor, window_batches: int) -> float:
         """The mean loss since the last report (over every rank of a gang: one all-reduce per report).
@@ -232,7 +228,7 @@ class Trainer(TrainerCheckpoints):
         # Micro-batches before the optimizer step keep their gradients local: one all-reduce a step.
         last = (self.batch_in_epoch + 1) % accum == 0
         if self.sharded:
-            self.model.set_requires_gradient_sync(last)
+            self.model.set_requires_gradient_sync(last)  # type: ignore[operator]  # fully_shard made it an FSDPModule
         sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
         with sync:
             with self.autocast():
