@@ -30,37 +30,37 @@ def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str, ending: WorkerStat
         return
     if run.state in LIVE or (run.state in (S.KILLING, S.HUNG) and run.intent in (Intent.RESTART, Intent.HUNG)):
         run.stop_as = ending
-    if run.state in LIVE and run.current.start_step is None:
+    if run.state in LIVE and run.live.start_step is None:
         # Still building its task: it hears no Stop until it trains, and it has trained
         # nothing since its last checkpoint, so it is ended now instead of waited for.
-        run.current.intent, run.stop_reason = Intent.STOP, reason
+        run.live.intent, run.stop_reason = Intent.STOP, reason
         lifecycle.terminate(run)  # STARTING/PAUSED -> KILLING
     elif run.state in LIVE:
         lifecycle.request_stop(run, reason)  # STARTING/RUNNING/PAUSED -> STOPPING
     elif run.state in (S.KILLING, S.HUNG) and run.intent in (Intent.RESTART, Intent.HUNG):
         # Already on its way out to be started again: let it end there instead.
-        run.current.intent, run.stop_reason = Intent.STOP, reason
+        run.live.intent, run.stop_reason = Intent.STOP, reason
 
 
 def pause(lifecycle: Lifecycle, run: PipelineRun) -> None:
     if run.state not in (S.STARTING, S.RUNNING):
         raise ValueError(f"{run.name} is paused already" if run.state == S.PAUSED else _cannot(run, "paused"))
-    run.handle.send(Pause())
+    run.live_handle.send(Pause())
     lifecycle.set_state(run, S.PAUSED)  # STARTING/RUNNING -> PAUSED
 
 
 def resume(lifecycle: Lifecycle, run: PipelineRun) -> None:
     if run.state != S.PAUSED:
         raise ValueError(f"{run.name} is {run.state.value}, not paused: nothing to resume")
-    run.current.last_progress = time.monotonic()
-    run.handle.send(Resume())
+    run.live.last_progress = time.monotonic()
+    run.live_handle.send(Resume())
     lifecycle.set_state(run, S.RUNNING)  # PAUSED -> RUNNING
 
 
 def checkpoint(run: PipelineRun) -> None:
     if run.state not in LIVE:
         raise ValueError(_cannot(run, "checkpointed"))
-    run.handle.send(CheckpointNow())
+    run.live_handle.send(CheckpointNow())
 
 
 def _unstarted(run: PipelineRun, what: str) -> str:
@@ -83,17 +83,17 @@ def kill(lifecycle: Lifecycle, run: PipelineRun) -> None:
     if run.state in (S.QUEUED, S.BACKOFF):
         lifecycle.finish(run, S.KILLED, _unstarted(run, "killed"))  # QUEUED/BACKOFF -> KILLED
     elif run.handle is not None and run.state != S.KILLING:
-        run.current.intent = Intent.KILL
+        run.live.intent = Intent.KILL
         lifecycle.terminate(run)
     elif run.state == S.KILLING:
-        run.current.intent = Intent.KILL  # a restart in progress becomes a kill
+        run.live.intent = Intent.KILL  # a restart in progress becomes a kill
 
 
 def restart(lifecycle: Lifecycle, run: PipelineRun) -> bool:
     """Kill the worker and start it again from its last checkpoint (no restart budget spent); True when
     an ended pipeline went back to the queue (the session has work again)."""
     if run.handle is not None:
-        run.current.intent = Intent.RESTART
+        run.live.intent = Intent.RESTART
         if run.state != S.KILLING:
             lifecycle.terminate(run)
     elif run.state == S.BACKOFF:
@@ -116,7 +116,7 @@ def end_at_shutdown(lifecycle: Lifecycle, run: PipelineRun) -> None:
     """The session is ending: a worker still there is killed (one asked to stop keeps that intent)."""
     if run.handle is not None:
         if run.intent != Intent.STOP:
-            run.current.intent = Intent.KILL
+            run.live.intent = Intent.KILL
         if run.state != S.KILLING:
             lifecycle.set_state(run, S.KILLING)  # alive -> KILLING
         run.handle.kill()

@@ -29,14 +29,14 @@ class WorkerIntake:
         self._lifecycle.heard(run)
         for steps, event in step_runs(events):  # the step reports in bulk, each other event on its own, in order
             if steps:
-                run.current.saw_steps(steps)
+                run.live.saw_steps(steps)
                 self._bus.publish_steps(steps)
                 run.fold(steps[-1])  # a worker's own pipeline's, the newest superseding the rest (as _emit folds)
             if event is not None:
                 self._one(run, event)
 
     def _one(self, run: PipelineRun, event: Event) -> None:
-        run.current.saw(event)
+        run.live.saw(event)
         if isinstance(event, Heartbeat):
             return  # only proves progress; not worth a line anywhere
         if isinstance(event, RankPace):  # a gang's rank's own pace: for screens and the straggler rule, not kept

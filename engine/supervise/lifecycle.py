@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
+from functools import partial
 from typing import Callable, Protocol
 
 from ..protocol.channel import WorkerExit
@@ -129,7 +130,7 @@ class Lifecycle:
         attempt.handle = handle
         attempt.started_mono = attempt.last_progress = time.monotonic()
         attempt.started_at = time.time()
-        handle.attach(lambda events, run=run, handle=handle: self._on_events(run, handle, events))
+        handle.attach(partial(self._on_events, run, handle))
         self.set_state(run, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
         self._announce(run, attempt)
 
@@ -142,6 +143,7 @@ class Lifecycle:
         """WorkerStarted, once the launcher knows every process's pid: at once locally; on Ray when
         the actor has started its child (a tick or so later). `force`: now, with what is known."""
         handle = attempt.handle
+        assert handle is not None, "announced only once started"
         pids = handle.pids
         if attempt.announced or (len(pids) < max(1, len(run.slots)) and not force):
             return
@@ -204,13 +206,13 @@ class Lifecycle:
 
     def heard(self, run: PipelineRun) -> None:
         """News from the running attempt: it made progress (and is no longer stalled, if it was)."""
-        if run.current.heard(time.monotonic()):
+        if run.live.heard(time.monotonic()):
             self._publish(Stalled(pipeline=run.name, quiet=0.0))
 
     def _watch_stall(self, run: PipelineRun, now: float) -> None:
         """Flag, once, a live worker that has made no step for a while; nothing is killed (`hang_timeout` does)."""
         attempt = run.current
-        if run.state not in (S.STARTING, S.RUNNING) or attempt.stalled:
+        if run.state not in (S.STARTING, S.RUNNING) or attempt is None or attempt.stalled:
             return
         warn = run.plan.run_config.restart.stall_warning
         limit = max(warn, STALL_FACTOR * attempt.slowest) if attempt.stepped else STALL_FACTOR * warn
@@ -261,15 +263,15 @@ class Lifecycle:
     @staticmethod
     def _gang_root_cause(run: PipelineRun, gang: GangHandle, exit_desc: str) -> tuple[int, int, str]:
         """The rank that failed first is why the gang ended; what its peers reported after is its echo."""
-        rank = gang.failed_rank
+        rank = gang.exit_rank  # the failed rank: this is asked only once one failed
         error = gang.errors.get(rank)
         exit_desc = f"rank {rank} {exit_desc}"
         if error is not None:
             run.last_error, run.last_traceback = f"rank {rank}: {error.error}", error.traceback
-            run.current.failure = (error.error, error.step) if error.where == "train" else None
+            run.live.failure = (error.error, error.step) if error.where == "train" else None
         else:
             run.last_error, run.last_traceback = exit_desc, ""
-            run.current.failure = None
+            run.live.failure = None
         return rank, gang.ranks[rank].pid, exit_desc
 
     def _relaunch(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
@@ -298,7 +300,7 @@ class Lifecycle:
         self.after_crash(run, uptime=float("inf"), exit_desc="the worker asked to be restarted")
 
     def _crashed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        failure, previous = run.current.failure, run.last_failure
+        failure, previous = run.live.failure, run.last_failure
         run.last_failure = failure
         if failure is not None and failure == previous:
             error, step = failure
@@ -310,7 +312,7 @@ class Lifecycle:
                 "in its first step" if step == 0 else "before its first step"
             self.finish(run, S.FAILED, f"the same error {at} twice in a row, so a restart cannot fix it: {error}")
             return
-        self.after_crash(run, uptime, exit_desc, stepped=run.current.stepped)
+        self.after_crash(run, uptime, exit_desc, stepped=run.live.stepped)
 
     def after_crash(self, run: PipelineRun, uptime: float, exit_desc: str, stepped: bool = True) -> None:
         """Restart under the policy (-> BACKOFF), or end the pipeline as failed."""

@@ -102,14 +102,13 @@ class PipelineRun:
     last_traceback: str = ""
     finish_reason: str = ""
     last_failure: tuple[str, int] | None = None  # (error, step) the previous crashed attempt reported
-    progress: PipelineProgress | None = None  # folded from every event of this pipeline the session emits
+    progress: PipelineProgress = field(init=False)  # folded from every event of this pipeline the session emits
     pending_step: StepMetrics | None = None  # the newest step report, not folded yet
 
     def __post_init__(self) -> None:
-        if self.progress is None:
-            v = self.plan.run_config.validation
-            self.progress = PipelineProgress(name=self.name, metric=v.metric, metric_mode=v.metric_mode,
-                                             epochs_total=self.plan.config.epochs_planned)
+        v = self.plan.run_config.validation
+        self.progress = PipelineProgress(name=self.name, metric=v.metric, metric_mode=v.metric_mode,
+                                         epochs_total=self.plan.config.epochs_planned)
 
     def fold(self, event: Event) -> None:
         """Fold an event the session emitted into this pipeline's progress (engine.progress.apply).
@@ -134,6 +133,21 @@ class PipelineRun:
     @property
     def handle(self) -> Handle | None:
         return self.current.handle if self.current is not None else None
+
+    @property
+    def live(self) -> Attempt:
+        """The current attempt, in a state that has one (STARTING to the end of KILLING/STOPPING/HUNG)."""
+        if self.current is None:
+            raise RuntimeError(f"{self.name} is {self.state.value}: no attempt")
+        return self.current
+
+    @property
+    def live_handle(self) -> Handle:
+        """The current attempt's worker, in a state that has one."""
+        handle = self.live.handle
+        if handle is None:
+            raise RuntimeError(f"{self.name}'s attempt {self.live.number} has no worker")
+        return handle
 
     @property
     def intent(self) -> Intent | None:
