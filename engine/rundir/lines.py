@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any
+from typing import Any, Sequence
 
 import msgspec
 
@@ -69,7 +69,7 @@ def encode_line(msg: Message) -> bytes:
     return head + _encoder.encode(msg)[1:] + b"\n"  # after b'{': b'"time":...}', a message always has its time
 
 
-def encode_lines(messages: list[Message]) -> list[bytes]:
+def encode_lines(messages: Sequence[Message]) -> list[bytes]:
     """`encode_line` of each of `messages`, all of one class (a run of step reports), encoded in one call: JSON
     escapes a newline in a string, so the only newlines are those between the messages."""
     head = _head(type(messages[0]))

@@ -81,10 +81,11 @@ class AlertRules:
     def _step(self, event: StepMetrics) -> list[Alert]:
         name, loss = event.pipeline, event.loss
         window = self.losses.setdefault(name, deque(maxlen=self.config.spike_window))
+        size = self.config.spike_window
         if not math.isfinite(loss):
             return []  # the NaN policy's notice or error says it
         found = []
-        if len(window) >= min(10, window.maxlen) and (z := robust_z(loss, list(window))) >= self.config.spike:
+        if len(window) >= min(10, size) and (z := robust_z(loss, list(window))) >= self.config.spike:
             found.append(self._alert("spike", name, f"{name}: loss spike", (
                 f"loss {loss:.4g} at step {event.step} is {z:.0f} robust z-scores above the last "
                 f"{len(window)} reports' median {statistics.median(window):.4g}")))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 from ..protocol.messages import Event, StepMetrics
 from ..rundir.lines import encode_line, encode_lines
@@ -180,8 +180,8 @@ def step_runs(events: list[Event]) -> Iterator[tuple[list[StepMetrics], Event | 
     start = 0
     for i, event in enumerate(events):
         if type(event) is not StepMetrics:
-            yield events[start:i], event
+            yield cast("list[StepMetrics]", events[start:i]), event  # the run before it: step reports only
             start = i + 1
     if start < len(events):
-        yield events[start:] if start else events, None
+        yield cast("list[StepMetrics]", events[start:] if start else events), None  # step reports only
 

@@ -108,9 +108,9 @@ class MedianRule:
         own.append((t, value))
         if t + EPS < self.grace_period:
             return None
-        others = [self._best(r, t) for name, r in self.history.items()
-                  if name != trial and r and max(at for at, _ in r) + EPS >= t]
-        others = [b for b in others if b is not None]
+        bests = [self._best(r, t) for name, r in self.history.items()
+                 if name != trial and r and max(at for at, _ in r) + EPS >= t]
+        others = [b for b in bests if b is not None]
         if len(others) < self.min_trials:
             return None
         median = statistics.median(others)

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Hashable
+from typing import Any, Hashable
 
 from ..config.schema import DevicesConfig
 from ..hardware.grants import Holdings, Policy, Request, Wait, grant, leases_for, merge_gpus
@@ -57,7 +57,7 @@ class Scheduler:
         self.waits: dict[Hashable, str] = {}  # why each waiting pipeline waits, as of the last pass
         self._said: dict[Hashable, str] = {}  # the waits changed_waits last handed out
         self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
-        self._announced: dict | None = None
+        self._announced: list[list] | None = None
         self._shared: list[tuple[Slot, float]] = []  # a cluster's GPUs held for shares, and how full each is
 
     @classmethod
@@ -257,7 +257,7 @@ class Scheduler:
     def _pool_gpus(self, request: Request) -> list[Slot] | None:
         """Each rank's `request.gpus` GPUs from one node (Ray's num_gpus=N), the gang's ranks packed on as few
         nodes as hold them. A rank's slot is counted once per GPU it holds."""
-        free, out = list(self._free), []
+        free, out = list(self._free), list[Slot]()
         for _ in range(request.ranks):
             group = node_group(free, request.gpus, prefer=out[-1].node if out else "")
             if group is None:
@@ -273,8 +273,8 @@ class Scheduler:
         """A fraction of one GPU for each rank (Ray's fractional num_gpus): on the fullest GPU already shared
         that has room, else on a whole free one, which is then held for shares until the last one ends."""
         assert request.share is not None
-        shared = [[slot, fill] for slot, fill in self._shared]
-        free, out = list(self._free), []
+        shared: list[list[Any]] = [[slot, fill] for slot, fill in self._shared]  # [slot, fill]: fills grow in place
+        free, out = list(self._free), list[Slot]()
         for _ in range(request.ranks):
             fits = [entry for entry in shared if entry[1] + request.share <= 1 + 1e-9
                     and all(entry[0] != replace(t, share=None) for t in out)]  # a GPU of its own for each rank

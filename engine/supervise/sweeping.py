@@ -30,7 +30,7 @@ def scheduler_for(config: RunConfig) -> Asha | PromotingAsha | MedianRule | None
     if sweep.scheduler == "median":
         return MedianRule(sweep.grace_period, sweep.min_trials, v.metric, v.metric_mode, sweep.rung_unit)
     limits = [p.max_epochs if sweep.rung_unit == "epoch" else p.max_steps for p in config.pipelines]
-    limit = None if None in limits else max(limits)
+    limit = None if None in limits else max(x for x in limits if x is not None)
     kind = PromotingAsha if sweep.mode == "promote" else Asha
     return kind(sweep.rungs(limit), sweep.reduction_factor, v.metric, v.metric_mode, sweep.rung_unit)
 
@@ -71,6 +71,12 @@ class SweepPruner:
         supervisor.tap(pruner._on_event)
         return pruner
 
+    @property
+    def _promoting(self) -> PromotingAsha:
+        """The rule, in what only promoting ASHA reaches (rungs, pauses and promotions)."""
+        assert isinstance(self.rule, PromotingAsha), "promoting ASHA's step taken under another rule"
+        return self.rule
+
     def _restore(self, decisions: list[TrialDecision], ended: dict[str, float]) -> None:
         """Promoting ASHA's rungs, pauses and promotions as its decisions left them: paused trials stay paused
         (they kept their state, pruned), one promoted whose pause had ended but that had not started again is
@@ -78,19 +84,19 @@ class SweepPruner:
         last: dict[str, TrialDecision] = {}
         for d in decisions:
             rung = int(d.rung)
-            if d.action in ("continue", "pause") and rung in self.rule.recorded:  # a result judged at its rung
-                self.rule.recorded[rung][d.pipeline] = d.value
-            if d.action in ("continue", "promote") and rung in self.rule.promoted:
-                self.rule.promoted[rung].add(d.pipeline)
+            if d.action in ("continue", "pause") and rung in self._promoting.recorded:  # a result judged at its rung
+                self._promoting.recorded[rung][d.pipeline] = d.value
+            if d.action in ("continue", "promote") and rung in self._promoting.promoted:
+                self._promoting.promoted[rung].add(d.pipeline)
             last[d.pipeline] = d
-        self.rule.paused = {n: int(d.rung) for n, d in last.items() if d.action == "pause"}
+        self._promoting.paused = {n: int(d.rung) for n, d in last.items() if d.action == "pause"}
         for name, d in last.items():
             state = self._sup.view(name).state
             if d.action == "promote" and state == S.PRUNED:
                 self.waking.add(name)
             elif d.action == "pause" and state == S.QUEUED and ended.get(name, 0.0) > d.time:  # --only NAME
                 self.exempt.add(name)
-                self.rule.forget(name)
+                self._promoting.forget(name)
             elif d.action == "pause" and state == S.QUEUED:  # cut short while its pause took effect
                 self._sup.stop(name, reason=f"{PAUSED_AT}{d.rung:g}: {d.reason}", ending=S.PRUNED)
         self._wake()
@@ -154,10 +160,10 @@ class SweepPruner:
         is promoted."""
         live, action, reason = self._sup.view(name).state in JUDGED, "continue", verdict.reason
         if verdict.pause and name in self.exempt:
-            self.rule.forget(name)
+            self._promoting.forget(name)
             reason += " (promoted: never paused)"
         elif verdict.pause and not live:
-            self.rule.forget(name)
+            self._promoting.forget(name)
             reason += " (it had ended already)"
         elif verdict.pause:
             action = "pause"
@@ -170,7 +176,7 @@ class SweepPruner:
     def _promote(self, last: bool = False) -> int:
         """Promote the paused trials that qualify now (`last`: nothing else can run, `last_promotion`);
         returns how many were."""
-        promoted = self.rule.promotions() or (self.rule.last_promotion() if last else [])
+        promoted = self._promoting.promotions() or (self._promoting.last_promotion() if last else [])
         for name, verdict in promoted:
             self._sup.record(TrialDecision(pipeline=name, action="promote", rung=verdict.rung,
                                            value=verdict.value, cutoff=verdict.cutoff, reason=verdict.reason))

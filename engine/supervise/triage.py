@@ -52,7 +52,8 @@ def training_thread(threads: list[list[Frame]]) -> list[Frame] | None:
     """The main thread of the user's code if the dump has one (a script's), else torchherd's worker's."""
     mains = [t for t in threads if t[-1].func in MAIN_OUTERMOST]
     own = [t for t in mains if not any(f.file.startswith(ENGINE) for f in t)]
-    return (own or mains or [None])[-1]
+    found = own or mains
+    return found[-1] if found else None
 
 
 def place_of(frames: list[Frame]) -> Place:

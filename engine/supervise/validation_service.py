@@ -18,6 +18,7 @@ import re
 import signal
 import sys
 import time
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -309,12 +310,12 @@ class ValidationService:
         v.handle, v.announced = handle, False
         v.started_mono = time.monotonic()
         self._announce(v)
-        handle.attach(lambda events, v=v, handle=handle: self._events(v, handle, events))
+        handle.attach(partial(self._events, v, handle))
 
     def _announce(self, v: Validator, force: bool = False) -> None:
         """validator_started, once its pid is known: at once locally; on a cluster when the actor has
         started the process (a tick or so later). `force`: now, with what is known."""
-        if v.announced or v.handle is None or (not v.handle.pids and not force):
+        if v.announced or v.handle is None or self.plan is None or (not v.handle.pids and not force):
             return
         v.announced = True
         self._publish(ValidatorStarted(pid=v.handle.pid, device=self.plan.label + self._where(v), attempt=v.attempt))

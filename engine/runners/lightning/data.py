@@ -70,7 +70,8 @@ class ResumableDistributedSampler(torch.utils.data.DistributedSampler):
         yield from list(super().__iter__())[skip:]
 
 
-def resumable(loader: Any, rank: int = 0, world: int = 1) -> tuple[Any, ResumableSampler | None]:
+def resumable(loader: Any, rank: int = 0,
+              world: int = 1) -> tuple[Any, ResumableSampler | ResumableDistributedSampler | None]:
     """`loader` with a ResumableSampler in place of its Random/SequentialSampler (for rank `rank` of a gang of
     `world`, a ResumableDistributedSampler, which Lightning leaves in place); others as they are."""
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
@@ -86,6 +87,7 @@ def resumable(loader: Any, rank: int = 0, world: int = 1) -> tuple[Any, Resumabl
         shuffle = False
     else:
         return loader, None
+    sampler: ResumableSampler | ResumableDistributedSampler
     if world > 1:
         sampler = ResumableDistributedSampler(loader.dataset, shuffle, rank, world)
     else:

@@ -56,8 +56,9 @@ class HerdHooks:
         self.stopping = False
         self.exit_code: int | None = None
         self._step = -1  # global_step at the last report check
-        self._window: ReportWindow | None = None  # the batches since the last step report
-        self._epoch_loss = None  # the epoch's loss sum, kept on the device: no sync per step
+        # On the training device from on_train_start; the CPU's until then.
+        self._window = ReportWindow(torch.zeros(()))  # the batches since the last step report
+        self._epoch_loss = torch.zeros(())  # the epoch's loss sum, kept on the device: no sync per step
         self._epoch_n = 0
         self._epoch_start = 0.0
         self._val_before: dict[str, Any] = {}
@@ -144,10 +145,10 @@ class HerdHooks:
         synced = torch.stack([w.loss.float(), *values])
         if r.gang is not None:  # the gang's means, so every rank reports (and judges NaN) alike
             synced = r.gang.mean(synced)
-        synced = synced.tolist()  # the report's one device sync
-        code = w.report(r.control, r.sender, synced[0] / w.batches,
+        figures = synced.tolist()  # the report's one device sync
+        code = w.report(r.control, r.sender, figures[0] / w.batches,
                         f"epoch {trainer.current_epoch} step {step} (step report)", epoch=trainer.current_epoch,
-                        step=step, lr=r.lr(trainer), metrics=dict(zip(names, synced[1:])),
+                        step=step, lr=r.lr(trainer), metrics=dict(zip(names, figures[1:])),
                         rank=r.spec.rank if r.gang is not None else None)
         if code is not None:
             self.exit_code, trainer.should_stop = code, True
@@ -303,7 +304,7 @@ class LightningAttempt:
                                              required="state_dict", trusted=self.pipe.trust_checkpoints)
         if note:
             self.send(Notice(pipeline=self.name, level="warning", text=f"checkpoint: {note}"))
-        if path is not None:
+        if state is not None and path is not None:
             self.send(Resumed(pipeline=self.name, path=str(path), epoch=state.get("epoch", 0),
                               step=state.get("global_step", 0), note=note))
         return path
