@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from torchherd.client_env import ENV_CHECKPOINT_DIR, ENV_FD, ENV_PIPELINE, ENV_SNAPSHOT  # noqa: F401
 
 
+@dataclass(frozen=True)
 class Frame:
     """Base of every frame: `T` is its `t` on the wire."""
 
@@ -187,7 +188,8 @@ def decode(line: bytes, kinds: dict[str, type[Frame]]) -> Frame | None:
         data = json.loads(line)
     except (ValueError, RecursionError):
         return None
-    cls = kinds.get(data.get("t")) if isinstance(data, dict) else None
+    kind = data.get("t") if isinstance(data, dict) else None
+    cls = kinds.get(kind) if isinstance(kind, str) else None
     if cls is None:
         return None
     given = {f.name: data[f.name] for f in fields(cls) if f.name in data}

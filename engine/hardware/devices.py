@@ -105,7 +105,8 @@ def discover_devices(nvml=None) -> Inventory:
     cpus = _cpu_count()
     try:
         if nvml is None:
-            import pynvml as nvml  # from nvidia-ml-py
+            import pynvml  # from nvidia-ml-py
+            nvml = pynvml
         nvml.nvmlInit()
     except ImportError:
         return Inventory(cpu_count=cpus, note="nvidia-ml-py is not installed; using CPU slots", visible=visible)

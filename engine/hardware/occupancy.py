@@ -105,7 +105,8 @@ class OccupancyReader:
             nvml = self._nvml
             try:
                 if nvml is None:
-                    import pynvml as nvml  # from nvidia-ml-py
+                    import pynvml  # from nvidia-ml-py
+                    nvml = pynvml
                 nvml.nvmlInit()
                 self._open = nvml
             except Exception as exc:
@@ -130,6 +131,8 @@ class OccupancyReader:
     @staticmethod
     def _one(nvml: Any, index: int, supervisors: set[int]) -> GpuOccupancy:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        total: int | None
+        used: int | None
         try:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             total, used = int(memory.total), int(memory.used)

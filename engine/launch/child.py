@@ -17,6 +17,7 @@ import traceback
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any, Callable
 
 from ..protocol.channel import ControlReceiver, StatusSender, SupervisorGone, WorkerExit, dial_back
 from ..protocol.spec import ValidatorSpec, read_spec
@@ -57,12 +58,12 @@ def kill_own_group() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(argv: list[str] | None = None, transport: dict | None = None) -> None:
-    """Run the child the spec file argv[0] describes; `transport`: fields that replace the spec's (a child
+def main(argv: list[str] | None = None, override: dict | None = None) -> None:
+    """Run the child the spec file argv[0] describes; `override`: transport fields that replace the spec's (a child
     forked by a warm start: its pipes' numbers there and the process it dies with, engine/launch/warm.py)."""
     argv = sys.argv[1:] if argv is None else argv
     spec, written = read_spec(Path(argv[0]))
-    transport = replace(written, **transport) if transport else written
+    transport = replace(written, **override) if override else written
     die_with_parent(transport.supervisor_pid)
     faulthandler.enable(all_threads=True)  # a segfault leaves its stack in the log
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the supervisor's "where are you stuck?"
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None, transport: dict | None = None) -> None:
         commands = Connection(transport.control_fd, writable=False)
     sender = StatusSender(status)
     control = ControlReceiver(commands)
+    body: Callable[[Any, StatusSender, ControlReceiver], int]  # the spec's kind of child
     if isinstance(spec, ValidatorSpec):
         from ..validation.validator import serve as body
     else:

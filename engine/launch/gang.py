@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Callable
 
 from ..protocol.channel import WorkerExit
@@ -46,7 +47,7 @@ class GangHandle(Handle):
         self._on_close = on_close
 
     @property
-    def pid(self) -> int:
+    def pid(self) -> int:  # type: ignore[override]  # a gang's pid is rank 0's: read, never set
         """Rank 0's (read late: a cluster's launcher learns it after the launch)."""
         return self.ranks[0].pid
 
@@ -56,7 +57,7 @@ class GangHandle(Handle):
         return self.ranks[0].node_id
 
     @property
-    def cause(self) -> Intent | None:
+    def cause(self) -> Intent | None:  # type: ignore[override]  # the ranks' causes decide it: read, never set
         """What the failing rank's backend knows of why it ended, if anything; a node that left under any
         rank is the whole gang's cause (its peers' collectives may have failed first), so no restart is spent."""
         if any(h.cause == Intent.NODE_LEFT for h in self.ranks):
@@ -137,7 +138,7 @@ class GangHandle(Handle):
 
     def attach(self, on_events: Callable[[list[Event]], None]) -> None:
         for rank, h in enumerate(self.ranks):
-            h.attach(lambda events, rank=rank: self._deliver(rank, events, on_events))
+            h.attach(partial(self._deliver, rank, on_events=on_events))
 
     def _deliver(self, rank: int, events: list[Event], on_events: Callable[[list[Event]], None]) -> None:
         events = self._from_rank(rank, events)

@@ -128,10 +128,10 @@ class ProcessLauncher(Backend):
         log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} ====\n".encode())
         log.flush()
         try:
-            proc = self._warm_start(spec, str(spec_path), env, (log.fileno(), status_w, control_r))
+            warm = self._warm_start(spec, str(spec_path), env, (log.fileno(), status_w, control_r))
             # Popen is called from the event-loop thread on purpose: the parent-death
             # signal fires when the *thread* that forked the child exits.
-            proc = proc or subprocess.Popen(
+            proc = warm or subprocess.Popen(
                 python_module_command(spec.module) + [str(spec_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(status_w, control_r), start_new_session=True, env=env,

@@ -62,7 +62,7 @@ class WarmProcess:
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and timeout is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(WARM_MODULE, timeout)
             self._starter.wait_report(0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic())))
         return code
@@ -209,7 +209,7 @@ def _child(request: dict, fds: list[int], parent: int) -> None:
         from . import child
 
         sys.argv = [child.__file__, request["spec"]]
-        child.main([request["spec"]], transport={"status_fd": status, "control_fd": control,
+        child.main([request["spec"]], override={"status_fd": status, "control_fd": control,
                                                  "supervisor_pid": parent})
     except BaseException:
         traceback.print_exc()
@@ -260,7 +260,8 @@ def serve(fd: int, supervisor_pid: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send(sock, {"ready": os.getpid()})
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [])
+        watched: list[int | socket.socket] = [sock, wake_r]
+        readable, _, _ = select.select(watched, [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
         while True:  # reap every child that ended

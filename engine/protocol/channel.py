@@ -192,7 +192,8 @@ def decode_record(record: Any) -> Message:
     """The message a record holds, its fields checked against their types (ChannelError if they are not)."""
     if not isinstance(record, dict):
         raise ChannelError(f"not a record: {type(record).__name__}")
-    cls = message_types().get(record.get("type")) if isinstance(record.get("type"), str) else None
+    kind = record.get("type")
+    cls = message_types().get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ChannelError(f"unknown message type {str(record.get('type'))[:80]!r}")
     return _typed(cls, {k: v for k, v in record.items() if k != "type"})
@@ -203,7 +204,7 @@ def _typed(cls: type[Message], fields: Any) -> Any:
     events.jsonl writes NaN as null."""
     if not isinstance(fields, dict):
         raise ChannelError(f"{cls.type}: not a record")
-    hints = _hints(cls)
+    hints = _hints(cls)  # type: ignore[arg-type]  # mypy reads a dataclass's __hash__ = None as its class's
     fields = {k: _lenient(hints.get(k), v) for k, v in fields.items()}
     try:
         return msgspec.convert(fields, cls, strict=False)

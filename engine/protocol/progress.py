@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 from . import health as h
 from . import messages as m
@@ -242,7 +242,7 @@ def _finished(p: PipelineProgress, ev: m.PipelineFinished) -> PipelineProgress:
     return replace(p, state=WorkerState(ev.status), finished_at=ev.time, pid=None, finish_reason=ev.reason)
 
 
-_FOLDS = {
+_FOLDS: dict[type[m.Event], Callable[[PipelineProgress, Any], PipelineProgress]] = {
     m.PipelineQueued: _queued,
     m.PipelineWaiting: _waiting,
     m.WorkerStarted: _started,

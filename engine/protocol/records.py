@@ -49,7 +49,7 @@ def from_record(record: dict[str, Any]) -> Message:
     if cls is None:
         raise ValueError(f"unknown message type {record.get('type')!r}")
     names = {f.name for f in dataclasses.fields(cls)}
-    hints = _hints(cls)
+    hints = _hints(cls)  # type: ignore[arg-type]  # mypy reads a dataclass's __hash__ = None as its class's
     kwargs = {k: _decode(hints.get(k), v) for k, v in record.items() if k in names}
     return cls(**kwargs)
 

@@ -17,10 +17,10 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
-from ..protocol.messages import (EpochEnd, Event, Message, PipelineFinished, PipelineQueued, RunFinished, RunStarted,
-                                StepMetrics, ValResult)
+from ..protocol.messages import (EpochEnd, Event, Message, PipelineEvent, PipelineFinished, PipelineQueued,
+                                RunFinished, RunStarted, StepMetrics, ValResult)
 from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .appending import AppendFile
@@ -143,7 +143,7 @@ class RunDirectory:
         self._events.write(line)
         step = type(event) is StepMetrics  # the bulk of a run's events: no isinstance for it
         if step or isinstance(event, METRIC_TYPES):
-            pipeline = event.pipeline  # every metric type has one
+            pipeline = cast(PipelineEvent, event).pipeline  # every metric type is one
             (self._metrics.get(pipeline) or self._metrics_file(pipeline)).write(line)
         if not step:
             self.flush()
@@ -253,7 +253,7 @@ class RunSummary:
 def read_records(path: Path) -> list[dict[str, Any]]:
     """Every JSON object of a .jsonl file; a line that is not one (torn by a crash mid-write, not UTF-8, not
     an object) is skipped: a run folder's files are data anyone may have written."""
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         data = path.read_bytes()
     except OSError:
@@ -295,7 +295,7 @@ def read_events(run_dir: Path) -> list[Event]:
 def _records_but_steps(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of events.jsonl but its step reports, the bulk of it, which are never parsed; a
     line that is not one is skipped."""
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         fh = open(path, "rb")
     except OSError:
@@ -348,7 +348,7 @@ def summarize(run_dir: Path) -> RunSummary | None:
                       status=status, pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons)
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     """A finite number (an int too big for a float is none)."""
     try:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

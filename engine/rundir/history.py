@@ -8,6 +8,7 @@ import functools
 import gc
 import json
 from pathlib import Path
+from typing import cast
 
 import msgspec
 
@@ -83,7 +84,7 @@ def decode_stretch(data: bytes) -> tuple[list[Event], bool]:
         # A JSON string escapes its newlines, so STEP after a newline starts a line: as many as lines decoded
         # (msgspec ignores the tag; a line of another type that decodes as a step report is one more).
         if steps and len(steps) == data.count(_NEXT_STEP) + 1:
-            return steps, True
+            return cast("list[Event]", steps), True  # step reports, each an event
     events: list[Event] = []
     run: list[bytes] = []
     for line in data.split(b"\n"):

@@ -56,7 +56,7 @@ _encoder = msgspec.json.Encoder(enc_hook=_fallback)
 _heads: dict[type, bytes] = {}  # by class: b'{"type":"step",' (what goes before its fields)
 
 
-def _head(cls: type) -> bytes:
+def _head(cls: type[Message]) -> bytes:
     head = _heads.get(cls)
     if head is None:
         head = _heads[cls] = b'{"type":' + _encoder.encode(cls.type) + b","

@@ -270,9 +270,11 @@ def export_run(run_dir: Path, logdir: Path) -> int:
     events: list[Event] = read_events(run_dir)
     for record in read_records(run_dir / "telemetry.jsonl"):
         try:
-            events.append(from_record(record))
+            found = from_record(record)
         except (ValueError, TypeError):
             continue
+        if isinstance(found, Event):  # telemetry.jsonl holds nothing else
+            events.append(found)
     events.sort(key=lambda e: e.time)
     thinning = StepThinning()  # the same points a live run's files have
     for event in events:

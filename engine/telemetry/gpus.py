@@ -68,7 +68,8 @@ class GpuReader:
         nvml = self._nvml_given
         try:
             if nvml is None:
-                import pynvml as nvml  # from nvidia-ml-py
+                import pynvml  # from nvidia-ml-py
+                nvml = pynvml
             nvml.nvmlInit()
         except ImportError:
             self._state, self.note = "off", "nvidia-ml-py is not installed; no GPU telemetry"

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from ...protocol.messages import EpochEnd, Event, StepMetrics, ValResult
+from ...protocol.messages import EpochEnd, StepMetrics, ValResult
 from ...protocol.names import ValidationMode
 
 
@@ -59,18 +59,19 @@ class ScriptEvents:
             self.epoch, self.step = epoch, step
             self._epoch_first_step = step
 
-    def from_match(self, groups: dict[str, Any]) -> list[Event]:
+    def from_match(self, groups: dict[str, Any]) -> list[StepMetrics | EpochEnd]:
         """A `metrics` regex match: an epoch end if it has `epoch` but no `step`, else a step report."""
         values = {k: v for k, v in ((k, parse_number(v)) for k, v in groups.items()) if v is not None}
         if not values:
             return []
         if "epoch" in values and "step" not in values:
-            epoch = self.printed_epoch(values["epoch"])
-            events: list[Event] = []
+            ended = self.printed_epoch(values["epoch"])
+            events: list[StepMetrics | EpochEnd] = []
             if "loss" in values and self.step == self._epoch_first_step:
                 # Nothing was reported during the epoch: its loss is also the chart's point for it.
-                events.append(self.step_report(None, epoch, values["loss"]))
-            return events + [self.epoch_end(epoch, values.get("loss"), _others(values))]
+                report = self.step_report(None, ended, values["loss"])
+                events += [report] if report is not None else []
+            return events + [self.epoch_end(ended, values.get("loss"), _others(values))]
         epoch = self.printed_epoch(values["epoch"]) if "epoch" in values else None
         step = int(values["step"]) if "step" in values else None
         samples, seconds = self._samples_since(step)

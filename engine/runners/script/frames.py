@@ -19,7 +19,7 @@ from .validation import InlineScorer
 if TYPE_CHECKING:
     from ...config.schema import ValidationConfig
     from ...protocol.channel import StatusSender
-    from ...protocol.messages import Event
+    from ...protocol.messages import EpochEnd, StepMetrics
     from ...protocol.spec import WorkerSpec
     from .events import ScriptEvents
 
@@ -42,7 +42,7 @@ class ClientFrames:
     stopping: bool
     inline_dir: str | None
     inline: InlineScorer | None
-    _emit: Callable[[Event, float | None], None]
+    _emit: Callable[[StepMetrics | EpochEnd, float | None], None]
     _save_state: Callable[[], None]
 
     def _frame(self, frame: wire.Frame) -> None:
@@ -59,6 +59,7 @@ class ClientFrames:
         script's sends block once nobody reads, and its training with them."""
         reader = wire.LineReader()
         said = False
+        assert self.sock is not None, "run() makes the socket before this thread"
         while True:
             try:
                 chunk = self.sock.recv(1 << 16)
@@ -125,6 +126,7 @@ class ClientFrames:
             return
         try:
             if self.inline is None:
+                assert self.inline_dir is not None, "a waiting snapshot is an inline one, to inline_dir"
                 self.inline = InlineScorer(self.name, Path(self.inline_dir), self.spec.device, self.sender,
                                            self._early_stop)
             self.scoring = True  # the script waits for the ack meanwhile: that is no hang

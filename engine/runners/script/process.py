@@ -114,6 +114,7 @@ class ScriptProcess:
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             pass_fds=(pass_fd,), cwd=cwd, env=env)
         self.pid = self.proc.pid
+        assert self.proc.stdout is not None  # stdout=PIPE
         self.output_fd = self.proc.stdout.fileno()
 
     def poll(self) -> int | None:

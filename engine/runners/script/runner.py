@@ -26,7 +26,7 @@ from pathlib import Path
 from .... import client_frames as wire
 from ...protocol.channel import WorkerExit
 from ...config.schema import patterns
-from ...protocol.messages import (Event, Notice, StepMetrics, TrainingStarted, ValResult,
+from ...protocol.messages import (EpochEnd, Notice, StepMetrics, TrainingStarted, ValResult,
                                   WorkerError)
 from ...protocol.progress import judge, metric_value
 from ...protocol.names import PipelineKind, ValidationMode
@@ -96,6 +96,12 @@ class ScriptAttempt(ClientFrames):
         self.signal_at: float | None = None  # stop_mode "after_checkpoint": when to signal at the latest
         self.stop_after: float | None = None  # ... once a checkpoint newer than this mtime appears
 
+    @property
+    def process(self) -> ScriptProcess:
+        """The script's process, from run() on (before it, nothing asks)."""
+        assert self.proc is not None, "the script has not been started"
+        return self.proc
+
     # ------------------------------------------------------------ start
 
     def _environment(self, fd: int) -> dict[str, str]:
@@ -163,8 +169,9 @@ class ScriptAttempt(ClientFrames):
     def _supervise(self) -> int:
         start = last_beat = time.monotonic()
         trained_before = float(self.state.get("trained_time", 0.0))
-        paused_since, paused_total = None, 0.0
-        cpu = self.proc.cpu_seconds()
+        paused_since: float | None = None
+        paused_total = 0.0
+        cpu = self.process.cpu_seconds()
         control = self.control
         while True:
             control.poll(TICK)
@@ -177,7 +184,8 @@ class ScriptAttempt(ClientFrames):
                     paused_total += now - paused_since
             if control.take_checkpoint_request():
                 self._checkpoint_now()
-            trained = trained_before + now - start - paused_total - (now - paused_since if self.paused else 0.0)
+            pausing = now - paused_since if self.paused and paused_since is not None else 0.0
+            trained = trained_before + now - start - paused_total - pausing
             self.state["trained_time"] = trained
             if not self.stopping:
                 if self.pipe.max_time is not None and trained >= self.pipe.max_time:
@@ -186,14 +194,14 @@ class ScriptAttempt(ClientFrames):
                     self.limit = "max_steps"
                 if control.should_stop or self.limit or self.fail_code is not None:
                     self._begin_stop(now)
-            code = self.proc.poll()
+            code = self.process.poll()
             if code is not None:
                 return code
             if self.signal_at is not None and (now >= self.signal_at or self._checkpoint_since_stop()):
                 self.signal_at = None
-                self.proc.signal(self.stop_signal)
+                self.process.signal(self.stop_signal)
             if self.kill_at is not None and now >= self.kill_at:
-                self.proc.signal_tree(signal.SIGKILL)
+                self.process.signal_tree(signal.SIGKILL)
                 self.kill_at = None
             if now - last_beat >= HEARTBEAT_INTERVAL:
                 last_beat = now
@@ -203,10 +211,10 @@ class ScriptAttempt(ClientFrames):
         self.stopping = True
         if self.stopped_by_signal:
             self.stopped_by_signal = False
-            self.proc.signal_tree(signal.SIGCONT)
+            self.process.signal_tree(signal.SIGCONT)
         self._frame(wire.StopRequest())
         if self.fail_code is not None:
-            self.proc.signal_tree(signal.SIGTERM)
+            self.process.signal_tree(signal.SIGTERM)
             self.kill_at = now + KILL_AFTER
         elif not self.polls_stop and self.pipe.stop_mode == "after_checkpoint" and not self.limit:
             # It cannot save on demand: let it reach its next checkpoint, then signal it. Signalled at
@@ -225,7 +233,7 @@ class ScriptAttempt(ClientFrames):
             # No client that looks for it: its stop signal (Ctrl-C's SIGINT unless the config says
             # otherwise; a script may catch KeyboardInterrupt to save). The supervisor's stop_timeout,
             # then kill_grace, escalate.
-            self.proc.signal(self.stop_signal)
+            self.process.signal(self.stop_signal)
             if not self.limit:
                 newest = newest_checkpoint(self.ckpt_dir)
                 since = f"its last save ({describe_checkpoint(newest)})" if newest is not None else "it started"
@@ -250,12 +258,12 @@ class ScriptAttempt(ClientFrames):
         self.paused = paused
         if not paused and self.stopped_by_signal:
             self.stopped_by_signal = False
-            self.proc.signal_tree(signal.SIGCONT)
+            self.process.signal_tree(signal.SIGCONT)
         if self.client:
             self._frame(wire.PauseRequest() if paused else wire.ResumeRequest())
         elif paused:  # no client to hold the loop at a step boundary: freeze the processes
             self.stopped_by_signal = True
-            self.proc.signal_tree(signal.SIGSTOP)
+            self.process.signal_tree(signal.SIGSTOP)
 
     def _checkpoint_now(self) -> None:
         if self.client:
@@ -268,7 +276,7 @@ class ScriptAttempt(ClientFrames):
 
     def _beat(self, cpu: float) -> float:
         """Send a heartbeat if the script showed life since the last one; returns its CPU seconds now."""
-        now_cpu = self.proc.cpu_seconds()
+        now_cpu = self.process.cpu_seconds()
         if self.client_beats:  # the client reports steps: only they (or heartbeat()) prove progress
             alive = self.client_seen
         elif self.prints_steps:  # progress is a step (or output): a rank left spinning in a collective burns CPU
@@ -310,7 +318,7 @@ class ScriptAttempt(ClientFrames):
     # ------------------------------------------------------------ the script's output
 
     def _pump_output(self) -> None:
-        fd = self.proc.output_fd
+        fd = self.process.output_fd
         pending = b""
         while True:
             try:
@@ -368,7 +376,7 @@ class ScriptAttempt(ClientFrames):
         if stop:
             self._early_stop(stop)
 
-    def _emit(self, event: Event, loss: float | None) -> None:
+    def _emit(self, event: StepMetrics | EpochEnd, loss: float | None) -> None:
         """Send a step or epoch event; a `loss` the script reported that is NaN or infinite meets the NaN policy."""
         if loss is not None:
             code = self.control.non_finite(float(loss), f"epoch {event.epoch} step {event.step}")
