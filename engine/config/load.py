@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from ..protocol.names import PipelineKind
 from .placeholders import FILLED_KEYS, fill_config
@@ -34,7 +35,7 @@ def _key_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _message(err: dict[str, Any], fields: list[str]) -> str:
+def _message(err: ErrorDetails, fields: list[str]) -> str:
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         name = str(err["loc"][-1])
@@ -139,7 +140,7 @@ def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
 
 
 def resolve_kind(model: Pipeline, own: dict[str, Any], i: int, file: str,
-                 base_dir: Path) -> tuple[dict[str, str], list[Problem]]:
+                 base_dir: Path) -> tuple[dict[str, Any], list[Problem]]:
     """The loader's fields for one pipeline (`task_ref`, or `script_ref`, `workdir`, `validate_ref`) and the
     problems with its `task` or `script`; `own` is the pipeline's table as written, without [defaults]."""
     def where(key: str) -> str:
@@ -211,7 +212,7 @@ def _swept_without_effect(sweep: SweepConfig, pipelines: list[Pipeline | None], 
         for pipe, table in zip(pipelines, tables):
             passed = any(f"{{{key}}}" in str(table.get(k, "")) for k in FILLED_KEYS)
             why = no_effect(pipe, key) if pipe is not None and not passed else None
-            if why is not None:
+            if why is not None and pipe is not None:
                 out.append(Problem(shown, f"sweep.space.{key}", f"has no effect on {pipe.name} ({pipe.kind} "
                                    f"pipeline): {why}"))
                 break

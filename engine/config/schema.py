@@ -383,7 +383,7 @@ TABLES: dict[str, type[BaseModel]] = {  # the model of each table below the top 
 
 def describe_fields() -> dict[str, dict[str, str]]:
     """Every config table's keys and their descriptions (for docs and the app)."""
-    tables = {"(top level)": RunConfig, "pipelines / defaults": Pipeline,
+    tables: dict[str, type[BaseModel]] = {"(top level)": RunConfig, "pipelines / defaults": Pipeline,
               **{k: v for k, v in TABLES.items() if k not in ("defaults", "pipelines")}}
     return {t: {f.alias or n: f.description or "" for n, f in m.model_fields.items() if n not in RESOLVED}
             for t, m in tables.items()}

@@ -68,7 +68,8 @@ class SweepConfig(BaseModel):
     def rungs(self, limit: int | None) -> list[int]:
         """ASHA's milestones in `rung_unit`, up to `limit` (a trial's max_epochs or max_steps) excluded:
         a trial that reaches its limit has finished, with nothing left to save by pruning it."""
-        out, rung = [], self.grace_period
+        out: list[int] = []
+        rung = self.grace_period
         while limit is None and len(out) < 32 or limit is not None and rung < limit:
             out.append(rung)
             rung *= self.reduction_factor

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import Any
+from typing import Any, Sequence
 
 from pydantic import ValidationError
 
@@ -175,7 +175,7 @@ def retuned(pipe: Any, values: dict[str, Any]) -> Any:
     return pipe.model_copy(update={**update, "args": args, "resume_args": resume_args})
 
 
-def trial_name(base: str, values: dict[str, Any], others: list[dict[str, Any]] = ()) -> str:
+def trial_name(base: str, values: dict[str, Any], others: Sequence[dict[str, Any]] = ()) -> str:
     """`base` and each value with its key's last part: 'mlp-lr0.01-batch_size32'. A list (a swept `args`) is
     named by what differs from the `others` trials, each argument after its flag: 'mlp-lr0.05'."""
     parts = [base]

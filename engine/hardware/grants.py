@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Iterable, Literal
 
 from ..config.schema import Pipeline
 from ..config.units import memory_bytes
@@ -127,8 +127,8 @@ class _Books:
         held = self.by_device.get(slot.name, [])
         if any(lease.memory is None for lease in held):
             return 0
-        occ = self.occupancy.get(slot.gpu.index)
-        total = occ.total if occ is not None and occ.total else slot.gpu.memory_total or 0
+        occ = self.occupancy.get(slot.first_gpu.index)
+        total = occ.total if occ is not None and occ.total else slot.first_gpu.memory_total or 0
         foreign = occ.foreign_memory if occ is not None else 0
         return max(0, total - sum(lease.memory or 0 for lease in held) - foreign)
 
@@ -197,9 +197,11 @@ def _whole(request: Request, books: _Books, run: str, links: dict[tuple[int, int
 def _shares(request: Request, books: _Books, run: str) -> list[Slot] | Wait:
     """A share of one GPU for each rank, each rank on a GPU of its own (NCCL puts no two ranks on one)."""
     room = {s.name: books.available(s) for s in books.pool}
-    slots = []
+    slots: list[Slot] = []
+    memory = request.memory
+    assert memory is not None, "a share is asked for in bytes"
     for _ in range(request.ranks):
-        fits = [s for s in books.pool if room[s.name] >= request.memory and s.name not in {t.name for t in slots}
+        fits = [s for s in books.pool if room[s.name] >= memory and s.name not in {t.name for t in slots}
                 and not (books.policy.share == "exclusive" and books.foreign(s))
                 and (not books.whole_free(s) or books.after_taking([s, *slots]) >= books.policy.keep_free)]
         if not fits:
@@ -207,9 +209,9 @@ def _shares(request: Request, books: _Books, run: str) -> list[Slot] | Wait:
             busy = books.busy(books.pool, run)
             return Wait(f"waiting for {request.label(True)}: {said}" + (f" ({busy})" if busy else ""),
                         books.outside(books.pool, run))
-        best = min(fits, key=lambda s: (room[s.name], s.gpu.index))  # the tightest fit: whole GPUs stay whole
-        room[best.name] -= request.memory
-        slots.append(replace(best, memory=request.memory))
+        best = min(fits, key=lambda s: (room[s.name], s.first_gpu.index))  # the tightest fit: whole GPUs stay whole
+        room[best.name] -= memory
+        slots.append(replace(best, memory=memory))
     return slots
 
 
@@ -218,10 +220,10 @@ def _nearest(free: list[Slot], count: int, links: dict[tuple[int, int], int]) ->
     if count == 1:
         return free[:1]
 
-    def cost(group: tuple[Slot, ...]) -> tuple:
-        pairs = [links.get(tuple(sorted((a.gpu.index, b.gpu.index))), SYSTEM)
-                 for a, b in itertools.combinations(group, 2)]
-        return max(pairs), sum(pairs), [s.gpu.index for s in group]
+    def cost(group: Iterable[Slot]) -> tuple[int, int, list[int]]:
+        index = [s.first_gpu.index for s in group]
+        pairs = [links.get((min(a, b), max(a, b)), SYSTEM) for a, b in itertools.combinations(index, 2)]
+        return max(pairs), sum(pairs), index
     return list(min(itertools.combinations(free, count), key=cost))
 
 
@@ -230,7 +232,7 @@ def merge_gpus(group: list[Slot]) -> Slot:
     if len(group) == 1:
         return group[0]
     first = group[0]
-    return replace(first, name="+".join(s.name for s in group), peers=tuple(s.gpu for s in group[1:]))
+    return replace(first, name="+".join(s.name for s in group), peers=tuple(s.first_gpu for s in group[1:]))
 
 
 def _parts(slot: Slot, pool: list[Slot]) -> list[Slot]:

@@ -79,7 +79,7 @@ def request_problem(p: Pipeline, slots: list[Slot], devices: DevicesConfig) -> t
             return problem  # a fraction of one GPU always fits one
     if p.gpu_memory is not None:
         need = request_of(p, slots).memory or 0
-        largest = max((s.gpu.memory_total or 0 for s in gpus), default=0)
+        largest = max((s.first_gpu.memory_total or 0 for s in gpus), default=0)
         if largest and need > largest:
             return "gpu_memory", f"{gib(need)} is more than the largest GPU here has ({gib(largest)})"
         return None

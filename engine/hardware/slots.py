@@ -20,6 +20,13 @@ class Slot:
     share: float | None = None  # on a Ray cluster, the fraction of `gpu` reserved (Ray's num_gpus); None: whole
 
     @property
+    def first_gpu(self) -> GpuInfo:
+        """`gpu`, of a slot known to be on one (ValueError for a CPU slot)."""
+        if self.gpu is None:
+            raise ValueError(f"{self.name} is not on a GPU")
+        return self.gpu
+
+    @property
     def gpus(self) -> tuple[GpuInfo, ...]:
         """Every GPU the slot holds, in the order CUDA numbers them for its process."""
         return () if self.gpu is None else (self.gpu, *self.peers)

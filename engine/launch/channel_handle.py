@@ -29,7 +29,7 @@ class StatusFrameReader:
     def feed(self, data: bytes) -> list[bytes]:
         """The whole messages read so far; ChannelError for a length no worker sends (the stream is lost)."""
         self._buf += data
-        out = []
+        out: list[bytes] = []
         while True:
             if len(self._buf) < 4:
                 return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import AbstractSet
 
 from ..config.load import load_config
 from ..config.problems import ConfigError, Problem, display_path
@@ -141,7 +142,8 @@ def _scan(pipelines: dict) -> dict[int, str]:
     return {i: error for i, error in errors.items() if error}
 
 
-def runner_problems(config: RunConfig, validation_mode: str, skip: set[int | None] = frozenset()) -> list[Problem]:
+def runner_problems(config: RunConfig, validation_mode: str,
+                    skip: AbstractSet[int | None] = frozenset()) -> list[Problem]:
     """What each kind's runner finds wrong with its pipelines, but those in `skip` (a script's `validate`
     factory whose script never hands its weights off, say): `Runner.check`."""
     file = display_path(config.source)
@@ -153,7 +155,7 @@ def _say_lightning(config: RunConfig, lines: list[str], background: bool) -> lis
     """`lines` saying which plain tasks train under Lightning: those whose factory returned a
     LightningTask, which only the probe (building them) can tell."""
     names = lightning_factories(config, background)
-    tasks = {p.name: p.task for p in config.pipelines if p.name in names}
+    tasks = {p.name: p.task or "" for p in config.pipelines if p.name in names}
     out = []
     for line in lines:
         name, sep, rest = line.partition(": task ")

@@ -89,7 +89,7 @@ def plan_jobs(config: RunConfig, background: bool | None = None, only: set[int] 
             continue  # nothing to build (the user's own script)
         # A plain task's factory may return a LightningTask too: every job is told the validation mode.
         settings = json.dumps({**extra, "background": background, "kind": str(p.kind)}, sort_keys=True)
-        grouped.setdefault((p.task_ref or p.task, json.dumps(p.params, sort_keys=True), settings), []).append(i)
+        grouped.setdefault((p.task_ref or p.task or "", json.dumps(p.params, sort_keys=True), settings), []).append(i)
     return [ProbeJob(ref, params, tuple(idx), _stamp(ref.removeprefix(LIGHTNING_PREFIX)), settings)
             for (ref, params, settings), idx in grouped.items()]
 

@@ -108,7 +108,7 @@ class BuildCheck:
         """A held worker's task did not build (its WorkerError, or the worker died first)."""
         self.waiting.discard(name)
         pipe = self.config.pipelines[self.index[name]]
-        self.errors[self.index[name]] = shorten(error.removeprefix("torchherd: "), pipe.task_ref or pipe.task)
+        self.errors[self.index[name]] = shorten(error.removeprefix("torchherd: "), pipe.task_ref or pipe.task or "")
 
     def look(self, runs: dict[str, PipelineRun]) -> None:
         """Held workers that ended without a word: one that failed is a task that did not build; one a person

@@ -47,6 +47,7 @@ class PageableCopy:
         e = self.engine
         with torch.cuda.device(e.device), torch.cuda.stream(e.side):
             e.side.wait_event(e.staged)
+            assert e.staging is not None, "a pageable copy is a staged one"
             e.slots[self.slot].copy_(e.staging)  # to pageable memory: returns once the bytes are there
         self.landed = True
 

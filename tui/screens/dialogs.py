@@ -4,6 +4,8 @@ Each is a `ModalScreen[T]` that dismisses with its answer; every choice has a ke
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -128,7 +130,7 @@ class QuitScreen(ModalScreen[str]):
                 Binding("s,enter", "answer('stop')", "stop and quit"),
                 Binding("c,n,escape", "answer('cancel')", "cancel")]
 
-    def __init__(self, running: list[str], can_detach: bool = False, queued: list[str] = ()) -> None:
+    def __init__(self, running: list[str], can_detach: bool = False, queued: Sequence[str] = ()) -> None:
         super().__init__()
         self.running, self.queued = running, list(queued)
         self.can_detach = can_detach

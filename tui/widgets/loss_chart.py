@@ -16,6 +16,7 @@ writes a few lines to the terminal, not the whole chart.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from rich.segment import Segment
 from rich.style import Style
@@ -297,7 +298,7 @@ class LossChart(Widget):
         return out
 
     def _x_axis(self, width: int, pw: int, x_lo: float, x_hi: float, origin: float,
-                restarts: list[int] = ()) -> list[Segment]:
+                restarts: Sequence[int] = ()) -> list[Segment]:
         """The x axis: its two ends, and RESTART under each column where a restart went back."""
         left, right = _fmt_x(x_lo, self.x_mode, origin), _fmt_x(x_hi, self.x_mode, origin)
         gap = max(1, pw - len(left) - len(right))

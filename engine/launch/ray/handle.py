@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...protocol.messages import Event, Notice
 from ...protocol.names import Intent
@@ -52,7 +52,8 @@ class RayHandle(ChannelHandle):
         self.pid = 0  # known once the actor has started the child
         self.actor_pid = 0
         self.token = ""
-        self._start_ref = self._exit_ref = None
+        self._start_ref: Any = None  # Ray object refs, once started
+        self._exit_ref: Any = None
         self._code: int | None = None
         self.cause: Intent | None = None  # NODE_LEFT: classified by the lifecycle (BY_INTENT), not a crash
         self._lost = ""  # why the actor died under us, for people

@@ -15,7 +15,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...config.problems import ConfigError, Problem
 from ...config.schema import ClusterConfig, DevicesConfig, RunConfig
@@ -30,6 +30,9 @@ from .placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, pl
     plan_cluster_validation, read_nodes
 from .rundir import check_shared, remove_roots
 from .transport import DialBackListener
+
+if TYPE_CHECKING:
+    from .telemetry import RemoteTelemetry
 
 NAMESPACE = "torchherd"  # every actor torchherd starts is named in this Ray namespace
 SHUTDOWN_WAIT = 2.0  # seconds an actor gets to end its child's process group before ray.kill
@@ -79,8 +82,8 @@ class RayLauncher(Backend):
         self._looked = time.monotonic()  # when ray.nodes() was last read
         self.listener = DialBackListener(ray.util.get_node_ip_address())
         self._actor_class = None
-        self._ending: list[tuple[object, object, float]] = []  # (actor, shutdown ref, deadline)
-        self._telemetry = None  # the other nodes' samplers, once the supervisor asks for them
+        self._ending: list[tuple[Any, Any, float]] = []  # (actor, shutdown ref, deadline)
+        self._telemetry: RemoteTelemetry | None = None  # the other nodes' samplers, once the supervisor asks for them
 
     @property
     def inventory(self) -> ClusterInventory:
@@ -92,11 +95,13 @@ class RayLauncher(Backend):
     def occupancy(self) -> None:
         return None
 
-    def plan_slots(self, devices: DevicesConfig, inventory: ClusterInventory, file: str = "",
-                   fit: bool = False) -> tuple[list[Slot], list[Problem]]:
+    # Both plan on the inventory this backend's inventory() made, a cluster's: narrower than Backend's.
+    def plan_slots(self, devices: DevicesConfig, inventory: ClusterInventory,  # type: ignore[override]
+                   file: str = "", fit: bool = False) -> tuple[list[Slot], list[Problem]]:
         return plan_cluster_slots(devices, inventory, file, fit)
 
-    def plan_validation(self, config: RunConfig, slots: list[Slot], inventory: ClusterInventory) -> ValidationPlan:
+    def plan_validation(self, config: RunConfig, slots: list[Slot],  # type: ignore[override]
+                        inventory: ClusterInventory) -> ValidationPlan:
         return plan_cluster_validation(config, slots, inventory)
 
     def node_label(self, node: str) -> str:

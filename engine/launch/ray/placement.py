@@ -59,7 +59,8 @@ class ClusterInventory(Inventory):
 
 
 def cluster_inventory(nodes: list[ClusterNode]) -> ClusterInventory:
-    gpus, homes = [], []
+    gpus: list[GpuInfo] = []
+    homes: list[tuple[str, int]] = []
     for node in nodes:
         for local in range(node.gpus):
             # Ray reports no GPU model, memory or UUID: only how many a node has.
@@ -114,7 +115,8 @@ def plan_cluster_slots(devices: DevicesConfig, inventory: ClusterInventory, file
                             f"({', '.join(f'{n.label}: {room[n.node_id]}' for n in inventory.nodes)}); "
                             "lower it or use 'auto'")]
     # Node by node in turn, so that the first free slots, which the scheduler hands out first, spread.
-    order, taken = [], Counter()
+    order: list[str] = []
+    taken: Counter[str] = Counter()
     while len(order) < count:
         for node in inventory.nodes:
             if taken[node.node_id] < room[node.node_id] and len(order) < count:

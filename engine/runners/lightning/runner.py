@@ -19,7 +19,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -27,7 +27,7 @@ from ...worker import checkpoint as ckpt
 from ..base import error_text
 from ...protocol.channel import WorkerExit
 from . import LightningRunner
-from .data import ResumableSampler, resumable
+from .data import ResumableDistributedSampler, ResumableSampler, resumable
 from .gang import LightningGang, gang_trainer_args
 from .logged import logged_on_epoch, logged_on_step
 from .support import PREPARED, LightningTask, build_for, monitors_problem, prepare_once, val_monitors
@@ -39,7 +39,8 @@ from ...worker.handoff import HandOff, snapshot_meta
 from ...worker.reporting import ReportWindow
 
 LAST, PREV, BEST = (LightningRunner.checkpoint_name(which) for which in ("last", "prev", "best"))
-PRECISION = {"32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
+PRECISION: dict[str, Literal["32-true", "bf16-mixed", "16-mixed"]] = {
+    "32": "32-true", "bf16-mixed": "bf16-mixed", "16-mixed": "16-mixed"}
 
 
 class HerdHooks:
@@ -221,7 +222,7 @@ class LightningAttempt:
         self.ckpt_dir = self.dir / "checkpoints"
         self.handoff = HandOff(self.name, sender, validation, Path(spec.snapshot_dir) if spec.snapshot_dir else None,
                                spec.snapshot_seq)  # snapshot numbers keep rising across attempts
-        self.sampler: ResumableSampler | None = None
+        self.sampler: ResumableSampler | ResumableDistributedSampler | None = None
         self.resume_order: tuple[int, int] | None = None
         self.batch_size = 1
         self.saved_step = -1  # global_step of the newest `last` checkpoint

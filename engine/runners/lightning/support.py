@@ -87,6 +87,7 @@ def build_lightning(ref: str, params: dict[str, Any], datamodule: str = "",
 
     ref = ref.removeprefix(PREFIX)
     obj = _load_attr(ref)
+    task: LightningTask | None
     if inspect.isclass(obj):
         if not issubclass(obj, pl.LightningModule):
             raise TaskError(f"{ref} is a class but not a LightningModule")

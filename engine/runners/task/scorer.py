@@ -42,9 +42,9 @@ class PipelineScorer:
         self.device = torch.device(device)
         self.failed = ""
         if self.pipe.kind == PipelineKind.SCRIPT:  # the script's `validate` factory: model and data, no training parts
-            task = build_validation(self.pipe.validate_ref or self.pipe.validate_factory, self.pipe.params)
+            task = build_validation(self.pipe.validate_ref or self.pipe.validate_factory or "", self.pipe.params)
         else:
-            task = build_task(self.pipe.task_ref or self.pipe.task, self.pipe.params)
+            task = build_task(self.pipe.task_ref or self.pipe.task or "", self.pipe.params)
         self.task = task
         self.model = task.model.to(self.device)
         self.model.eval()

@@ -56,7 +56,8 @@ def shard_model(model: torch.nn.Module, shard: Any, precision: str, mesh: Any = 
         kwargs["mesh"] = mesh
 
     def apply(module: torch.nn.Module) -> torch.nn.Module:
-        return fully_shard(module, **kwargs)
+        fully_shard(module, **kwargs)  # in place: the module is an FSDPModule from now on
+        return module
 
     if callable(shard) and not isinstance(shard, type):
         shard(model, apply)
@@ -108,12 +109,13 @@ def local_numel(model: torch.nn.Module) -> int:
 def sharded_checksum(model: torch.nn.Module) -> float:
     """A sum over every weight of the whole model (a collective: the shards' sums, added over ranks)."""
     with torch.no_grad():
-        local = sum((p.to_local().double().sum() for p in model.parameters()), torch.zeros((), dtype=torch.float64))
+        local = sum((p.to_local().double().sum() for p in model.parameters()),  # type: ignore[attr-defined]  # DTensors
+                    torch.zeros((), dtype=torch.float64))
         dist.all_reduce(local)
         return float(local)
 
 
-def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_state(model: torch.nn.Module) -> dict[str, Any]:
     """The whole model's weights on rank 0's CPU (other ranks get {}): a collective, every rank calls it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

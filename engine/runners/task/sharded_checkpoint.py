@@ -110,7 +110,7 @@ def load_sharded(path: Path, model: Any, optimizer: Any,
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)  # the optimizer's state made up front, to load into
-    state = {"model": model_state, "optim": optim_state}
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=not trusted)
