@@ -12,10 +12,13 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchherd import client_frames as wire
 from torchherd.client_env import FLUSH_INTERVAL
+
+if TYPE_CHECKING:
+    from torchherd.engine.worker.snapshot import SnapshotWriter
 
 MAX_PENDING = 100_000  # reports kept between two flushes; beyond this the oldest are dropped
 
@@ -49,7 +52,7 @@ class Client:
         self.reports = 0
         self.reason = ""  # why the next save() happens
         self.snapshot = snapshot  # where hand-offs go, or None when nothing validates them
-        self.writer = None
+        self.writer: SnapshotWriter | None = None
         self.closed = False
         self._flushed = time.monotonic()
         self.send(wire.Hello(pid=os.getpid()))

@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Hashable
+from typing import Any
 
 from ..config.schema import DevicesConfig
 from ..hardware.grants import Holdings, Policy, Request, Wait, grant, leases_for, merge_gpus
@@ -48,14 +48,14 @@ class Scheduler:
         self.slots = list(slots)
         self._free = list(slots)
         self._taken: list[Slot] = []  # allocated now, possibly on a node no longer in the pool
-        self._waiting: dict[Hashable, _Waiting] = {}
+        self._waiting: dict[str, _Waiting] = {}
         self._ledger = ledger if ledger is not None else MemoryLedger()
         self._run, self._run_dir, self._policy = run, run_dir, policy
         self._occupancy = occupancy
-        self._held: dict[Hashable, list[Lease]] = {}  # the ledger's leases of each allocation
-        self._grants: dict[Hashable, list[Slot]] = {}  # the slots of each allocation
-        self.waits: dict[Hashable, str] = {}  # why each waiting pipeline waits, as of the last pass
-        self._said: dict[Hashable, str] = {}  # the waits changed_waits last handed out
+        self._held: dict[str, list[Lease]] = {}  # the ledger's leases of each allocation
+        self._grants: dict[str, list[Slot]] = {}  # the slots of each allocation
+        self.waits: dict[str, str] = {}  # why each waiting pipeline waits, as of the last pass
+        self._said: dict[str, str] = {}  # the waits changed_waits last handed out
         self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
         self._announced: list[list] | None = None
         self._shared: list[tuple[Slot, float]] = []  # a cluster's GPUs held for shares, and how full each is
@@ -76,28 +76,28 @@ class Scheduler:
         """The pool is a cluster's (Ray does the accounting; slots are counted by node)."""
         return any(s.node for s in self.slots)
 
-    def enqueue(self, key: Hashable, priority: int, order: int, need: int | Request = 1) -> None:
+    def enqueue(self, key: str, priority: int, order: int, need: int | Request = 1) -> None:
         request = need if isinstance(need, Request) else Request(ranks=need)
         if request.ranks > len(self.slots):
             raise ValueError(f"{key} needs {request.ranks} slots; this session has {len(self.slots)}")
         self._waiting[key] = _Waiting(priority, order, request, time.time())
 
-    def dequeue(self, key: Hashable) -> None:
+    def dequeue(self, key: str) -> None:
         self._waiting.pop(key, None)
         self.waits.pop(key, None)
         if not self.cluster:
             self._announce()  # a run stopping its queue (shutdown) holds up no other run any more
 
-    def queued(self) -> list[Hashable]:
+    def queued(self) -> list[str]:
         """Waiting pipelines in the order they will start."""
         return sorted(self._waiting, key=lambda k: (-self._waiting[k].priority, self._waiting[k].order))
 
-    def position(self, key: Hashable) -> int:
+    def position(self, key: str) -> int:
         """1 for the next to start; 0 if not waiting."""
         order = self.queued()
         return order.index(key) + 1 if key in self._waiting else 0
 
-    def allocate(self) -> list[tuple[Hashable, list[Slot]]]:
+    def allocate(self) -> list[tuple[str, list[Slot]]]:
         """Take slots for every waiting pipeline that can start now, in queue order."""
         if not self._waiting:
             self._announce()
@@ -129,7 +129,7 @@ class Scheduler:
         self._announce()
         return granted
 
-    def changed_waits(self) -> list[tuple[Hashable, str]]:
+    def changed_waits(self) -> list[tuple[str, str]]:
         """(pipeline, why) for each whose reason to wait changed since the last call: "" once it has none
         (granted, or waiting only behind this run's own pipelines)."""
         changed = [(k, "") for k in self._said if k not in self.waits]
@@ -137,7 +137,7 @@ class Scheduler:
         self._said = dict(self.waits)
         return changed
 
-    def release(self, slots: list[Slot], key: Hashable | None = None) -> None:
+    def release(self, slots: list[Slot], key: str | None = None) -> None:
         """Give slots back to the pool (kept in the machine's order), and `key`'s leases to the ledger; a slot
         of a node that left is dropped."""
         if self.cluster:
@@ -196,7 +196,7 @@ class Scheduler:
             return ""
         return ahead
 
-    def _wait_all(self, head: Hashable, wait: Wait) -> None:
+    def _wait_all(self, head: str, wait: Wait) -> None:
         """Why the head of the queue waits, when something outside this run holds it up; the others wait
         behind it, and a run that waits for its own pipelines only is a queue, which `position` tells."""
         self.waits = {head: wait.why} if wait.outside else {}
@@ -227,7 +227,7 @@ class Scheduler:
 
     # ------------------------------------------------------------ a cluster's pool
 
-    def _allocate_pool(self) -> list[tuple[Hashable, list[Slot]]]:
+    def _allocate_pool(self) -> list[tuple[str, list[Slot]]]:
         granted = []
         gpu_pool = any(s.gpu is not None for s in self.slots)
         for key in self.queued():

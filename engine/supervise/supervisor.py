@@ -262,7 +262,7 @@ class Supervisor:
         self._scheduler.close()  # every lease back to the ledger
         self._backend.close()  # a cluster's: its listening socket and the actors still ending
         remove_root(self.snapshot_root)
-        await self.disk.settle()
+        await self.disk.settle()  # type: ignore[union-attr]  # made with the run directory, as start() does
         self._rundir.close()
         self._bus.close()
 
@@ -363,7 +363,7 @@ class Supervisor:
         self._feed.update(self._runs, self._validation.handle)
         if self._rundir is not None:
             self._rundir.flush()
-            if not self._finished_sent:  # run_finished is the last event readers take: nothing said after it
+            if not self._finished_sent and self.disk is not None:  # nothing is said after run_finished
                 self.disk.check()
         self._check_finished()
 

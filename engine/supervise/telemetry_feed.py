@@ -59,7 +59,7 @@ class TelemetryFeed:
         self._sampler: TelemetrySampler | None = None
 
     def start(self, config: TelemetryConfig, backend: Backend, persist_path: Path,
-              deliver: Callable[[TelemetrySnapshot], None]) -> None:
+              deliver: Callable[[TelemetrySnapshot], object]) -> None:
         """Sample every `config.interval` seconds on a thread; `deliver` is called on that thread."""
         self._sampler = TelemetrySampler(
             interval=config.interval, pids=lambda: self.pids, on_snapshot=deliver,

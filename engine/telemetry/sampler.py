@@ -33,7 +33,7 @@ class TelemetrySampler:
 
     def __init__(self, interval: float = 1.0,
                  pids: Callable[[], dict[str, int]] | None = None,
-                 on_snapshot: Callable[[TelemetrySnapshot], None] | None = None,
+                 on_snapshot: Callable[[TelemetrySnapshot], object] | None = None,
                  nvml: Any = None,
                  persist_path: Path | None = None,
                  persist_every: float = 10.0,
