@@ -158,3 +158,18 @@ async def test_a_run_that_ended_with_no_reading_says_so_rather_than_waiting():
         pane.show(None, ended=True)
         await pilot.pause()
         assert shown(pane)[1].startswith("│ no readings: the run has ended"), shown(pane)
+
+
+# Regression: the pane's own row scrolling was named `_scroll_to`, shadowing the Widget method every Textual
+# scroll goes through (scroll_to, scroll_home, scroll_visible, a ScrollTo message): any of them called on the
+# pane raised TypeError (unexpected keyword 'animate'). Found by the type checker (an incompatible override).
+async def test_textuals_own_scrolling_still_works_on_the_pane():
+    app = pane_app(f"PipelineTable {{ height: 3; }} DevicePane {{ width: {NARROW}; height: 10; }}")
+    async with app.run_test(size=(80, 24)) as pilot:
+        pane = app.query_one(DevicePane)
+        pane.show(snapshot(gpus=8, workers=6))
+        await pilot.pause()
+        pane.scroll_home(animate=False, immediate=True)
+        pane.scroll_to(y=0, animate=False, immediate=True)
+        await pilot.pause()
+        assert pane.border_subtitle == "rows 1-8 of 15 ↑↓"  # its own rows, untouched by Textual's scroll

@@ -76,7 +76,7 @@ def _gib(n: int) -> str:
 def _gpu_forms(g: GpuSample, width: int | None) -> list[list[Part]]:
     """A GPU's row in full, then in short units ("12/40G", "250W") for a pane too narrow for it. Which
     pipelines use it outranks the utilisation bar, which only repeats the percentage."""
-    known = g.mem_used is not None and g.mem_total is not None
+    used, total = g.mem_used, g.mem_total
     owners = sorted({p.owner for p in g.processes or ()})
     note = _short(g.note, width)
 
@@ -88,9 +88,9 @@ def _gpu_forms(g: GpuSample, width: int | None) -> list[list[Part]]:
                 (f" {note}" if note else "", "yellow", 0)]
 
     limit = f"/{g.power_limit:.0f}" if g.power_limit else ""
-    return [form(f"{g.mem_used / GIB:.1f}/{g.mem_total / GIB:.1f} GiB" if known else "n/a",
+    return [form(f"{used / GIB:.1f}/{total / GIB:.1f} GiB" if used is not None and total is not None else "n/a",
                  "n/a" if g.power_draw is None else f"{g.power_draw:.0f}{limit} W"),
-            form(f"{_gib(g.mem_used)}/{_gib(g.mem_total)}G" if known else "n/a",
+            form(f"{_gib(used)}/{_gib(total)}G" if used is not None and total is not None else "n/a",
                  "n/a" if g.power_draw is None else f"{g.power_draw:.0f}W")]
 
 
@@ -173,7 +173,7 @@ class DevicePane(Widget, can_focus=True):
             return
         count = len(self._rows)
         self._text, self._rows, self._width = text, self._lay_out(text, width), width
-        self._scroll_to(self.top)
+        self._scroll_rows_to(self.top)
         self.refresh(layout=len(self._rows) != count)
 
     def rows(self) -> list[str]:
@@ -201,13 +201,13 @@ class DevicePane(Widget, can_focus=True):
 
     def on_resize(self) -> None:
         self.show(self._snapshot, self._ended)
-        self._scroll_to(self.top)
+        self._scroll_rows_to(self.top)
 
     # ------------------------------------------------------------ scrolling
     def _visible_rows(self) -> int:
         return max(1, self.size.height)
 
-    def _scroll_to(self, top: int) -> None:
+    def _scroll_rows_to(self, top: int) -> None:
         top = max(0, min(top, len(self._rows) - self._visible_rows()))
         if top != self.top:
             self.top = top
@@ -218,16 +218,16 @@ class DevicePane(Widget, can_focus=True):
 
     def action_scroll_rows(self, delta: int) -> None:
         """Scroll by `delta` rows."""
-        self._scroll_to(self.top + delta)
+        self._scroll_rows_to(self.top + delta)
 
     def action_page(self, direction: int) -> None:
         """Scroll by the rows shown, less one kept for context."""
-        self._scroll_to(self.top + direction * max(1, self._visible_rows() - 1))
+        self._scroll_rows_to(self.top + direction * max(1, self._visible_rows() - 1))
 
     def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
         event.stop()
-        self._scroll_to(self.top + 1)
+        self._scroll_rows_to(self.top + 1)
 
     def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
         event.stop()
-        self._scroll_to(self.top - 1)
+        self._scroll_rows_to(self.top - 1)
