@@ -95,7 +95,7 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
     """attach, ls and the commands that act on a live run."""
     from .verbs import ACTIONS, NEEDS_NAME
 
-    runs_dir = {"metavar": "DIR", "default": "runs", "help": "where runs are found (default: ./runs)"}
+    runs_dir: dict[str, Any] = {"metavar": "DIR", "default": "runs", "help": "where runs are found (default: ./runs)"}
     attach = argparse.ArgumentParser(
         prog="torchherd attach", description="Watch a live run: its whole history, then live events. Several "
         "clients may watch one run; each command a client sends is recorded in events.jsonl with its pid.")

@@ -124,9 +124,9 @@ def saved_sweeps(run_dir: Path) -> list[SavedSweep]:
 
 def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
     """`rows` best first; those with no result keep their order, after the rest."""
-    scored = [r for r in rows if r.best is not None]
-    scored.sort(key=lambda r: r.best if mode == "min" else -r.best)
-    return scored + [r for r in rows if r.best is None]
+    scored = [(r.best, r) for r in rows if r.best is not None]
+    scored.sort(key=lambda pair: pair[0] if mode == "min" else -pair[0])
+    return [r for _, r in scored] + [r for r in rows if r.best is None]
 
 
 def checkpoint_of(run_dir: Path, name: str) -> Path | None:

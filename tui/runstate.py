@@ -13,6 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Callable
 
 from ..engine.protocol import health as h
 from ..engine.protocol import messages as m
@@ -333,7 +334,7 @@ class RunState:
             self.telemetry_version += 1
 
 
-_HANDLERS = {
+_HANDLERS: dict[type[m.Event], Callable[[RunState, Any, Any], None]] = {
     m.RunStarted: RunState._run_started,
     m.ConfigAdded: RunState._config_added,
     m.PipelineQueued: RunState._queued,

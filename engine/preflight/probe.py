@@ -137,7 +137,7 @@ def grouped_task_problems(file: str, defaults_task: str | None, tasks: dict[int,
 
 
 def probe_tasks(config: RunConfig, timeout: float = 180.0,
-                on_progress: Callable[[int, int], None] | None = None,
+                on_progress: Callable[[int, int], object] | None = None,
                 cancelled: Callable[[], bool] | None = None, background: bool | None = None,
                 only: set[int] | None = None) -> list[Problem]:
     """Problems found building each distinct (task, params) of `config`; empty if all build.
@@ -182,7 +182,7 @@ def shorten(error: str, ref: str) -> str:
     return error.replace(target, display_path(target)) if target.endswith(".py") else error
 
 
-def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int], None] | None,
+def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int], object] | None,
          cancelled: Callable[[], bool] | None) -> tuple[list[tuple[str, str]], str]:
     """((an error or "", the kind that trains what it built) per job, a failure of the probe itself or "")."""
     payload = json.dumps([{"id": k, "ref": job.ref, "params": json.loads(job.params),

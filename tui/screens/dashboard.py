@@ -181,7 +181,7 @@ class DashboardScreen(Screen[None]):
         if not self.sweep_view:  # a gang's ranks, while it has something to say of them
             text = gang_text(row) if row is not None else ""
             self.set_class(bool(text), "-gang")
-            text = f"[b]{escape(row.name)}[/b] {escape(text)}" if text else ""
+            text = f"[b]{escape(row.name)}[/b] {escape(text)}" if text and row is not None else ""
         elif trial is None:
             text = ""
         else:
