@@ -176,7 +176,7 @@ def run_end(run_dir: Path) -> RunEnd:
 class Bridge:
     """Owns the session: starts the supervisor, folds its events into `state`, forwards commands."""
 
-    def __init__(self, on_change: Callable[[], None], runs_dir: Path | None = None,
+    def __init__(self, on_change: Callable[[], object], runs_dir: Path | None = None,
                  factory: SupervisorFactory | None = None):
         self.on_change = on_change  # called on the event loop after each batch of events
         self.runs_dir = runs_dir
@@ -214,12 +214,12 @@ class Bridge:
     @property
     def alive(self) -> bool:
         """Some worker process exists."""
-        return self.live and self._session.alive
+        return self.live and self._session is not None and self._session.alive
 
     @property
     def remote(self) -> bool:
         """The session's run lives in a service of its own: the app can leave it running."""
-        return self.live and self._session.remote
+        return self.live and self._session is not None and self._session.remote
 
     async def launch(self, path: Path) -> list[str]:
         """Start a session with this config, or add it to the running one; raises ConfigError."""
@@ -230,7 +230,7 @@ class Bridge:
         from .ranking import SavedSweep
 
         config = load_config(path)
-        if self.live:
+        if self.live and self._session is not None:
             names = await self._session.add_config(config)
             self.state.add_sweep(SavedSweep.of(config, names))  # its sweep view too (t on one of its trials)
             return names
@@ -263,7 +263,7 @@ class Bridge:
 
     async def detach(self) -> None:
         """Leave a remote session's run going and end this app's part in it."""
-        if self.live:
+        if self.live and self._session is not None:
             await self._session.detach()
         self._closed = True
         if self._consumer is not None:
@@ -295,7 +295,7 @@ class Bridge:
         when the run refuses it at once (a promote in a run that prunes nothing)."""
         from .commands import Checkpoint, Kill, Pause, Promote, Restart, Resume, Stacks, Stop
 
-        if not self.live:
+        if not self.live or self._session is None:
             raise RuntimeError("this run is read-only" if self.state.read_only else "no run is active")
         run, name = self._session.run, command.pipeline
         match command:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..engine import LiveRun, RemoteRun, RunConfig, Supervisor
@@ -54,7 +54,7 @@ class ServiceSession(Session):
     def __init__(self, config: Path | None = None, runs_dir: Path | None = None, *, resume: Path | None = None,
                  only: list[str] | None = None, attach: Path | None = None, read_only: bool = False):
         self._remote: RemoteRun | None = None  # once started
-        self._spawn = {"config": config, "runs_dir": runs_dir, "resume": resume, "only": only}
+        self._spawn: dict[str, Any] = {"config": config, "runs_dir": runs_dir, "resume": resume, "only": only}
         self._attach, self.read_only = attach, read_only
 
     async def start(self) -> None:
