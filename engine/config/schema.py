@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from ..protocol.names import PipelineKind, ValidationMode
 from .alerts import AlertsConfig
 from .placeholders import PLACEHOLDER, PLACEHOLDERS, SETTING_NAMES, unknown  # noqa: F401 (PLACEHOLDER*: re-export)
-from .metric_patterns import check_metrics_regex, patterns  # noqa: F401 (patterns: re-export)
+from .metric_patterns import check_metrics_regex, patterns  # patterns: a re-export too
 from .sweep import SweepConfig
 from .units import memory_bytes
 

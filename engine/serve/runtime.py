@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..protocol.private import UnsafeRuntimeDir, runtime_dir  # noqa: F401 (the control socket's folder)
+from ..protocol.private import UnsafeRuntimeDir, runtime_dir  # the control socket's folder
 
 CONTROL_FILE = "control.json"
 INDEX = ".run.json"  # beside a socket in the runtime folder: the run directory it serves

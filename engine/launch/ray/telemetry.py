@@ -62,7 +62,7 @@ class RemoteTelemetry:
                  actor_class: Any = None):
         if ray is None:  # tests hand a stand-in with the same few functions
             import ray
-            import ray.util.scheduling_strategies  # noqa: F401  (used as ray.util.scheduling_strategies)
+            import ray.util.scheduling_strategies  # loads it, used below as ray.util.scheduling_strategies
         self._ray = ray
         self._pids, self._label = pids, label
         self._actor_class = actor_class  # tests may hand their own; made on first use otherwise

@@ -32,7 +32,7 @@ from ...protocol.progress import judge, metric_value
 from ...protocol.names import PipelineKind, ValidationMode
 from ...worker.control import HEARTBEAT_INTERVAL
 from ...worker.handoff import snapshot_meta
-from .crash import crash_excerpt, error_line  # noqa: F401 (error_line: tests import it from here)
+from .crash import crash_excerpt, error_line  # error_line: tests import it from here too
 from .events import ScriptEvents, parse_number
 from .unmatched import UnmatchedWatch
 from .frames import ClientFrames
