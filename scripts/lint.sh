@@ -10,7 +10,9 @@ ruff_rc=$?
 tree="$repo/.mypy_cache/tree"
 rm -rf "$tree"
 mkdir -p "$tree/torchherd"
-ln -s "$repo"/torchherd/*.py "$tree/torchherd/"
+for entry in "$repo"/torchherd/*; do  # its modules (and any sub-package), not its bytecode
+    [ "$(basename "$entry")" = __pycache__ ] || ln -s "$entry" "$tree/torchherd/"
+done
 ln -s "$repo/engine" "$tree/torchherd/engine"
 ln -s "$repo/tui" "$tree/torchherd/tui"
 # Paths come back as the repository names them (engine/..., tui/...), so an editor can jump to them.
