@@ -122,7 +122,7 @@ class TorchherdApp(App[int]):
                 self._replay(run_dir)
                 return
             case Attach(run_dir, read_only):
-                await self._attach(run_dir, read_only)
+                await self._attach_run(run_dir, read_only)
                 return
         from ..engine import ConfigError
 
@@ -150,7 +150,7 @@ class TorchherdApp(App[int]):
         else:
             self._show_dashboard(self.bridge.state)
 
-    async def _attach(self, run_dir: Path, read_only: bool = False) -> None:
+    async def _attach_run(self, run_dir: Path, read_only: bool = False) -> None:
         from ..engine import run_held
 
         self.attached = True

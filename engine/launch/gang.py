@@ -26,7 +26,8 @@ from .ports import hold_port, release_port, take_port
 # rank_env and the ports are re-exported: a gang's torchrun variables and port, as one place to look
 __all__ = ["GangHandle", "hold_port", "launch_gang", "rank_env", "release_port", "take_port"]
 
-CLEAN = (WorkerExit.COMPLETED, WorkerExit.STOPPED)  # a rank that ends so has not failed: its peers may still be finishing
+# A rank that ends so has not failed: its peers may still be finishing.
+CLEAN = (WorkerExit.COMPLETED, WorkerExit.STOPPED)
 
 
 class GangHandle(Handle):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..protocol.health import Alert, RankPace, Triage
 from ..protocol.records import to_record
-from ..protocol.messages import Notice, Stalled, StepMetrics, WorkerStarted
+from ..protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerStarted
 from ..protocol.states import WorkerState
 from ..protocol.telemetry import TelemetrySnapshot
 from .alert_rules import AlertRules

@@ -33,8 +33,8 @@ ROOM_WAIT = 1.0  # seconds between looks for room for a pipeline whose node left
 
 
 BY_INTENT = {Intent.RESTART: R.RESTARTED, Intent.KILL: R.KILLED, Intent.HUNG: R.HUNG, Intent.NODE_LEFT: R.RESTARTED}
-BY_CODE = {WorkerExit.STOPPED: R.STOPPED, WorkerExit.COMPLETED: R.COMPLETED, WorkerExit.RESTART: R.RESTART_REQUESTED,
-           WorkerExit.FATAL: R.FAILED}
+BY_CODE: dict[int, ExitReason] = {WorkerExit.STOPPED: R.STOPPED, WorkerExit.COMPLETED: R.COMPLETED,
+                                  WorkerExit.RESTART: R.RESTART_REQUESTED, WorkerExit.FATAL: R.FAILED}
 WITH_ERROR = (R.FAILED, R.CRASHED, R.HUNG, R.RESTART_REQUESTED)  # reasons that carry the worker's error
 EXIT_SHOWN = (R.FAILED, R.CRASHED, R.HUNG)  # reasons whose exit ("exit code 3") is the error when none was sent
 

@@ -34,7 +34,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def build_tasks(path: Path, check: ConfigCheck, worker: Worker,
-                progress: Callable[[int, int], None]) -> ConfigCheck | None:
+                progress: Callable[[int, int], object]) -> ConfigCheck | None:
     """`check` with the verdict of building `path`'s tasks in a fresh process; None if cancelled.
 
     Blocking: call it from a thread worker. `progress(built, total)` is called as tasks finish.
@@ -219,11 +219,11 @@ class PickerScreen(Screen[Picked | None]):
         if self.configs or self.runs:
             choices.highlighted = first if self.configs else 2
         if kept is not None and kept[1] in (self.configs if kept[0] == "cfg" else self.runs):
-            items = self.configs if kept[0] == "cfg" else self.runs
+            items = list[Path | PastRun](self.configs if kept[0] == "cfg" else self.runs)
             choices.highlighted = choices.get_option_index(f"{kept[0]}:{items.index(kept[1])}")
         choices.focus()
 
-    def _chosen(self, option_id: str | None) -> tuple[str, object] | None:
+    def _chosen(self, option_id: str | None) -> tuple[str, Path | PastRun] | None:
         if not option_id:
             return None
         kind, _, index = option_id.partition(":")
@@ -234,10 +234,10 @@ class PickerScreen(Screen[Picked | None]):
         chosen = self._chosen(event.option.id)
         if chosen is None:
             return
-        kind, item = chosen
+        _, item = chosen
         if self.launch_when_checked != item:
             self.launch_when_checked = None  # enter was for another config
-        if kind == "cfg":
+        if isinstance(item, Path):
             self.query_one("#verdict", Static).update(Text("checking…", style="dim"))
             check, building = self.checks.get(item), self.building.get(item)
             if check is not None:
@@ -253,8 +253,8 @@ class PickerScreen(Screen[Picked | None]):
         chosen = self._chosen(event.option.id)
         if chosen is None:
             return
-        kind, item = chosen
-        if kind == "run":
+        _, item = chosen
+        if isinstance(item, PastRun):
             self.dismiss(Attach(item.path) if item.live and not self.adding else Open(item.path))
             return
         check = self.checks.get(item)
@@ -283,12 +283,13 @@ class PickerScreen(Screen[Picked | None]):
             # prints the problems once the terminal is back) rather than wait in a picker nobody asked for.
             self.app.call_from_thread(self.app.exit)
             return
-        check: ConfigCheck | None = fast
+        check = fast
         if fast.ok:  # the fast check passed: now what `torchherd run` does, build every task once
-            check = build_tasks(path, fast, worker,
-                                lambda built, total: self.post_message(self.Building(fast, built, total)))
-            if check is None:  # cancelled: another config was highlighted
+            built = build_tasks(path, fast, worker,
+                                lambda done, total: self.post_message(self.Building(fast, done, total)))
+            if built is None:  # cancelled: another config was highlighted
                 return
+            check = built
         self.post_message(self.Checked(check))
 
     def _check_again_if_edited(self) -> None:
@@ -307,7 +308,7 @@ class PickerScreen(Screen[Picked | None]):
     def _highlighted_config(self) -> Path | None:
         option = self.query_one("#choices", OptionList).highlighted_option
         chosen = self._chosen(option.id if option else None)
-        return chosen[1] if chosen and chosen[0] == "cfg" else None
+        return chosen[1] if chosen and isinstance(chosen[1], Path) else None
 
     def on_picker_screen_building(self, message: PickerScreen.Building) -> None:
         self.building[message.check.path] = message
@@ -370,9 +371,9 @@ class PickerScreen(Screen[Picked | None]):
         choices = self.query_one(OptionList)
         option = choices.get_option_at_index(choices.highlighted) if choices.highlighted is not None else None
         chosen = self._chosen(option.id if option is not None else None)
-        if chosen is None or chosen[0] != "run":
+        run = chosen[1] if chosen is not None else None
+        if not isinstance(run, PastRun):
             return
-        run = chosen[1]
         if not run.resumable or self.adding:
             self.notify(f"{run.run_id} is {run.status}: nothing to resume", timeout=4)
             return
