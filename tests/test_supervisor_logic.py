@@ -353,13 +353,14 @@ def test_a_validator_far_behind_is_said_once_with_what_would_help():
     from torchherd.engine.supervise.validation_service import SnapshotLedger, far_behind_text
 
     ledger = SnapshotLedger()
-    for seq in range(1, 21):
+    for seq in range(1, 31):
         ledger.taken(SnapshotTaken(pipeline="a", seq=seq, epoch=0, step=seq, slot=0, stall_ms=0.1, nbytes=8))
-    ledger.resolve(10)  # scored the 10th: 1-9 were overtaken
-    assert not ledger.far_behind()  # 9 skipped: too few to judge
-    ledger.resolve(20)  # and the 20th: 11-19 overtaken
-    assert ledger.far_behind() and ledger.skipped == 18
-    assert far_behind_text(ledger).startswith("the validator scored 2 of 20 snapshots so far")
+    ledger.resolve(10)  # its first score, the 10th: 1-9 were handed off while it started, no lag of its
+    ledger.resolve(20)  # the 20th: 11-19 overtaken
+    assert not ledger.far_behind()  # 9 skipped since it started: too few to judge
+    ledger.resolve(30)  # and the 30th: 21-29 overtaken
+    assert ledger.far_behind() and ledger.skipped == 27
+    assert far_behind_text(ledger).startswith("the validator scored 3 of 30 snapshots so far")
     ledger.said_behind = True
     assert not ledger.far_behind()
     # Regression: a Lightning pipeline was told of best.pt; its validator keeps best.ckpt.

@@ -54,12 +54,15 @@ class SnapshotLedger:
     seq_max: int = 0  # highest seq any attempt handed off: the next attempt numbers on from here
     broken: bool = False  # the validator cannot score this pipeline at all
     skipped: int = 0  # snapshots skipped because a newer one was scored first
+    skipped_starting: int = 0  # of those, the ones the first score overtook: handed off while the validator started
     said_behind: bool = False  # the notice that the validator falls far behind went out
     best_file: str = "best.pt"  # the name of the best checkpoint the validator keeps (best.ckpt for Lightning)
 
     def far_behind(self) -> bool:
-        """Whether the validator skips most of this pipeline's snapshots (said once)."""
-        return not self.said_behind and self.skipped >= BEHIND_AFTER and self.skipped >= 4 * len(self.scored)
+        """Whether the validator skips most of this pipeline's snapshots (said once). Those handed off before its
+        first score are no lag of its (it was starting: torch, CUDA, the model) and do not count."""
+        lagged = self.skipped - self.skipped_starting
+        return not self.said_behind and lagged >= BEHIND_AFTER and lagged >= 4 * len(self.scored)
 
     def taken(self, event: SnapshotTaken) -> bool:
         """Note a hand-off; False if a newer snapshot was already scored (so this one is skipped)."""
@@ -77,6 +80,8 @@ class SnapshotLedger:
         skipped = [(old, *self.handed.pop(old)) for old in sorted(k for k in self.handed if k < seq)]
         self.skipped += len(skipped)
         self.handed.pop(seq, None)
+        if seq and not self.scored:
+            self.skipped_starting = len(skipped)
         if seq:
             self.scored.add(seq)
             self.scored_max = max(self.scored_max, seq)
