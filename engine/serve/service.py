@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -50,26 +51,29 @@ def spawn(config: Path | None = None, runs_dir: Path | None = None, resume: Path
         args += ["--runs-dir", str(runs_dir)]
     for name in only or []:
         args += ["--only", name]
-    # Ctrl-C inside Popen would lose the child it had already forked; it is held until Popen returns.
+    # Ctrl-C is held from before Popen (inside it, it would lose the child already forked) until the service
+    # serves, and any that landed meanwhile cancels the start: none can slip between two handlers and be lost.
     interrupted: list[int] = []
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum)) if main else None
+    proc: subprocess.Popen | None = None
     try:
-        proc = subprocess.Popen([sys.executable, "-P", "-m", "torchherd.engine.serve.service", *args],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
-    try:
-        assert proc.stdout is not None
+        try:
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "torchherd.engine.serve.service", *args],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True)
+            out = _read_until_served(proc, interrupted)
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)  # a Ctrl-C pending at this moment is recorded first
         if interrupted:
             raise KeyboardInterrupt
-        out = proc.stdout.read().decode(errors="replace")  # ends when it serves (its output moves) or exits
     except KeyboardInterrupt:
-        _cancel(proc)
+        if proc is not None:
+            _cancel(proc)
         raise StartCancelled("interrupted while the run was starting: stopped what it had started; "
                              "no run is kept") from None
+    assert proc.stdout is not None
     proc.stdout.close()
     for line in out.splitlines():
         if line.startswith(READY):
@@ -79,6 +83,21 @@ def spawn(config: Path | None = None, runs_dir: Path | None = None, resume: Path
             return Started(Path(info["run_dir"]), Path(info["socket"]), proc.pid)
     proc.wait()
     raise ServiceFailed(out.strip() or f"the torchherd service exited with status {proc.returncode}")
+
+
+def _read_until_served(proc: subprocess.Popen, interrupted: list[int]) -> str:
+    """The service's output until it serves (its output moves to its log) or exits; KeyboardInterrupt as soon as
+    a Ctrl-C is recorded in `interrupted`."""
+    assert proc.stdout is not None
+    fd, chunks = proc.stdout.fileno(), list[bytes]()
+    while True:
+        if interrupted:
+            raise KeyboardInterrupt
+        if select.select([fd], [], [], 0.1)[0]:  # a poll, so a recorded Ctrl-C is seen within 0.1 s
+            data = os.read(fd, 1 << 16)
+            if not data:
+                return b"".join(chunks).decode(errors="replace")
+            chunks.append(data)
 
 
 def _cancel(proc: subprocess.Popen) -> None:
