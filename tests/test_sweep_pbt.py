@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchherd.engine.protocol.messages import (CheckpointSaved, Resumed, RunFinished, TrainingStarted,
-                                                TrialDecision, ValResult)
+from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, PipelineFinished, Resumed, RunFinished,
+                                                TrainingStarted, TrialDecision, ValResult)
+from torchherd.engine.protocol.states import EXPLOITING, YIELDING
 from torchherd.engine.rundir.directory import read_events, read_records
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import TASKS, make_config, service_of
@@ -94,6 +95,48 @@ async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_check
     x = last.exploit
     assert rows[last.pipeline].lineage == f"from {x['donor'].split('-', 1)[1]}@e{x['epoch']}"
     assert rows[last.pipeline].values["params.lr"] == x["values"]["params.lr"]
+
+
+async def test_with_one_slot_for_four_trials_each_yields_at_its_perturbation_point_so_all_train_in_step(tmp_path):
+    epochs = 4
+    config = make_config(tmp_path, [{"name": "t"}], sweep={**SWEEP, "perturbation_interval": 2},
+                         devices={"cpu_slots": 1}, defaults={**DEFAULTS, "max_epochs": epochs},
+                         telemetry={"enabled": False}, tensorboard=False)
+    sup = Supervisor(config)
+    await sup.start()
+    try:
+        statuses = await asyncio.wait_for(sup.wait(), 300)
+    finally:
+        await sup.shutdown(graceful=False)
+    events = read_events(sup.run_dir)
+    trials = {f"t-lr{lr}" for lr in LRS}
+    assert statuses == {name: "completed" for name in trials}, statuses
+
+    # Each trial's first attempt ended at epoch 2, rather than at the end of its training: it yielded its slot
+    # to those behind it, or a bottom one took over a better one's checkpoint (and queued behind them too).
+    firsts = {}
+    for e in events:
+        if isinstance(e, PipelineFinished):
+            firsts.setdefault(e.pipeline, e)
+    assert set(firsts) == trials and all(e.status == "pruned" and e.epoch == 2 for e in firsts.values()), firsts
+    assert all(e.reason.startswith((YIELDING, EXPLOITING)) for e in firsts.values()), firsts
+    assert any(e.reason.startswith(f"{YIELDING}at epoch 2 to ") for e in firsts.values()), firsts
+    # In step: no trial trained its third epoch before every trial had trained its second (or taken over a
+    # checkpoint that had), and none completed before all had started.
+    third = next(i for i, e in enumerate(events) if isinstance(e, EpochEnd) and e.epoch >= 2)
+    reached = {e.pipeline for e in events[:third] if isinstance(e, EpochEnd) and e.epoch == 1}
+    reached |= {e.pipeline for e in events[:third] if isinstance(e, TrialDecision) and e.action == "exploit"}
+    assert reached == trials, reached
+    done = next(i for i, e in enumerate(events) if isinstance(e, PipelineFinished) and e.status == "completed")
+    assert {e.pipeline for e in events[:done] if isinstance(e, TrainingStarted)} == trials
+
+    # Each turn trains on from where the last one stopped: a trial that took over no checkpoint trained every
+    # epoch once, in order, and each later attempt resumed at the step its yield saved.
+    exploited = {e.pipeline for e in events if isinstance(e, TrialDecision) and e.action == "exploit"}
+    for name in trials - exploited:
+        assert [e.epoch for e in events if isinstance(e, EpochEnd) and e.pipeline == name] == list(range(epochs))
+        saved = [e.step for e in events if isinstance(e, PipelineFinished) and e.pipeline == name][:-1]
+        assert [e.step for e in events if isinstance(e, Resumed) and e.pipeline == name] == saved, name
 
 
 def test_a_sigkilled_pbt_sweep_resumes_with_its_lineage(tmp_path):

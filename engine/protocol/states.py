@@ -93,13 +93,15 @@ EARLY_STOP = "early stopping"  # begins the reason of a pipeline its validation 
 BEFORE_START = "before it started"  # ends the reason of a pipeline that ended without ever running
 EXPLOITING = "takes over "  # begins the reason of a PBT trial stopped to train on from another's checkpoint (pruned)
 PAUSED_AT = "paused at rung "  # begins the reason of a sweep's trial waiting at a rung to be promoted (pruned)
+YIELDING = "yields its slot "  # begins the reason of a PBT trial queued again behind trials it is ahead of (pruned)
 
 
 def ended_label(state: WorkerState | str, reason: str = "") -> str:
     """A final state as people read it: 'never ran' is told apart from a stop on request (the state itself
     stays 'stopped' or 'killed' in the records), and 'early_stopped' reads 'early stop' (as does a run
     recorded before that state existed, 'stopped' for early stopping), a trial paused at a rung 'paused at
-    rung 2'; any other state is its own name."""
+    rung 2', a PBT trial taking over a checkpoint 'exploiting' or giving up its slot 'yielding'; any other
+    state is its own name."""
     value = WorkerState(state).value
     if value in ("stopped", "killed") and reason.endswith(BEFORE_START):
         return "never ran"
@@ -109,6 +111,8 @@ def ended_label(state: WorkerState | str, reason: str = "") -> str:
         return reason.split(":", 1)[0]  # 'paused at rung 2': promoting ASHA may train it on
     if value == "pruned" and reason.startswith(EXPLOITING):
         return "exploiting"  # PBT: it trains on from a better trial's checkpoint
+    if value == "pruned" and reason.startswith(YIELDING):
+        return "yielding"  # PBT: queued again behind the trials it is ahead of
     return value
 
 

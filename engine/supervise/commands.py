@@ -106,6 +106,11 @@ def restart(lifecycle: Lifecycle, run: PipelineRun) -> bool:
     return False
 
 
+def requeue(run: PipelineRun, order: int) -> None:
+    """Its next place in the queue is `order` (behind every pipeline waiting now, when that is the newest)."""
+    run.plan = replace(run.plan, order=order)
+
+
 def retune(run: PipelineRun, values: dict) -> None:
     """Its next attempts train with other values for its swept keys (a PBT trial taking over another's
     checkpoint); the plan is replaced whole, as an attempt reads it when it starts."""

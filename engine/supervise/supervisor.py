@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from pathlib import Path
 
@@ -78,7 +79,7 @@ class Supervisor:
         self._lifecycle.deliver_to(WorkerIntake(lifecycle=self._lifecycle, bus=self._bus, validation=self._validation,
                                                 emit=self._emit, early_stop=self._on_early_stop))
         self._runs: dict[str, PipelineRun] = {}
-        self._order = 0
+        self._order = itertools.count()  # each pipeline's place in the queue among those of its priority
         self._rundir: RunDirectory | None = None
         self.disk: DiskWatch | None = None  # made with the run directory
         self._attempts: AttemptLauncher | None = None  # made with the run directory
@@ -220,6 +221,10 @@ class Supervisor:
             self._announce_queued([run.name])
             self._schedule()
 
+    def requeue(self, name: str) -> None:  # an ended pipeline queues again behind every one waiting now (PBT)
+        commands.requeue(self._get(name), next(self._order))
+        self.restart(name)
+
     def retune(self, name: str, values: dict) -> None:  # PBT: its next attempts train with these swept values
         commands.retune(self._get(name), values)
 
@@ -231,9 +236,7 @@ class Supervisor:
 
     async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
         """End the session: stop (or kill) every worker, flush the run directory, end the streams."""
-        if self._closed:
-            return
-        if self._rundir is None:
+        if self._closed or self._rundir is None:
             self._closed = True
             return
         if graceful:
@@ -290,12 +293,10 @@ class Supervisor:
             name = unique_name(pipe.name, self._runs)
             if name != pipe.name:
                 pipe = pipe.model_copy(update={"name": name})
-            plan = Plan(config=pipe, run_config=config, policy=policy, order=self._order, validation=validation,
+            plan = Plan(config=pipe, run_config=config, policy=policy, order=next(self._order), validation=validation,
                         request=request_of(pipe, self._scheduler.slots))
-            run = PipelineRun(plan=plan)
-            self._runs[name] = run
+            self._runs[name] = PipelineRun(plan=plan)
             self._validation.ledger(name)
-            self._order += 1
             names.append(name)
             self._scheduler.enqueue(name, pipe.priority, plan.order, plan.request)  # born QUEUED
         return names
