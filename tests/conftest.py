@@ -85,11 +85,32 @@ async def wait_for(stream, predicate, timeout: float = 60.0):
     return await asyncio.wait_for(scan(), timeout)
 
 
+WARM: list[int] = []  # the pid of the test session's forking process (warm_children), never a test's leftover
+
+
 def children() -> list[psutil.Process]:
     try:
-        return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        return [p for p in psutil.Process().children(recursive=True)
+                if p.status() != psutil.STATUS_ZOMBIE and p.pid not in WARM]
     except psutil.NoSuchProcess:
         return []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_children():
+    """The workers of in-process supervisors fork from one process per test session (per xdist worker) that
+    imported torch once (engine/launch/process.py: keep_warm), not each from a fresh interpreter: a worker's
+    imports cost seconds of CPU, and the suite starts hundreds. A child whose environment differs in what
+    torch reads at import starts cold, as in a real session; TORCHHERD_TEST_COLD=1 starts every one cold."""
+    from torchherd.engine.launch.process import keep_warm, let_go
+
+    if os.environ.get("TORCHHERD_TEST_COLD"):
+        yield None
+        return
+    warm = keep_warm(late=("PYTEST_CURRENT_TEST",))  # pytest's name of the test running, for each test
+    WARM.append(warm.proc.pid)
+    yield warm
+    let_go()
 
 
 def service_of(run_dir: Path) -> psutil.Process:

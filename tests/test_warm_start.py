@@ -15,13 +15,22 @@ import psutil
 import pytest
 
 from torchherd.engine.launch.warm import WarmProcess, WarmStarter, compatible
-from torchherd.engine.protocol.messages import TrainingStarted, WorkerExited
+from torchherd.engine.protocol.messages import TrainingStarted, WorkerExited, WorkerStarted
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import REPO, make_config, still_alive, wait_for, repo_env
 from tests.faults.support import RecordingLauncher
 
 SLOW = {"delay": 0.004}  # tiny.py: an epoch takes a while, so a test acts while it trains
+
+
+@pytest.fixture(autouse=True)
+def own_forker(monkeypatch):
+    """These tests are about a session's own forking process: the test session's (conftest.warm_children) is
+    set aside while they run."""
+    from torchherd.engine.launch import process
+
+    monkeypatch.setattr(process, "_kept", None)
 
 
 def test_a_child_is_forked_only_when_its_environment_differs_in_what_is_read_after_start():
@@ -170,6 +179,30 @@ async def main(tmp):
 
 asyncio.run(main(__import__("pathlib").Path(sys.argv[1])))
 """
+
+
+@pytest.mark.slow
+async def test_a_kept_forker_starts_even_the_first_pipelines_warm_and_outlives_their_session(tmp_path):
+    from torchherd.engine.launch.process import keep_warm, let_go
+
+    warm = keep_warm()
+    try:
+        deadline = time.monotonic() + 120
+        while not warm.ready() and time.monotonic() < deadline:
+            warm.wait_report(0.2)
+        assert warm.ready()
+        config = make_config(tmp_path, [{"name": "a"}, {"name": "b"}], defaults={"max_epochs": 1})
+        sup = Supervisor(config)  # two pipelines on two slots: nothing queues, no forker of its own
+        await sup.start()
+        statuses = await asyncio.wait_for(sup.wait(), 120)
+        await sup.shutdown()
+        assert statuses == {"a": "completed", "b": "completed"}
+        pids = [e.pid for e in read_events(sup.run_dir) if isinstance(e, WorkerStarted)]
+        assert len(pids) == 2 and all(pid in warm._live for pid in pids), (pids, warm._live)
+        assert warm.ready() and psutil.Process(warm.proc.pid).is_running()  # it stays for the next session
+    finally:
+        let_go()
+    assert warm.proc.poll() is not None
 
 
 @pytest.mark.slow

@@ -13,15 +13,16 @@ import subprocess
 import sys
 import time
 from multiprocessing.connection import Connection
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from ..protocol.spec import CHILD_MODULE, Transport, write_spec
 from .backend import Backend, LaunchSpec
 from .channel_handle import ChannelHandle
 from .environment import child_env
-from .warm import WARM_HOLD, WARM_MODULE, WarmProcess, WarmStarter, compatible
+from .warm import WARM_HOLD, WARM_MODULE, WarmProcess, WarmStarter
 
-__all__ = ["LaunchSpec", "ProcessHandle", "ProcessLauncher", "local_env", "python_module_command"]
+__all__ = ["LaunchSpec", "ProcessHandle", "ProcessLauncher", "keep_warm", "let_go", "local_env",
+           "python_module_command"]
 
 
 def python_module_command(module: str) -> list[str]:
@@ -88,6 +89,28 @@ class ProcessHandle(ChannelHandle):
                 pass
 
 
+_kept: WarmStarter | None = None  # keep_warm's forking process
+
+
+def keep_warm(late: Iterable[str] = ()) -> WarmStarter:
+    """Start a forking process now and keep it for every later local session of this interpreter (a test suite,
+    a program that supervises runs one after another): their children fork warm from the first, where a
+    session's own forking process starts only once its pipelines queue. Started again if it went. `late`:
+    variables that change between sessions and that nothing reads at import (a test runner's own)."""
+    global _kept
+    if _kept is None or _kept.gone:
+        _kept = WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, python_module_command(WARM_MODULE), late)
+    return _kept
+
+
+def let_go() -> None:
+    """End keep_warm's forking process (every child it forked has ended)."""
+    global _kept
+    if _kept is not None:
+        _kept.close()
+        _kept = None
+
+
 class ProcessLauncher(Backend):
     """The local backend: children as fresh Python interpreters (the `spawn` model) in their own sessions.
 
@@ -105,11 +128,17 @@ class ProcessLauncher(Backend):
     def hold_launches(self, queued: int, free: int) -> bool:
         """More pipelines wait than fit (a sweep): start the forking process, and hold them until its imports
         are done (for WARM_HOLD seconds at most), so even the first of them skip theirs."""
-        if self._warm is None and queued > free and self.warm_start:
+        if self._forker() is None and queued > free and self.warm_start:
             # Popen from the event-loop thread, as every child: the parent-death signal follows that thread.
             self._warm = WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, python_module_command(WARM_MODULE))
-        warm = self._warm
+        warm = self._forker()
         return warm is not None and not warm.ready() and not warm.gone and warm.age() < WARM_HOLD
+
+    def _forker(self) -> WarmStarter | None:
+        """The session's own forking process, else the one this interpreter keeps (`keep_warm`)."""
+        if self._warm is not None or not self.warm_start:
+            return self._warm
+        return _kept if _kept is not None and not _kept.gone else None
 
     def close(self) -> None:
         if self._warm is not None:
@@ -146,8 +175,8 @@ class ProcessLauncher(Backend):
                     fds: tuple[int, int, int]) -> WarmProcess | None:
         """The child forked from the warm process, when that is ready and the child's environment allows;
         None to start it cold."""
-        warm = self._warm
-        if warm is None or spec.module != CHILD_MODULE or not warm.ready() or not compatible(env, warm.env):
+        warm = self._forker()
+        if warm is None or spec.module != CHILD_MODULE or not warm.ready() or not warm.fits(env):
             return None
         try:
             return warm.start(spec_path, env, os.getcwd(), fds)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Mapping
+from typing import Iterable, Mapping
 
 WARM_MODULE = "torchherd.engine.launch.warm"
 # What every trainer imports before its first step: torch, and torch._dynamo, which torch's own optimizers
@@ -26,11 +26,12 @@ WARM_MODULE = "torchherd.engine.launch.warm"
 PRELOAD = ("torch", "torch._dynamo", "torchherd.engine.launch.child", "torchherd.engine.runners.run",
            "torchherd.engine.runners.task", "torchherd.engine.runners.task.trainer")
 # Variables read after start (by CUDA's first call, torch.distributed, torchherd's worker): a child may differ
-# from the forking process in these alone. OMP_NUM_THREADS too: the worker sets its slot's threads itself.
+# from the forking process in these alone. OMP_NUM_THREADS too: the worker sets its slot's threads itself;
+# XDG_RUNTIME_DIR: torchherd reads it when it opens a socket, nothing at import.
 LATE_KEYS = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "RANK", "LOCAL_RANK",
     "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
-    "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"})
+    "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "XDG_RUNTIME_DIR"})
 LATE_PREFIXES = ("TORCHELASTIC_", "TORCHHERD_")
 MESSAGE = 1 << 20  # bytes: the largest request (an environment) or report
 REPLY_WAIT = 5.0  # seconds a start waits for its pid before the launcher starts the child cold instead
@@ -40,14 +41,15 @@ WARM_HOLD = 30.0
 CLOSE_WAIT = 1.0  # seconds it has to exit once the session ends, before it is killed
 
 
-def _early(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k not in LATE_KEYS and not k.startswith(LATE_PREFIXES)}
+def _early(env: Mapping[str, str], late: Iterable[str] = ()) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in LATE_KEYS and k not in late and not k.startswith(LATE_PREFIXES)}
 
 
-def compatible(env: Mapping[str, str], base: Mapping[str, str]) -> bool:
+def compatible(env: Mapping[str, str], base: Mapping[str, str], late: Iterable[str] = ()) -> bool:
     """A child with environment `env` can be forked from a process started with `base`: they differ only in
-    variables read after start."""
-    return _early(env) == _early(base)
+    variables read after start (and in `late`, more that the caller knows nothing reads at import)."""
+    late = frozenset(late)
+    return _early(env, late) == _early(base, late)
 
 
 class WarmProcess:
@@ -71,8 +73,9 @@ class WarmProcess:
 class WarmStarter:
     """The supervisor's end of the forking process: started at once, ready once its imports are done."""
 
-    def __init__(self, env: Mapping[str, str], command: list[str]):
+    def __init__(self, env: Mapping[str, str], command: list[str], late: Iterable[str] = ()):
         self.env = dict(env)
+        self.late = frozenset(late)  # variables a child may differ in besides LATE_KEYS
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(command + [str(theirs.fileno()), str(os.getpid())],
@@ -91,6 +94,10 @@ class WarmStarter:
         self._replies: dict[int, dict] = {}
         self._abandoned: set[int] = set()
         self._next = 0
+
+    def fits(self, env: Mapping[str, str]) -> bool:
+        """A child with environment `env` can be forked here."""
+        return compatible(env, self.env, self.late)
 
     def ready(self) -> bool:
         """Its imports are done and it is still there."""
