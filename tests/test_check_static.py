@@ -14,6 +14,7 @@ import pytest
 from torchherd.engine.preflight.check import check_config
 from torchherd.engine.hardware.devices import Inventory
 from torchherd.engine.preflight.probe import ProbeCancelled, pending_jobs, probe_tasks
+from tests.conftest import children
 
 NO_GPU = Inventory(cpu_count=2, note="no NVIDIA GPU (test inventory)")
 TWO_PIPELINES = """
@@ -138,7 +139,7 @@ def test_a_cancelled_probe_kills_its_process(project: Path):
     seen: list[psutil.Process] = []
 
     def cancelled() -> bool:
-        seen.extend(psutil.Process().children(recursive=True))
+        seen.extend(children())  # the test session's forking process is no probe's
         return True
 
     with pytest.raises(ProbeCancelled):
