@@ -85,13 +85,14 @@ async def wait_for(stream, predicate, timeout: float = 60.0):
     return await asyncio.wait_for(scan(), timeout)
 
 
-WARM: list[int] = []  # the pid of the test session's forking process (warm_children), never a test's leftover
-
-
 def children() -> list[psutil.Process]:
+    """Our live descendants, less the test session's forking process (warm_children): never a test's leftover."""
+    from torchherd.engine.launch.process import kept
+
+    warm = kept()
     try:
         return [p for p in psutil.Process().children(recursive=True)
-                if p.status() != psutil.STATUS_ZOMBIE and p.pid not in WARM]
+                if p.status() != psutil.STATUS_ZOMBIE and (warm is None or p.pid != warm.proc.pid)]
     except psutil.NoSuchProcess:
         return []
 
@@ -108,7 +109,6 @@ def warm_children():
         yield None
         return
     warm = keep_warm(late=("PYTEST_CURRENT_TEST",))  # pytest's name of the test running, for each test
-    WARM.append(warm.proc.pid)
     yield warm
     let_go()
 

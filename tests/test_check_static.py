@@ -146,7 +146,7 @@ def test_a_cancelled_probe_kills_its_process(project: Path):
         probe_tasks(config, cancelled=cancelled)
     assert seen, "the probe process had not started"
     gone, alive = psutil.wait_procs(seen, timeout=10)
-    assert alive == []
+    assert alive == [], [(p.pid, p.cmdline()) for p in alive]
     assert len(pending_jobs(config)) == 1  # nothing cached from a cancelled probe
 
 

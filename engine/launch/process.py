@@ -21,7 +21,7 @@ from .channel_handle import ChannelHandle
 from .environment import child_env
 from .warm import WARM_HOLD, WARM_MODULE, WarmProcess, WarmStarter
 
-__all__ = ["LaunchSpec", "ProcessHandle", "ProcessLauncher", "keep_warm", "let_go", "local_env",
+__all__ = ["LaunchSpec", "ProcessHandle", "ProcessLauncher", "keep_warm", "kept", "let_go", "local_env",
            "python_module_command"]
 
 
@@ -103,6 +103,11 @@ def keep_warm(late: Iterable[str] = ()) -> WarmStarter:
     return _kept
 
 
+def kept() -> WarmStarter | None:
+    """keep_warm's forking process, while it is there."""
+    return _kept if _kept is not None and not _kept.gone else None
+
+
 def let_go() -> None:
     """End keep_warm's forking process (every child it forked has ended)."""
     global _kept
@@ -138,7 +143,7 @@ class ProcessLauncher(Backend):
         """The session's own forking process, else the one this interpreter keeps (`keep_warm`)."""
         if self._warm is not None or not self.warm_start:
             return self._warm
-        return _kept if _kept is not None and not _kept.gone else None
+        return kept()
 
     def close(self) -> None:
         if self._warm is not None:
