@@ -33,6 +33,17 @@ DEFAULTS = {"task": f"{TASKS / 'schedule.py'}:build", "max_epochs": EPOCHS, "bat
             "params": {"samples": 32, "delay": 0.02}}  # 4 steps an epoch, 0.64 s
 
 
+async def run_to_end(config) -> tuple[Supervisor, dict[str, str]]:
+    """The session of `config`, run until every trial has ended, and how each ended."""
+    sup = Supervisor(config)
+    await sup.start()
+    try:
+        statuses = await asyncio.wait_for(sup.wait(), 300)
+    finally:
+        await sup.shutdown(graceful=False)
+    return sup, statuses
+
+
 def finals(events) -> dict[str, float]:
     return {e.pipeline: e.metrics["val_loss"] for e in events if isinstance(e, ValResult) and e.epoch + 1 == EPOCHS}
 
@@ -52,12 +63,7 @@ async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_check
     # box the background validator's first results reached these 5-epoch trials only in their last epoch.
     config = make_config(tmp_path, [{"name": "t"}], sweep=SWEEP, devices={"cpu_slots": 4}, defaults=DEFAULTS,
                          telemetry={"enabled": False}, tensorboard=False)
-    sup = Supervisor(config)
-    await sup.start()
-    try:
-        statuses = await asyncio.wait_for(sup.wait(), 300)
-    finally:
-        await sup.shutdown(graceful=False)
+    sup, statuses = await run_to_end(config)
     events = read_events(sup.run_dir)
     assert set(statuses.values()) == {"completed"}, statuses
     exploits = [e for e in events if isinstance(e, TrialDecision) and e.action == "exploit"]
@@ -102,12 +108,7 @@ async def test_with_one_slot_for_four_trials_each_yields_at_its_perturbation_poi
     config = make_config(tmp_path, [{"name": "t"}], sweep={**SWEEP, "perturbation_interval": 2},
                          devices={"cpu_slots": 1}, defaults={**DEFAULTS, "max_epochs": epochs},
                          telemetry={"enabled": False}, tensorboard=False)
-    sup = Supervisor(config)
-    await sup.start()
-    try:
-        statuses = await asyncio.wait_for(sup.wait(), 300)
-    finally:
-        await sup.shutdown(graceful=False)
+    sup, statuses = await run_to_end(config)
     events = read_events(sup.run_dir)
     trials = {f"t-lr{lr}" for lr in LRS}
     assert statuses == {name: "completed" for name in trials}, statuses

@@ -99,8 +99,13 @@ def keep_warm(late: Iterable[str] = ()) -> WarmStarter:
     variables that change between sessions and that nothing reads at import (a test runner's own)."""
     global _kept
     if _kept is None or _kept.gone:
-        _kept = WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, python_module_command(WARM_MODULE), late)
+        _kept = _forking_process(late)
     return _kept
+
+
+def _forking_process(late: Iterable[str] = ()) -> WarmStarter:
+    """A new forking process with this process's environment."""
+    return WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, python_module_command(WARM_MODULE), late)
 
 
 def kept() -> WarmStarter | None:
@@ -135,7 +140,7 @@ class ProcessLauncher(Backend):
         are done (for WARM_HOLD seconds at most), so even the first of them skip theirs."""
         if self._forker() is None and queued > free and self.warm_start:
             # Popen from the event-loop thread, as every child: the parent-death signal follows that thread.
-            self._warm = WarmStarter({**os.environ, "PYTHONUNBUFFERED": "1"}, python_module_command(WARM_MODULE))
+            self._warm = _forking_process()
         warm = self._forker()
         return warm is not None and not warm.ready() and not warm.gone and warm.age() < WARM_HOLD
 
