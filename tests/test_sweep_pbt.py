@@ -58,7 +58,17 @@ def exported_schedules(run_dir: Path, tmp_path: Path) -> dict[str, list[float]]:
             for name, trial in json.loads((out / "schedules.json").read_text()).items()}
 
 
-async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_checkpoint(tmp_path):
+@pytest.fixture
+def cold_children(monkeypatch):
+    """Workers started cold, as a session's first wave is: forked together from the test session's forking
+    process, the four trials keep such even pace that the lr-0.1 trial can fall to the bottom quarter behind
+    the trials that took its checkpoint over, which the test below rules out."""
+    from torchherd.engine.launch import process
+
+    monkeypatch.setattr(process, "_kept", None)
+
+
+async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_checkpoint(tmp_path, cold_children):
     # Validation inline (make_config's default): PBT takes val_result events from either, and on a loaded 2-core
     # box the background validator's first results reached these 5-epoch trials only in their last epoch.
     config = make_config(tmp_path, [{"name": "t"}], sweep=SWEEP, devices={"cpu_slots": 4}, defaults=DEFAULTS,
