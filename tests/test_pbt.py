@@ -156,3 +156,35 @@ def test_the_ranking_shows_an_exploited_trials_new_values_and_lineage(tmp_path):
     lines = ranked_table(rows, "val_loss", tmp_path)
     assert lines[1].split() == ["#", "trial", "lr", "val_loss", "state", "lineage"]
     assert lines[2].split() == ["1", "t-lr0.01", "0.08", "0.2", "queued", "from", "lr0.1@e2"]
+
+
+async def test_a_trials_own_saves_after_its_exploit_was_decided_are_never_offered_as_its_checkpoint(tmp_path):
+    # Its old attempt checkpoints once more as it stops (and may finish an epoch's save): those files are replaced
+    # by the copy it takes over, so a trial taking over *its* checkpoint before it saves again would be told one
+    # step and epoch and get the copy's.
+    from torchherd.engine.protocol.messages import CheckpointSaved, EpochEnd, TrainingStarted
+    from torchherd.engine.supervise.exploiting import PbtController
+    from torchherd.engine.supervise.supervisor import Supervisor
+
+    config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1, 0.01]}},
+                                                           "scheduler": "pbt", "perturbation_interval": 1})
+    controller = PbtController(Supervisor(config), rule())
+
+    def saved(step, reason="epoch"):
+        return CheckpointSaved(pipeline="t-lr0.01", path="last.pt", epoch=step // 4, step=step, reason=reason)
+
+    def started(step):
+        return TrainingStarted(pipeline="t-lr0.01", epoch=step // 4, step=step, epochs_total=5, steps_per_epoch=4,
+                               device="cpu", parameters=2)
+
+    controller._note(saved(4))
+    assert controller._newest("t-lr0.01")[:2] == (4, 1)
+    controller._decided(_exploit("t-lr0.01", "t-lr0.1", 1, 0.08))
+    old_epoch = EpochEnd(pipeline="t-lr0.01", epoch=1, step=8, train_loss=1.0, duration=1.0, samples_per_s=None,
+                         epochs_total=5, steps_per_epoch=4)
+    assert controller._passes_point(old_epoch) is None  # its perturbation point is the copy's, not moved by it
+    for event in (saved(8), saved(9, "stop"), started(4)):
+        controller._note(event)
+    assert controller._newest("t-lr0.01") is None and "t-lr0.01" not in controller.pending
+    controller._note(saved(8))  # trained on from the copy
+    assert controller._newest("t-lr0.01")[:2] == (8, 2) and controller._passes_point(old_epoch) == 2
