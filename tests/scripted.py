@@ -11,6 +11,7 @@ import signal
 from torchherd.engine.launch.backend import Backend, Handle
 from torchherd.engine.protocol.channel import WorkerExit
 from torchherd.engine.protocol.messages import Stop, TrainingStarted
+from torchherd.engine.protocol.spec import ValidatorSpec
 
 
 class FakeHandle(Handle):
@@ -73,7 +74,8 @@ class FakeHandle(Handle):
 
 
 class ScriptedLauncher(Backend):
-    """Launches FakeHandles (or whatever `make(n)` returns for the n-th launch) and keeps them in order.
+    """Launches FakeHandles (or whatever `make(n)` returns for the n-th launch) and keeps them in order; a
+    validator's ends at a Stop, as the real one does (the session's shutdown waits for it).
 
     Every other ability is the `Backend` default, as for the local backend."""
 
@@ -86,7 +88,8 @@ class ScriptedLauncher(Backend):
     def launch(self, spec):
         self.specs.append(spec)
         n = len(self.handles)
-        handle = self.make(n) if self.make is not None else FakeHandle(10_000 + n, self.ignore_term, self.obey_stop)
+        obey = self.obey_stop or isinstance(spec.child, ValidatorSpec)  # a validator ends at Stop, always
+        handle = self.make(n) if self.make is not None else FakeHandle(10_000 + n, self.ignore_term, obey)
         self.handles.append(handle)
         return handle
 
