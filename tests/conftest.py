@@ -153,6 +153,7 @@ def private_runtime(monkeypatch) -> Path:
 
     path = Path(tempfile.mkdtemp(prefix="th-rt-"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(path))
+    monkeypatch.delenv("TORCHHERD_LEDGER", raising=False)  # a user's shared ledger is no test's either
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

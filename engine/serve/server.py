@@ -3,10 +3,8 @@ credentials, welcomed with the run and the size of events.jsonl (and, when asked
 then told at most every FLUSH_EVERY seconds how far events.jsonl holds the run's events (each client reads
 the file itself) and sent what the file does not keep, one frame shared by every client; its requests are
 carried out and recorded. A client is dropped, never waited for, once `max_backlog` bytes wait for it, or a
-quarter of that while it has read nothing for STALLED seconds.
-
-Connections are bounded (MAX_CONNECTIONS, MAX_REQUEST, HELLO_WITHIN, IDLE, REPLY_BACKLOG: see each); a config
-to add is read off the event loop, and what a request carries is recorded cut short.
+quarter of that while it has read nothing for STALLED seconds. Connections are bounded (MAX_CONNECTIONS,
+MAX_REQUEST, HELLO_WITHIN, IDLE, REPLY_BACKLOG: see each); what a request carries is recorded cut short.
 """
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ import os
 import stat
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.load import load_config
 from ..config.problems import ConfigError
@@ -24,6 +22,9 @@ from ..protocol.control import (Action, Appended, ClientCommand, ClientRefused, 
 from ..protocol.messages import Event, Message, Notice, StepMetrics
 from .summary import HistorySummary
 from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
+
+if TYPE_CHECKING:
+    from ..supervise.supervisor import Supervisor
 
 MAX_BACKLOG = 64 << 20  # bytes a client may leave unread before it is dropped at once (it can attach again)
 STALLED = 3.0  # seconds a client with a quarter of MAX_BACKLOG waiting may read nothing before it is dropped
@@ -174,7 +175,7 @@ class _Connection(asyncio.Protocol):
 class ControlServer:
     """Serves one supervisor on an AF_UNIX socket at `path` (mode 0600, in a folder only the user enters)."""
 
-    def __init__(self, sup: Any, path: Path, max_backlog: int = MAX_BACKLOG, stalled: float = STALLED):
+    def __init__(self, sup: Supervisor, path: Path, max_backlog: int = MAX_BACKLOG, stalled: float = STALLED):
         self.sup = sup
         self.path = Path(path)
         self.max_backlog, self.stalled = max_backlog, stalled

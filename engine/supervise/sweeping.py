@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
-
 from ..config.schema import RunConfig
 from ..protocol.messages import EpochEnd, Event, PipelineFinished, TrainingStarted, TrialDecision, ValResult
 from ..protocol.progress import metric_value
 from ..protocol.states import PAUSED_AT, WorkerState
 from ..rundir.directory import read_events
+from .observed import ObservedSession
 from .pruning import Asha, MedianRule, PromotingAsha, Verdict
 
 S = WorkerState
@@ -38,16 +37,18 @@ def scheduler_for(config: RunConfig) -> Asha | PromotingAsha | MedianRule | None
 class SweepPruner:
     """Feeds a session's validation results to its sweep's scheduler and prunes the trials it cuts."""
 
-    def __init__(self, supervisor: Any, rule: Asha | MedianRule):
+    def __init__(self, supervisor: ObservedSession, rule: Asha | MedianRule):
         self._sup, self.rule = supervisor, rule
-        self._unit = supervisor.config.sweep.rung_unit
+        sweep = supervisor.config.sweep
+        assert sweep is not None, "a pruner is a sweep's"
+        self._unit = sweep.rung_unit
         self._metric = supervisor.config.validation.metric
         self.exempt: set[str] = set()  # trials a person promoted: never pruned again this session
         self.waking: set[str] = set()  # promoted from a pause, queued again once their pause has ended
         self._loop = asyncio.get_running_loop()
 
     @classmethod
-    def attach(cls, supervisor: Any, run_dir: Path) -> "SweepPruner | None":
+    def attach(cls, supervisor: ObservedSession, run_dir: Path) -> "SweepPruner | None":
         """A pruner for `supervisor`'s sweep, fed the results already in `run_dir` (a resumed run) and then
         every new one; None when its config prunes nothing."""
         rule = scheduler_for(supervisor.config)
