@@ -86,12 +86,19 @@ def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, st
 @dataclass(frozen=True)
 class SavedSweep:
     """One sweep of a session: each trial's values (by the name the session gave it), the metric ranked on, and
-    how many of its best trials the sweep view's chart overlays."""
+    how many of its best trials the sweep view's chart overlays, and its scheduler (PBT's and a plain grid's
+    trials have nothing to promote)."""
 
     trials: dict[str, dict[str, Any]]
     metric: str
     metric_mode: str
     overlay: int = 4
+    scheduler: str = "asha"
+
+    @property
+    def promotes(self) -> bool:
+        """A trial of it can be promoted: its scheduler prunes or pauses trials."""
+        return self.scheduler in ("asha", "median")
 
     @classmethod
     def of(cls, config: RunConfig, names: list[str] | None = None) -> SavedSweep | None:
@@ -104,7 +111,7 @@ class SavedSweep:
         names = names or [p.name for p in config.pipelines]
         v = config.validation
         return cls(labelled({n: dict(p.trial) for n, p in zip(names, config.pipelines)}), v.metric, v.metric_mode,
-                   config.sweep.overlay)
+                   config.sweep.overlay, config.sweep.scheduler)
 
 
 def saved_sweeps(run_dir: Path) -> list[SavedSweep]:
@@ -116,7 +123,8 @@ def saved_sweeps(run_dir: Path) -> list[SavedSweep]:
 
         return [SavedSweep(labelled({p["name"]: dict(p.get("trial") or {}) for p in c["pipelines"]}),
                            c.get("validation", {}).get("metric", "val_loss"),
-                           c.get("validation", {}).get("metric_mode", "min"), int(c["sweep"].get("overlay", 4)))
+                           c.get("validation", {}).get("metric_mode", "min"), int(c["sweep"].get("overlay", 4)),
+                           str(c["sweep"].get("scheduler", "none")))
                 for c in configs if c.get("sweep")]
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return []

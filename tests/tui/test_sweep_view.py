@@ -133,6 +133,27 @@ async def test_a_run_that_is_no_sweep_has_no_sweep_view(make_app, session):
         assert not dashboard.sweep_view and not dashboard.query_one(SweepTable).display
 
 
+async def test_a_pbt_sweep_offers_no_promote_and_speaks_of_no_rung(make_app, session, tmp_path):
+    # Regression: PBT's view said "no rung reached yet" and offered `u promote`, which PBT always refuses.
+    pbt = tmp_path / "pbt.toml"
+    pbt.write_text(GRID.read_text().replace('scheduler = "asha"\nmode = "stop"', 'scheduler = "pbt"')
+                   .replace("grace_period = 1\nreduction_factor = 2\n", "perturbation_interval = 1\n"))
+    app = make_app(pbt, start=Launch(pbt))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen), what="dashboard")
+        await wait_for(pilot, lambda: len(session.launcher.handles) == 2, what="two trials started")
+        dashboard = app.screen
+        shown = {b.binding.key for b in dashboard.active_bindings.values()}
+        assert "t" in shown and "u" not in shown
+        await pilot.press("t")
+        table = dashboard.query_one(SweepTable)
+        await wait_for(pilot, lambda: table.display and table.size.height > 3, what="the sweep view")
+        await settled(pilot)
+        assert "promote" not in str(table.border_subtitle)
+        reason = str(dashboard.query_one("#reason").render())
+        assert "no decision yet" in reason and "rung" not in reason and "promotes" not in reason
+
+
 # ------------------------------------------------------------ the logic beside them
 
 

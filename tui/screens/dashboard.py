@@ -167,6 +167,7 @@ class DashboardScreen(Screen[None]):
         ranked = state.ranked(self.selected)
         top = [r.name for r in ranked if r.best is not None][:min(sweep.overlay, len(GLYPHS))]
         marks = {name: GLYPHS[i] for i, name in enumerate(top)}
+        self.query_one(SweepTable).promotes = sweep.promotes
         self.query_one(SweepTable).update_trials(ranked, state.rows, self.clock(), self.size.width, sweep.metric,
                                                  marks)
         chart = self.query_one(LossChart)
@@ -185,11 +186,14 @@ class DashboardScreen(Screen[None]):
         elif trial is None:
             text = ""
         else:
+            sweep = self.state.sweep_for(trial.name)
+            promotes = sweep is not None and sweep.promotes
             pruned = self._state_of(trial.name) == WorkerState.PRUNED
             # A pruned trial: the decision that pruned it (a later result may have been judged as it stopped).
+            none_yet = "no rung reached yet" if promotes else "no decision yet"
             why = next((r for r in reversed(trial.reasons) if not pruned or ": pruned: " in r),
-                       trial.reasons[-1] if trial.reasons else "no rung reached yet")
-            hint = "  [dim](u promotes it)[/dim]" if pruned else ""
+                       trial.reasons[-1] if trial.reasons else none_yet)
+            hint = "  [dim](u promotes it)[/dim]" if pruned and promotes else ""
             text = f"[b]{escape(trial.name)}[/b] {escape(why)}{hint}"
         self.query_one("#reason", Static).update(text)
 
@@ -322,7 +326,10 @@ class DashboardScreen(Screen[None]):
             self.app.push_screen(RanksScreen(self.state.rows[name]))
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("sweep", "promote"):
+        if action == "promote":  # only a sweep that prunes or pauses trials has them to promote
+            sweep = self.state.sweep_for(self.selected)
+            return sweep is not None and sweep.promotes
+        if action == "sweep":
             return bool(self.state.trials)  # only a sweep has them: shown in the footer only then
         return True
 

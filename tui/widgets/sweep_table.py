@@ -63,10 +63,11 @@ class SweepTable(PipelineTable):
         super().__init__(**kwargs)
         self.border_title = "sweep: trials best first"
         self.columns: list[Column] = []
+        self.promotes = True  # its sweep's trials can be promoted (not PBT's, nor a plain grid's)
 
     def _say_rows(self) -> None:
         super()._say_rows()
-        self.border_subtitle = "  ".join(t for t in (self.border_subtitle, "u promote") if t)
+        self.border_subtitle = "  ".join(t for t in (self.border_subtitle, "u promote" * self.promotes) if t)
 
     def label(self, column: Column) -> str:
         return column.label
