@@ -168,19 +168,24 @@ def main() -> None:
     if args.no_ray or importlib.util.find_spec("ray") is None:
         print("Ray Tune: skipped (not installed, or --no-ray)")
         return
-    from ray_sweeps import ray_sweep
+    from ray_sweeps import RaySweep, ray_sweep
 
-    for how, ours in (("asha", "promote"), ("pbt", "pbt")):
+    ran: dict[str, RaySweep] = {}  # Ray Tune's sweep by scheduler, run once
+    # Ray's ASHA (AsyncHyperBandScheduler) stops trials: torchherd's stop mode is its like; promote (the
+    # default) is shown against it too
+    for how, ours in (("asha", "stop"), ("asha", "promote"), ("pbt", "pbt")):
         if ours not in MODES:
             continue
-        try:
-            theirs = ray_sweep(how, LRS, BATCHES, PARAMS, args.slots, args.epochs, args.grace, args.interval)
-        except ImportError as exc:  # ray without its tune extra
-            print(f"Ray Tune: skipped ({exc})")
-            return
-        mine = last[ours]
-        print(f"Ray Tune {how.upper():5s} {theirs.wall:6.1f}s, best {theirs.best} val_loss {theirs.value:.4g}; "
-              f"{theirs.epochs} epochs trained (load {os.getloadavg()[0]:.2f})")
+        if how not in ran:
+            try:
+                ran[how] = ray_sweep(how, LRS, BATCHES, PARAMS, args.slots, args.epochs, args.grace, args.interval)
+            except ImportError as exc:  # ray without its tune extra
+                print(f"Ray Tune: skipped ({exc})")
+                return
+            theirs = ran[how]
+            print(f"Ray Tune {how.upper():5s} {theirs.wall:6.1f}s, best {theirs.best} val_loss {theirs.value:.4g}; "
+                  f"{theirs.epochs} epochs trained (load {os.getloadavg()[0]:.2f})")
+        theirs, mine = ran[how], last[ours]
         print(f"torchherd {MODES[ours][:-1]} (mean of rounds) / Ray Tune {how.upper()}: "
               f"{totals[ours] / args.rounds / theirs.wall:.2f}x the time; best val_loss {mine.value:.4g} against "
               f"{theirs.value:.4g}; epochs {mine.epochs} against {theirs.epochs} (goal <= 1.0x, as good)")
