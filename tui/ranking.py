@@ -83,6 +83,9 @@ def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, st
     return rank(list(rows.values()), v.metric_mode)
 
 
+PROMOTING = ("asha", "median")  # the sweep schedulers whose trials reach rungs and can be promoted
+
+
 @dataclass(frozen=True)
 class SavedSweep:
     """One sweep of a session: each trial's values (by the name the session gave it), the metric ranked on, and
@@ -98,7 +101,7 @@ class SavedSweep:
     @property
     def promotes(self) -> bool:
         """A trial of it can be promoted: its scheduler prunes or pauses trials."""
-        return self.scheduler in ("asha", "median")
+        return self.scheduler in PROMOTING
 
     @classmethod
     def of(cls, config: RunConfig, names: list[str] | None = None) -> SavedSweep | None:

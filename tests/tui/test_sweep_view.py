@@ -133,7 +133,7 @@ async def test_a_run_that_is_no_sweep_has_no_sweep_view(make_app, session):
         assert not dashboard.sweep_view and not dashboard.query_one(SweepTable).display
 
 
-async def test_a_pbt_sweep_offers_no_promote_and_speaks_of_no_rung(make_app, session, tmp_path):
+async def test_a_pbt_sweep_offers_no_promote_and_shows_lineage_not_rungs(make_app, session, tmp_path):
     # Regression: PBT's view said "no rung reached yet" and offered `u promote`, which PBT always refuses.
     pbt = tmp_path / "pbt.toml"
     pbt.write_text(GRID.read_text().replace('scheduler = "asha"\nmode = "stop"', 'scheduler = "pbt"')
@@ -150,6 +150,8 @@ async def test_a_pbt_sweep_offers_no_promote_and_speaks_of_no_rung(make_app, ses
         await wait_for(pilot, lambda: table.display and table.size.height > 3, what="the sweep view")
         await settled(pilot)
         assert "promote" not in str(table.border_subtitle)
+        head = table_text(table)[0].split()
+        assert "lineage" in head and "rung" not in head  # before any exploit too: PBT has no rungs
         reason = str(dashboard.query_one("#reason").render())
         assert "no decision yet" in reason and "rung" not in reason and "promotes" not in reason
 

@@ -15,7 +15,7 @@ from rich.cells import cell_len
 from ...engine.protocol.progress import PipelineProgress
 from ...engine.protocol.states import WorkerState
 from ..formats import fmt_num, metric_label
-from ..ranking import TrialRow, short_value
+from ..ranking import PROMOTING, TrialRow, short_value
 from .pipeline_table import Column, PipelineTable, state_text
 
 VALUE_WIDTH = (4, 12)  # cells a value column takes at least and at most
@@ -63,11 +63,12 @@ class SweepTable(PipelineTable):
         super().__init__(**kwargs)
         self.border_title = "sweep: trials best first"
         self.columns: list[Column] = []
-        self.promotes = True  # its sweep's trials can be promoted (not PBT's, nor a plain grid's)
+        self.scheduler = "asha"  # its sweep's: PBT's trials have a lineage and no rung, a plain grid's neither
 
     def _say_rows(self) -> None:
         super()._say_rows()
-        self.border_subtitle = "  ".join(t for t in (self.border_subtitle, "u promote" * self.promotes) if t)
+        promote = "u promote" if self.scheduler in PROMOTING else ""
+        self.border_subtitle = "  ".join(t for t in (self.border_subtitle, promote) if t)
 
     def label(self, column: Column) -> str:
         return column.label
@@ -86,8 +87,10 @@ class SweepTable(PipelineTable):
                    _column("best", f"best {metric_label(metric)}", 10), _column("rung", "rung", 4),
                    _column("epoch", "epoch", 5)]
         lineage = min(max((cell_len(r.lineage) for r in rows), default=0), LINEAGE_WIDTH)
-        if lineage:  # PBT: whose checkpoint each trains on from, in place of rungs it has none of
+        if lineage or self.scheduler == "pbt":  # whose checkpoint each trains on from, in place of rungs
             columns[-2] = _column("lineage", "lineage", max(lineage, 7))
+        elif self.scheduler not in PROMOTING:  # a plain grid judges nothing: no rung
+            del columns[-2]
         used = sum(c.width + 1 for c in columns)
         name_width = min(NAME_WIDTH, max((cell_len(r.name) for r in rows), default=0))
         if rows and used + name_width + 1 <= terminal_width - BORDER:  # room for the names too
