@@ -40,6 +40,8 @@ def test_explore_perturbs_numbers_by_0_8_or_1_2_and_resamples_the_rest():
     assert {v["params.act"] for v in seen} == {"relu", "gelu"}
     resampled = {explore(values, space, {"params.lr": "resample"}, random.Random(i))["params.lr"] for i in range(20)}
     assert resampled == {0.1, 0.01}
+    kept = [explore(values, space, {"batch_size": "keep"}, random.Random(i)) for i in range(20)]
+    assert {v["batch_size"] for v in kept} == {32} and {v["params.lr"] for v in kept} == {0.08, 0.12}
 
 
 def test_a_bottom_trial_at_its_perturbation_point_takes_over_a_better_top_one():
@@ -97,6 +99,28 @@ def test_pbt_keys_are_checked_by_name(tmp_path):
         make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"act": ["relu", "gelu"]}},
                                                       "scheduler": "pbt", "explore": {"params": {"act": "perturb"}}})
     assert "not all numbers" in bad.value.problems[0].message
+    with pytest.raises(ConfigError) as bad:
+        make_config(tmp_path, [{"name": "t"}], sweep={"space": space, "scheduler": "pbt",
+                                                      "explore": {"batch_size": "hold"}})
+    assert bad.value.problems[0].message == "must be 'perturb', 'resample' or 'keep' (got 'hold')"
+    make_config(tmp_path, [{"name": "t"}], sweep={"space": space, "scheduler": "pbt", "explore": {"batch_size": "keep"}})
+
+
+def test_a_checkpoint_of_other_swept_values_that_does_not_fit_names_the_key_and_keep():
+    from pathlib import Path
+
+    from torch import nn
+
+    from torchherd.engine.runners.task.state import _unfit
+
+    with pytest.raises(RuntimeError) as real:  # torch's own words for another trial's wider model
+        nn.Linear(4, 77).load_state_dict(nn.Linear(4, 64).state_dict())
+    said = _unfit(real.value, Path("last.pt"), {"params.hidden": 64, "params.lr": 0.1},
+                  {"params.hidden": 77, "params.lr": 0.12})
+    assert said.startswith("checkpoint last.pt was written with params.hidden 64 (this attempt: 77)")
+    assert 'explore = { params.hidden = "keep" }' in said and "size mismatch for weight" in said
+    assert "params.lr" not in said  # an lr is rescaled on load, never a misfit
+    assert _unfit(real.value, Path("last.pt"), {}, {"params.hidden": 77}) == str(real.value)  # not a trial's
 
 
 def test_a_retuned_trial_trains_with_the_new_values_and_a_script_passes_them_on(tmp_path):

@@ -205,3 +205,22 @@ params.lr = {LRS}
     ended, schedules = finals(events), exported_schedules(run_dir, tmp_path)
     for name, lrs in schedules.items():  # each with the values its lineage gave it, across the kill
         assert ended[name] == pytest.approx(final_loss(lrs), rel=1e-5), (name, lrs)
+
+
+async def test_a_key_that_shapes_the_model_kept_from_the_donor_lets_every_exploit_load(tmp_path):
+    # A hidden width explored (0.8x, 1.2x) gives a model the donor's checkpoint cannot fill: every exploit then
+    # failed the trial. Kept (explore = 'keep'), the trial trains on at its donor's width.
+    sweep = {"space": {"params": {"hidden": [4, 64], "lr": [0.05, 0.01]}}, "scheduler": "pbt",
+             "perturbation_interval": 1, "seed": 1, "explore": {"params": {"hidden": "keep"}}}
+    config = make_config(tmp_path, [{"name": "r", "task": "regression"}], sweep=sweep, devices={"cpu_slots": 2},
+                         defaults={"max_epochs": 4, "params": {"samples": 512, "features": 4}},
+                         telemetry={"enabled": False}, tensorboard=False)
+    sup, statuses = await run_to_end(config)
+    assert set(statuses.values()) == {"completed"}, statuses
+    events = read_events(sup.run_dir)
+    exploits = [e for e in events if isinstance(e, TrialDecision) and e.action == "exploit"]
+    assert exploits
+    width = {p.name: p.trial["params.hidden"] for p in config.pipelines}
+    for e in exploits:  # each takes its donor's width as it stood then, whatever its lr became
+        assert e.exploit["values"]["params.hidden"] == width[e.exploit["donor"]], e
+        width[e.pipeline] = e.exploit["values"]["params.hidden"]

@@ -61,9 +61,10 @@ class SweepConfig(BaseModel):
         "and as the top (whose checkpoints are taken); at least one trial each once two have results."))
     explore: dict[str, Any] = Field(default_factory=dict, description=(
         "PBT: how each swept key changes when a trial takes over another's checkpoint: 'perturb' (numbers: "
-        "the donor's value times 0.8 or 1.2) or 'resample' (a value drawn from the key's list or range). "
-        "Keys are written as in `space` (params.lr = \"resample\"). Unlisted keys: 'perturb' for numbers, else "
-        "'resample'."))
+        "the donor's value times 0.8 or 1.2), 'resample' (a value drawn from the key's list or range) or 'keep' "
+        "(the donor's value, as the checkpoint was trained: for a key that shapes the model, such as a layer's "
+        "width, whose checkpoint no other value can load). Keys are written as in `space` (params.lr = "
+        "\"resample\"). Unlisted keys: 'perturb' for numbers, else 'resample'."))
 
     def rungs(self, limit: int | None) -> list[int]:
         """ASHA's milestones in `rung_unit`, up to `limit` (a trial's max_epochs or max_steps) excluded:

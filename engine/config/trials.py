@@ -63,15 +63,17 @@ def space_problems(sweep: SweepConfig, file: str) -> list[Problem]:
 
 
 def _pbt_problems(sweep: SweepConfig, space: dict[str, Any], file: str) -> list[Problem]:
-    """PBT's keys: set only with scheduler = "pbt"; `explore` names swept keys, 'perturb' numeric ones."""
+    """PBT's keys: set only with scheduler = "pbt"; `explore` names swept keys, 'perturb' numeric ones, 'keep'
+    any."""
     problems = []
     for key in ("perturbation_interval", "quantile_fraction", "explore"):
         if key in sweep.model_fields_set and sweep.scheduler != "pbt":
             problems.append(Problem(file, f"sweep.{key}", f"is set, but only PBT uses it: set scheduler = \"pbt\" "
                                     f"(it is {sweep.scheduler!r}) or leave it out"))
     for key, how in flat_space(sweep.explore).items():
-        if how not in ("perturb", "resample"):
-            problems.append(Problem(file, f"sweep.explore.{key}", f"must be 'perturb' or 'resample' (got {how!r})"))
+        if how not in ("perturb", "resample", "keep"):
+            problems.append(Problem(file, f"sweep.explore.{key}", f"must be 'perturb', 'resample' or 'keep' (got "
+                                    f"{how!r})"))
         elif key not in space:
             problems.append(Problem(file, f"sweep.explore.{key}", f"is not a swept key (sweep.space has "
                                     f"{', '.join(space) or 'none'})"))

@@ -35,10 +35,13 @@ class Exploit:
 def explore(values: dict[str, Any], space: dict[str, Any], how: dict[str, str], rng: random.Random) -> dict[str, Any]:
     """`values` explored key by key: 'perturb' multiplies a number by 0.8 or 1.2 (a whole number stays whole, a
     float keeps 6 significant digits: 0.08, not 0.08000000000000002),
-    'resample' draws from the key's list or range; keys not in `how`: perturbed when numbers, else resampled."""
+    'resample' draws from the key's list or range, 'keep' keeps it; keys not in `how`: perturbed when numbers, else
+    resampled."""
     out = dict(values)
     for key, value in values.items():
         mode = how.get(key, "perturb" if numeric(value) else "resample")
+        if mode == "keep":
+            continue
         if mode == "perturb" and numeric(value):
             factor = rng.choice(FACTORS)
             out[key] = max(1, round(value * factor)) if isinstance(value, int) else float(f"{value * factor:.6g}")

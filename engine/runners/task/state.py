@@ -28,6 +28,21 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _unfit(exc: RuntimeError, path: Path | None, saved: dict[str, Any], mine: dict[str, Any]) -> str:
+    """Why a checkpoint's weights do not fit the model: torch's words, and, where the file was written under
+    other sweep values (a PBT trial took over another's), which keys differ and how to keep them."""
+    changed = {k: (saved[k], v) for k, v in mine.items() if k in saved and saved[k] != v and k != "params.lr"}
+    if not changed:
+        return str(exc)
+    said = ", ".join(f"{k} {a} (this attempt: {b})" for k, (a, b) in changed.items())
+    keep = ", ".join(f'{k} = "keep"' for k in changed)
+    lines = str(exc).splitlines() or [""]
+    first = next((line.strip() for line in lines if "size mismatch" in line), lines[0])
+    return (f"checkpoint {path.name if path else ''} was written with {said}, and its weights do not fit this "
+            f"model: PBT cannot explore a key that shapes the model; set [sweep] explore = {{ {keep} }} so "
+            f"a trial keeps its donor's value ({first})")
+
+
 class TrainerCheckpoints:
     """Saving and resuming, for `Trainer` (engine/runners/task/trainer.py), whose attributes it reads."""
 
@@ -66,6 +81,7 @@ class TrainerCheckpoints:
                     "cuda": [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None},
             "pipeline": self.name,
             "params_lr": _number(self.pipe.params.get("lr")),  # what a PBT trial taking this file over rescales from
+            "trial": dict(self.pipe.trial),  # a sweep trial's values, named when another trial's cannot load it
         }
 
     def _state(self) -> dict[str, Any]:
@@ -104,7 +120,10 @@ class TrainerCheckpoints:
         if note and path is not None and self.lead and self.sharded:
             self.sender.send(Notice(pipeline=self.name, level="info", text=f"checkpoint {path.name}: {note}"))
         if not self.sharded:
-            self.model.load_state_dict(state["model"])
+            try:
+                self.model.load_state_dict(state["model"])
+            except RuntimeError as exc:
+                raise RuntimeError(_unfit(exc, path, state.get("trial") or {}, dict(self.pipe.trial))) from None
             self.optimizer.load_state_dict(state["optimizer"])
         if state.get("scheduler") is not None and self.task.scheduler is not None:
             self.task.scheduler.load_state_dict(state["scheduler"])
