@@ -121,6 +121,12 @@ def test_a_checkpoint_of_other_swept_values_that_does_not_fit_names_the_key_and_
     assert 'explore = { params.hidden = "keep" }' in said and "size mismatch for weight" in said
     assert "params.lr" not in said  # an lr is rescaled on load, never a misfit
     assert _unfit(real.value, Path("last.pt"), {}, {"params.hidden": 77}) == str(real.value)  # not a trial's
+    with pytest.raises(RuntimeError) as deeper:  # another depth: keys missing, not sizes
+        nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1)).load_state_dict(nn.Sequential(nn.Linear(4, 1)).state_dict())
+    said = _unfit(deeper.value, Path("last.pt"), {"params.depth": 1, "params.wd": 0.1},
+                  {"params.depth": 2, "params.wd": 0.12})
+    assert "params.depth 1 (this attempt: 2), params.wd 0.1 (this attempt: 0.12)" in said
+    assert "whichever of these shapes the model" in said and "Missing key" in said
 
 
 def test_a_retuned_trial_trains_with_the_new_values_and_a_script_passes_them_on(tmp_path):
@@ -212,3 +218,69 @@ async def test_a_trials_own_saves_after_its_exploit_was_decided_are_never_offere
     assert controller._newest("t-lr0.01") is None and "t-lr0.01" not in controller.pending
     controller._note(saved(8))  # trained on from the copy
     assert controller._newest("t-lr0.01")[:2] == (8, 2) and controller._passes_point(old_epoch) == 2
+
+
+class _Session:
+    """Just what PbtController asks of a session (engine/supervise/observed.py), with states a test sets: for
+    the order of one event-loop turn that a live run can only hit by chance."""
+
+    def __init__(self, config, run_dir):
+        from types import SimpleNamespace
+
+        self.config, self.run_dir = config, run_dir
+        self.states: dict = {}
+        self.requeued: list[str] = []
+        self.retuned: dict[str, dict] = {}
+        self.recorded: list = []
+        self._view = lambda name: SimpleNamespace(state=self.states[name], step=4, epoch=1, steps_per_epoch=4)
+
+    def view(self, name):
+        return self._view(name)
+
+    def record(self, event):
+        self.recorded.append(event)
+
+    def requeue(self, name):
+        from torchherd.engine.protocol.states import WorkerState
+
+        self.requeued.append(name)
+        self.states[name] = WorkerState.QUEUED
+
+    def retune(self, name, values):
+        self.retuned[name] = values
+
+    def stop(self, name=None, reason="", ending=None):
+        raise AssertionError(f"{name} has ended: nothing to stop")
+
+
+async def test_an_exploit_decided_as_the_trials_yield_ends_applies_its_copy_before_it_queues_again(tmp_path):
+    # Regression: a yielding trial's result (exploit queued) and its end (requeue queued) in one loop turn: the
+    # exploit found it ended, not queued, and only staged the copy; the requeue started it from its own
+    # checkpoint with its old values, and its next attempt's results were ignored as an exploit's still pending.
+    import asyncio
+
+    from torchherd.engine.protocol.messages import PipelineFinished
+    from torchherd.engine.protocol.states import WorkerState
+    from torchherd.engine.supervise.exploiting import PbtController
+    from torchherd.engine.supervise.pbt import Exploit
+
+    config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1, 0.01]}},
+                                                           "scheduler": "pbt", "perturbation_interval": 1})
+    session = _Session(config, tmp_path / "run")
+    trial, donor = "t-lr0.01", "t-lr0.1"
+    (session.run_dir / donor / "checkpoints").mkdir(parents=True)
+    (session.run_dir / donor / "checkpoints" / "last.pt").write_bytes(b"donor at step 4")
+    (session.run_dir / trial / "checkpoints").mkdir(parents=True)
+    (session.run_dir / trial / "checkpoints" / "last.pt").write_bytes(b"its own, at step 4")
+    controller = PbtController(session, rule())
+    controller.checkpoints[donor] = (4, 1, float("inf"))
+    controller.yielding.add(trial)
+    session.states = {trial: WorkerState.PRUNED, donor: WorkerState.RUNNING}  # its yield has just ended
+    controller._on_event(PipelineFinished(pipeline=trial, status="pruned", epoch=1, step=4), b"", True)
+    controller._exploit(Exploit(trial=trial, donor=donor, progress=1.0, value=9.0, cutoff=1.0,
+                                values={"params.lr": 0.12}, reason="bottom"))
+    await asyncio.sleep(0)  # the yield's requeue, queued by its end
+    await asyncio.sleep(0)
+    assert session.requeued == [trial] and session.retuned == {trial: {"params.lr": 0.12}}
+    assert (session.run_dir / trial / "checkpoints" / "last.pt").read_bytes() == b"donor at step 4"
+    assert trial not in controller.staged  # its next TrainingStarted ends the exploit: its results count again

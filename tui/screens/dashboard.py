@@ -190,7 +190,8 @@ class DashboardScreen(Screen[None]):
             promotes = sweep is not None and sweep.promotes
             pruned = self._state_of(trial.name) == WorkerState.PRUNED
             # A pruned trial: the decision that pruned it (a later result may have been judged as it stopped).
-            none_yet = "no rung reached yet" if promotes else "no decision yet"
+            none_yet = "no rung reached yet" if promotes else "no decision yet" if sweep and \
+                sweep.scheduler == "pbt" else "a grid: every trial trains to its end"
             why = next((r for r in reversed(trial.reasons) if not pruned or ": pruned: " in r),
                        trial.reasons[-1] if trial.reasons else none_yet)
             hint = "  [dim](u promotes it)[/dim]" if pruned and promotes else ""

@@ -35,12 +35,14 @@ def _unfit(exc: RuntimeError, path: Path | None, saved: dict[str, Any], mine: di
     if not changed:
         return str(exc)
     said = ", ".join(f"{k} {a} (this attempt: {b})" for k, (a, b) in changed.items())
-    keep = ", ".join(f'{k} = "keep"' for k in changed)
+    [key, *others] = changed
+    which = "" if not others else " (whichever of these shapes the model)"
     lines = str(exc).splitlines() or [""]
-    first = next((line.strip() for line in lines if "size mismatch" in line), lines[0])
+    first = next((line.strip() for line in lines if line.strip().startswith(("size mismatch", "Missing key",
+                                                                              "Unexpected key"))), lines[0])
     return (f"checkpoint {path.name if path else ''} was written with {said}, and its weights do not fit this "
-            f"model: PBT cannot explore a key that shapes the model; set [sweep] explore = {{ {keep} }} so "
-            f"a trial keeps its donor's value ({first})")
+            f"model: PBT cannot explore a key that shapes the model; keep it from the donor{which}, as in "
+            f'[sweep] explore = {{ {key} = "keep" }} ({first})')
 
 
 class TrainerCheckpoints:
