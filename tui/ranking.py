@@ -103,6 +103,12 @@ class SavedSweep:
         """A trial of it can be promoted: its scheduler prunes or pauses trials."""
         return self.scheduler in PROMOTING
 
+    @property
+    def undecided(self) -> str:
+        """What the sweep view says of a trial its scheduler has not judged yet."""
+        return "no rung reached yet" if self.promotes else "no decision yet" if self.scheduler == "pbt" else \
+            "a grid: every trial trains to its end"
+
     @classmethod
     def of(cls, config: RunConfig, names: list[str] | None = None) -> SavedSweep | None:
         """`config`'s sweep, its trials under `names` (what the session called its pipelines, in order; default

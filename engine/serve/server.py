@@ -3,8 +3,8 @@ credentials, welcomed with the run and the size of events.jsonl (and, when asked
 then told at most every FLUSH_EVERY seconds how far events.jsonl holds the run's events (each client reads
 the file itself) and sent what the file does not keep, one frame shared by every client; its requests are
 carried out and recorded. A client is dropped, never waited for, once `max_backlog` bytes wait for it, or a
-quarter of that while it has read nothing for STALLED seconds. Connections are bounded (MAX_CONNECTIONS,
-MAX_REQUEST, HELLO_WITHIN, IDLE, REPLY_BACKLOG: see each); what a request carries is recorded cut short.
+quarter of that while it has read nothing for STALLED seconds. Connections are bounded (MAX_CONNECTIONS, MAX_REQUEST,
+HELLO_WITHIN, IDLE, REPLY_BACKLOG: see each); a config to add is read off the loop; a request is recorded cut short.
 """
 from __future__ import annotations
 

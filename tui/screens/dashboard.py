@@ -190,10 +190,9 @@ class DashboardScreen(Screen[None]):
             promotes = sweep is not None and sweep.promotes
             pruned = self._state_of(trial.name) == WorkerState.PRUNED
             # A pruned trial: the decision that pruned it (a later result may have been judged as it stopped).
-            none_yet = "no rung reached yet" if promotes else "no decision yet" if sweep and \
-                sweep.scheduler == "pbt" else "a grid: every trial trains to its end"
+            undecided = sweep.undecided if sweep is not None else ""
             why = next((r for r in reversed(trial.reasons) if not pruned or ": pruned: " in r),
-                       trial.reasons[-1] if trial.reasons else none_yet)
+                       trial.reasons[-1] if trial.reasons else undecided)
             hint = "  [dim](u promotes it)[/dim]" if pruned and promotes else ""
             text = f"[b]{escape(trial.name)}[/b] {escape(why)}{hint}"
         self.query_one("#reason", Static).update(text)
