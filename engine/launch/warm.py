@@ -27,11 +27,16 @@ PRELOAD = ("torch", "torch._dynamo", "torchherd.engine.launch.child", "torchherd
            "torchherd.engine.runners.task", "torchherd.engine.runners.task.trainer")
 # Variables read after start (by CUDA's first call, torch.distributed, torchherd's worker): a child may differ
 # from the forking process in these alone. OMP_NUM_THREADS too: the worker sets its slot's threads itself;
-# XDG_RUNTIME_DIR: torchherd reads it when it opens a socket, nothing at import.
+# XDG_RUNTIME_DIR: torchherd reads it when it opens a socket, nothing at import. Two that libraries set in the
+# supervisor's own environment once it has imported them, each read when called: Lightning's import sets
+# PYTORCH_NVML_BASED_CUDA_CHECK (torch.cuda.is_available reads it), torch's inductor TORCHINDUCTOR_CACHE_DIR
+# (its cache_dir() reads it); without them here, a session that checked a Lightning pipeline started every
+# later child cold.
 LATE_KEYS = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "RANK", "LOCAL_RANK",
     "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
-    "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "XDG_RUNTIME_DIR"})
+    "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "XDG_RUNTIME_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK",
+    "TORCHINDUCTOR_CACHE_DIR"})
 LATE_PREFIXES = ("TORCHELASTIC_", "TORCHHERD_")
 MESSAGE = 1 << 20  # bytes: the largest request (an environment) or report
 REPLY_WAIT = 5.0  # seconds a start waits for its pid before the launcher starts the child cold instead
