@@ -209,11 +209,13 @@ params.lr = {LRS}
 
 async def test_a_key_that_shapes_the_model_kept_from_the_donor_lets_every_exploit_load(tmp_path):
     # A hidden width explored (0.8x, 1.2x) gives a model the donor's checkpoint cannot fill: every exploit then
-    # failed the trial. Kept (explore = 'keep'), the trial trains on at its donor's width.
+    # failed the trial. Kept (explore = 'keep'), the trial trains on at its donor's width. 205 steps an epoch: at
+    # 13, a trial trained to its end before the yield told at its perturbation point reached it, and with it
+    # went the only donor the bottom trial had.
     sweep = {"space": {"params": {"hidden": [4, 64], "lr": [0.05, 0.01]}}, "scheduler": "pbt",
              "perturbation_interval": 1, "seed": 1, "explore": {"params": {"hidden": "keep"}}}
     config = make_config(tmp_path, [{"name": "r", "task": "regression"}], sweep=sweep, devices={"cpu_slots": 2},
-                         defaults={"max_epochs": 4, "params": {"samples": 512, "features": 4}},
+                         defaults={"max_epochs": 4, "params": {"samples": 8192, "features": 4}},
                          telemetry={"enabled": False}, tensorboard=False)
     sup, statuses = await run_to_end(config)
     assert set(statuses.values()) == {"completed"}, statuses
