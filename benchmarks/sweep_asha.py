@@ -98,11 +98,30 @@ async def torchherd_sweep(tmp: Path, how: str, slots: int, epochs: int, grace: i
     wall = time.perf_counter() - t
     events = read_events(sup.run_dir)
     best = min((e for e in events if isinstance(e, ValResult) and not e.error), key=lambda e: e.metrics["val_loss"])
+    if how == "none":  # could any rule that ranks at the rungs keep the grid's best?
+        kept, said = halving(events, best.pipeline, [r for r in (grace * 2 ** k for k in range(8)) if r < epochs], 2)
+        print(f"  the grid's best {best.pipeline} ranked {', '.join(said)}; successive halving with full rungs "
+              f"keeps {kept}" + ("" if kept == best.pipeline else ", NOT the grid's best"))
     return Sweep(wall, best.pipeline, best.metrics["val_loss"], *timings(events, slots),
                  epochs=sum(isinstance(e, EpochEnd) for e in events),
                  pruned=len({e.pipeline for e in events if isinstance(e, PipelineFinished) and e.status == "pruned"
                              and not e.reason.startswith(("paused at rung", "takes over"))}),
                  exploits=sum(isinstance(e, TrialDecision) and e.action == "exploit" for e in events))
+
+
+def halving(events: list, best: str, rungs: list[int], factor: int) -> tuple[str, list[str]]:
+    """What successive halving with every rung full (promoting ASHA's end state, order aside) keeps of an
+    unpruned sweep: (the trial it trains to the end and ranks best, one line per rung saying where `best`, the
+    grid's best trial, stood)."""
+    at = {(e.pipeline, e.epoch + 1): e.metrics["val_loss"] for e in events if isinstance(e, ValResult) and not e.error}
+    trials = sorted({name for name, _ in at})
+    kept, said = trials, []
+    for rung in rungs:
+        ranked = sorted(kept, key=lambda n: at[(n, rung)])
+        said.append(f"{ranked.index(best) + 1} of {len(ranked)} at epoch {rung}" if best in ranked else
+                    f"cut before epoch {rung}")
+        kept = ranked[:max(1, len(ranked) // factor)]
+    return min(kept, key=lambda n: min(v for (name, _), v in at.items() if name == n)), said
 
 
 def line(label: str, sweep: Sweep) -> str:
