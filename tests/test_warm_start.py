@@ -7,6 +7,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -178,6 +179,49 @@ async def test_queued_pipelines_start_cold_when_the_forking_process_is_gone(tmp_
     await two_queued_on_one_slot(tmp_path, launcher)
     assert not any(isinstance(h.proc, WarmProcess) for h in launcher.handles.values())
 
+
+
+@pytest.mark.slow
+def test_a_fork_that_comes_after_the_supervisor_gave_up_on_it_is_ended_by_the_forking_process(tmp_path, monkeypatch):
+    # Regression: a start the forking process answered after REPLY_WAIT (a loaded machine) was started cold as
+    # well; its late fork was ended only when the session next read a report, and a session that read none
+    # (one warm child, then shut down) left it running beside the cold one.
+    from torchherd.engine.launch import warm as warm_module
+    from torchherd.engine.launch.process import _forking_process
+
+    starter = _forking_process()
+    try:
+        deadline = time.monotonic() + 120
+        while not starter.ready() and time.monotonic() < deadline:
+            starter.wait_report(0.2)
+        assert starter.ready()
+        spec = tmp_path / "spec.json"
+        os.mkfifo(spec)  # the late child blocks reading it: it lives until someone ends it
+        log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT)
+        status_r, status_w = os.pipe()
+        control_r, control_w = os.pipe()
+        monkeypatch.setattr(warm_module, "REPLY_WAIT", 0.2)
+        os.kill(starter.proc.pid, signal.SIGSTOP)  # it answers nothing in time
+        try:
+            with pytest.raises(OSError, match="did not answer"):
+                starter.start(str(spec), dict(os.environ), str(tmp_path), (log, status_w, control_r))
+        finally:
+            os.kill(starter.proc.pid, signal.SIGCONT)
+        # Read its reports straight off the socket: the session's own reading (which ends a late fork too) stays
+        # out of it, as in a session that reads nothing more.
+        reports, late = [], None
+        while time.monotonic() < deadline and not any(r.get("exited") == late for r in reports if late):
+            readable, _, _ = select.select([starter._sock], [], [], 0.5)
+            if readable:
+                reports.append(json.loads(starter._sock.recv(warm_module.MESSAGE)))
+                late = next((r["pid"] for r in reports if "pid" in r), None)
+        assert late is not None, reports  # it did fork, late
+        assert {"exited": late, "code": -signal.SIGKILL} in reports, reports
+        assert still_alive([late]) == []
+    finally:
+        starter.close()
+        for fd in (log, status_r, status_w, control_r, control_w):
+            os.close(fd)
 
 HOLDER = """
 import asyncio, json, sys

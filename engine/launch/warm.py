@@ -128,8 +128,9 @@ class WarmStarter:
         while ask not in self._replies and not self.gone and time.monotonic() < deadline:
             self.wait_report(deadline - time.monotonic())
         reply = self._replies.pop(ask, None)
-        if reply is None:
-            self._abandoned.add(ask)  # started cold instead: a fork that comes late is ended at once
+        if reply is None:  # started cold instead: a fork that comes late is ended at once, by the forking
+            self._abandoned.add(ask)  # process as it reads this (a session may never read the late reply)
+            _send(self._sock, {"abandon": ask})
         if reply is None or "pid" not in reply:
             raise OSError(reply.get("error", "no reply") if reply else "the warm start did not answer")
         self._live.add(reply["pid"])
@@ -180,10 +181,11 @@ class WarmStarter:
 
 
 def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)  # its own session's group, as a cold child's
-    except (ProcessLookupError, PermissionError):
-        pass
+    for kill in (os.killpg, os.kill):  # its own session's group, as a cold child's; itself, if not yet its leader
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 # ---------------------------------------------------------------- the forking process
@@ -271,6 +273,7 @@ def serve(fd: int, supervisor_pid: int) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send(sock, {"ready": os.getpid()})
+    forked: dict[int, int] = {}  # request -> the pid forked for it, while it lives
     while True:
         watched: list[int | socket.socket] = [sock, wake_r]
         readable, _, _ = select.select(watched, [], [])
@@ -283,6 +286,7 @@ def serve(fd: int, supervisor_pid: int) -> None:
                 break
             if pid == 0:
                 break
+            forked = {ask: p for ask, p in forked.items() if p != pid}
             _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
         if sock not in readable:
             continue
@@ -293,6 +297,11 @@ def serve(fd: int, supervisor_pid: int) -> None:
         if not data:  # the session is over: no interpreter teardown (torch's can take seconds)
             os._exit(0)
         request = json.loads(data)
+        if "abandon" in request:  # the supervisor started it cold: this fork, made late, must not run too
+            late = forked.pop(request["abandon"], None)
+            if late is not None:
+                _kill_group(late)
+            continue
         sys.stdout.flush()
         sys.stderr.flush()
         me = os.getpid()
@@ -303,6 +312,7 @@ def serve(fd: int, supervisor_pid: int) -> None:
         else:
             if pid == 0:
                 _child(request, fds, me)
+            forked[request["start"]] = pid
             _send(sock, {"reply": request["start"], "pid": pid})
         for passed in fds:
             os.close(passed)
