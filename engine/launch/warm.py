@@ -254,6 +254,20 @@ def _cuda_touched() -> bool:
         return True
 
 
+def _reap(sock: socket.socket, forked: dict[int, int]) -> None:
+    """Report every child that ended, and forget the requests they were forked for."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        for ask in [ask for ask, p in forked.items() if p == pid]:
+            del forked[ask]
+        _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
 def serve(fd: int, supervisor_pid: int) -> None:
     """Import what trainers need, then fork a child for each request on the socket `fd` and report how each
     ended, until the supervisor closes its end."""
@@ -279,15 +293,7 @@ def serve(fd: int, supervisor_pid: int) -> None:
         readable, _, _ = select.select(watched, [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
-        while True:  # reap every child that ended
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            forked = {ask: p for ask, p in forked.items() if p != pid}
-            _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        _reap(sock, forked)
         if sock not in readable:
             continue
         try:
