@@ -181,11 +181,20 @@ class WarmStarter:
 
 
 def _kill_group(pid: int) -> None:
-    for kill in (os.killpg, os.kill):  # its own session's group, as a cold child's; itself, if not yet its leader
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)  # its own session's group, as a cold child's
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _end_late(pid: int) -> None:
+    """In the forking process: end a child of its own not yet reaped (so `pid` is still that child's), its
+    group and itself (it may not have made its group yet)."""
+    _kill_group(pid)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 # ---------------------------------------------------------------- the forking process
@@ -306,7 +315,7 @@ def serve(fd: int, supervisor_pid: int) -> None:
         if "abandon" in request:  # the supervisor started it cold: this fork, made late, must not run too
             late = forked.pop(request["abandon"], None)
             if late is not None:
-                _kill_group(late)
+                _end_late(late)
             continue
         sys.stdout.flush()
         sys.stderr.flush()
