@@ -181,6 +181,14 @@ async def test_queued_pipelines_start_cold_when_the_forking_process_is_gone(tmp_
 
 
 
+def await_ready(starter: WarmStarter, timeout: float = 120.0) -> None:
+    """Wait for a forking process's imports to be done (its 'ready' report)."""
+    deadline = time.monotonic() + timeout
+    while not starter.ready() and time.monotonic() < deadline:
+        starter.wait_report(0.2)
+    assert starter.ready()
+
+
 @pytest.mark.slow
 def test_a_fork_that_comes_after_the_supervisor_gave_up_on_it_is_ended_by_the_forking_process(tmp_path, monkeypatch):
     # Regression: a start the forking process answered after REPLY_WAIT (a loaded machine) was started cold as
@@ -191,10 +199,8 @@ def test_a_fork_that_comes_after_the_supervisor_gave_up_on_it_is_ended_by_the_fo
 
     starter = _forking_process()
     try:
+        await_ready(starter)
         deadline = time.monotonic() + 120
-        while not starter.ready() and time.monotonic() < deadline:
-            starter.wait_report(0.2)
-        assert starter.ready()
         spec = tmp_path / "spec.json"
         os.mkfifo(spec)  # the late child blocks reading it: it lives until someone ends it
         log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT)
@@ -251,10 +257,7 @@ async def test_a_kept_forker_starts_even_the_first_pipelines_warm_and_outlives_t
 
     warm = keep_warm()
     try:
-        deadline = time.monotonic() + 120
-        while not warm.ready() and time.monotonic() < deadline:
-            warm.wait_report(0.2)
-        assert warm.ready()
+        await_ready(warm)
         config = make_config(tmp_path, [{"name": "a"}, {"name": "b"}], defaults={"max_epochs": 1})
         sup = Supervisor(config)  # two pipelines on two slots: nothing queues, no forker of its own
         await sup.start()
