@@ -63,3 +63,32 @@ async def test_the_full_log_wraps_a_long_line_so_it_reads_whole(tmp_path):
         width = tail.scrollable_content_region.width
         assert all(len(line) <= width for line in tail.lines)
         assert "".join(tail.lines[1:-1]) == warning  # every character of it, over several lines
+
+
+async def test_the_app_closes_without_waiting_out_the_tails_poll(tmp_path, monkeypatch):
+    # Regression: the thread following a log slept out its poll before it looked whether it should stop, and the
+    # event loop's close waits for that thread: quitting the app, or moving to another log, took up to a poll.
+    import asyncio
+    import threading
+
+    from torchherd.tui.widgets import log_views
+
+    monkeypatch.setattr(log_views, "POLL", 3600.0)
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("epoch 1\n")
+    second.write_text("epoch 2\n")
+
+    async def session() -> None:
+        app = TailOnly()
+        async with app.run_test(size=(60, 20)) as pilot:
+            tail = app.query_one(LogTail)
+            tail.follow(first)
+            await wait_for(pilot, lambda: tail.lines == ["epoch 1"], what="the first log shown")
+            tail.follow(second)  # the first one's thread ends here, the second's when the app goes
+            await wait_for(pilot, lambda: tail.lines == ["epoch 2"], what="the second log shown")
+
+    # asyncio.run closes its loop as the app's does: it waits for every thread the loop lent out to return.
+    closed = threading.Thread(target=asyncio.run, args=(session(),), daemon=True)
+    closed.start()
+    await asyncio.to_thread(closed.join, 60)
+    assert not closed.is_alive(), "the event loop waited on a tail thread still sleeping out its poll"

@@ -1,10 +1,12 @@
 """The selected pipeline's log tail (a file followed from a thread) and the run's event log.
 
 `LogTail.follow(path)` polls the file's size twice a second from a worker thread and appends
-new lines; `EventLog.add(entries)` writes event-log entries, failures with their traceback.
+new lines (the thread ends at once when the tail follows another file or goes away);
+`EventLog.add(entries)` writes event-log entries, failures with their traceback.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +62,7 @@ class LogTail(Log):
         self.wrap = wrap  # long lines (a Lightning warning) go on over the next lines, at the width when read
         self.path: Path | None = None
         self.border_title = "log"
+        self._done = threading.Event()  # set: the thread following the current file stops (no sleep waited out)
 
     def follow(self, path: Path | None, title: str = "log") -> None:
         if path == self.path:
@@ -67,19 +70,23 @@ class LogTail(Log):
         self.path = path
         self.border_title = title
         self.clear()
+        self._done.set()
+        self._done = threading.Event()
         if path is None:
             self.workers.cancel_group(self, "tail")
         else:
-            self._tail(path)
+            self._tail(path, self._done)
+
+    def on_unmount(self) -> None:
+        self._done.set()  # the app exits without waiting out the thread's sleep
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="tail")
-    def _tail(self, path: Path) -> None:
+    def _tail(self, path: Path, done: threading.Event) -> None:
         worker = get_current_worker()
         lines, offset = read_tail(path, self.tail_bytes)
         self.post_message(self.Lines(path, lines, True))
         partial = b""
-        while not worker.is_cancelled:
-            time.sleep(POLL)
+        while not done.wait(POLL) and not worker.is_cancelled:
             try:
                 size = path.stat().st_size
             except OSError:
