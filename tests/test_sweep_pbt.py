@@ -58,17 +58,7 @@ def exported_schedules(run_dir: Path, tmp_path: Path) -> dict[str, list[float]]:
             for name, trial in json.loads((out / "schedules.json").read_text()).items()}
 
 
-@pytest.fixture
-def cold_children(monkeypatch):
-    """Workers started cold, as a session's first wave is: forked together from the test session's forking
-    process, the four trials keep such even pace that the lr-0.1 trial can fall to the bottom quarter behind
-    the trials that took its checkpoint over, which the test below rules out."""
-    from torchherd.engine.launch import process
-
-    monkeypatch.setattr(process, "_kept", None)
-
-
-async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_checkpoint(tmp_path, cold_children):
+async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_checkpoint(tmp_path):
     # Validation inline (make_config's default): PBT takes val_result events from either, and on a loaded 2-core
     # box the background validator's first results reached these 5-epoch trials only in their last epoch.
     config = make_config(tmp_path, [{"name": "t"}], sweep=SWEEP, devices={"cpu_slots": 4}, defaults=DEFAULTS,
@@ -77,12 +67,13 @@ async def test_pbt_beats_every_fixed_lr_and_each_exploit_copies_the_donors_check
     events = read_events(sup.run_dir)
     assert set(statuses.values()) == {"completed"}, statuses
     exploits = [e for e in events if isinstance(e, TrialDecision) and e.action == "exploit"]
-    assert exploits and {e.pipeline for e in exploits} <= {"t-lr0.01", "t-lr0.005", "t-lr0.002"}
+    # After epoch 1 lr 0.1 leads by far: the first trial to take a checkpoint over takes its. (Later, lr 0.1 may
+    # fall behind the trials that took it over and lowered their lr, and be exploited in turn.)
+    assert exploits and exploits[0].exploit["donor"] == "t-lr0.1" and exploits[0].pipeline != "t-lr0.1", exploits
 
     fixed = min(final_loss([lr] * EPOCHS) for lr in LRS)  # the best a fixed lr of the same budget reaches
     assert fixed == final_loss([0.1] * EPOCHS)
     ended = finals(events)
-    assert ended["t-lr0.1"] == pytest.approx(fixed, rel=1e-5)  # never exploited: it trained at 0.1 throughout
     assert min(ended.values()) < fixed * 0.9, ended
 
     for d in exploits:  # it trained on from the donor's checkpoint at the step the decision names

@@ -20,7 +20,7 @@ from torchherd.engine.launch.warm import WarmProcess, WarmStarter, compatible
 from torchherd.engine.protocol.messages import TrainingStarted, WorkerExited, WorkerStarted
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
-from tests.conftest import REPO, make_config, still_alive, wait_for, repo_env
+from tests.conftest import REPO, TASKS, make_config, still_alive, wait_for, repo_env
 from tests.faults.support import RecordingLauncher
 
 SLOW = {"delay": 0.004}  # tiny.py: an epoch takes a while, so a test acts while it trains
@@ -144,6 +144,45 @@ async def test_pipelines_that_fit_their_slots_start_cold_and_no_forker_is_starte
         assert launcher._warm is None and not isinstance(launcher.handles["a"].proc, WarmProcess)
     finally:
         await sup.shutdown(graceful=False)
+
+
+class EveryLaunch(RecordingLauncher):
+    """The real launcher, noting whether each child it started, in order, was forked from the warm process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forked: list[tuple[str, bool]] = []
+
+    def launch(self, spec):
+        handle = super().launch(spec)
+        self.forked.append((spec.child.name, isinstance(handle.proc, WarmProcess)))
+        return handle
+
+
+@pytest.mark.slow
+async def test_a_sweep_whose_trials_fit_their_slots_restarts_them_warm(tmp_path):
+    # Regression: only pipelines queued beyond the slots started a forking process, so a promoting ASHA or PBT
+    # sweep of no more trials than slots (8 on an 8-GPU box) imported torch afresh for every promotion and exploit.
+    shapes = ["slow", "bad1"]  # tests/tasks/curves.py: 'slow' scores best at every rung
+    sweep = {"space": {"params": {"shape": shapes}}, "scheduler": "asha", "mode": "promote", "grace_period": 1,
+             "reduction_factor": 2}
+    config = make_config(tmp_path, [{"name": "t"}], sweep=sweep, devices={"cpu_slots": 2}, tensorboard=False,
+                         defaults={"task": f"{TASKS / 'curves.py'}:build", "max_epochs": 4,
+                                   "params": {"delay": 0.005}},  # an epoch a third of a second: verdicts land
+                         telemetry={"enabled": False})
+    launcher = EveryLaunch()
+    sup = Supervisor(config, launcher=launcher)
+    await sup.start()
+    try:
+        statuses = await asyncio.wait_for(sup.wait(), 240)
+    finally:
+        await sup.shutdown(graceful=False)
+    assert statuses == {"t-shapeslow": "completed", "t-shapebad1": "pruned"}, statuses
+    first, again = launcher.forked[:2], launcher.forked[2:]
+    assert sorted(first) == [("t-shapebad1", False), ("t-shapeslow", False)]  # they fit: started at once, cold
+    # 'slow' waits alone at rung 2 at least, so it is promoted at least once; each promotion forked warm
+    assert again and all(name == "t-shapeslow" and warm for name, warm in again), launcher.forked
+    assert launcher._warm is None  # the forking process ended with the session
 
 
 async def two_queued_on_one_slot(tmp_path, launcher: RecordingLauncher, **top) -> None:

@@ -188,6 +188,11 @@ class Backend(ABC):
         Default: never."""
         return False
 
+    def expect_restarts(self) -> None:
+        """The session's pipelines will start again and again (a sweep that pauses, promotes or exploits its
+        trials, each restart from a checkpoint): get ready to start them faster. Default: nothing."""
+        return None
+
     def rendezvous(self, node: str) -> tuple[str, int]:
         """MASTER_ADDR and a held MASTER_PORT (ports.release_port frees it) for a gang whose ranks all run
         on `node`. Default: this machine's loopback and a port free here."""

@@ -124,12 +124,13 @@ def let_go() -> None:
 class ProcessLauncher(Backend):
     """The local backend: children as fresh Python interpreters (the `spawn` model) in their own sessions.
 
-    Once more pipelines wait than fit (`hold_launches`), their children are forked from a process that
-    has imported torch already (engine/launch/warm.py); every other ability is Backend's default: this
-    machine's devices and slots, one validator here, gangs meeting on the loopback, no remote telemetry.
+    Once more pipelines wait than fit (`hold_launches`), or a sweep restarts its trials (`expect_restarts`),
+    their children are forked from a process that has imported torch already (engine/launch/warm.py);
+    every other ability is Backend's default: this machine's devices and slots, one validator here, gangs
+    meeting on the loopback, no remote telemetry.
     """
 
-    _warm: WarmStarter | None = None  # the forking process, once pipelines wait for slots
+    _warm: WarmStarter | None = None  # the forking process, once pipelines wait for slots or restart
     warm_start = True  # [cluster] warm_start: false starts every child cold
 
     def __init__(self, warm_start: bool = True):
@@ -143,6 +144,13 @@ class ProcessLauncher(Backend):
             self._warm = _forking_process()
         warm = self._forker()
         return warm is not None and not warm.ready() and not warm.gone and warm.age() < WARM_HOLD
+
+    def expect_restarts(self) -> None:
+        """A sweep restarts its trials: start the forking process now, if there is none (trials that all fit
+        their slots start none otherwise), so this restart waits for its imports (`hold_launches`) and every
+        later one skips them."""
+        if self._forker() is None and self.warm_start:
+            self._warm = _forking_process()
 
     def _forker(self) -> WarmStarter | None:
         """The session's own forking process, else the one this interpreter keeps (`keep_warm`)."""

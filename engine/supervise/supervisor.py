@@ -192,7 +192,7 @@ class Supervisor:
 
     def stop(self, name: str | None = None, reason: str = "requested", ending: WorkerState = S.STOPPED) -> None:
         """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit; it ends in `ending`."""
-        for run in self._select(name):
+        for run in list(self._runs.values()) if name is None else [self._get(name)]:
             commands.stop(self._lifecycle, run, reason, ending)
         self._check_finished()
 
@@ -217,6 +217,8 @@ class Supervisor:
         """Kill the worker and start it again from its last checkpoint (no restart budget spent)."""
         run = self._get(name)
         if commands.restart(self._lifecycle, run):  # an ended pipeline is queued again
+            if self.sweep is not None:  # a trial paused, yielded or exploited: more restarts will follow
+                self._backend.expect_restarts()
             self._reopen()
             self._announce_queued([run.name])
             self._schedule()
@@ -276,9 +278,6 @@ class Supervisor:
             return self._runs[name]
         except KeyError:
             raise KeyError(f"no pipeline named {name!r}") from None
-
-    def _select(self, name: str | None) -> list[PipelineRun]:
-        return list(self._runs.values()) if name is None else [self._get(name)]
 
     def _add(self, config: RunConfig) -> list[str]:
         problems = gang_problems(config, self._scheduler.slots)
