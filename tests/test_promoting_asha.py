@@ -123,3 +123,56 @@ def test_when_nothing_else_can_run_a_rung_that_let_none_go_on_promotes_its_best(
     [(name, verdict)] = asha.last_promotion()
     assert name == "a" and verdict.rung == 8 and verdict.reason.endswith("and no other can: promoted")
     assert asha.last_promotion() == []  # NaN is never promoted
+
+
+class _Session:
+    """Just what SweepPruner asks of a session (engine/supervise/observed.py), with states a test sets: for an
+    order of ends that a live run hits only by chance."""
+
+    def __init__(self, config, run_dir):
+        from types import SimpleNamespace
+
+        self.config, self.run_dir = config, run_dir
+        self.states: dict = {}
+        self.recorded: list = []
+        self.restarted: list[str] = []
+        self._view = lambda name: SimpleNamespace(state=self.states[name], step=4, epoch=1, steps_per_epoch=4)
+
+    def view(self, name):
+        return self._view(name)
+
+    def record(self, event):
+        self.recorded.append(event)
+
+    def stop(self, name=None, reason="", ending=None):
+        from torchherd.engine.protocol.states import WorkerState
+
+        self.states[name] = WorkerState.STOPPING  # its pause takes effect: checkpoint, then it ends
+
+    def restart(self, name):
+        from torchherd.engine.protocol.states import WorkerState
+
+        self.restarted.append(name)
+        self.states[name] = WorkerState.QUEUED
+
+
+async def test_a_trial_promoted_while_its_pause_took_effect_trains_on_when_the_last_trial_ends_with_it(tmp_path):
+    # Regression: the sweep's settle (every trial ended) queued the promoted trial again, then found no trial
+    # waking and cut the rest: the run finished, saying the trial was 'queued', and it never trained on.
+    from torchherd.engine.protocol.states import WorkerState
+    from torchherd.engine.supervise.sweeping import SweepPruner
+    from tests.conftest import make_config
+
+    sweep = {"space": {"params": {"lr": [0.1, 0.01]}}, "scheduler": "asha", "mode": "promote", "grace_period": 1,
+             "reduction_factor": 2}
+    session = _Session(make_config(tmp_path, [{"name": "t"}], sweep=sweep, defaults={"max_epochs": 4}), tmp_path)
+    a, b = "t-lr0.1", "t-lr0.01"
+    session.states = {a: WorkerState.RUNNING, b: WorkerState.RUNNING}
+    pruner = SweepPruner(session, PromotingAsha([1, 2], 2, "val_loss", "min"))
+    pruner._act(a, pruner.rule.result(a, 1.0, 0.3))  # first at rung 1: it pauses
+    assert session.states[a] == WorkerState.STOPPING
+    pruner._act(b, pruner.rule.result(b, 1.0, 0.5))  # second and worse: it pauses, and a is promoted
+    assert [(d.pipeline, d.action) for d in session.recorded] == [(a, "pause"), (b, "pause"), (a, "promote")]
+    session.states = {a: WorkerState.PRUNED, b: WorkerState.PRUNED}  # both pauses end, in one loop turn
+    assert pruner.settle()  # the sweep goes on: a trains on
+    assert session.restarted == [a] and pruner.rule.paused == {b: 1}  # b still waits: nothing is cut

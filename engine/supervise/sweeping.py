@@ -198,7 +198,8 @@ class SweepPruner:
         on), else cut the trials still paused, for good (False)."""
         if not isinstance(self.rule, PromotingAsha):
             return False
-        if self._promote(last=True) or self.waking:  # queued again, or to be once its pause has ended
+        waking = bool(self.waking)  # promoted while its pause took effect: every pause has ended, so _promote
+        if self._promote(last=True) or waking:  # queues them again (and empties `waking`)
             return True
         for name, verdict in self.rule.unpromoted():
             self._sup.record(TrialDecision(pipeline=name, action="prune", rung=verdict.rung, value=verdict.value,
