@@ -147,20 +147,23 @@ async def test_pipelines_that_fit_their_slots_start_cold_and_no_forker_is_starte
 
 
 class EveryLaunch(RecordingLauncher):
-    """The real launcher, noting whether each child it started, in order, was forked from the warm process."""
+    """The real launcher, noting for each child it starts, in order: its pipeline, whether a forking process was
+    there and ready for it, and whether it was forked."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.forked: list[tuple[str, bool]] = []
+        self.launches: list[tuple[str, str, bool]] = []  # (pipeline, "none" | "importing" | "ready", forked)
 
     def launch(self, spec):
+        warm = self._forker()
+        forker = "none" if warm is None else "ready" if warm.ready() else "importing"
         handle = super().launch(spec)
-        self.forked.append((spec.child.name, isinstance(handle.proc, WarmProcess)))
+        self.launches.append((spec.child.name, forker, isinstance(handle.proc, WarmProcess)))
         return handle
 
 
 @pytest.mark.slow
-async def test_a_sweep_whose_trials_fit_their_slots_restarts_them_warm(tmp_path):
+async def test_a_sweep_whose_trials_fit_their_slots_starts_a_forker_at_its_first_restart(tmp_path):
     # Regression: only pipelines queued beyond the slots started a forking process, so a promoting ASHA or PBT
     # sweep of no more trials than slots (8 on an 8-GPU box) imported torch afresh for every promotion and exploit.
     shapes = ["slow", "bad1"]  # tests/tasks/curves.py: 'slow' scores best at every rung
@@ -178,11 +181,36 @@ async def test_a_sweep_whose_trials_fit_their_slots_restarts_them_warm(tmp_path)
     finally:
         await sup.shutdown(graceful=False)
     assert statuses == {"t-shapeslow": "completed", "t-shapebad1": "pruned"}, statuses
-    first, again = launcher.forked[:2], launcher.forked[2:]
-    assert sorted(first) == [("t-shapebad1", False), ("t-shapeslow", False)]  # they fit: started at once, cold
-    # 'slow' waits alone at rung 2 at least, so it is promoted at least once; each promotion forked warm
-    assert again and all(name == "t-shapeslow" and warm for name, warm in again), launcher.forked
+    first, again = launcher.launches[:2], launcher.launches[2:]
+    # They fit: both start at once, cold, and no forking process is started for them.
+    assert sorted(first) == [("t-shapebad1", "none", False), ("t-shapeslow", "none", False)]
+    # 'slow' waits alone at rung 2 at least, so it is promoted at least once. Its first restart starts the forking
+    # process and is not held for it (cold while it imports); every restart made once it is ready is forked.
+    assert again and all(name == "t-shapeslow" for name, _, _ in again), launcher.launches
+    assert all(forker != "none" for _, forker, _ in again), launcher.launches
+    assert all(forked for _, forker, forked in again if forker == "ready"), launcher.launches
     assert launcher._warm is None  # the forking process ended with the session
+
+
+@pytest.mark.slow
+async def test_pipelines_that_fit_their_slots_are_never_held_for_a_forker_still_importing(tmp_path):
+    # A forking process started for restarts (or kept by the app) holds nothing that fits: a trial queued while a
+    # slot is free would read to PBT as one waiting for a slot, and the trials ahead of it would yield to it.
+    launcher = RecordingLauncher()
+    launcher.expect_restarts()
+    try:
+        assert launcher._warm is not None and not launcher.hold_launches(queued=1, free=1)
+        await_ready(launcher._warm)
+        config = make_config(tmp_path, [{"name": "a", "max_epochs": 1}], telemetry={"enabled": False})
+        sup = Supervisor(config, launcher=launcher)
+        await sup.start()
+        try:
+            assert await asyncio.wait_for(sup.wait(), 120) == {"a": "completed"}
+        finally:
+            await sup.shutdown(graceful=False)
+        assert isinstance(launcher.handles["a"].proc, WarmProcess)  # once ready, it forks what fits too
+    finally:
+        launcher.close()
 
 
 async def two_queued_on_one_slot(tmp_path, launcher: RecordingLauncher, **top) -> None:

@@ -138,8 +138,11 @@ class ProcessLauncher(Backend):
 
     def hold_launches(self, queued: int, free: int) -> bool:
         """More pipelines wait than fit (a sweep): start the forking process, and hold them until its imports
-        are done (for WARM_HOLD seconds at most), so even the first of them skip theirs."""
-        if self._forker() is None and queued > free and self.warm_start:
+        are done (for WARM_HOLD seconds at most), so even the first of them skip theirs. Pipelines that all fit
+        are never held: they start at once, cold while the forking process is not ready."""
+        if queued <= free:
+            return False
+        if self._forker() is None and self.warm_start:
             # Popen from the event-loop thread, as every child: the parent-death signal follows that thread.
             self._warm = _forking_process()
         warm = self._forker()
@@ -147,8 +150,8 @@ class ProcessLauncher(Backend):
 
     def expect_restarts(self) -> None:
         """A sweep restarts its trials: start the forking process now, if there is none (trials that all fit
-        their slots start none otherwise), so this restart waits for its imports (`hold_launches`) and every
-        later one skips them."""
+        their slots start none otherwise). This restart is not held for it (a trial queued while a slot is
+        free would read to PBT as one waiting for a slot); those after it skip the imports."""
         if self._forker() is None and self.warm_start:
             self._warm = _forking_process()
 
