@@ -31,12 +31,13 @@ PRELOAD = ("torch", "torch._dynamo", "torchherd.engine.launch.child", "torchherd
 # supervisor's own environment once it has imported them, each read when called: Lightning's import sets
 # PYTORCH_NVML_BASED_CUDA_CHECK (torch.cuda.is_available reads it), torch's inductor TORCHINDUCTOR_CACHE_DIR
 # (its cache_dir() reads it); without them here, a session that checked a Lightning pipeline started every
-# later child cold.
+# later child cold. tensorboardX's import sets CRC32C_SW_MODE ("auto" where unset, which is what its absence
+# means), read at that import alone: a sweep's TensorBoard thread imports it while the forking process starts.
 LATE_KEYS = frozenset({
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "RANK", "LOCAL_RANK",
     "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE",
     "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "XDG_RUNTIME_DIR", "PYTORCH_NVML_BASED_CUDA_CHECK",
-    "TORCHINDUCTOR_CACHE_DIR"})
+    "TORCHINDUCTOR_CACHE_DIR", "CRC32C_SW_MODE"})
 LATE_PREFIXES = ("TORCHELASTIC_", "TORCHHERD_")
 MESSAGE = 1 << 20  # bytes: the largest request (an environment) or report
 REPLY_WAIT = 5.0  # seconds a start waits for its pid before the launcher starts the child cold instead
