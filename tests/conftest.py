@@ -113,6 +113,27 @@ def warm_children():
     let_go()
 
 
+@pytest.fixture(autouse=True)
+def children_stay_warm(warm_children):
+    """Every test must leave the environment workers fork from as it found it, in what torch could read at import
+    (engine/launch/warm.py: compatible). A variable one test leaks makes every later child of its xdist worker start
+    cold, which shows only as a suite far slower than its tests are alone. The leak is undone, and the test fails."""
+    from torchherd.engine.launch.warm import compatible
+
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    late = warm_children.late if warm_children is not None else ()
+    leaked = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k)
+                    and not compatible({k: after.get(k, "")}, {k: before.get(k, "")}, late))
+    if leaked:
+        os.environ.clear()
+        os.environ.update(before)
+        pytest.fail(f"the test left {', '.join(leaked)} changed in this process's environment: every later child "
+                    "it starts would differ from the forking process's and start cold (restore it, as monkeypatch "
+                    "does)", pytrace=False)
+
+
 def service_of(run_dir: Path) -> psutil.Process:
     """The torchherd service supervising `run_dir` (its supervisor.pid): a process of its own session, not the
     CLI's child, since runs outlive the terminal."""

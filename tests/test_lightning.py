@@ -135,10 +135,10 @@ def plain_lightning(cls_name: str, **params):
 
     from tests.tasks import lit_tiny
 
-    threads = torch.get_num_threads()
+    threads, env = torch.get_num_threads(), dict(os.environ)
     torch.set_num_threads(1)
     try:
-        pl.seed_everything(0, verbose=False)
+        pl.seed_everything(0, verbose=False)  # (it sets PL_GLOBAL_SEED and PL_SEED_WORKERS here: undone below)
         model = getattr(lit_tiny, cls_name)(**params)
         trace = lr_trace(every=2)
         trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
@@ -147,6 +147,8 @@ def plain_lightning(cls_name: str, **params):
         trainer.fit(model)
     finally:
         torch.set_num_threads(threads)
+        os.environ.clear()
+        os.environ.update(env)
     return trace
 
 
