@@ -34,9 +34,11 @@ class SweepConfig(BaseModel):
         "trials' bests at the same point), 'pbt' (population-based training: every perturbation_interval a "
         "trial in the bottom quantile_fraction takes over the checkpoint of one in the top and trains on "
         "with its values explored), or 'none'."))
-    # promote by default: on benchmarks/sweep_asha.py it ended with the same best trial as stop every time, in
-    # as many epochs or up to 39% fewer, and no trial is lost to the order trials reach a rung in
-    # (tests/test_sweep_promoting.py); its wall time was 0.9x-1.35x stop's (pauses restart trials).
+    # promote by default: no trial is lost to the order trials reach a rung in (tests/test_sweep_promoting.py);
+    # it ends with the trial that successive halving over full rungs keeps. Stop's pick hangs on that order: on
+    # benchmarks/sweep_asha.py (16 epochs) it ended with the grid's best on 8 trials because that trial reached
+    # the rungs early, and with neither the grid's best nor promote's pick on 16. Promote's wall time was
+    # 0.9x-2x stop's (pauses restart trials, and the trial it keeps may train slower).
     mode: Literal["stop", "promote"] = Field("promote", description=(
         "ASHA: 'promote' (the ASHA paper's, the default) pauses a trial at a rung, checkpointed and its slot "
         "freed, unless it is among the best 1/reduction_factor of the trials recorded there, and trains it on "
