@@ -297,6 +297,36 @@ def test_a_fork_that_comes_after_the_supervisor_gave_up_on_it_is_ended_by_the_fo
         for fd in (log, status_r, status_w, control_r, control_w):
             os.close(fd)
 
+@pytest.mark.slow
+def test_a_forked_childs_own_process_group_is_there_when_its_pid_is_told(tmp_path):
+    # Regression: the forking process told the pid at once and the child called setsid a moment later, so a
+    # session that ended a child just started (a test's quick shutdown) signalled a group not there yet: the
+    # signal missed, and the child lived on (CI: 'child processes left behind: ... torchherd.engine.launch.warm').
+    from torchherd.engine.launch.process import _forking_process
+
+    starter = _forking_process()
+    spec = tmp_path / "spec.json"
+    os.mkfifo(spec)  # each child blocks reading it: it lives until its group is signalled
+    log = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT)
+    status_r, status_w = os.pipe()
+    control_r, control_w = os.pipe()
+    pids = []
+    try:
+        await_ready(starter)
+        for _ in range(40):
+            pid = starter.start(str(spec), dict(os.environ), str(tmp_path), (log, status_w, control_r)).pid
+            pids.append(pid)
+            os.killpg(pid, signal.SIGKILL)  # ProcessLookupError: no such group yet
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(starter.returncode(pid) is None for pid in pids):
+            starter.wait_report(0.2)
+        assert {starter.returncode(pid) for pid in pids} == {-signal.SIGKILL}
+    finally:
+        starter.close()
+        for fd in (log, status_r, status_w, control_r, control_w):
+            os.close(fd)
+
+
 HOLDER = """
 import asyncio, json, sys
 from tests.conftest import make_config

@@ -45,6 +45,7 @@ REPLY_WAIT = 5.0  # seconds a start waits for its pid before the launcher starts
 # take on a loaded machine, which waiting saves them.
 WARM_HOLD = 30.0
 CLOSE_WAIT = 1.0  # seconds it has to exit once the session ends, before it is killed
+OWN_SESSION_WAIT = 2.0  # seconds the forking process waits for a fork's setsid before it tells the pid anyway
 
 
 def _early(env: Mapping[str, str], late: Iterable[str] = ()) -> dict[str, str]:
@@ -278,6 +279,29 @@ def _reap(sock: socket.socket, forked: dict[int, int]) -> None:
         _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
+def _fork(sock: socket.socket, request: dict, fds: list[int], forked: dict[int, int]) -> None:
+    """Fork the child `request` asks for and reply with its pid, once the child has a session (and so a process
+    group) of its own: a supervisor told the pid earlier could signal a group not there yet, which misses."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    me = os.getpid()
+    own_r, own_w = os.pipe()  # the child's end closes once it has its session (_child closes every fd it keeps not)
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        os.close(own_r)
+        os.close(own_w)
+        _send(sock, {"reply": request["start"], "error": f"fork failed: {exc}"})
+        return
+    if pid == 0:
+        _child(request, fds, me)
+    os.close(own_w)
+    select.select([own_r], [], [], OWN_SESSION_WAIT)  # end of file: setsid is done (or the child is gone)
+    os.close(own_r)
+    forked[request["start"]] = pid
+    _send(sock, {"reply": request["start"], "pid": pid})
+
+
 def serve(fd: int, supervisor_pid: int) -> None:
     """Import what trainers need, then fork a child for each request on the socket `fd` and report how each
     ended, until the supervisor closes its end."""
@@ -318,18 +342,7 @@ def serve(fd: int, supervisor_pid: int) -> None:
             if late is not None:
                 _end_late(late)
             continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        me = os.getpid()
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            _send(sock, {"reply": request["start"], "error": f"fork failed: {exc}"})
-        else:
-            if pid == 0:
-                _child(request, fds, me)
-            forked[request["start"]] = pid
-            _send(sock, {"reply": request["start"], "pid": pid})
+        _fork(sock, request, fds, forked)
         for passed in fds:
             os.close(passed)
 
