@@ -190,7 +190,8 @@ class Backend(ABC):
 
     def expect_restarts(self) -> None:
         """The session's pipelines will start again and again (a sweep that pauses, promotes or exploits its
-        trials, each restart from a checkpoint): get ready to start them faster. Default: nothing."""
+        trials, each restart from a checkpoint; called as it starts): get ready to start them faster.
+        Default: nothing."""
         return None
 
     def rendezvous(self, node: str) -> tuple[str, int]:

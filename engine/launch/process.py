@@ -124,7 +124,7 @@ def let_go() -> None:
 class ProcessLauncher(Backend):
     """The local backend: children as fresh Python interpreters (the `spawn` model) in their own sessions.
 
-    Once more pipelines wait than fit (`hold_launches`), or a sweep restarts its trials (`expect_restarts`),
+    Once more pipelines wait than fit (`hold_launches`), or in a sweep that restarts its trials (`expect_restarts`),
     their children are forked from a process that has imported torch already (engine/launch/warm.py);
     every other ability is Backend's default: this machine's devices and slots, one validator here, gangs
     meeting on the loopback, no remote telemetry.
@@ -149,9 +149,9 @@ class ProcessLauncher(Backend):
         return warm is not None and not warm.ready() and not warm.gone and warm.age() < WARM_HOLD
 
     def expect_restarts(self) -> None:
-        """A sweep restarts its trials: start the forking process now, if there is none (trials that all fit
-        their slots start none otherwise). This restart is not held for it (a trial queued while a slot is
-        free would read to PBT as one waiting for a slot); those after it skip the imports."""
+        """A sweep that restarts its trials is starting: start the forking process now, if there is none (trials
+        that all fit their slots start none otherwise). Its first wave is not held for it (a trial queued
+        while a slot is free would read to PBT as one waiting for a slot); its restarts skip the imports."""
         if self._forker() is None and self.warm_start:
             self._warm = _forking_process()
 

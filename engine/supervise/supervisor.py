@@ -132,6 +132,8 @@ class Supervisor:
         self._announce_queued(names)
         self.task_check.open(resuming, self._runs[names[0]].plan.background, self._bus)
         self.sweep = attach_observers(self)  # TensorBoard files; the sweep's pruner (None unless it prunes)
+        if self.sweep is not None and self.sweep.restarts_trials:  # its restarts fork, even where trials all fit
+            self._backend.expect_restarts()
         self._schedule()
         loop = asyncio.get_running_loop()
         self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
@@ -217,8 +219,6 @@ class Supervisor:
         """Kill the worker and start it again from its last checkpoint (no restart budget spent)."""
         run = self._get(name)
         if commands.restart(self._lifecycle, run):  # an ended pipeline is queued again
-            if self.sweep is not None:  # a trial paused, yielded or exploited: more restarts will follow
-                self._backend.expect_restarts()
             self._reopen()
             self._announce_queued([run.name])
             self._schedule()

@@ -46,6 +46,7 @@ class SweepPruner:
         self._metric = supervisor.config.validation.metric
         self.exempt: set[str] = set()  # trials a person promoted: never pruned again this session
         self.waking: set[str] = set()  # promoted from a pause, queued again once their pause has ended
+        self.restarts_trials = isinstance(rule, PromotingAsha)  # pauses and promotions start trials again
         self._loop = asyncio.get_running_loop()
 
     @classmethod
