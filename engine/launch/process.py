@@ -142,9 +142,7 @@ class ProcessLauncher(Backend):
         are never held: they start at once, cold while the forking process is not ready."""
         if queued <= free:
             return False
-        if self._forker() is None and self.warm_start:
-            # Popen from the event-loop thread, as every child: the parent-death signal follows that thread.
-            self._warm = _forking_process()
+        self._start_forker()
         warm = self._forker()
         return warm is not None and not warm.ready() and not warm.gone and warm.age() < WARM_HOLD
 
@@ -152,7 +150,12 @@ class ProcessLauncher(Backend):
         """A sweep that restarts its trials is starting: start the forking process now, if there is none (trials
         that all fit their slots start none otherwise). Its first wave is not held for it (a trial queued
         while a slot is free would read to PBT as one waiting for a slot); its restarts skip the imports."""
+        self._start_forker()
+
+    def _start_forker(self) -> None:
+        """Start the session's forking process, unless there is one (or warm starts are off)."""
         if self._forker() is None and self.warm_start:
+            # Popen from the event-loop thread, as every child: the parent-death signal follows that thread.
             self._warm = _forking_process()
 
     def _forker(self) -> WarmStarter | None:

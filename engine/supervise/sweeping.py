@@ -46,7 +46,6 @@ class SweepPruner:
         self._metric = supervisor.config.validation.metric
         self.exempt: set[str] = set()  # trials a person promoted: never pruned again this session
         self.waking: set[str] = set()  # promoted from a pause, queued again once their pause has ended
-        self.restarts_trials = isinstance(rule, PromotingAsha)  # pauses and promotions start trials again
         self._loop = asyncio.get_running_loop()
 
     @classmethod
@@ -73,6 +72,11 @@ class SweepPruner:
             pruner._restore(decisions, ended)
         supervisor.tap(pruner._on_event)
         return pruner
+
+    @property
+    def restarts_trials(self) -> bool:
+        """Its pauses and promotions start trials again (promoting ASHA); stopping ASHA's cuts are for good."""
+        return isinstance(self.rule, PromotingAsha)
 
     @property
     def _promoting(self) -> PromotingAsha:
