@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import errno
 import itertools
@@ -226,6 +227,8 @@ def sample(hint):
         return sample(next(a for a in args if a is not type(None)))
     if hint is bool:
         return True
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return list(hint)[-1]
     if hint is int:
         return next(_values)
     if hint is float:

@@ -193,12 +193,15 @@ async def test_a_trials_own_saves_after_its_exploit_was_decided_are_never_offere
     # by the copy it takes over, so a trial taking over *its* checkpoint before it saves again would be told one
     # step and epoch and get the copy's.
     from torchherd.engine.protocol.messages import CheckpointSaved, EpochEnd, TrainingStarted
+    from torchherd.engine.supervise.decisions import SessionView
     from torchherd.engine.supervise.exploiting import PbtController
     from torchherd.engine.supervise.supervisor import Supervisor
 
     config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1, 0.01]}},
                                                            "scheduler": "pbt", "perturbation_interval": 1})
-    controller = PbtController(Supervisor(config), rule())
+    sup = Supervisor(config)
+    controller = PbtController(SessionView(config, sup.run_dir, sup.view, sup.views), _Session(config, sup.run_dir).out,
+                               rule())
 
     def saved(step, reason="epoch"):
         return CheckpointSaved(pipeline="t-lr0.01", path="last.pt", epoch=step // 4, step=step, reason=reason)
@@ -221,36 +224,37 @@ async def test_a_trials_own_saves_after_its_exploit_was_decided_are_never_offere
 
 
 class _Session:
-    """Just what PbtController asks of a session (engine/supervise/observed.py), with states a test sets: for
-    the order of one event-loop turn that a live run can only hit by chance."""
+    """A session as PbtController reads it (a real SessionView) with states a test sets, and an Outbox whose
+    decisions land here: for the order of one event-loop turn that a live run can only hit by chance."""
 
     def __init__(self, config, run_dir):
+        import asyncio
         from types import SimpleNamespace
+
+        from torchherd.engine.supervise.decisions import Outbox, SessionView
 
         self.config, self.run_dir = config, run_dir
         self.states: dict = {}
         self.requeued: list[str] = []
         self.retuned: dict[str, dict] = {}
         self.recorded: list = []
-        self._view = lambda name: SimpleNamespace(state=self.states[name], step=4, epoch=1, steps_per_epoch=4)
+        view = lambda name: SimpleNamespace(state=self.states[name], step=4, epoch=1, steps_per_epoch=4)  # noqa: E731
+        self.view = SessionView(config, run_dir, view, lambda: [])
+        self.out = Outbox(self._carry_out, lambda: False, asyncio.get_running_loop())
 
-    def view(self, name):
-        return self._view(name)
-
-    def record(self, event):
-        self.recorded.append(event)
-
-    def requeue(self, name):
+    def _carry_out(self, decision):
         from torchherd.engine.protocol.states import WorkerState
+        from torchherd.engine.supervise.decisions import Record, Requeue, Retune
 
-        self.requeued.append(name)
-        self.states[name] = WorkerState.QUEUED
-
-    def retune(self, name, values):
-        self.retuned[name] = values
-
-    def stop(self, name=None, reason="", ending=None):
-        raise AssertionError(f"{name} has ended: nothing to stop")
+        if isinstance(decision, Record):
+            self.recorded.append(decision.event)
+        elif isinstance(decision, Requeue) and self.states[decision.name].ended:  # as the supervisor does
+            self.requeued.append(decision.name)
+            self.states[decision.name] = WorkerState.QUEUED
+        elif isinstance(decision, Retune):
+            self.retuned[decision.name] = decision.values
+        else:
+            raise AssertionError(f"{decision}: not asked of an ended trial")
 
 
 async def test_an_exploit_decided_as_the_trials_yield_ends_applies_its_copy_before_it_queues_again(tmp_path):
@@ -272,11 +276,11 @@ async def test_an_exploit_decided_as_the_trials_yield_ends_applies_its_copy_befo
     (session.run_dir / donor / "checkpoints" / "last.pt").write_bytes(b"donor at step 4")
     (session.run_dir / trial / "checkpoints").mkdir(parents=True)
     (session.run_dir / trial / "checkpoints" / "last.pt").write_bytes(b"its own, at step 4")
-    controller = PbtController(session, rule())
+    controller = PbtController(session.view, session.out, rule())
     controller.checkpoints[donor] = (4, 1, float("inf"))
     controller.yielding.add(trial)
-    session.states = {trial: WorkerState.PRUNED, donor: WorkerState.RUNNING}  # its yield has just ended
-    controller._on_event(PipelineFinished(pipeline=trial, status="pruned", epoch=1, step=4), b"", True)
+    session.states = {trial: WorkerState.YIELDING, donor: WorkerState.RUNNING}  # its yield has just ended
+    controller.on_event(PipelineFinished(pipeline=trial, status="yielding", epoch=1, step=4))
     controller._exploit(Exploit(trial=trial, donor=donor, progress=1.0, value=9.0, cutoff=1.0,
                                 values={"params.lr": 0.12}, reason="bottom"))
     await asyncio.sleep(0)  # the yield's requeue, queued by its end

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from torchherd.engine.protocol.states import ended_label
+from torchherd.engine.protocol.states import WorkerState, ended_label
 from torchherd.engine.supervise.pruning import Asha, PromotingAsha
 
 
@@ -91,17 +91,18 @@ def test_a_trial_that_starts_slow_and_ends_best_is_cut_by_stopping_asha_only():
     assert [n for n, _ in promoting.promotions()] == ["slow"]  # best 2 of 4 now
 
 
-def test_a_paused_trial_reads_paused_at_its_rung():
-    assert ended_label("pruned", "paused at rung 2: val_loss 0.3 at epoch 2, ...") == "paused at rung 2"
-    assert ended_label("pruned", "val_loss 0.3 at epoch 2, rung cut 0.2") == "pruned"
+def test_a_paused_trial_reads_waiting_at_its_rung():
+    assert ended_label("waiting_at_rung", 2.0) == "waiting at rung 2"
+    assert ended_label("pruned") == "pruned" and not WorkerState.WAITING_AT_RUNG.final
 
 
 def test_the_pipeline_table_shortens_a_paused_trial_to_its_column():
     from torchherd.engine.protocol.progress import PipelineProgress
     from torchherd.tui.widgets.pipeline_table import state_text
 
-    row = PipelineProgress(name="t", state="pruned", finish_reason="paused at rung 2: val_loss 0.3 at epoch 2")
-    assert state_text(row, 0.0) == "paused at rung 2" and state_text(row, 0.0, 10) == "paused r2"
+    row = PipelineProgress(name="t", state=WorkerState.WAITING_AT_RUNG, rung=2.0,
+                           finish_reason="val_loss 0.3 at epoch 2")
+    assert state_text(row, 0.0) == "waiting at rung 2" and state_text(row, 0.0, 10) == "waits r2"
 
 
 def test_the_sweep_view_says_paused_and_promoted_in_a_trial_reasons():
@@ -126,34 +127,35 @@ def test_when_nothing_else_can_run_a_rung_that_let_none_go_on_promotes_its_best(
 
 
 class _Session:
-    """Just what SweepPruner asks of a session (engine/supervise/observed.py), with states a test sets: for an
-    order of ends that a live run hits only by chance."""
+    """A session as SweepPruner reads it (a real SessionView) with states a test sets, and an Outbox whose
+    decisions land here: for an order of ends that a live run hits only by chance."""
 
     def __init__(self, config, run_dir):
+        import asyncio
         from types import SimpleNamespace
+
+        from torchherd.engine.supervise.decisions import Outbox, SessionView
 
         self.config, self.run_dir = config, run_dir
         self.states: dict = {}
         self.recorded: list = []
         self.restarted: list[str] = []
-        self._view = lambda name: SimpleNamespace(state=self.states[name], step=4, epoch=1, steps_per_epoch=4)
+        view = lambda name: SimpleNamespace(state=self.states[name], step=4, epoch=1, steps_per_epoch=4)  # noqa: E731
+        self.view = SessionView(config, run_dir, view, lambda: [])
+        self.out = Outbox(self._carry_out, lambda: False, asyncio.get_running_loop())
 
-    def view(self, name):
-        return self._view(name)
-
-    def record(self, event):
-        self.recorded.append(event)
-
-    def stop(self, name=None, reason="", ending=None):
+    def _carry_out(self, decision):
         from torchherd.engine.protocol.states import WorkerState
+        from torchherd.engine.supervise.decisions import Record, Requeue, Stop
 
-        self.states[name] = WorkerState.STOPPING  # its pause takes effect: checkpoint, then it ends
-
-    def restart(self, name):
-        from torchherd.engine.protocol.states import WorkerState
-
-        self.restarted.append(name)
-        self.states[name] = WorkerState.QUEUED
+        if isinstance(decision, Record):
+            self.recorded.append(decision.event)
+        elif isinstance(decision, Stop):
+            assert decision.ending == WorkerState.WAITING_AT_RUNG and decision.rung is not None
+            self.states[decision.name] = WorkerState.STOPPING  # its pause takes effect: checkpoint, then it ends
+        elif isinstance(decision, Requeue) and self.states[decision.name].ended:  # as the supervisor does
+            self.restarted.append(decision.name)
+            self.states[decision.name] = WorkerState.QUEUED
 
 
 async def test_a_trial_promoted_while_its_pause_took_effect_trains_on_when_the_last_trial_ends_with_it(tmp_path):
@@ -168,11 +170,11 @@ async def test_a_trial_promoted_while_its_pause_took_effect_trains_on_when_the_l
     session = _Session(make_config(tmp_path, [{"name": "t"}], sweep=sweep, defaults={"max_epochs": 4}), tmp_path)
     a, b = "t-lr0.1", "t-lr0.01"
     session.states = {a: WorkerState.RUNNING, b: WorkerState.RUNNING}
-    pruner = SweepPruner(session, PromotingAsha([1, 2], 2, "val_loss", "min"))
+    pruner = SweepPruner(session.view, session.out, PromotingAsha([1, 2], 2, "val_loss", "min"))
     pruner._act(a, pruner.rule.result(a, 1.0, 0.3))  # first at rung 1: it pauses
     assert session.states[a] == WorkerState.STOPPING
     pruner._act(b, pruner.rule.result(b, 1.0, 0.5))  # second and worse: it pauses, and a is promoted
     assert [(d.pipeline, d.action) for d in session.recorded] == [(a, "pause"), (b, "pause"), (a, "promote")]
-    session.states = {a: WorkerState.PRUNED, b: WorkerState.PRUNED}  # both pauses end, in one loop turn
+    session.states = {a: WorkerState.WAITING_AT_RUNG, b: WorkerState.WAITING_AT_RUNG}  # both end, in one turn
     assert pruner.settle()  # the sweep goes on: a trains on
     assert session.restarted == [a] and pruner.rule.paused == {b: 1}  # b still waits: nothing is cut

@@ -1,5 +1,5 @@
 """Promoting ASHA in a session driven by a scripted launcher: a trial outside the best of its rung pauses
-(pruned, 'paused at rung 1', its slot to the next trial), is queued again once the rung has filled enough for
+(waiting_at_rung 1, its slot to the next trial), is queued again once the rung has filled enough for
 it, and the trials never promoted end pruned, with why, when nothing else can run."""
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ async def test_a_paused_trial_is_promoted_as_its_rung_fills_and_the_rest_end_pru
             await until(lambda: len(launcher.handles) == n + 1)
             _scored(launcher.handles[n], name, VALUES[name])
             if name == best:  # among the best 1 of 2: it trains on to its end
-                await until(lambda: sup.view(first).state == S.PRUNED)
+                await until(lambda: sup.view(first).state == S.WAITING_AT_RUNG)
                 launcher.handles[n].exit(0)
         # 4 at the rung: the best 2 are `best` (gone on) and `first`, paused until now: it trains on.
         await until(lambda: len(launcher.handles) == 5)
@@ -51,7 +51,7 @@ async def test_a_paused_trial_is_promoted_as_its_rung_fills_and_the_rest_end_pru
     assert decided == [(first, "pause"), (best, "continue"), (third, "pause"), (fourth, "pause"),
                        (first, "promote"), (third, "prune"), (fourth, "prune")], decided
     ends = [e for e in events if isinstance(e, PipelineFinished) and e.pipeline == third]
-    assert ended_label(ends[0].status, ends[0].reason) == "paused at rung 1"  # what the table says meanwhile
+    assert ended_label(ends[0].status, ends[0].rung) == "waiting at rung 1"  # what the table says meanwhile
     assert ends[-1].reason == "val_loss 0.9 at epoch 1, never among the best 2 of the 4 trials that reached rung 1"
 
 
@@ -72,7 +72,7 @@ async def test_resume_only_a_paused_trial_trains_it_on_and_keeps_the_other_pause
         for n, (name, value) in enumerate([("t-lr0.1", 0.9), ("t-lr0.2", 0.95)]):
             await until(lambda: len(launcher.handles) == n + 1)
             _scored(launcher.handles[n], name, value)
-            await until(lambda: sup.view(name).state == S.PRUNED)  # both pause; lr 0.1, best of 2, is promoted
+            await until(lambda: sup.view(name).state == S.WAITING_AT_RUNG)  # both pause; 0.1, best of 2, goes on
         await until(lambda: len(launcher.handles) == 3)  # and starts again, ahead of lr 0.3
     finally:
         await sup.shutdown(graceful=False)

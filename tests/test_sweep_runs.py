@@ -138,7 +138,7 @@ def test_the_sample_sweep_prunes_and_prints_the_ranked_table(tmp_path):
                            "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=540)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
-    assert ": pruned (val_loss" in out and "never among the best" in out and ": paused at rung 1 (val_loss" in out
+    assert ": pruned (val_loss" in out and "never among the best" in out and ": waiting at rung 1 (val_loss" in out
     table = out[out.index("sweep: 8 trials ranked by val_loss"):]
     assert "#  trial" in table and "best: reg-lr" in table and "best.pt" in table
 

@@ -30,16 +30,19 @@ from tests.test_headless_lines import printed
     ("failed", "restart budget of 3 used up", "failed"),
 ])
 def test_each_way_of_ending_reads_as_itself(status, reason, label):
-    assert ended_label(status, reason) == label
+    from torchherd.engine.protocol.records import from_record
+
+    ev = from_record({"type": "pipeline_finished", "pipeline": "a", "status": status, "reason": reason})
+    assert ended_label(ev.status, ev.rung, ev.never_ran) == label
 
 
 # Regression: early-stopped, user-stopped and never-started pipelines all read `stopped`.
 def test_headless_says_why_each_stopped():
     text = printed(
-        PipelineFinished(pipeline="a", status="stopped", reason="early stopping: val_loss did not improve"),
+        PipelineFinished(pipeline="a", status="early_stopped", reason="early stopping: val_loss did not improve"),
         PipelineFinished(pipeline="b", status="stopped", reason="requested"),
-        PipelineFinished(pipeline="c", status="stopped", reason="stopped before it started"),
-        RunFinished(ok=False, statuses={"a": "stopped", "b": "stopped", "c": "stopped"}))
+        PipelineFinished(pipeline="c", status="stopped", reason="stopped before it started", never_ran=True),
+        RunFinished(ok=False, statuses={"a": "early_stopped", "b": "stopped", "c": "stopped"}))
     assert "run finished: a early stop, b stopped, c never ran" in text
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..engine.protocol.control import Action
 from ..engine.protocol.messages import Notice, RunFinished, RunStarted
-from ..engine.protocol.names import PipelineKind
+from ..engine.protocol.names import NoticeTopic, PipelineKind
 from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, LinePrinter, exit_status
 
 if TYPE_CHECKING:
@@ -194,7 +194,7 @@ def session_start(history: list) -> int:
         return 0
     start = starts[-1]
     before = history[start - 1] if start else None
-    if isinstance(before, Notice) and not before.pipeline and before.text.startswith("resuming run "):
+    if isinstance(before, Notice) and before.topic == NoticeTopic.RESUMING:
         return start - 1
     return start
 

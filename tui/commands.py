@@ -125,7 +125,7 @@ class Promote(PipelineCommand):
     """A sweep's trial is never pruned again this session; a pruned one trains on from its checkpoint."""
 
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset(
-        {S.PRUNED, S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED})
+        {S.PRUNED, S.WAITING_AT_RUNG, S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED})
     cannot: ClassVar[str] = "promoted"
 
     def doing(self, script: ScriptSteering | None = None) -> str:

@@ -221,9 +221,8 @@ class LinePrinter:
         self.line(f"{who}{ev.level}: {ev.text}")
 
     def _pipeline_finished(self, ev: PipelineFinished) -> None:
-        label = ended_label(ev.status, ev.reason)
-        said = ev.reason.removeprefix(f"{label}: ")  # 'paused at rung 1 (val_loss ...)', said once
-        reason = f" ({said})" if said else ""
+        label = ended_label(ev.status, ev.rung, ev.never_ran)
+        reason = f" ({ev.reason})" if ev.reason else ""
         self.ended[ev.pipeline] = label
         self.line(f"{ev.pipeline}: {self.ended[ev.pipeline]}{reason}")
 

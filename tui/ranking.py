@@ -51,7 +51,7 @@ def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
         row.rung = ev.rung if row.rung is None else max(row.rung, ev.rung)
         row.reasons.append(f"rung {ev.rung:g}: {SAID.get(ev.action, 'goes on')}: {ev.reason}")
     elif isinstance(ev, PipelineFinished):
-        row.state = ended_label(ev.status, ev.reason)
+        row.state = ended_label(ev.status, ev.rung, ev.never_ran)
     elif isinstance(ev, ClientCommand) and ev.action == Action.PROMOTE and ev.ok:
         row.reasons.append("promoted: trains on from its checkpoint, never pruned again this session")
     else:

@@ -313,7 +313,7 @@ class RunState:
     def _run_finished(self, ev: m.RunFinished, _) -> None:
         self.finished = True
         self.rows_version += 1
-        labels = {k: ended_label(v, self.rows[k].finish_reason if k in self.rows else "")
+        labels = {k: ended_label(v, *((self.rows[k].rung, self.rows[k].never_ran) if k in self.rows else ()))
                   for k, v in ev.statuses.items()}
         self.note("info" if ev.ok else "error", "", "run finished: " +
                   ", ".join(f"{k} {v}" for k, v in labels.items()), at=ev.time)

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .names import ValidationMode
+from .names import NoticeTopic, ValidationMode
 
 clock = time  # what stamps every message: anything with `.time()` (the app's tests freeze it)
 
@@ -327,13 +327,16 @@ class WorkerRestarting(PipelineEvent):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PipelineFinished(PipelineEvent):
-    """A pipeline reached its final status."""
+    """A pipeline's attempt ended for good: it reached a final state, or a resting one (a sweep's trial that waits
+    for its policy)."""
 
     type: ClassVar[str] = "pipeline_finished"
-    status: str  # completed / failed / stopped / killed
+    status: str  # a final or resting WorkerState's value
     reason: str = ""
     epoch: int = 0
     step: int = 0
+    rung: float | None = None  # waiting_at_rung: the rung it waits at
+    never_ran: bool = False  # it ended before any attempt of it ran (people read "never ran")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -343,6 +346,7 @@ class Notice(PipelineOrRunEvent):
     type: ClassVar[str] = "notice"
     level: str = "warning"  # "info", "warning", "error"
     text: str = ""
+    topic: NoticeTopic = NoticeTopic.NONE  # what the engine acts on in it; NONE: for people only
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

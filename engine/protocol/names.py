@@ -46,3 +46,12 @@ class ExitReason(StrEnum):
     RESTART_REQUESTED = "restart requested"
     CRASHED = "crashed"
     HUNG = "hung"
+
+
+class NoticeTopic(StrEnum):
+    """What a notice is about, where the engine or the app acts on it rather than only showing its text."""
+
+    NONE = ""  # for people only
+    CHECKPOINT_FAILED = "checkpoint_failed"  # a pipeline's checkpoint could not be written (a full disk?)
+    STACKS_ASKED = "stacks_asked"  # a person asked for a pipeline's stacks (the triage reads them)
+    RESUMING = "resuming"  # the run carries on from its folder (the app keeps the history before it)

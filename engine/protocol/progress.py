@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from . import health as h
 from . import messages as m
-from .states import EARLY_STOP, WorkerState
+from .states import WorkerState
 
 
 def better(value: float, best: float | None, mode: str) -> bool:
@@ -40,9 +40,9 @@ def judge(value: float, best: float | None, since_best: int, validation: Any) ->
 
 
 def early_stop_reason(metric: str, best: float | None, patience: int) -> str:
-    """Why `patience` validations without a better `metric` stopped a pipeline (begins with EARLY_STOP)."""
+    """Why `patience` validations without a better `metric` stopped a pipeline."""
     since = f"on {best:.6g} " if best is not None else ""
-    return f"{EARLY_STOP}: {metric} did not improve {since}in {patience} validations"
+    return f"early stopping: {metric} did not improve {since}in {patience} validations"
 
 
 def metric_value(metrics: dict[str, float], metric: str) -> float | None:
@@ -81,7 +81,9 @@ class PipelineProgress:
     finished_at: float | None = None  # seconds since the epoch; None while not final
     last_error: str = ""  # "ExceptionType: message" of the newest failure
     traceback: str = ""
-    finish_reason: str = ""  # why it reached its final state
+    finish_reason: str = ""  # why it reached its final (or resting) state
+    rung: float | None = None  # waiting_at_rung: the rung it waits at
+    never_ran: bool = False  # it ended before any attempt of it ran
     rate_origin: tuple[float, int] | None = None  # (time, step) of this attempt's first step report, + pauses
     step_rate: float = 0.0  # steps per second over this attempt, its pauses left out
     paused_at: float | None = None  # seconds since the epoch it was paused, while paused
@@ -153,7 +155,7 @@ def apply(progress: PipelineProgress, event: m.Event) -> PipelineProgress:
 def _queued(p: PipelineProgress, ev: m.PipelineQueued) -> PipelineProgress:
     # Queued (again) holds no device: a restarted pipeline may start on another slot.
     return replace(p, state=WorkerState.QUEUED, device="", node="", pid=None, finished_at=None, finish_reason="",
-                   rate_origin=None, step_rate=0.0, waiting="")
+                   rung=None, never_ran=False, rate_origin=None, step_rate=0.0, waiting="")
 
 
 def _waiting(p: PipelineProgress, ev: m.PipelineWaiting) -> PipelineProgress:
@@ -239,7 +241,8 @@ def _restarting(p: PipelineProgress, ev: m.WorkerRestarting) -> PipelineProgress
 
 
 def _finished(p: PipelineProgress, ev: m.PipelineFinished) -> PipelineProgress:
-    return replace(p, state=WorkerState(ev.status), finished_at=ev.time, pid=None, finish_reason=ev.reason)
+    return replace(p, state=WorkerState(ev.status), finished_at=ev.time, pid=None, finish_reason=ev.reason,
+                   rung=ev.rung, never_ran=ev.never_ran)
 
 
 _FOLDS: dict[type[m.Event], Callable[[PipelineProgress, Any], PipelineProgress]] = {

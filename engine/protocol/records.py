@@ -13,6 +13,7 @@ from typing import Any
 
 from . import control, health, telemetry  # noqa: F401  (their events are in events.jsonl too)
 from .messages import Message
+from .old_records import upgraded
 
 _TYPES: dict[str, type[Message]] = {}
 
@@ -44,7 +45,9 @@ def _plain(value: Any) -> Any:
 
 
 def from_record(record: dict[str, Any]) -> Message:
-    """Rebuild a message from `to_record` output; unknown fields are ignored."""
+    """Rebuild a message from `to_record` output (or an older version's, brought up to date); unknown fields are
+    ignored."""
+    record = upgraded(record)
     cls = _TYPES.get(record.get("type", ""))
     if cls is None:
         raise ValueError(f"unknown message type {record.get('type')!r}")

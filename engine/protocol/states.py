@@ -8,7 +8,8 @@ from enum import Enum
 
 
 class WorkerState(str, Enum):
-    """Where a pipeline's worker is in its life. Final states end the pipeline."""
+    """Where a pipeline's worker is in its life. Final states end the pipeline; in a resting state a sweep's trial
+    has no process and waits for its policy to queue it again."""
 
     QUEUED = "queued"
     """Waiting for a free device slot."""
@@ -34,6 +35,14 @@ class WorkerState(str, Enum):
     """Final: its validation's `patience` ran out; a completion, which resuming leaves as it is."""
     PRUNED = "pruned"
     """Final: a sweep's scheduler cut it for a worse metric than its peers; keeps its checkpoints."""
+    WAITING_AT_RUNG = "waiting_at_rung"
+    """Resting: promoting ASHA paused this trial at a rung (checkpointed, its slot freed) until the rung has filled
+    enough for it to be promoted (-> QUEUED) or the sweep can go no further (-> PRUNED)."""
+    EXPLOITING = "exploiting"
+    """Resting: PBT stopped this trial (checkpointed) to take over a better trial's checkpoint; it queues again
+    with the copy and its explored values."""
+    YIELDING = "yielding"
+    """Resting: PBT's trial gave up its slot (checkpointed) to trials behind it; it queues again after them."""
     FAILED = "failed"
     """Final: crashed more often than the restart policy allows."""
     KILLED = "killed"
@@ -42,6 +51,16 @@ class WorkerState(str, Enum):
     @property
     def final(self) -> bool:
         return self in FINAL_STATES
+
+    @property
+    def resting(self) -> bool:
+        """No process, none coming until a sweep's policy decides: not final, yet nothing to supervise."""
+        return self in RESTING_STATES
+
+    @property
+    def ended(self) -> bool:
+        """Its attempt is over and nothing starts another by itself: final or resting."""
+        return self in FINAL_STATES or self in RESTING_STATES
 
     @property
     def alive(self) -> bool:
@@ -53,6 +72,8 @@ FINAL_STATES = frozenset(
     {WorkerState.COMPLETED, WorkerState.EARLY_STOPPED, WorkerState.PRUNED, WorkerState.STOPPED,
      WorkerState.FAILED, WorkerState.KILLED}
 )
+# States in which a sweep's trial waits, with no process, for its policy to queue it again (or cut it).
+RESTING_STATES = frozenset({WorkerState.WAITING_AT_RUNG, WorkerState.EXPLOITING, WorkerState.YIELDING})
 # Final states that end a pipeline well: exit status 0, and `torchherd resume` leaves them as they are.
 SUCCESS_STATES = frozenset({WorkerState.COMPLETED, WorkerState.EARLY_STOPPED, WorkerState.PRUNED})
 _ALIVE = frozenset(
@@ -61,23 +82,29 @@ _ALIVE = frozenset(
 )
 
 _S = WorkerState
-_DONE_WELL = frozenset({_S.EARLY_STOPPED, _S.PRUNED})  # reached as a stop is, by the stop's intent
+_REST = RESTING_STATES
+_BY_STOP = frozenset({_S.EARLY_STOPPED, _S.PRUNED}) | _REST  # reached as a stop is, by the stop's intent
 TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
     # QUEUED -> COMPLETED/FAILED/...: a resumed run's pipeline that keeps how it had ended (it had
-    # completed, or it is not among those resumed).
-    _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED, _S.COMPLETED, _S.FAILED}) | _DONE_WELL,
+    # completed, or it is not among those resumed); QUEUED -> a resting state: a resumed trial that waits again.
+    _S.QUEUED: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED, _S.COMPLETED, _S.FAILED}) | _BY_STOP,
     _S.STARTING: frozenset({_S.RUNNING, _S.PAUSED, _S.STOPPING, _S.KILLING, _S.HUNG, _S.BACKOFF,
-                            _S.COMPLETED, _S.STOPPED, _S.FAILED}) | _DONE_WELL,
+                            _S.COMPLETED, _S.STOPPED, _S.FAILED}) | _BY_STOP,
     _S.RUNNING: frozenset({_S.PAUSED, _S.STOPPING, _S.KILLING, _S.HUNG, _S.BACKOFF,
-                           _S.COMPLETED, _S.STOPPED, _S.FAILED}) | _DONE_WELL,
-    _S.HUNG: frozenset({_S.KILLING, _S.BACKOFF, _S.FAILED, _S.STOPPED, _S.KILLED, _S.COMPLETED}) | _DONE_WELL,
+                           _S.COMPLETED, _S.STOPPED, _S.FAILED}) | _BY_STOP,
+    _S.HUNG: frozenset({_S.KILLING, _S.BACKOFF, _S.FAILED, _S.STOPPED, _S.KILLED, _S.COMPLETED}) | _BY_STOP,
     # PAUSED -> COMPLETED: the pause reached a worker that had just trained its last step.
     _S.PAUSED: frozenset({_S.RUNNING, _S.STOPPING, _S.KILLING, _S.BACKOFF,
-                          _S.STOPPED, _S.FAILED, _S.COMPLETED}) | _DONE_WELL,
-    _S.STOPPING: frozenset({_S.KILLING, _S.HUNG, _S.STOPPED, _S.COMPLETED, _S.BACKOFF, _S.FAILED}) | _DONE_WELL,
+                          _S.STOPPED, _S.FAILED, _S.COMPLETED}) | _BY_STOP,
+    _S.STOPPING: frozenset({_S.KILLING, _S.HUNG, _S.STOPPED, _S.COMPLETED, _S.BACKOFF, _S.FAILED}) | _BY_STOP,
     _S.KILLING: frozenset({_S.KILLED, _S.STARTING, _S.QUEUED, _S.STOPPED, _S.COMPLETED,
-                           _S.FAILED, _S.BACKOFF}) | _DONE_WELL,
-    _S.BACKOFF: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED}) | _DONE_WELL,
+                           _S.FAILED, _S.BACKOFF}) | _BY_STOP,
+    _S.BACKOFF: frozenset({_S.STARTING, _S.STOPPED, _S.KILLED}) | _BY_STOP,
+    # A resting trial queues again when its policy says so (promoted, its copy staged, its turn come), or a
+    # person stops or kills it; WAITING_AT_RUNG -> PRUNED: the sweep can go no further and never promoted it.
+    _S.WAITING_AT_RUNG: frozenset({_S.QUEUED, _S.PRUNED, _S.STOPPED, _S.KILLED}),
+    _S.EXPLOITING: frozenset({_S.QUEUED, _S.STOPPED, _S.KILLED}),
+    _S.YIELDING: frozenset({_S.QUEUED, _S.STOPPED, _S.KILLED}),
     # A final state is left only when a person asks to restart the pipeline (or promotes a pruned trial).
     _S.COMPLETED: frozenset({_S.QUEUED}),
     _S.EARLY_STOPPED: frozenset({_S.QUEUED}),
@@ -88,32 +115,18 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
 }
 
 
-# How the engine words the reasons that a final state alone does not tell apart.
-EARLY_STOP = "early stopping"  # begins the reason of a pipeline its validation stopped (`patience`)
-BEFORE_START = "before it started"  # ends the reason of a pipeline that ended without ever running
-EXPLOITING = "takes over "  # begins the reason of a PBT trial stopped to train on from another's checkpoint (pruned)
-PAUSED_AT = "paused at rung "  # begins the reason of a sweep's trial waiting at a rung to be promoted (pruned)
-YIELDING = "yields its slot "  # begins the reason of a PBT trial queued again behind trials it is ahead of (pruned)
-
-
-def ended_label(state: WorkerState | str, reason: str = "") -> str:
-    """A final state as people read it: 'never ran' is told apart from a stop on request (the state itself
-    stays 'stopped' or 'killed' in the records), and 'early_stopped' reads 'early stop' (as does a run
-    recorded before that state existed, 'stopped' for early stopping), a trial paused at a rung 'paused at
-    rung 2', a PBT trial taking over a checkpoint 'exploiting' or giving up its slot 'yielding'; any other
-    state is its own name."""
-    value = WorkerState(state).value
-    if value in ("stopped", "killed") and reason.endswith(BEFORE_START):
+def ended_label(state: WorkerState | str, rung: float | None = None, never_ran: bool = False) -> str:
+    """A state as people read it: 'never ran' for a stop or kill before any attempt ran (the state itself stays
+    'stopped' or 'killed'), 'early stop', 'waiting at rung 2' (`rung`: where it waits), 'exploiting',
+    'yielding'; any other state is its own name."""
+    value = WorkerState(state)
+    if value in (_S.STOPPED, _S.KILLED) and never_ran:
         return "never ran"
-    if value == "early_stopped" or (value == "stopped" and reason.startswith(EARLY_STOP)):
+    if value == _S.EARLY_STOPPED:
         return "early stop"
-    if value == "pruned" and reason.startswith(PAUSED_AT):
-        return reason.split(":", 1)[0]  # 'paused at rung 2': promoting ASHA may train it on
-    if value == "pruned" and reason.startswith(EXPLOITING):
-        return "exploiting"  # PBT: it trains on from a better trial's checkpoint
-    if value == "pruned" and reason.startswith(YIELDING):
-        return "yielding"  # PBT: queued again behind the trials it is ahead of
-    return value
+    if value == _S.WAITING_AT_RUNG:
+        return f"waiting at rung {rung:g}" if rung is not None else "waiting at a rung"
+    return value.value
 
 
 class IllegalTransition(RuntimeError):

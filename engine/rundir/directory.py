@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from ..protocol.messages import (EpochEnd, Event, Message, PipelineEvent, PipelineFinished, PipelineQueued,
                                 RunFinished, RunStarted, StepMetrics, ValResult)
+from ..protocol.old_records import upgraded
 from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .appending import AppendFile
@@ -231,12 +232,15 @@ class RunSummary:
     statuses: dict[str, str]
     live: bool = False  # a torchherd process is still running it
     reasons: dict[str, str] = field(default_factory=dict)  # why each pipeline ended
+    rungs: dict[str, float] = field(default_factory=dict)  # where each trial waiting at a rung waits
+    never_ran: frozenset[str] = frozenset()  # the pipelines that ended before any attempt of them ran
 
     @property
     def labels(self) -> dict[str, str]:
         """Each ended pipeline's state as people read it ('early stop', 'never ran', 'completed', ...)."""
         order = [*self.pipelines, *(n for n in self.statuses if n not in self.pipelines)]  # the config's order
-        return {n: ended_label(self.statuses[n], self.reasons.get(n, "")) for n in order if n in self.statuses}
+        return {n: ended_label(self.statuses[n], self.rungs.get(n), n in self.never_ran)
+                for n in order if n in self.statuses}
 
     @property
     def to_resume(self) -> tuple[str, ...]:
@@ -323,6 +327,8 @@ def summarize(run_dir: Path) -> RunSummary | None:
         return None
     statuses: dict[str, str] = {}
     reasons: dict[str, str] = {}
+    rungs: dict[str, float] = {}
+    never_ran: set[str] = set()
     pipelines = tuple(p for p in started.get("pipelines") or () if isinstance(p, str)) \
         if isinstance(started.get("pipelines"), list) else ()
     for r in records:
@@ -330,10 +336,16 @@ def summarize(run_dir: Path) -> RunSummary | None:
         if not isinstance(name, str):
             continue
         if r.get("type") == PipelineFinished.type and isinstance(r.get("status"), str):
+            r = upgraded(r)
             statuses[name], reasons[name] = r["status"], str(r.get("reason", ""))
+            rungs.pop(name, None)
+            if _number(rung := r.get("rung")):
+                rungs[name] = float(rung)
+            (never_ran.add if r.get("never_ran") is True else never_ran.discard)(name)
         elif r.get("type") == PipelineQueued.type:  # restarted, promoted or resumed: not ended any more
             statuses.pop(name, None)
             reasons.pop(name, None)
+            rungs.pop(name, None)
             pipelines += (name,) if name not in pipelines else ()
     finished = [r for r in records if r.get("type") == RunFinished.type]
     if finished:
@@ -341,11 +353,17 @@ def summarize(run_dir: Path) -> RunSummary | None:
         # the worst any pipeline ended in names the run
         worst = (WorkerState.FAILED, WorkerState.KILLED, WorkerState.STOPPED)
         status = next((s for s in worst if s in values), WorkerState.COMPLETED).value
+        if status == WorkerState.COMPLETED and any(WorkerState(v).resting for v in values if v in _STATES):
+            status = WorkerState.STOPPED.value  # the session ended while a trial waited: the sweep did not finish
     else:
         status = "unfinished"
     when = started.get("time")
     return RunSummary(run_id=run_dir.name, path=run_dir, started=float(when) if _number(when) else 0.0,
-                      status=status, pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons)
+                      status=status, pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons,
+                      rungs=rungs, never_ran=frozenset(never_ran))
+
+
+_STATES = {s.value for s in WorkerState}
 
 
 def _number(value: Any) -> TypeGuard[float]:

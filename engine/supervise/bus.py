@@ -81,6 +81,7 @@ class EventBus:
         self._each_step_taps: list[Callable[[Event, bytes, bool], None]] = []  # the taps with no `steps` of their own
         self._step_taps: list[Callable[[list[StepMetrics], list[bytes]], None]] = []
         self.closed = False
+        self.publishing = 0  # publishes under way (a tap's work deferred until it is 0: decisions.Outbox)
 
     def add_writer(self, writer: Callable[[Event, bytes], None],
                    steps: Callable[[list[StepMetrics], list[bytes]], None] | None = None) -> None:
@@ -112,8 +113,12 @@ class EventBus:
         line = encode_line(event) if self._writers or self._taps else b""
         for writer in self._writers:
             writer(event, line)
-        for tap in self._taps:
-            tap(event, line, True)
+        self.publishing += 1
+        try:
+            for tap in self._taps:
+                tap(event, line, True)
+        finally:
+            self.publishing -= 1
         for queue in self._subscribers:
             queue.put_nowait(event)
 
@@ -127,6 +132,13 @@ class EventBus:
         lines = encode_lines(steps) if self._writers or self._taps else [b""] * len(steps)
         for write in self._step_writers:
             write(steps, lines)
+        self.publishing += 1
+        try:
+            self._tap_steps(steps, lines)
+        finally:
+            self.publishing -= 1
+
+    def _tap_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
         for tap_steps in self._step_taps:
             tap_steps(steps, lines)
         history, taps, queues = self._history.append, self._each_step_taps, self._subscribers
@@ -144,8 +156,12 @@ class EventBus:
         if not self.closed:
             if self._taps:
                 line = encode_line(event)
-                for tap in self._taps:
-                    tap(event, line, False)
+                self.publishing += 1
+                try:
+                    for tap in self._taps:
+                        tap(event, line, False)
+                finally:
+                    self.publishing -= 1
             for queue in self._subscribers:
                 queue.put_nowait(event)
 

@@ -10,26 +10,30 @@ import time
 from dataclasses import replace
 
 from ..config.trials import retuned
-from ..protocol.messages import CheckpointNow, Notice, Pause, Resume
+from ..protocol.messages import CheckpointNow, Notice, Pause, PipelineFinished, Resume
 from ..protocol.names import Intent
-from ..protocol.states import BEFORE_START, WorkerState
+from ..protocol.names import NoticeTopic
+from ..protocol.states import WorkerState
 from .lifecycle import Lifecycle
 from .pipeline import PipelineRun
 
 S = WorkerState
 LIVE = (S.STARTING, S.RUNNING, S.PAUSED)
-STACKS_ASKED = "its processes write their Python stacks to its log"  # the notice of a request (health.py triages it)
+STACKS_ASKED = "its processes write their Python stacks to its log"  # the notice of a request
 
 
-def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str, ending: WorkerState = S.STOPPED) -> None:
-    """Gracefully stop: finish the step, checkpoint, exit (or end now what has nothing to save). `ending`:
-    the final state it ends in (early_stopped, pruned: a completion rather than a stop on request)."""
-    if run.state in (S.QUEUED, S.BACKOFF):
+def stop(lifecycle: Lifecycle, run: PipelineRun, reason: str, ending: WorkerState = S.STOPPED,
+         rung: float | None = None) -> None:
+    """Gracefully stop: finish the step, checkpoint, exit (or end now what has nothing to save). `ending`: the
+    state it ends in (early_stopped, pruned: a completion rather than a stop on request; a resting state: a sweep's
+    trial that waits for its policy, at `rung` when it waits at one). A resting trial ends at once (its sweep cut
+    it, or a person stopped it)."""
+    if run.state in (S.QUEUED, S.BACKOFF) or run.state.resting:
         why = _unstarted(run, "stopped") if run.state == S.QUEUED and ending == S.STOPPED else reason
-        lifecycle.finish(run, ending, why)  # QUEUED/BACKOFF -> STOPPED (or ending)
+        lifecycle.finish(run, ending, why, rung)  # QUEUED/BACKOFF -> STOPPED (or ending); WAITING_AT_RUNG -> PRUNED
         return
     if run.state in LIVE or (run.state in (S.KILLING, S.HUNG) and run.intent in (Intent.RESTART, Intent.HUNG)):
-        run.stop_as = ending
+        run.stop_as, run.stop_rung = ending, rung
     if run.state in LIVE and run.live.start_step is None:
         # Still building its task: it hears no Stop until it trains, and it has trained
         # nothing since its last checkpoint, so it is ended now instead of waited for.
@@ -67,7 +71,7 @@ def _unstarted(run: PipelineRun, what: str) -> str:
     """Why a pipeline with no process ended: `what` before it started (it never ran: people read "never ran"),
     or, when an attempt of it ran (this session or one this run resumes), where it was waiting."""
     if not run.attempts:
-        return f"{what} {BEFORE_START}"
+        return f"{what} before it started"  # PipelineFinished.never_ran says so to the readers
     return f"{what} while waiting to restart" if run.state == S.BACKOFF else f"{what} while queued"
 
 
@@ -80,8 +84,8 @@ def _cannot(run: PipelineRun, what: str) -> str:
 
 def kill(lifecycle: Lifecycle, run: PipelineRun) -> None:
     """End the worker now: the polite signal to its process group, the hard one after the grace period."""
-    if run.state in (S.QUEUED, S.BACKOFF):
-        lifecycle.finish(run, S.KILLED, _unstarted(run, "killed"))  # QUEUED/BACKOFF -> KILLED
+    if run.state in (S.QUEUED, S.BACKOFF) or run.state.resting:
+        lifecycle.finish(run, S.KILLED, _unstarted(run, "killed"))  # QUEUED/BACKOFF/resting -> KILLED
     elif run.handle is not None and run.state != S.KILLING:
         run.live.intent = Intent.KILL
         lifecycle.terminate(run)
@@ -98,10 +102,10 @@ def restart(lifecycle: Lifecycle, run: PipelineRun) -> bool:
             lifecycle.terminate(run)
     elif run.state == S.BACKOFF:
         lifecycle.launch(run)
-    elif run.state.final:
+    elif run.state.ended:
         run.failed_starts = 0
         run.finish_reason = ""
-        lifecycle.set_state(run, S.QUEUED)  # final -> QUEUED: a person asked for another go
+        lifecycle.set_state(run, S.QUEUED)  # final/resting -> QUEUED: a person asked for another go, or its policy
         return True
     return False
 
@@ -129,15 +133,20 @@ def end_at_shutdown(lifecycle: Lifecycle, run: PipelineRun) -> None:
 
 def settle_unreaped(lifecycle: Lifecycle, run: PipelineRun) -> None:
     """The session has ended and `run` has no process, yet no final state: it ends killed (stopped if asked)."""
-    if not run.state.final and run.handle is None:
+    if not run.state.ended and run.handle is None:
         why = run.finish_reason or (_unstarted(run, "session ended") if run.state == S.QUEUED else "session ended")
         lifecycle.finish(run, S.KILLED if run.state != S.STOPPING else run.stop_as, why)
 
 
-def keep_ended(lifecycle: Lifecycle, run: PipelineRun, status: str) -> None:
-    """A resumed run's pipeline that has nothing to train keeps how it had ended (QUEUED -> that state)."""
-    run.finish_reason = f"{status} before the run was resumed"
-    lifecycle.set_state(run, WorkerState(status))
+def keep_ended(lifecycle: Lifecycle, run: PipelineRun, ended: PipelineFinished) -> None:
+    """A resumed run's pipeline that has nothing to train keeps how it had ended (QUEUED -> that state); a resting
+    trial rests again, as it was, for its sweep's policy to decide."""
+    state = WorkerState(ended.status)
+    if state.resting:
+        lifecycle.finish(run, state, ended.reason, ended.rung)  # QUEUED -> resting
+        return
+    run.finish_reason = f"{state.value} before the run was resumed"
+    lifecycle.set_state(run, state)
 
 
 def stacks(run: PipelineRun, publish) -> None:
@@ -145,4 +154,4 @@ def stacks(run: PipelineRun, publish) -> None:
     if run.handle is None:
         raise ValueError(f"{run.name} has no process now: no stacks to write")
     run.handle.dump_stacks()
-    publish(Notice(pipeline=run.name, level="info", text=STACKS_ASKED))
+    publish(Notice(pipeline=run.name, level="info", text=STACKS_ASKED, topic=NoticeTopic.STACKS_ASKED))

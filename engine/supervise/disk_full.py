@@ -11,6 +11,7 @@ import sys
 from typing import Callable
 
 from ..protocol.messages import Event, Notice
+from ..protocol.names import NoticeTopic
 from ..rundir.directory import RunDirectory
 
 SPACE_WAIT = 60.0  # seconds the end of a run waits for room to write the lines it still holds
@@ -50,7 +51,7 @@ class DiskWatch:
     def seen(self, event: Event) -> None:
         """Every event, once published: a checkpoint that failed while the run's own files cannot be written
         either means the disk is full; the run stops while every pipeline still has its last checkpoint."""
-        if self.stopped or not isinstance(event, Notice) or not event.text.startswith("checkpoint failed"):
+        if self.stopped or not isinstance(event, Notice) or event.topic != NoticeTopic.CHECKPOINT_FAILED:
             return
         error = self.rundir.failing
         if error is None:

@@ -1,7 +1,8 @@
 """A session's watch on what goes wrong, as a bus tap: stragglers from the ranks' pace, a triage of every
 stall (and of each stack request), and alerts, with the command `[alerts] command` names run for each.
 
-Everything it says goes through the supervisor's `record`, called soon, never from inside the bus's publish.
+A policy: it reads the session through a `SessionView`, and what it says or asks (an alert, a stack dump) goes to
+its `Outbox` as decisions.
 """
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from pathlib import Path
 from ..protocol.health import Alert, RankPace, Triage
 from ..protocol.records import to_record
 from ..protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerStarted
+from ..protocol.names import NoticeTopic
 from ..protocol.states import WorkerState
 from ..protocol.telemetry import TelemetrySnapshot
 from .alert_rules import AlertRules
-from .commands import STACKS_ASKED
 from .stragglers import StragglerWatch
 from .triage import read_places, verdict
-from .observed import ObservedSession
+from .decisions import DumpStacks, Outbox, Record, SessionView
 
 DISK_EVERY = 30.0  # seconds between looks at the runs folder's free space
 SETTLE = 0.5  # seconds a rank's log must stay the same size for its stack dump to be whole
@@ -35,10 +36,10 @@ WEBHOOK_TRIES = (0.0, 1.0, 3.0)  # seconds to wait before each try of an alert's
 class HealthWatch:
     """Taps a supervisor's bus for its stragglers, triages and alerts."""
 
-    def __init__(self, supervisor: ObservedSession):
-        self._sup = supervisor
-        self.run_dir = Path(supervisor.run_dir)
-        self.config = supervisor.config.alerts
+    def __init__(self, session: SessionView, out: Outbox):
+        self._session, self._out = session, out
+        self.run_dir = Path(session.run_dir)
+        self.config = session.config.alerts
         self.rules = AlertRules(self.config)
         self.stragglers = StragglerWatch(self.config.straggler)
         self.gangs: dict[str, tuple[int, int]] = {}  # pipeline -> (attempt, ranks) of its newest start
@@ -52,7 +53,7 @@ class HealthWatch:
             self._raise(self.rules.take(event))
             return
         if isinstance(event, TelemetrySnapshot):  # a paused pipeline's GPU is idle on purpose
-            paused = frozenset(v.name for v in self._sup.views() if v.state == WorkerState.PAUSED)
+            paused = frozenset(v.name for v in self._session.views() if v.state == WorkerState.PAUSED)
             self._raise(self.rules.idle(event, paused))
             return
         if isinstance(event, WorkerStarted):
@@ -61,11 +62,11 @@ class HealthWatch:
             attempt, world = self.gangs.get(event.pipeline, (0, 2))
             found = self.stragglers.take(event, attempt, world)
             if found is not None:
-                self._loop.call_soon(self._sup.record, found)
+                self._out.send(Record(found))
         elif isinstance(event, Stalled) and event.quiet > 0:
             self.asked[event.pipeline] = self._sizes(event.pipeline)
-            self._loop.call_soon(self._ask_stacks, event.pipeline)
-        elif isinstance(event, Notice) and event.text == STACKS_ASKED and event.pipeline:
+            self._out.send(DumpStacks(event.pipeline))  # its notice starts the triage
+        elif isinstance(event, Notice) and event.topic == NoticeTopic.STACKS_ASKED and event.pipeline:
             sizes = self.asked.pop(event.pipeline, None) or self._sizes(event.pipeline)
             self._loop.create_task(self._triage(event.pipeline, sizes))
         elif isinstance(event, Alert):
@@ -82,8 +83,8 @@ class HealthWatch:
             self._raise(self.rules.take(step))
 
     def _raise(self, alerts: list[Alert]) -> None:
-        for alert in alerts:
-            self._loop.call_soon(self._sup.record, alert)
+        if alerts:
+            self._out.send(*(Record(alert) for alert in alerts))
 
     def _look_at_disk(self) -> None:
         now = time.monotonic()
@@ -106,12 +107,6 @@ class HealthWatch:
     def _sizes(self, pipeline: str) -> list[int]:
         return [p.stat().st_size if p.exists() else 0 for p in self._logs(pipeline)]
 
-    def _ask_stacks(self, pipeline: str) -> None:
-        try:
-            self._sup.stacks(pipeline)  # its notice starts the triage
-        except (KeyError, ValueError):  # it ended meanwhile
-            self.asked.pop(pipeline, None)
-
     async def _triage(self, pipeline: str, sizes: list[int]) -> None:
         """Wait (bounded) until every rank's dump has landed, then gather them and say the verdict."""
         logs, seen, steady = self._logs(pipeline), None, 0.0
@@ -130,8 +125,8 @@ class HealthWatch:
         folder = next(f for n in range(1000) if not (f := folder.with_name(f"{folder.name}-{n}" if n else
                                                                            folder.name)).exists())
         await asyncio.to_thread(_gather, folder, dumps, verdict(places))
-        self._sup.record(Triage(pipeline=pipeline, verdict=verdict(places), folder=str(folder),
-                                ranks=tuple(p.text if p is not None else "" for p in places)))
+        self._out.send(Record(Triage(pipeline=pipeline, verdict=verdict(places), folder=str(folder),
+                                     ranks=tuple(p.text if p is not None else "" for p in places))))
 
     # ------------------------------------------------------------ the alert's command
 
@@ -147,8 +142,8 @@ class HealthWatch:
                 subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                timeout=COMMAND_TIMEOUT, start_new_session=True, check=False)
         except (OSError, subprocess.SubprocessError) as exc:
-            self._loop.call_soon_threadsafe(self._sup.record, Notice(level="warning", pipeline=alert.pipeline, text=(
-                f"the alert command {argv[0]!r} failed: {type(exc).__name__}: {exc} (see alerts.log)")))
+            self._out.send_threadsafe(Record(Notice(level="warning", pipeline=alert.pipeline, text=(
+                f"the alert command {argv[0]!r} failed: {type(exc).__name__}: {exc} (see alerts.log)"))))
 
 
     def _post(self, alert: Alert) -> None:
@@ -168,9 +163,9 @@ class HealthWatch:
                 error = exc
         if not self._webhook_failed:
             self._webhook_failed = True
-            self._loop.call_soon_threadsafe(self._sup.record, Notice(level="warning", text=(
+            self._out.send_threadsafe(Record(Notice(level="warning", text=(
                 f"the alert webhook did not take an alert ({type(error).__name__}: {error}); alerts go on in the "
-                "event log (said once)")))
+                "event log (said once)"))))
 
 
 def _read_from(logs: list[Path], starts: list[int]) -> list[str]:

@@ -92,16 +92,18 @@ class Lifecycle:
         if previous != state:
             self._publish(WorkerStateChanged(pipeline=run.name, state=state.value, previous=previous.value))
 
-    def finish(self, run: PipelineRun, state: WorkerState, reason: str) -> None:
-        """Into a final state: its slots go back to the pool and the run directory says how it ended."""
+    def finish(self, run: PipelineRun, state: WorkerState, reason: str, rung: float | None = None) -> None:
+        """Into a final or resting state (`rung`: where one waiting at a rung waits): its slots go back to the
+        pool and the run directory says how it ended."""
         run.finish_reason = reason
         self.set_state(run, state)
         if run.slots:
             self._scheduler.release(run.slots, run.name)
             run.slots = []
         figures = run.figures()
-        self._publish(PipelineFinished(pipeline=run.name, status=state.value, reason=reason,
-                                       epoch=figures.epoch, step=figures.step))
+        self._publish(PipelineFinished(pipeline=run.name, status=state.value, reason=reason, epoch=figures.epoch,
+                                       step=figures.step, rung=rung if state == S.WAITING_AT_RUNG else None,
+                                       never_ran=not run.attempts))
 
     # ------------------------------------------------------------ starting
 
@@ -109,7 +111,7 @@ class Lifecycle:
         """Start the next attempt on the pipeline's slots (QUEUED/BACKOFF/KILLING -> STARTING)."""
         run.attempts += 1
         run.restart_at = None
-        run.stop_as = S.STOPPED  # a new attempt: whatever the last stop was to end in does not carry over
+        run.stop_as, run.stop_rung = S.STOPPED, None  # a new attempt: what the last stop ended in does not carry over
         attempt, previous = Attempt(number=run.attempts), run.current
         run.current = attempt
         try:
@@ -286,7 +288,7 @@ class Lifecycle:
         self.finish(run, S.KILLED, "killed on request")
 
     def _stopped(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        self.finish(run, run.stop_as, run.stop_reason or "stopped")
+        self.finish(run, run.stop_as, run.stop_reason or "stopped", run.stop_rung)
 
     def _completed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
         self.finish(run, S.COMPLETED, "trained to its limits")

@@ -6,11 +6,10 @@ inline results and the background validator's reach the bus alike.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from ..protocol.messages import Event, Notice, ValResult
-from .observed import ObservedSession
+from .decisions import Outbox, Record, SessionView
 
 
 def missing_metric_text(metric: str, metrics: dict[str, Any]) -> str:
@@ -22,11 +21,10 @@ def missing_metric_text(metric: str, metrics: dict[str, Any]) -> str:
 class MetricWatch:
     """A bus tap that warns once per pipeline whose validation results lack the configured metric."""
 
-    def __init__(self, supervisor: ObservedSession):
-        self._sup = supervisor
-        self.metric = supervisor.config.validation.metric
+    def __init__(self, session: SessionView, out: Outbox):
+        self._out = out
+        self.metric = session.config.validation.metric
         self.warned: set[str] = set()
-        self._loop = asyncio.get_running_loop()
 
     def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
         if not isinstance(event, ValResult) or event.error or not event.metrics or event.pipeline in self.warned:
@@ -36,4 +34,4 @@ class MetricWatch:
             return
         self.warned.add(event.pipeline)
         notice = Notice(pipeline=event.pipeline, level="warning", text=missing_metric_text(self.metric, event.metrics))
-        self._loop.call_soon(self._sup.record, notice)  # not from inside the bus's own publish
+        self._out.send(Record(notice))

@@ -1,25 +1,46 @@
-"""The session's observers beside the run directory, attached as bus taps when it starts: a sweep's pruner
+"""The session's observers beside the run directory, each tapped on its events when it starts: a sweep's pruner
 (`sweeping.py`) or PBT (`exploiting.py`), the TensorBoard event files (`rundir/tensorboard.py`, unless
-`tensorboard = false`) and the warning about a validation metric never reported (`metric_watch.py`), and the
-watch on stragglers, stalls and alerts (`health.py`)."""
+`tensorboard = false`), the warning about a validation metric never reported (`metric_watch.py`), and the watch
+on stragglers, stalls and alerts (`health.py`). The policies among them read a `SessionView` and send decisions to
+an `Outbox`."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..protocol.messages import Event, StepMetrics
 from ..rundir.tensorboard import FOLDER, TensorBoardTap
+from .decisions import Outbox, SessionView
 from .exploiting import PbtController
 from .health import HealthWatch
 from .metric_watch import MetricWatch
-from .observed import ObservedSession
 from .sweeping import SweepPruner
 
-__all__ = ["PbtController", "SweepPruner", "attach_observers"]
+__all__ = ["Observers", "PbtController", "SweepPruner", "observers_of"]
+
+Tap = Callable[[Event, bytes, bool], None]  # (event, its events.jsonl line, kept) on every event published
+StepsTap = Callable[[list[StepMetrics], list[bytes]], None]  # a run of step reports and their lines at once
 
 
-def attach_observers(supervisor: ObservedSession) -> SweepPruner | PbtController | None:
-    """Tap `supervisor`'s bus for its TensorBoard files and its sweep; returns the sweep's pruner (or PBT's
-    controller), if any."""
-    if supervisor.config.tensorboard:
-        supervisor.tap(TensorBoardTap(supervisor.run_dir / FOLDER, supervisor.config).on_event)
-    supervisor.tap(MetricWatch(supervisor).on_event)
-    health = HealthWatch(supervisor)  # stragglers, the triage of a stall, alerts
-    supervisor.tap(health.on_event, health.on_steps)
-    return PbtController.attach(supervisor, supervisor.run_dir) or SweepPruner.attach(supervisor, supervisor.run_dir)
+@dataclass
+class Observers:
+    """What watches a session: its taps (each with the step-run form it takes, if any) and its sweep, if any."""
+
+    taps: list[tuple[Tap, StepsTap | None]] = field(default_factory=list)
+    sweep: SweepPruner | PbtController | None = None
+
+
+def observers_of(session: SessionView, out: Outbox) -> Observers:
+    """The observers of `session`'s config: TensorBoard files, the metric watch, the health watch, and the sweep's
+    pruner (or PBT's controller), its state rebuilt from the run folder."""
+    found = Observers()
+    if session.config.tensorboard:
+        found.taps.append((TensorBoardTap(session.run_dir / FOLDER, session.config).on_event, None))
+    found.taps.append((MetricWatch(session, out).on_event, None))
+    health = HealthWatch(session, out)  # stragglers, the triage of a stall, alerts
+    found.taps.append((health.on_event, health.on_steps))
+    found.sweep = PbtController.attach(session, out, session.run_dir) or SweepPruner.attach(session, out,
+                                                                                            session.run_dir)
+    if found.sweep is not None:
+        found.taps.append((found.sweep.on_event, None))
+    return found

@@ -97,7 +97,8 @@ class PipelineRun:
     failed_starts: int = 0  # consecutive
     restart_at: float | None = None  # monotonic time to leave BACKOFF
     stop_reason: str = ""
-    stop_as: WorkerState = WorkerState.STOPPED  # the final state a requested stop ends in (early_stopped, pruned)
+    stop_as: WorkerState = WorkerState.STOPPED  # the state a requested stop ends in (early_stopped, pruned, resting)
+    stop_rung: float | None = None  # the rung a stop into waiting_at_rung waits at
     last_error: str = ""
     last_traceback: str = ""
     finish_reason: str = ""

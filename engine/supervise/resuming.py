@@ -7,30 +7,31 @@ from pathlib import Path
 
 from ..config.schema import Pipeline
 from ..protocol.messages import PipelineFinished, WorkerStarted
-from ..protocol.states import SUCCESS_STATES, ended_label
+from ..protocol.states import RESTING_STATES, SUCCESS_STATES, ended_label
 from ..rundir.directory import read_events
 from ..runners.registry import runner_for
 
 
-def history_before(run_dir: Path) -> tuple[dict[str, str], dict[str, int]]:
-    """({pipeline: final status} of the pipelines that had ended when the run was cut short, {pipeline:
-    attempts started}), so a resumed pipeline's attempts (and TORCHHERD_RESTART_COUNT) count on."""
-    done: dict[str, str] = {}
+def history_before(run_dir: Path) -> tuple[dict[str, PipelineFinished], dict[str, int]]:
+    """({pipeline: how it ended} of the pipelines that had ended (or rested) when the run was cut short,
+    {pipeline: attempts started}), so a resumed pipeline's attempts (and TORCHHERD_RESTART_COUNT) count on."""
+    done: dict[str, PipelineFinished] = {}
     attempts: dict[str, int] = {}
     for e in read_events(run_dir):
         if isinstance(e, PipelineFinished):
-            done[e.pipeline] = e.status
+            done[e.pipeline] = e
         elif isinstance(e, WorkerStarted):
             attempts[e.pipeline] = max(attempts.get(e.pipeline, 0), e.attempt)
     return done, attempts
 
 
 def kept_on_resume(done: dict[str, str], names: list[str], only: set[str] | None) -> dict[str, str]:
-    """{pipeline: status} of those resuming leaves as they ended (`done`: from `history_before`): the completed,
-    early-stopped and pruned ones (an early-stopped or pruned one resumes only when `only` names it), and
-    those not in `only` when it is given (they keep their final status, or read as stopped)."""
+    """{pipeline: status} of those resuming leaves as they ended (`done`: each one's status): the completed,
+    early-stopped and pruned ones and the sweep's resting trials (any of those but a completed one resumes only
+    when `only` names it), and those not in `only` when it is given (they keep their status, or read as
+    stopped)."""
     if only is None:
-        return {n: done[n] for n in names if done.get(n) in SUCCESS_STATES}
+        return {n: done[n] for n in names if done.get(n) in SUCCESS_STATES | RESTING_STATES}
     return {n: done.get(n, "stopped") for n in names if n not in only or done.get(n) == "completed"}
 
 

@@ -19,8 +19,9 @@ from ..hardware.grants import request_of
 from ..hardware.placement import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
-from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Notice, PipelineQueued, PipelineWaiting, RunFinished,
-                                 RunStarted, pipeline_of)
+from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Notice, PipelineFinished, PipelineQueued,
+                                 PipelineWaiting, RunFinished, RunStarted, pipeline_of)
+from ..protocol.names import NoticeTopic
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
@@ -35,7 +36,8 @@ from .nodes import NodeFollower
 from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
-from .observers import PbtController, SweepPruner, attach_observers
+from .decisions import Decision, DumpStacks, Outbox, Record, Requeue, Retune, SessionView, Stop
+from .observers import PbtController, SweepPruner, observers_of
 from .scheduler import Scheduler
 from .validator_gpu import start_validator
 from .telemetry_feed import TelemetryFeed, gpu_note
@@ -119,23 +121,28 @@ class Supervisor:
         self._rundir.save_config(self.config)
         self._bus.add_writer(self._rundir.write, self._rundir.write_steps)
         names = [n for config in [self.config, *(self._resume_configs or [])[1:]] for n in self._add(config)]
-        kept = kept_on_resume(done, names, self._resume_only) if resuming else {}
+        kept = kept_on_resume({n: e.status for n, e in done.items()}, names, self._resume_only) if resuming else {}
         for name in names:
             self._runs[name].attempts = attempts.get(name, 0)  # attempt numbers count on across resumes
         if resuming:
-            self._emit(Notice(level="info", text=f"resuming run {self.run_id}: " + ", ".join(
-                resume_line(self.run_dir, self._runs[n].plan.config, kept) for n in names)))
+            lines = ", ".join(resume_line(self.run_dir, self._runs[n].plan.config, kept) for n in names)
+            self._emit(Notice(level="info", topic=NoticeTopic.RESUMING, text=f"resuming run {self.run_id}: {lines}"))
         self._emit(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir), config_path=self.config.source,
                               pipelines=tuple(names)))
         for name, status in kept.items():  # nothing to train: they keep how they had ended
-            commands.keep_ended(self._lifecycle, self._runs[name], status)
+            ended = done.get(name) or PipelineFinished(pipeline=name, status=status)
+            commands.keep_ended(self._lifecycle, self._runs[name], ended)
         self._announce_queued(names)
         self.task_check.open(resuming, self._runs[names[0]].plan.background, self._bus)
-        self.sweep = attach_observers(self)  # TensorBoard files; the sweep's pruner (None unless it prunes)
+        loop = asyncio.get_running_loop()
+        outbox = Outbox(self._carry_out, lambda: self._bus.publishing > 0, loop)
+        observers = observers_of(SessionView(self.config, self.run_dir, self.view, self.views), outbox)
+        for tap, steps in observers.taps:  # TensorBoard files, the health and metric watches, the sweep's policy
+            self._bus.add_tap(tap, steps)
+        self.sweep = observers.sweep
         if self.sweep is not None and self.sweep.restarts_trials:  # its restarts fork, even where trials all fit
             self._backend.expect_restarts()
         self._schedule()
-        loop = asyncio.get_running_loop()
         self._tick_task = loop.create_task(self._tick_loop(), name="torchherd-supervisor")
         if self.config.telemetry.enabled:
             self._feed.start(self.config.telemetry, self._backend, self.run_dir / "telemetry.jsonl",
@@ -193,8 +200,9 @@ class Supervisor:
     # ------------------------------------------------------------ commands
 
     def stop(self, name: str | None = None, reason: str = "requested", ending: WorkerState = S.STOPPED) -> None:
-        """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit; it ends in `ending`."""
-        for run in list(self._runs.values()) if name is None else [self._get(name)]:
+        """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit; it ends in `ending`. Stopping
+        all leaves a sweep's resting trials as they are: a resumed run finds them waiting still."""
+        for run in [r for r in self._runs.values() if not r.state.resting] if name is None else [self._get(name)]:
             commands.stop(self._lifecycle, run, reason, ending)
         self._check_finished()
 
@@ -331,6 +339,23 @@ class Supervisor:
         run.slots = self._nodes.refit(run.slots)  # a slot on a node that left: another, if one is free
         return self._attempts.start(run, hold=self.task_check.admit(run))
 
+    def _carry_out(self, decision: Decision) -> None:
+        """Carry out a policy's decision (decisions.py says what each asks)."""
+        if isinstance(decision, Record):
+            self._emit(decision.event)
+            return
+        run = self._get(decision.name)
+        if isinstance(decision, Stop):
+            commands.stop(self._lifecycle, run, decision.reason, decision.ending, decision.rung)
+        elif isinstance(decision, Requeue) and run.state.ended:
+            if decision.behind:
+                commands.requeue(run, next(self._order))
+            self.restart(run.name)  # final/resting -> QUEUED
+        elif isinstance(decision, Retune):
+            commands.retune(run, decision.values)
+        elif isinstance(decision, DumpStacks) and run.handle is not None:
+            commands.stacks(run, self._emit)
+
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
         self._emit_validation(event)
         if self._runs[name].state in commands.LIVE:  # a completion: it ends early_stopped, not stopped
@@ -370,7 +395,7 @@ class Supervisor:
     def _check_finished(self) -> None:
         if self._finished_sent or not self._runs or self._rundir is None or self._validation.stopping:
             return
-        training_done = all(r.state.final for r in self._runs.values())
+        training_done = all(r.state.ended for r in self._runs.values())  # a resting trial waits for its sweep
         if training_done and (self._closing or not self._validation.pending(training_done=True)):
             if not self._closing and self.sweep is not None and self.sweep.settle():
                 return  # a trial paused at a rung was promoted: the sweep goes on

@@ -1,21 +1,21 @@
 """A sweep's pruning in a live session: every `val_result` (the background validator's or inline) goes to the
 sweep's scheduler (`pruning.py`), each verdict becomes a `trial_decision` event, and a pruned trial is stopped
 (checkpoint first) into the final state `pruned`, so its slot goes to the next queued trial. Promoting ASHA
-pauses a trial the same way (`pruned`, its reason 'paused at rung N') and queues it again once promoted.
+stops a trial the same way into `waiting_at_rung` and queues it again once promoted.
 
-It reads the session only through the supervisor's public methods (tap, record, view, stop, restart).
+A policy: it reads the session through a `SessionView` and sends its decisions to an `Outbox`.
 """
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 from pathlib import Path
 
 from ..config.schema import RunConfig
 from ..protocol.messages import EpochEnd, Event, PipelineFinished, TrainingStarted, TrialDecision, ValResult
 from ..protocol.progress import metric_value
-from ..protocol.states import PAUSED_AT, WorkerState
+from ..protocol.states import WorkerState
 from ..rundir.directory import read_events
-from .observed import ObservedSession
+from .decisions import Outbox, Record, Requeue, SessionView, Stop
 from .pruning import Asha, MedianRule, PromotingAsha, Verdict
 
 S = WorkerState
@@ -38,24 +38,23 @@ def scheduler_for(config: RunConfig) -> Asha | PromotingAsha | MedianRule | None
 class SweepPruner:
     """Feeds a session's validation results to its sweep's scheduler and prunes the trials it cuts."""
 
-    def __init__(self, supervisor: ObservedSession, rule: Asha | MedianRule):
-        self._sup, self.rule = supervisor, rule
-        sweep = supervisor.config.sweep
+    def __init__(self, session: SessionView, out: Outbox, rule: Asha | MedianRule):
+        self._session, self._out, self.rule = session, out, rule
+        sweep = session.config.sweep
         assert sweep is not None, "a pruner is a sweep's"
         self._unit = sweep.rung_unit
-        self._metric = supervisor.config.validation.metric
+        self._metric = session.config.validation.metric
         self.exempt: set[str] = set()  # trials a person promoted: never pruned again this session
         self.waking: set[str] = set()  # promoted from a pause, queued again once their pause has ended
-        self._loop = asyncio.get_running_loop()
 
     @classmethod
-    def attach(cls, supervisor: ObservedSession, run_dir: Path) -> "SweepPruner | None":
-        """A pruner for `supervisor`'s sweep, fed the results already in `run_dir` (a resumed run) and then
-        every new one; None when its config prunes nothing."""
-        rule = scheduler_for(supervisor.config)
+    def attach(cls, session: SessionView, out: Outbox, run_dir: Path) -> SweepPruner | None:
+        """A pruner for the session's sweep, fed the results already in `run_dir` (a resumed run); it observes
+        every new event once tapped (`on_event`). None when its config prunes nothing."""
+        rule = scheduler_for(session.config)
         if rule is None:
             return None
-        pruner = cls(supervisor, rule)
+        pruner = cls(session, out, rule)
         per_epoch: dict[str, int] = {}
         decisions: list[TrialDecision] = []
         ended: dict[str, float] = {}  # when each pipeline last ended
@@ -70,7 +69,6 @@ class SweepPruner:
                 ended[event.pipeline] = event.time
         if isinstance(rule, PromotingAsha):
             pruner._restore(decisions, ended)
-        supervisor.tap(pruner._on_event)
         return pruner
 
     @property
@@ -86,7 +84,7 @@ class SweepPruner:
 
     def _restore(self, decisions: list[TrialDecision], ended: dict[str, float]) -> None:
         """Promoting ASHA's rungs, pauses and promotions as its decisions left them: paused trials stay paused
-        (they kept their state, pruned), one promoted whose pause had ended but that had not started again is
+        (they kept their state, waiting_at_rung), one promoted whose pause had ended but that had not started again is
         queued now, and one paused that `resume --only` names trains on, promoted by a person."""
         last: dict[str, TrialDecision] = {}
         for d in decisions:
@@ -98,20 +96,20 @@ class SweepPruner:
             last[d.pipeline] = d
         self._promoting.paused = {n: int(d.rung) for n, d in last.items() if d.action == "pause"}
         for name, d in last.items():
-            state = self._sup.view(name).state
-            if d.action == "promote" and state == S.PRUNED:
+            state = self._session.view(name).state
+            if d.action == "promote" and state == S.WAITING_AT_RUNG:
                 self.waking.add(name)
             elif d.action == "pause" and state == S.QUEUED and ended.get(name, 0.0) > d.time:  # --only NAME
                 self.exempt.add(name)
                 self._promoting.forget(name)
             elif d.action == "pause" and state == S.QUEUED:  # cut short while its pause took effect
-                self._sup.stop(name, reason=f"{PAUSED_AT}{d.rung:g}: {d.reason}", ending=S.PRUNED)
+                self._out.send(Stop(name, d.reason, S.WAITING_AT_RUNG, rung=d.rung))
         self._wake()
 
     def promote(self, name: str) -> None:
-        """Never prune `name` again this session; a pruned trial is un-pruned and trains on from its
-        checkpoint. Raises ValueError for a trial that ended otherwise (restart starts it again)."""
-        state = self._sup.view(name).state
+        """Never prune `name` again this session; a pruned or waiting trial trains on from its checkpoint.
+        Raises ValueError for a trial that ended otherwise (restart starts it again)."""
+        state = self._session.view(name).state
         if state.final and state != S.PRUNED:
             raise ValueError(f"{name} is {state.value}, not pruned: only a pruned trial or one still going can "
                              "be promoted (restart starts it again)")
@@ -120,8 +118,8 @@ class SweepPruner:
             self.rule.forget(name)
             if state == S.STOPPING:  # its pause is taking effect: it trains on once that has ended
                 self.waking.add(name)
-        if state == S.PRUNED:
-            self._sup.restart(name)  # PRUNED -> QUEUED: it trains on from its checkpoint
+        if state in (S.PRUNED, S.WAITING_AT_RUNG):
+            self._out.send(Requeue(name))  # PRUNED/WAITING_AT_RUNG -> QUEUED: it trains on from its checkpoint
 
     def progress(self, event: ValResult, steps_per_epoch: int) -> float:
         """How far the weights scored had trained, in the sweep's unit (epochs from steps where known)."""
@@ -135,37 +133,38 @@ class SweepPruner:
             return None
         return self.rule.result(event.pipeline, self.progress(event, steps_per_epoch), value)
 
-    def _on_event(self, event: Event, line: bytes, kept: bool) -> None:
+    def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
         if isinstance(event, PipelineFinished) and event.pipeline in self.waking:
-            self._loop.call_soon(self._wake)  # a promoted trial's pause has ended: it trains on
+            self._out.later(self._wake)  # a promoted trial's pause has ended: it trains on
         if not isinstance(event, ValResult):
             return
         try:
-            view = self._sup.view(event.pipeline)
+            view = self._session.view(event.pipeline)
         except KeyError:
             return
         verdict = self._judge(event, view.steps_per_epoch)
         if verdict is not None:  # acted on after this event has reached everyone, not inside its publishing
-            self._loop.call_soon(self._act, event.pipeline, verdict)
+            self._out.later(partial(self._act, event.pipeline, verdict))
 
     def _act(self, name: str, verdict: Verdict) -> None:
         if isinstance(self.rule, PromotingAsha):
             self._act_promoting(name, verdict)
             return
-        live = self._sup.view(name).state in JUDGED
+        live = self._session.view(name).state in JUDGED
         prune = verdict.prune and live and name not in self.exempt
         reason = verdict.reason if live or not verdict.prune else f"{verdict.reason} (it had ended already)"
         if verdict.prune and live and not prune:
             reason += " (promoted: never pruned)"
-        self._sup.record(TrialDecision(pipeline=name, action="prune" if prune else "continue", rung=verdict.rung,
-                                       value=verdict.value, cutoff=verdict.cutoff, reason=reason))
+        self._out.send(Record(TrialDecision(pipeline=name, action="prune" if prune else "continue",
+                                            rung=verdict.rung, value=verdict.value, cutoff=verdict.cutoff,
+                                            reason=reason)))
         if prune:
-            self._sup.stop(name, reason=verdict.reason, ending=S.PRUNED)
+            self._out.send(Stop(name, verdict.reason, S.PRUNED))
 
     def _act_promoting(self, name: str, verdict: Verdict) -> None:
         """Promoting ASHA: a trial goes on or pauses at its rung; then any paused trial that now qualifies
         is promoted."""
-        live, action, reason = self._sup.view(name).state in JUDGED, "continue", verdict.reason
+        live, action, reason = self._session.view(name).state in JUDGED, "continue", verdict.reason
         if verdict.pause and name in self.exempt:
             self._promoting.forget(name)
             reason += " (promoted: never paused)"
@@ -174,10 +173,10 @@ class SweepPruner:
             reason += " (it had ended already)"
         elif verdict.pause:
             action = "pause"
-        self._sup.record(TrialDecision(pipeline=name, action=action, rung=verdict.rung, value=verdict.value,
-                                       cutoff=verdict.cutoff, reason=reason))
+        self._out.send(Record(TrialDecision(pipeline=name, action=action, rung=verdict.rung, value=verdict.value,
+                                            cutoff=verdict.cutoff, reason=reason)))
         if action == "pause":
-            self._sup.stop(name, reason=f"{PAUSED_AT}{verdict.rung:g}: {verdict.reason}", ending=S.PRUNED)
+            self._out.send(Stop(name, verdict.reason, S.WAITING_AT_RUNG, rung=verdict.rung))
         self._promote()
 
     def _promote(self, last: bool = False) -> int:
@@ -185,8 +184,8 @@ class SweepPruner:
         returns how many were."""
         promoted = self._promoting.promotions() or (self._promoting.last_promotion() if last else [])
         for name, verdict in promoted:
-            self._sup.record(TrialDecision(pipeline=name, action="promote", rung=verdict.rung,
-                                           value=verdict.value, cutoff=verdict.cutoff, reason=verdict.reason))
+            self._out.send(Record(TrialDecision(pipeline=name, action="promote", rung=verdict.rung,
+                                                value=verdict.value, cutoff=verdict.cutoff, reason=verdict.reason)))
             self.waking.add(name)
         self._wake()
         return len(promoted)
@@ -194,9 +193,9 @@ class SweepPruner:
     def _wake(self) -> None:
         """Queue again each promoted trial whose pause has ended (one still stopping waits for its end)."""
         for name in sorted(self.waking):
-            if self._sup.view(name).state.final:
+            if self._session.view(name).state.ended:
                 self.waking.discard(name)
-                self._sup.restart(name)  # PRUNED -> QUEUED: it trains on from its checkpoint
+                self._out.send(Requeue(name))  # WAITING_AT_RUNG -> QUEUED: it trains on from its checkpoint
 
     def settle(self) -> bool:
         """Every trial has ended and every result is in: promote whoever qualifies now (True: the sweep goes
@@ -207,9 +206,7 @@ class SweepPruner:
         if self._promote(last=True) or waking:  # queues them again (and empties `waking`)
             return True
         for name, verdict in self.rule.unpromoted():
-            self._sup.record(TrialDecision(pipeline=name, action="prune", rung=verdict.rung, value=verdict.value,
-                                           cutoff=verdict.cutoff, reason=verdict.reason))
-            view = self._sup.view(name)
-            self._sup.record(PipelineFinished(pipeline=name, status=S.PRUNED.value, reason=verdict.reason,
-                                              epoch=view.epoch, step=view.step))
+            self._out.send(Record(TrialDecision(pipeline=name, action="prune", rung=verdict.rung, value=verdict.value,
+                                                cutoff=verdict.cutoff, reason=verdict.reason)),
+                           Stop(name, verdict.reason, S.PRUNED))  # WAITING_AT_RUNG -> PRUNED, for good
         return False

@@ -18,7 +18,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from ...engine.protocol.states import PAUSED_AT, WorkerState
+from ...engine.protocol.states import WorkerState
 from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Promote, Restart, Resume, Stacks, Stop, refusal
 from ..messages import CommandRequested
 from ..runstate import RunState
@@ -188,7 +188,7 @@ class DashboardScreen(Screen[None]):
         else:
             sweep = self.state.sweep_for(trial.name)
             promotes = sweep is not None and sweep.promotes
-            pruned = self._state_of(trial.name) == WorkerState.PRUNED
+            pruned = self._state_of(trial.name) in (WorkerState.PRUNED, WorkerState.WAITING_AT_RUNG)
             # A pruned trial: the decision that pruned it (a later result may have been judged as it stopped).
             undecided = sweep.undecided if sweep is not None else ""
             why = next((r for r in reversed(trial.reasons) if not pruned or ": pruned: " in r),
@@ -200,8 +200,8 @@ class DashboardScreen(Screen[None]):
     def _status(self) -> None:
         state = self.state
         counts: dict[str, int] = {}
-        for row in state.rows.values():  # a sweep's trial paused at a rung is no pruned one yet
-            key = "paused at a rung" if row.finish_reason.startswith(PAUSED_AT) else row.state.value
+        for row in state.rows.values():
+            key = "waiting at a rung" if row.state == WorkerState.WAITING_AT_RUNG else row.state.value
             counts[key] = counts.get(key, 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no pipelines yet"
         tag = "  [reverse] read-only [/reverse]" if state.read_only else ""

@@ -22,7 +22,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from ...engine.protocol.progress import PipelineProgress
-from ...engine.protocol.states import PAUSED_AT, WorkerState, ended_label
+from ...engine.protocol.states import WorkerState, ended_label
 from ..formats import fmt_count, fmt_device, fmt_duration, fmt_num, fmt_quiet, metric_label
 
 S = WorkerState
@@ -67,15 +67,15 @@ def fmt_try(row: PipelineProgress, width: int) -> str:
 
 def state_text(row: PipelineProgress, now: float, width: int = 0) -> str:
     """Its state as people read it: 'early stop' and 'never ran' once ended, 'stall 6m' while it makes no step,
-    'r1 1.6x' while a straggler slows its gang, 'paused at rung 2' ('paused r2' within `width` cells) for a
+    'r1 1.6x' while a straggler slows its gang, 'waiting at rung 2' ('waits r2' within `width` cells) for a
     sweep's trial waiting to be promoted."""
     if row.stalled_since is not None and row.state in (WorkerState.STARTING, WorkerState.RUNNING):
         return f"stall {fmt_quiet(now - row.stalled_since)}"
     if row.straggler and row.state == WorkerState.RUNNING:  # a gang's rank behind the others: "r1 1.6x"
         return row.straggler
-    text = ended_label(row.state, row.finish_reason)
-    if width and len(text) > width and text.startswith(PAUSED_AT):
-        return f"paused r{text[len(PAUSED_AT):]}"
+    text = ended_label(row.state, row.rung, row.never_ran)
+    if width and len(text) > width and row.state == WorkerState.WAITING_AT_RUNG and row.rung is not None:
+        return f"waits r{row.rung:g}"
     return text
 
 

@@ -33,7 +33,7 @@ from .logged import logged_on_epoch, logged_on_step
 from .support import PREPARED, LightningTask, build_for, monitors_problem, prepare_once, val_monitors
 from ...protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult,
                                   WorkerError)
-from ...protocol.names import PipelineKind, ValidationMode
+from ...protocol.names import NoticeTopic, PipelineKind, ValidationMode
 from ...protocol.progress import judge
 from ...worker.handoff import HandOff, snapshot_meta
 from ...worker.reporting import ReportWindow
@@ -255,7 +255,8 @@ class LightningAttempt:
                 return
             path = ckpt.save_checkpoint(self.ckpt_dir, state, name)
         except ckpt.CheckpointError as exc:
-            self.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
+            self.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}",
+                             topic=NoticeTopic.CHECKPOINT_FAILED))
             return
         self.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=trainer.current_epoch,
                                   step=trainer.global_step, reason=reason))

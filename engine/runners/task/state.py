@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ...protocol.messages import CheckpointSaved, Notice, Resumed
+from ...protocol.names import NoticeTopic
 from ...worker import checkpoint as ckpt
 
 if TYPE_CHECKING:
@@ -188,7 +189,8 @@ class TrainerCheckpoints:
         except ckpt.CheckpointError as exc:
             # Training goes on; the previous checkpoint is still there.
             if self.lead:
-                self.sender.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}"))
+                self.sender.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}",
+                                        topic=NoticeTopic.CHECKPOINT_FAILED))
             return
         if self.lead:
             self.sender.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=self.epoch,
