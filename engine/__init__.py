@@ -21,7 +21,7 @@ _WHERE = {  # name -> the module that defines it
     "RunSummary": ".rundir.directory", "list_runs": ".rundir.directory", "load_resolved_configs": ".rundir.directory",
     "read_events": ".rundir.directory", "run_held": ".rundir.directory", "summarize": ".rundir.directory",
     "read_history": ".rundir.history", "export_run": ".rundir.tensorboard",
-    "export_schedules": ".supervise.exploiting",
+    "export_schedules": ".supervise.sweep.exploiting",
     # live runs: started as a service, found, reached
     "LiveRun": ".live", "EventStream": ".supervise.bus",
     "Supervisor": ".supervise.supervisor", "PipelineView": ".supervise.supervisor",
@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers (kept equal t
     from .serve.runtime import clean_stale as clean_stale, live_runs as live_runs, read_control as read_control
     from .serve.service import ServiceFailed as ServiceFailed, StartCancelled as StartCancelled, spawn as spawn
     from .supervise.bus import EventStream as EventStream
-    from .supervise.exploiting import export_schedules as export_schedules
+    from .supervise.sweep.exploiting import export_schedules as export_schedules
     from .supervise.supervisor import PipelineView as PipelineView, Supervisor as Supervisor
 
 

@@ -8,9 +8,9 @@ from torchherd.engine.config.alerts import AlertsConfig
 from torchherd.engine.config.problems import ConfigError
 from torchherd.engine.protocol.health import RankPace, Straggler
 from torchherd.engine.protocol.messages import Notice, Stalled, StepMetrics, WorkerError, WorkerExited
-from torchherd.engine.supervise.alert_rules import AlertRules, robust_z
-from torchherd.engine.supervise.stragglers import GangPace
-from torchherd.engine.supervise.triage import Place, read_places, verdict
+from torchherd.engine.supervise.health.alert_rules import AlertRules, robust_z
+from torchherd.engine.supervise.health.stragglers import GangPace
+from torchherd.engine.supervise.health.triage import Place, read_places, verdict
 from tests.conftest import make_config
 
 
@@ -171,7 +171,7 @@ def test_a_validator_that_falls_behind_is_one_alert_and_a_background_score_reset
 
 def test_snapshots_handed_off_while_the_validator_starts_are_no_lag_until_its_grace_has_passed():
     from torchherd.engine.protocol.messages import SnapshotTaken
-    from torchherd.engine.supervise.alert_rules import STARTUP_GRACE
+    from torchherd.engine.supervise.health.alert_rules import STARTUP_GRACE
 
     def taken(seq: int, at: float) -> SnapshotTaken:
         return SnapshotTaken(pipeline="a", seq=seq, epoch=seq, step=seq, slot=0, stall_ms=1.0, nbytes=1, time=at)

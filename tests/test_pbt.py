@@ -1,4 +1,4 @@
-"""PBT's rule apart from any process (engine/supervise/pbt.py): quantiles, exploration, when a trial takes over
+"""PBT's rule apart from any process (engine/supervise/sweep/pbt.py): quantiles, exploration, when a trial takes over
 another's checkpoint, the schedules folded from its decisions; its config keys and a retuned trial."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from torchherd.engine.config.problems import ConfigError
 from torchherd.engine.config.trials import retuned
 from torchherd.engine.protocol.messages import TrialDecision
-from torchherd.engine.supervise.exploiting import STAGED, checksum, stage, unstage
-from torchherd.engine.supervise.pbt import Pbt, explore, quantiles, schedules
+from torchherd.engine.supervise.sweep.exploiting import STAGED, checksum, stage, unstage
+from torchherd.engine.supervise.sweep.pbt import Pbt, explore, quantiles, schedules
 from torchherd.tui.ranking import lineage
 from tests.conftest import make_config
 
@@ -194,7 +194,7 @@ async def test_a_trials_own_saves_after_its_exploit_was_decided_are_never_offere
     # step and epoch and get the copy's.
     from torchherd.engine.protocol.messages import CheckpointSaved, EpochEnd, TrainingStarted
     from torchherd.engine.supervise.decisions import SessionView
-    from torchherd.engine.supervise.exploiting import PbtController
+    from torchherd.engine.supervise.sweep.exploiting import PbtController
     from torchherd.engine.supervise.supervisor import Supervisor
 
     config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1, 0.01]}},
@@ -265,8 +265,8 @@ async def test_an_exploit_decided_as_the_trials_yield_ends_applies_its_copy_befo
 
     from torchherd.engine.protocol.messages import PipelineFinished
     from torchherd.engine.protocol.states import WorkerState
-    from torchherd.engine.supervise.exploiting import PbtController
-    from torchherd.engine.supervise.pbt import Exploit
+    from torchherd.engine.supervise.sweep.exploiting import PbtController
+    from torchherd.engine.supervise.sweep.pbt import Exploit
 
     config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1, 0.01]}},
                                                            "scheduler": "pbt", "perturbation_interval": 1})

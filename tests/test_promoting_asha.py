@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from torchherd.engine.protocol.states import WorkerState, ended_label
-from torchherd.engine.supervise.pruning import Asha, PromotingAsha
+from torchherd.engine.supervise.sweep.pruning import Asha, PromotingAsha
 
 
 def test_the_first_at_a_rung_pauses_and_the_second_better_one_goes_on():
@@ -162,7 +162,7 @@ async def test_a_trial_promoted_while_its_pause_took_effect_trains_on_when_the_l
     # Regression: the sweep's settle (every trial ended) queued the promoted trial again, then found no trial
     # waking and cut the rest: the run finished, saying the trial was 'queued', and it never trained on.
     from torchherd.engine.protocol.states import WorkerState
-    from torchherd.engine.supervise.sweeping import SweepPruner
+    from torchherd.engine.supervise.sweep.sweeping import SweepPruner
     from tests.conftest import make_config
 
     sweep = {"space": {"params": {"lr": [0.1, 0.01]}}, "scheduler": "asha", "mode": "promote", "grace_period": 1,

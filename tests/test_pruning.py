@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from torchherd.engine.supervise.pruning import Asha, MedianRule, percentile, worse
+from torchherd.engine.supervise.sweep.pruning import Asha, MedianRule, percentile, worse
 
 
 def test_percentile_interpolates_as_numpy():

@@ -1,7 +1,7 @@
 """The `[sweep]` table's schema: the search space over pipeline keys and `params.*`, and the scheduler that
 prunes trials by their validation results (ASHA or the median rule).
 
-`config/trials.py` expands it into one pipeline per trial; `supervise/pruning.py` applies the scheduler.
+`config/trials.py` expands it into one pipeline per trial; `supervise/sweep/pruning.py` applies the scheduler.
 """
 from __future__ import annotations
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from ..protocol.messages import Event, StepMetrics
 from ..rundir.tensorboard import FOLDER, TensorBoardTap
 from .decisions import Outbox, SessionView
-from .exploiting import PbtController
-from .health import HealthWatch
-from .metric_watch import MetricWatch
-from .sweeping import SweepPruner
+from .sweep.exploiting import PbtController
+from .health.watch import HealthWatch
+from .health.metric_watch import MetricWatch
+from .sweep.sweeping import SweepPruner
 
 __all__ = ["Observers", "PbtController", "SweepPruner", "observers_of"]
 

@@ -109,7 +109,7 @@ class LightningScorer:
         from ...worker import checkpoint as ckpt
         metric = self.validation.metric
         value = metrics.get(metric)
-        if value is None:  # the supervisor says so (supervise/metric_watch.py), whichever the mode
+        if value is None:  # the supervisor says so (supervise/health/metric_watch.py), whichever the mode
             return
         keep_best(self, sender, value,
                   lambda: ckpt.write_atomic(self.pipeline_dir / "checkpoints" / BEST, self._best_state(loaded, value)))

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..config.trials import draw, numeric
+from ...config.trials import draw, numeric
 from .pruning import EPS, _at, worse
 
 FACTORS = (0.8, 1.2)  # a perturbed number is the donor's times one of these (Ray Tune's)

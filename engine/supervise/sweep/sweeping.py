@@ -10,12 +10,12 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-from ..config.schema import RunConfig
-from ..protocol.messages import EpochEnd, Event, PipelineFinished, TrainingStarted, TrialDecision, ValResult
-from ..protocol.progress import metric_value
-from ..protocol.states import WorkerState
-from ..rundir.directory import read_events
-from .decisions import Outbox, Record, Requeue, SessionView, Stop
+from ...config.schema import RunConfig
+from ...protocol.messages import EpochEnd, Event, PipelineFinished, TrainingStarted, TrialDecision, ValResult
+from ...protocol.progress import metric_value
+from ...protocol.states import WorkerState
+from ...rundir.directory import read_events
+from ..decisions import Outbox, Record, Requeue, SessionView, Stop
 from .pruning import Asha, MedianRule, PromotingAsha, Verdict
 
 S = WorkerState

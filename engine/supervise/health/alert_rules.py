@@ -12,12 +12,12 @@ import math
 import statistics
 from collections import deque
 
-from ..config.alerts import AlertsConfig
-from ..protocol.health import Alert, Straggler
-from ..protocol.messages import (Event, Notice, SnapshotTaken, Stalled, StepMetrics, ValResult, WorkerError,
+from ...config.alerts import AlertsConfig
+from ...protocol.health import Alert, Straggler
+from ...protocol.messages import (Event, Notice, SnapshotTaken, Stalled, StepMetrics, ValResult, WorkerError,
                                  WorkerExited, pipeline_of)
-from ..protocol.names import ValidationMode
-from ..protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, TelemetrySnapshot
+from ...protocol.names import ValidationMode
+from ...protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, TelemetrySnapshot
 
 MAD_SCALE = 1.4826  # the MAD of normal data times this is its standard deviation
 MIN_SPREAD = 1e-6  # a window of identical losses: a spike must still exceed them by this much (relative)

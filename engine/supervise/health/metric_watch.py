@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..protocol.messages import Event, Notice, ValResult
-from .decisions import Outbox, Record, SessionView
+from ...protocol.messages import Event, Notice, ValResult
+from ..decisions import Outbox, Record, SessionView
 
 
 def missing_metric_text(metric: str, metrics: dict[str, Any]) -> str:

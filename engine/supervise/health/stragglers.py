@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..protocol.health import RankPace, Straggler
+from ...protocol.health import RankPace, Straggler
 
 RUNS = 3  # reports running that make (or unmake) a straggler: one slow window is noise
 FLOOR = 0.002  # seconds per batch a straggler must lag by, besides the ratio: a 1 ms step is all noise
