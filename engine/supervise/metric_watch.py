@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..protocol.messages import Event, Notice, ValResult
+from ..protocol.messages import Event, Notice, StepMetrics, ValResult
 from .observed import ObservedSession
 
 
@@ -37,3 +37,6 @@ class MetricWatch:
         self.warned.add(event.pipeline)
         notice = Notice(pipeline=event.pipeline, level="warning", text=missing_metric_text(self.metric, event.metrics))
         self._loop.call_soon(self._sup.record, notice)  # not from inside the bus's own publish
+
+    def on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
+        """A run of step reports, taken at once: none is a validation result (a call per report costs a flood)."""

@@ -19,7 +19,8 @@ def attach_observers(supervisor: ObservedSession) -> SweepPruner | PbtController
     controller), if any."""
     if supervisor.config.tensorboard:
         supervisor.tap(TensorBoardTap(supervisor.run_dir / FOLDER, supervisor.config).on_event)
-    supervisor.tap(MetricWatch(supervisor).on_event)
+    watch = MetricWatch(supervisor)
+    supervisor.tap(watch.on_event, watch.on_steps)
     health = HealthWatch(supervisor)  # stragglers, the triage of a stall, alerts
     supervisor.tap(health.on_event, health.on_steps)
     return PbtController.attach(supervisor, supervisor.run_dir) or SweepPruner.attach(supervisor, supervisor.run_dir)
