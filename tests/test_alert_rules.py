@@ -2,6 +2,9 @@
 straggler rule over rank reports, and the verdict read from faulthandler's dumps."""
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from torchherd.engine.config.alerts import AlertsConfig
@@ -32,6 +35,27 @@ def test_a_loss_spike_is_one_alert_and_noise_is_none():
 
 def test_a_robust_z_score_ignores_one_outlier_in_the_window():
     assert robust_z(1.1, [1.0, 1.1, 0.9, 1.0, 50.0]) < 2
+
+
+def test_the_spike_rule_over_a_batch_alerts_where_robust_z_on_every_report_would():
+    """take_steps rules most reports out from the sorted window without robust_z: never one robust_z flags."""
+    rng = random.Random(7)
+    for trial in range(300):
+        size, spike = rng.choice([10, 11, 50]), rng.choice([1.0, 3.0, 10.0])
+        losses = [rng.choice([0.5, 0.5, 1.0, 0.0, -0.0, 1.0 + 2 ** -52, rng.gauss(1, 0.1), rng.expovariate(0.1),
+                              math.nan, math.inf]) for _ in range(rng.randrange(10, 120))]
+        window: list[float] = []
+        expected = []
+        for i, loss in enumerate(losses):
+            if math.isfinite(loss):
+                if len(window) >= 10 and robust_z(loss, window[-size:]) >= spike:
+                    expected.append(i)
+                window.append(loss)
+        r = rules(spike=spike, spike_window=size, interval=0.0)
+        batch = [step(loss, i, t=float(i)) for i, loss in enumerate(losses)]
+        half = rng.randrange(len(batch))
+        got = r.take_steps(batch[:half]) + r.take_steps(batch[half:])
+        assert [int(a.message.split(" at step ")[1].split()[0]) for a in got] == expected, trial
 
 
 def test_nan_stall_straggler_and_oom_each_raise_their_rule():

@@ -36,7 +36,8 @@ def observers_of(session: SessionView, out: Outbox) -> Observers:
     found = Observers()
     if session.config.tensorboard:
         found.taps.append((TensorBoardTap(session.run_dir / FOLDER, session.config).on_event, None))
-    found.taps.append((MetricWatch(session, out).on_event, None))
+    watch = MetricWatch(session, out)
+    found.taps.append((watch.on_event, watch.on_steps))
     health = HealthWatch(session, out)  # stragglers, the triage of a stall, alerts
     found.taps.append((health.on_event, health.on_steps))
     found.sweep = PbtController.attach(session, out, session.run_dir) or SweepPruner.attach(session, out,

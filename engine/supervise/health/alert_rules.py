@@ -8,9 +8,10 @@ almost full. One alert per rule and pipeline per `interval`; the next one counts
 """
 from __future__ import annotations
 
-import math
 import statistics
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from math import isfinite
 
 from ...config.alerts import AlertsConfig
 from ...protocol.health import Alert, Straggler
@@ -31,6 +32,22 @@ def robust_z(value: float, window: list[float]) -> float:
     return (value - median) / max(mad, abs(median) * MIN_SPREAD, 1e-12)
 
 
+def may_spike(value: float, ordered: list[float], spike: float) -> bool:
+    """False when robust_z(value, window) >= spike cannot hold, `ordered` being the window sorted; True when it may.
+
+    From the sorted window in O(log n): the median directly, then whether more than half the losses lie so close
+    to it that the MAD is below what a z of `spike` needs (two bisects, margins for rounding). A step report at or
+    under the median, and any but a real outlier, is judged here without robust_z's two sorts."""
+    n = len(ordered)
+    half = n // 2
+    median = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2  # as statistics.median
+    if not value > median:
+        return False  # z <= 0 < spike
+    reach = (value - median) / (spike * MAD_SCALE) * (1 + 4e-9) + 1e-300  # a MAD above this: z < spike
+    near = bisect_right(ordered, median + reach) - bisect_left(ordered, median - reach)
+    return near > (n - 1) // 2  # at most that many deviations within reach: the MAD (their median) exceeds it
+
+
 def is_nan_text(text: str) -> bool:
     return "training loss is nan" in text or "training loss is inf" in text or "training loss is -inf" in text
 
@@ -45,6 +62,7 @@ class AlertRules:
     def __init__(self, config: AlertsConfig):
         self.config = config
         self.losses: dict[str, deque[float]] = {}  # pipeline -> its recent step losses
+        self.ordered: dict[str, list[float]] = {}  # pipeline -> the same losses, sorted
         self.last: dict[tuple[str, str], float] = {}  # (rule, pipeline) -> when its last alert went out
         self.held: dict[tuple[str, str], int] = {}  # (rule, pipeline) -> alerts held back since then
         self.idle_since: dict[str, float] = {}  # pipeline -> when its GPUs last went idle
@@ -56,6 +74,10 @@ class AlertRules:
         """The alerts `event` raises (after the rate limit: [] when one went out for its rule lately)."""
         found = self._judge(event)
         return [a for a in (self._limit(alert, event.time) for alert in found) if a is not None]
+
+    def take_steps(self, events: list[StepMetrics]) -> list[Alert]:
+        """`take` of each of a run of step reports, in order: the bulk of a worker's batch, in one call."""
+        return [a for a in (self._limit(alert, at) for alert, at in self._spikes(events)) if a is not None]
 
     def _judge(self, event: Event) -> list[Alert]:
         name = pipeline_of(event)
@@ -79,17 +101,35 @@ class AlertRules:
         return []
 
     def _step(self, event: StepMetrics) -> list[Alert]:
-        name, loss = event.pipeline, event.loss
-        window = self.losses.setdefault(name, deque(maxlen=self.config.spike_window))
-        size = self.config.spike_window
-        if not math.isfinite(loss):
-            return []  # the NaN policy's notice or error says it
+        return [alert for alert, _ in self._spikes([event])]
+
+    def _spikes(self, events: list[StepMetrics]) -> list[tuple[Alert, float]]:
+        """The loss spike rule over a run of step reports (the time of each alert's report beside it): each judged
+        against the window before it, then added to it. The window is kept sorted as well, so that may_spike
+        rules out all but a near-outlier in O(log n) before robust_z's two sorts; a flood of reports costs
+        little each."""
         found = []
-        if len(window) >= min(10, size) and (z := robust_z(loss, list(window))) >= self.config.spike:
-            found.append(self._alert("spike", name, f"{name}: loss spike", (
-                f"loss {loss:.4g} at step {event.step} is {z:.0f} robust z-scores above the last "
-                f"{len(window)} reports' median {statistics.median(window):.4g}")))
-        window.append(loss)
+        spike, size, name = self.config.spike, self.config.spike_window, None
+        least = min(10, size)  # reports in the window before the rule judges
+        for event in events:
+            if event.pipeline != name:
+                name = event.pipeline
+                if name not in self.losses:
+                    self.losses[name], self.ordered[name] = deque(maxlen=size), []
+                window, ordered = self.losses[name], self.ordered[name]
+            loss = event.loss
+            if not isfinite(loss):
+                continue  # the NaN policy's notice or error says it
+            n = len(ordered)
+            if (n >= least and loss > ordered[(n - 1) >> 1] and may_spike(loss, ordered, spike)  # over the median
+                    and (z := robust_z(loss, list(window))) >= spike):
+                found.append((self._alert("spike", name, f"{name}: loss spike", (
+                    f"loss {loss:.4g} at step {event.step} is {z:.0f} robust z-scores above the last "
+                    f"{n} reports' median {statistics.median(window):.4g}")), event.time))
+            if n == window.maxlen:
+                del ordered[bisect_left(ordered, window[0])]  # the one the append drops
+            window.append(loss)
+            insort(ordered, loss)
         return found
 
     def _behind(self, event: SnapshotTaken | ValResult) -> list[Alert]:

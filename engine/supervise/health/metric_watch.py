@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...protocol.messages import Event, Notice, ValResult
+from ...protocol.messages import Event, Notice, StepMetrics, ValResult
 from ..decisions import Outbox, Record, SessionView
 
 
@@ -35,3 +35,6 @@ class MetricWatch:
         self.warned.add(event.pipeline)
         notice = Notice(pipeline=event.pipeline, level="warning", text=missing_metric_text(self.metric, event.metrics))
         self._out.send(Record(notice))
+
+    def on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
+        """A run of step reports, taken at once: none is a validation result (a call per report costs a flood)."""

@@ -79,8 +79,7 @@ class HealthWatch:
         self._look_at_disk()
 
     def on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
-        for step in steps:
-            self._raise(self.rules.take(step))
+        self._raise(self.rules.take_steps(steps))
 
     def _raise(self, alerts: list[Alert]) -> None:
         if alerts:
