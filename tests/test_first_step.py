@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from torchherd.engine.supervise.bus import Publisher
 from torchherd.engine.config.load import parse_config
 from torchherd.engine.protocol.messages import TaskBuilt, WorkerError
 from torchherd.engine.supervise.build_check import BuildCheck
@@ -91,7 +92,7 @@ def held(name: str, kind: str = "task") -> SimpleNamespace:
 def opened(config) -> BuildCheck:
     """The check of a fresh run, as the supervisor opens it before its first wave launches."""
     check = BuildCheck(config, asked=True)
-    check.open(resuming=False, background=False, bus=SimpleNamespace(add_tap=lambda tap: None))
+    check.open(resuming=False, background=False, publish=Publisher({}))
     return check
 
 

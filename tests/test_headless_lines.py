@@ -6,6 +6,7 @@ import io
 
 from torchherd.engine.protocol.messages import (CheckpointSaved, EpochEnd, Notice, StepMetrics, TrainingStarted,
                                                 ValResult, WorkerError)
+from torchherd.engine.protocol.names import NoticeTopic
 from torchherd.tui.headless import LinePrinter
 
 TB = 'Traceback (most recent call last):\n  File "task.py", line 3, in loss\nValueError: shapes differ\n'
@@ -109,5 +110,6 @@ def test_resume_headless_prints_only_the_new_session():
     assert session_start(old + [first]) == 2  # cut short: the new session starts at its own run_started
     assert session_start(old + [RunFinished(ok=False, statuses={}), first]) == 3
     assert session_start([first]) == 0
-    plan = Notice(level="info", text="resuming run r: a with --init_from=resume (ckpt.pt, 3 s ago)")
+    plan = Notice(level="info", text="resuming run r: a with --init_from=resume (ckpt.pt, 3 s ago)",
+                  topic=NoticeTopic.RESUMING)
     assert session_start(old + [plan, first]) == 2  # the resume plan is the new session's first word

@@ -487,7 +487,7 @@ async def test_a_workers_batch_reaches_the_files_taps_and_subscribers_in_the_ord
         seen.append(e)
     assert [(type(e).__name__, e.step) for e in seen if hasattr(e, "step")] == sent
     assert [(name, step) for name, step, _ in tapped if step is not None] == sent
-    sup._rundir.flush()
+    sup._opened.rundir.flush()
     written = read_records(sup.run_dir / "events.jsonl")
     assert [(r["type"], r.get("step")) for r in written if "step" in r] == [
         ("training_started", 0), ("step", 1), ("step", 2), ("step", 3), ("epoch_end", 3), ("step", 4), ("step", 5)]

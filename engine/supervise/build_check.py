@@ -29,7 +29,7 @@ from ..preflight.probe import plan_jobs, probe_tasks, shorten, task_problems
 from ..protocol.messages import Event, Proceed, TaskBuilt, TasksChecked, WorkerError, pipeline_of
 from ..protocol.names import PipelineKind
 from . import commands
-from .bus import EventBus
+from .bus import Publisher
 from .lifecycle import Lifecycle
 from .pipeline import PipelineRun
 
@@ -55,13 +55,13 @@ class BuildCheck:
         self._cancelled = False
         self.refused = False  # a task did not build: the run trained nothing and its directory goes at the end
 
-    def open(self, resuming: bool, background: bool, bus: EventBus) -> None:
+    def open(self, resuming: bool, background: bool, publish: Publisher) -> None:
         """Before the first wave launches: hold its Task workers, if asked, unless resuming or nothing builds."""
         self.background = background
         self.tasks = len(plan_jobs(self.config, background)) if self.asked and not resuming else 0
         if self.tasks:
             self.active, self.started = True, time.monotonic()
-            bus.add_tap(lambda event, line, kept: self.heard(pipeline_of(event), event))
+            publish.tap(lambda event, line, kept: self.heard(pipeline_of(event), event))
 
     @property
     def holding(self) -> bool:

@@ -1,6 +1,6 @@
-"""The event bus of a session: events go on with `publish` (one), `publish_steps` (a run of step reports at
-once) or `publish_transient` (telemetry: never written); they come off through `add_writer` (the run directory,
-first), `add_tap` (a callback per event) and `subscribe` (a stream, the history first for late comers).
+"""The event bus of a session and its one door, `Publisher`: every event, run of step reports and transient of
+the session goes on through it, which folds each pipeline's progress as it publishes; events come off through
+writers (the run directory, first), taps (a callback per event) and subscribers (a stream, the history first).
 
 Each event is encoded once (its events.jsonl line) for every writer and tap. Closing the bus ends every stream.
 """
@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Callable, Iterator, cast
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, cast
 
-from ..protocol.messages import Event, StepMetrics
+from ..protocol.messages import Event, StepMetrics, pipeline_of
 from ..rundir.lines import encode_line, encode_lines
 
+if TYPE_CHECKING:
+    from .pipeline import PipelineRun
+
 HISTORY = 100_000  # events kept in memory for late subscribers
+Tap = Callable[[Event, bytes, bool], None]  # (event, its events.jsonl line, kept) on every event published
+StepsTap = Callable[[list[StepMetrics], list[bytes]], None]  # a run of step reports and their lines at once
 
 
 class EventStream:
@@ -70,7 +76,8 @@ class EventStream:
 
 
 class EventBus:
-    """Fans events out to writers, taps and subscribers, in the order they were published."""
+    """Fans events out to writers, taps and subscribers, in the order they were published. Only its `Publisher`
+    publishes on it."""
 
     def __init__(self, history: int = HISTORY):
         self._history: deque[Event] = deque(maxlen=history)
@@ -188,6 +195,55 @@ class EventBus:
         self._step_taps.clear()
         for queue in self._subscribers:
             queue.put_nowait(None)
+
+
+class Publisher:
+    """The one door onto a session's bus: what it publishes is folded into its pipeline's progress (the one fold
+    of progress, as the app folds the same events), then written, tapped and streamed."""
+
+    def __init__(self, pipelines: Mapping[str, PipelineRun], bus: EventBus | None = None):
+        self._pipelines = pipelines  # the supervisor's, by name: a pipeline added later is folded too
+        self._bus = bus if bus is not None else EventBus()
+        self.quiet = False  # the run has finished: news from the validator is no longer kept (`validation`)
+
+    @property
+    def publishing(self) -> bool:
+        """An event is reaching its taps now (a policy's decisions wait until it has reached every one)."""
+        return self._bus.publishing > 0
+
+    def event(self, event: Event) -> None:
+        """Publish one event."""
+        self._bus.publish(event)
+        pipe = self._pipelines.get(pipeline_of(event))
+        if pipe is not None:
+            pipe.fold(event)
+
+    def steps(self, pipe: PipelineRun, steps: list[StepMetrics]) -> None:
+        """Publish a run of `pipe`'s step reports at once (the bulk of a worker's batch)."""
+        self._bus.publish_steps(steps)
+        pipe.fold(steps[-1])  # the newest supersedes the rest
+
+    def transient(self, event: Event) -> None:
+        """To taps and subscribers only, never written (telemetry has its own file; a rank's pace)."""
+        self._bus.publish_transient(event)
+
+    def validation(self, event: Event) -> None:
+        """The validator's news; once the run has finished nothing more is written (readers take run_finished to be
+        the last event), so what arrives later is not kept."""
+        if not self.quiet:
+            self.event(event)
+
+    def add_writer(self, writer: Callable[[Event, bytes], None], steps: StepsTap | None = None) -> None:
+        self._bus.add_writer(writer, steps)
+
+    def tap(self, tap: Tap, steps: StepsTap | None = None) -> None:
+        self._bus.add_tap(tap, steps)
+
+    def subscribe(self, replay: bool = True) -> EventStream:
+        return self._bus.subscribe(replay)
+
+    def close(self) -> None:
+        self._bus.close()
 
 
 def step_runs(events: list[Event]) -> Iterator[tuple[list[StepMetrics], Event | None]]:

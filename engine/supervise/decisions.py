@@ -30,6 +30,13 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class StopRun:
+    """Stop every pipeline gracefully (a full disk: each keeps its last checkpoint); resting trials rest on."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Requeue:
     """Queue an ended or resting pipeline again (it trains on from its checkpoint); `behind`: behind every pipeline
     waiting now, else in its old place. A pipeline that has not ended stays as it is."""
@@ -61,7 +68,7 @@ class DumpStacks:
     name: str
 
 
-Decision = Stop | Requeue | Retune | Record | DumpStacks
+Decision = Stop | StopRun | Requeue | Retune | Record | DumpStacks
 
 
 @dataclass(frozen=True)

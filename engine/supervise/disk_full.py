@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Callable
 
 from ..protocol.messages import Event, Notice
 from ..protocol.names import NoticeTopic
 from ..rundir.directory import RunDirectory
+from .decisions import Outbox, Record, StopRun
 
 SPACE_WAIT = 60.0  # seconds the end of a run waits for room to write the lines it still holds
 RETRY = 0.5  # seconds between tries meanwhile
@@ -30,8 +30,8 @@ def _say(text: str) -> None:
 class DiskWatch:
     """Watches whether the run's files can be written, and stops the run when checkpoints cannot be either."""
 
-    def __init__(self, rundir: RunDirectory, emit: Callable[[Event], None], stop: Callable[[str], None]):
-        self.rundir, self._emit, self._stop = rundir, emit, stop
+    def __init__(self, rundir: RunDirectory, out: Outbox):
+        self.rundir, self._out = rundir, out
         self.failing = False  # said that the files cannot be written, and not yet that they can again
         self.stopped = ""  # the reason the run was stopped for a full disk ("" if it was not)
 
@@ -42,14 +42,14 @@ class DiskWatch:
             self.failing = True
             text = (f"cannot write the run's files ({error.filename or self.rundir.path}: {error.strerror}); "
                     "supervision goes on, and what they miss is kept in memory and written once there is room")
-            self._emit(Notice(level="error", text=text))
+            self._out.send(Record(Notice(level="error", text=text)))
             _say(text)
         elif error is None and self.failing:
             self.failing = False
-            self._emit(Notice(level="info", text="the run's files are written again; nothing was lost"))
+            self._out.send(Record(Notice(level="info", text="the run's files are written again; nothing was lost")))
 
-    def seen(self, event: Event) -> None:
-        """Every event, once published: a checkpoint that failed while the run's own files cannot be written
+    def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
+        """Every event, as published (a tap): a checkpoint that failed while the run's own files cannot be written
         either means the disk is full; the run stops while every pipeline still has its last checkpoint."""
         if self.stopped or not isinstance(event, Notice) or event.topic != NoticeTopic.CHECKPOINT_FAILED:
             return
@@ -59,9 +59,8 @@ class DiskWatch:
         self.stopped = f"{DISK_FULL}: {error.strerror} ({event.pipeline}'s checkpoint and the run's files)"
         text = (f"{self.stopped}: stopping every pipeline, each at its last checkpoint; free some space, "
                 f"then `torchherd resume {self.rundir.path}`")
-        self._emit(Notice(level="error", text=text))
+        self._out.send(Record(Notice(level="error", text=text)), StopRun(self.stopped))
         _say(text)
-        self._stop(self.stopped)
 
     async def settle(self, wait: float = SPACE_WAIT) -> None:
         """At the end: wait up to `wait` seconds for room to write what the run's files still hold."""

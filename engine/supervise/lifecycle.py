@@ -60,27 +60,12 @@ class Intake(Protocol):
     def take(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None: ...
 
 
-class Lifecycle:
-    """Starts and ends attempts and moves pipelines through their states.
+class States:
+    """Moves a pipeline from state to state through the guard, keeping the scheduler's queue and the events in
+    step with it; and hears a live attempt's news (a stalled one is no longer)."""
 
-    Built before the intake that depends on it; `deliver_to` then names that intake, before any attempt starts.
-    """
-
-    def __init__(self, *, start: Callable[[PipelineRun], Handle], scheduler: Scheduler,
-                 publish: Callable[[Event], None], gpu_note: Callable[[PipelineRun], str]):
-        self._start, self._scheduler, self._publish = start, scheduler, publish  # start: raises OSError
-        self._gpu_note = gpu_note  # what the GPU looked like, for a crash's message
-        self._intake: Intake | None = None
-
-    def deliver_to(self, intake: Intake) -> None:
-        """Every attempt's events go to `intake` from now on."""
-        self._intake = intake
-
-    def _on_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
-        assert self._intake is not None, "deliver_to before the first attempt"
-        self._intake.take(run, handle, events)
-
-    # ------------------------------------------------------------ states
+    def __init__(self, *, scheduler: Scheduler, publish: Callable[[Event], None]):
+        self._scheduler, self._publish = scheduler, publish
 
     def set_state(self, run: PipelineRun, state: WorkerState) -> None:
         check_transition(run.state, state)
@@ -91,6 +76,28 @@ class Lifecycle:
             self._scheduler.dequeue(run.name)
         if previous != state:
             self._publish(WorkerStateChanged(pipeline=run.name, state=state.value, previous=previous.value))
+
+    def heard(self, run: PipelineRun) -> None:
+        """News from the running attempt: it made progress (and is no longer stalled, if it was)."""
+        if run.live.heard(time.monotonic()):
+            self._publish(Stalled(pipeline=run.name, quiet=0.0))
+
+
+class Lifecycle:
+    """Starts and ends attempts and moves pipelines through their states (`States`); each attempt's events go to
+    the intake, built before it."""
+
+    def __init__(self, *, start: Callable[[PipelineRun], Handle], scheduler: Scheduler, states: States,
+                 intake: Intake, publish: Callable[[Event], None], gpu_note: Callable[[PipelineRun], str]):
+        self._start, self._scheduler, self._publish = start, scheduler, publish  # start: raises OSError
+        self.states, self._intake = states, intake
+        self.set_state, self.heard = states.set_state, states.heard  # every state change goes through the guard
+        self._gpu_note = gpu_note  # what the GPU looked like, for a crash's message
+
+    def _on_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
+        self._intake.take(run, handle, events)
+
+    # ------------------------------------------------------------ states
 
     def finish(self, run: PipelineRun, state: WorkerState, reason: str, rung: float | None = None) -> None:
         """Into a final or resting state (`rung`: where one waiting at a rung waits): its slots go back to the
@@ -205,11 +212,6 @@ class Lifecycle:
             self._publish(Notice(pipeline=run.name, level="error", text=run.last_error))
         else:
             self._watch_stall(run, now)
-
-    def heard(self, run: PipelineRun) -> None:
-        """News from the running attempt: it made progress (and is no longer stalled, if it was)."""
-        if run.live.heard(time.monotonic()):
-            self._publish(Stalled(pipeline=run.name, quiet=0.0))
 
     def _watch_stall(self, run: PipelineRun, now: float) -> None:
         """Flag, once, a live worker that has made no step for a while; nothing is killed (`hang_timeout` does)."""

@@ -5,11 +5,11 @@ on stragglers, stalls and alerts (`health.py`). The policies among them read a `
 an `Outbox`."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..protocol.messages import Event, StepMetrics
+from ..protocol.messages import StepMetrics
 from ..rundir.tensorboard import FOLDER, TensorBoardTap
+from .bus import StepsTap, Tap
 from .decisions import Outbox, SessionView
 from .sweep.exploiting import PbtController
 from .health.watch import HealthWatch
@@ -17,10 +17,6 @@ from .health.metric_watch import MetricWatch
 from .sweep.sweeping import SweepPruner
 
 __all__ = ["Observers", "PbtController", "SweepPruner", "observers_of"]
-
-Tap = Callable[[Event, bytes, bool], None]  # (event, its events.jsonl line, kept) on every event published
-StepsTap = Callable[[list[StepMetrics], list[bytes]], None]  # a run of step reports and their lines at once
-
 
 @dataclass
 class Observers:
@@ -42,6 +38,10 @@ def observers_of(session: SessionView, out: Outbox) -> Observers:
     found.taps.append((health.on_event, health.on_steps))
     found.sweep = PbtController.attach(session, out, session.run_dir) or SweepPruner.attach(session, out,
                                                                                             session.run_dir)
-    if found.sweep is not None:
-        found.taps.append((found.sweep.on_event, None))
+    if found.sweep is not None:  # it judges results and ends, never a step report
+        found.taps.append((found.sweep.on_event, _no_steps))
     return found
+
+
+def _no_steps(steps: list[StepMetrics], lines: list[bytes]) -> None:
+    """The step-run form of a tap that has nothing to do with step reports."""

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.problems import ConfigError
@@ -20,7 +21,7 @@ from ..hardware.placement import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
 from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Notice, PipelineFinished, PipelineQueued,
-                                 PipelineWaiting, RunFinished, RunStarted, pipeline_of)
+                                 PipelineWaiting, RunFinished, RunStarted)
 from ..protocol.names import NoticeTopic
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import SUCCESS_STATES, WorkerState
@@ -29,14 +30,14 @@ from ..runners.registry import runner_for
 from . import build_check, commands
 from .attempts import AttemptLauncher
 from .disk_full import DiskWatch
-from .bus import EventBus, EventStream
+from .bus import EventStream, Publisher
 from .intake import WorkerIntake
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, States
 from .nodes import NodeFollower
 from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
-from .decisions import Decision, DumpStacks, Outbox, Record, Requeue, Retune, SessionView, Stop
+from .decisions import Decision, DumpStacks, Outbox, Record, Requeue, Retune, SessionView, Stop, StopRun
 from .observers import PbtController, SweepPruner, observers_of
 from .scheduler import Scheduler
 from .validator_gpu import start_validator
@@ -46,6 +47,15 @@ from .validation_service import SESSION_ENDED, ValidationService
 __all__ = ["EventStream", "PipelineView", "Supervisor"]
 S = WorkerState
 TICK = 0.1  # seconds between supervision passes
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """The run directory of a started session and what is made with it."""
+
+    rundir: RunDirectory
+    disk: DiskWatch
+    attempts: AttemptLauncher
 
 
 class Supervisor:
@@ -71,20 +81,22 @@ class Supervisor:
         self.snapshot_root = snapshot_root(self.run_id, self.run_dir)
         self.telemetry: TelemetrySnapshot | None = None  # the newest sample
         self._tick_interval = tick
-        self._bus = EventBus()
+        # Built in dependency order; what needs the run directory is made as start() opens it (`_Opened`).
+        self._runs: dict[str, PipelineRun] = {}
+        self._publish = Publisher(self._runs)  # the one door onto the session's bus
         self._scheduler = Scheduler.for_run(self._backend, slots, self.run_id, self.run_dir, config.devices)
         self._nodes = NodeFollower(self._backend, config, self._scheduler, inventory)  # a cluster's, as they change
-        self._validation = ValidationService(backend=self._backend, publish=self._emit_validation, run_dir=self.run_dir,
-                                             snapshot_root=self.snapshot_root, on_early_stop=self._on_early_stop)
-        self._lifecycle = Lifecycle(start=self._start_attempt, scheduler=self._scheduler, publish=self._emit,
+        self._validation = ValidationService(backend=self._backend, publish=self._publish.validation,
+                                             run_dir=self.run_dir, snapshot_root=self.snapshot_root,
+                                             on_early_stop=self._on_early_stop)
+        states = States(scheduler=self._scheduler, publish=self._publish.event)
+        intake = WorkerIntake(states=states, publish=self._publish, validation=self._validation,
+                              early_stop=self._on_early_stop)
+        self._lifecycle = Lifecycle(start=self._start_attempt, scheduler=self._scheduler, states=states,
+                                    intake=intake, publish=self._publish.event,
                                     gpu_note=lambda run: gpu_note(run, self.telemetry))
-        self._lifecycle.deliver_to(WorkerIntake(lifecycle=self._lifecycle, bus=self._bus, validation=self._validation,
-                                                emit=self._emit, early_stop=self._on_early_stop))
-        self._runs: dict[str, PipelineRun] = {}
         self._order = itertools.count()  # each pipeline's place in the queue among those of its priority
-        self._rundir: RunDirectory | None = None
-        self.disk: DiskWatch | None = None  # made with the run directory
-        self._attempts: AttemptLauncher | None = None  # made with the run directory
+        self._opened: _Opened | None = None  # the run directory and what needs it, from start()
         self._tick_task: asyncio.Task | None = None
         self._finished = asyncio.Event()
         self._finished_sent = False
@@ -110,35 +122,37 @@ class Supervisor:
 
     async def start(self) -> None:
         """Create the run directory and start the pipelines that fit on the slots."""
-        if self._rundir is not None:
+        if self._opened is not None:
             raise RuntimeError("supervisor already started")
         resuming = self._resume_configs is not None
         done, attempts = history_before(self.run_dir) if resuming else ({}, {})  # before the directory reopens
-        self._rundir = RunDirectory(self.run_dir, fresh=self._fresh)
-        self.disk = DiskWatch(self._rundir, self._emit, lambda reason: self.stop(reason=reason))
-        self._attempts = AttemptLauncher(self._backend, self._rundir, self._validation, self.run_id)
-        self._rundir.resuming = resuming
-        self._rundir.save_config(self.config)
-        self._bus.add_writer(self._rundir.write, self._rundir.write_steps)
+        rundir = RunDirectory(self.run_dir, fresh=self._fresh)
+        loop = asyncio.get_running_loop()
+        outbox = Outbox(self._carry_out, lambda: self._publish.publishing, loop)
+        self._opened = opened = _Opened(rundir, DiskWatch(rundir, outbox),
+                                        AttemptLauncher(self._backend, rundir, self._validation, self.run_id))
+        rundir.resuming = resuming
+        rundir.save_config(self.config)
+        self._publish.add_writer(rundir.write, rundir.write_steps)
+        self._publish.tap(opened.disk.on_event)
         names = [n for config in [self.config, *(self._resume_configs or [])[1:]] for n in self._add(config)]
         kept = kept_on_resume({n: e.status for n, e in done.items()}, names, self._resume_only) if resuming else {}
         for name in names:
             self._runs[name].attempts = attempts.get(name, 0)  # attempt numbers count on across resumes
         if resuming:
             lines = ", ".join(resume_line(self.run_dir, self._runs[n].plan.config, kept) for n in names)
-            self._emit(Notice(level="info", topic=NoticeTopic.RESUMING, text=f"resuming run {self.run_id}: {lines}"))
-        self._emit(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir), config_path=self.config.source,
-                              pipelines=tuple(names)))
+            self._publish.event(Notice(level="info", topic=NoticeTopic.RESUMING,
+                                       text=f"resuming run {self.run_id}: {lines}"))
+        self._publish.event(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir),
+                                       config_path=self.config.source, pipelines=tuple(names)))
         for name, status in kept.items():  # nothing to train: they keep how they had ended
             ended = done.get(name) or PipelineFinished(pipeline=name, status=status)
             commands.keep_ended(self._lifecycle, self._runs[name], ended)
         self._announce_queued(names)
-        self.task_check.open(resuming, self._runs[names[0]].plan.background, self._bus)
-        loop = asyncio.get_running_loop()
-        outbox = Outbox(self._carry_out, lambda: self._bus.publishing > 0, loop)
+        self.task_check.open(resuming, self._runs[names[0]].plan.background, self._publish)
         observers = observers_of(SessionView(self.config, self.run_dir, self.view, self.views), outbox)
         for tap, steps in observers.taps:  # TensorBoard files, the health and metric watches, the sweep's policy
-            self._bus.add_tap(tap, steps)
+            self._publish.tap(tap, steps)
         self.sweep = observers.sweep
         if self.sweep is not None and self.sweep.restarts_trials:  # its restarts fork, even where trials all fit
             self._backend.expect_restarts()
@@ -150,11 +164,11 @@ class Supervisor:
 
     def add_config(self, config: RunConfig) -> list[str]:
         """Add another config's pipelines to this session; they queue for free slots. Returns their names."""
-        if self._rundir is None or self._closed:
+        if self._opened is None or self._closed:
             raise RuntimeError("supervisor is not running")
-        self._rundir.save_config(config)
+        self._opened.rundir.save_config(config)
         names = self._add(config)
-        self._emit(ConfigAdded(name=config.name, config_path=config.source, pipelines=tuple(names)))
+        self._publish.event(ConfigAdded(name=config.name, config_path=config.source, pipelines=tuple(names)))
         self._announce_queued(names)
         self._reopen()
         self._schedule()
@@ -162,16 +176,16 @@ class Supervisor:
 
     def subscribe(self, replay: bool = True) -> EventStream:
         """A stream of every event from now on (and, with `replay`, those already emitted)."""
-        return self._bus.subscribe(replay)
+        return self._publish.subscribe(replay)
 
     def tap(self, fn, steps=None) -> None:  # fn(event, line, kept) on every event as published, kept or not
-        self._bus.add_tap(fn, steps)  # steps(reports, lines): a run of step reports at once, if given
+        self._publish.tap(fn, steps)  # steps(reports, lines): a run of step reports at once, if given
 
     def record(self, event: Event) -> None:  # an event from outside the engine (a client's command)
-        self._emit(event)
+        self._publish.event(event)
 
     def events_written(self) -> int:  # bytes of events.jsonl on disk, every event published so far in them
-        return self._rundir.written() if self._rundir is not None else 0
+        return self._opened.rundir.written() if self._opened is not None else 0
 
     def views(self) -> list[PipelineView]:
         """Every pipeline, in the order they were added."""
@@ -216,7 +230,7 @@ class Supervisor:
         commands.checkpoint(self._get(name))
 
     def stacks(self, name: str) -> None:  # every process of its attempt writes its Python stacks to its log
-        commands.stacks(self._get(name), self._emit)
+        commands.stacks(self._get(name), self._publish.event)
 
     def kill(self, name: str) -> None:
         """End the worker now: the polite signal to its process group, the hard one after the grace period."""
@@ -246,9 +260,10 @@ class Supervisor:
 
     async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:
         """End the session: stop (or kill) every worker, flush the run directory, end the streams."""
-        if self._closed or self._rundir is None:
+        if self._closed or self._opened is None:
             self._closed = True
             return
+        opened = self._opened
         if graceful:
             self.stop(reason="shutdown")
             deadline = time.monotonic() + timeout
@@ -275,9 +290,9 @@ class Supervisor:
         self._scheduler.close()  # every lease back to the ledger
         self._backend.close()  # a cluster's: its listening socket and the actors still ending
         remove_root(self.snapshot_root)
-        await self.disk.settle()  # type: ignore[union-attr]  # made with the run directory, as start() does
-        self._rundir.close()
-        self._bus.close()
+        await opened.disk.settle()
+        opened.rundir.close()
+        self._publish.close()
 
     # ------------------------------------------------------------ internals
 
@@ -312,7 +327,7 @@ class Supervisor:
         for name in names:
             run = self._runs[name]
             if run.state == S.QUEUED:
-                self._emit(PipelineQueued(pipeline=name, priority=run.plan.config.priority,
+                self._publish.event(PipelineQueued(pipeline=name, priority=run.plan.config.priority,
                                           position=self._scheduler.position(name)))
 
     def _reopen(self) -> None:
@@ -327,7 +342,7 @@ class Supervisor:
         granted = self._scheduler.allocate()
         for name, why in self._scheduler.changed_waits():  # what holds up a queued pipeline, when that changed
             if self._runs[name].state == S.QUEUED:
-                self._emit(PipelineWaiting(pipeline=name, why=why))
+                self._publish.event(PipelineWaiting(pipeline=name, why=why))
         for name, slots in granted:
             run = self._runs[name]
             run.slots = slots
@@ -335,14 +350,18 @@ class Supervisor:
 
     def _start_attempt(self, run: PipelineRun) -> Handle:
         """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""
-        assert self._attempts is not None
+        if self._opened is None:
+            raise RuntimeError("supervisor not started: no run directory to start attempts in")
         run.slots = self._nodes.refit(run.slots)  # a slot on a node that left: another, if one is free
-        return self._attempts.start(run, hold=self.task_check.admit(run))
+        return self._opened.attempts.start(run, hold=self.task_check.admit(run))
 
     def _carry_out(self, decision: Decision) -> None:
         """Carry out a policy's decision (decisions.py says what each asks)."""
         if isinstance(decision, Record):
-            self._emit(decision.event)
+            self._publish.event(decision.event)
+            return
+        if isinstance(decision, StopRun):
+            self.stop(reason=decision.reason)
             return
         run = self._get(decision.name)
         if isinstance(decision, Stop):
@@ -354,10 +373,10 @@ class Supervisor:
         elif isinstance(decision, Retune):
             commands.retune(run, decision.values)
         elif isinstance(decision, DumpStacks) and run.handle is not None:
-            commands.stacks(run, self._emit)
+            commands.stacks(run, self._publish.event)
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
-        self._emit_validation(event)
+        self._publish.validation(event)
         if self._runs[name].state in commands.LIVE:  # a completion: it ends early_stopped, not stopped
             self.stop(name, reason=event.reason, ending=S.EARLY_STOPPED)
 
@@ -366,34 +385,34 @@ class Supervisor:
         if self._closed:
             return
         self.telemetry = snapshot
-        self._bus.publish_transient(snapshot)  # not in events.jsonl: telemetry.jsonl keeps it
+        self._publish.transient(snapshot)  # not in events.jsonl: telemetry.jsonl keeps it
 
     async def _tick_loop(self) -> None:
         while True:
             try:
                 self._tick()
             except Exception as exc:  # keep supervising; say what went wrong
-                self._emit(Notice(level="error", text=f"supervisor error: {type(exc).__name__}: {exc}"))
+                self._publish.event(Notice(level="error", text=f"supervisor error: {type(exc).__name__}: {exc}"))
             await asyncio.sleep(self._tick_interval)
 
     def _tick(self) -> None:
         now = time.monotonic()
         for run in list(self._runs.values()):
             self._lifecycle.tick(run, now)
-        self.task_check.settle(self._runs, self._lifecycle, self._emit)
+        self.task_check.settle(self._runs, self._lifecycle, self._publish.event)
         if not self._closing:
             self._validation.tick(now)
         self._nodes.follow()
         self._schedule()
         self._feed.update(self._runs, self._validation.handle)
-        if self._rundir is not None:
-            self._rundir.flush()
-            if not self._finished_sent and self.disk is not None:  # nothing is said after run_finished
-                self.disk.check()
+        if self._opened is not None:
+            self._opened.rundir.flush()
+            if not self._finished_sent:  # nothing is said after run_finished
+                self._opened.disk.check()
         self._check_finished()
 
     def _check_finished(self) -> None:
-        if self._finished_sent or not self._runs or self._rundir is None or self._validation.stopping:
+        if self._finished_sent or not self._runs or self._opened is None or self._validation.stopping:
             return
         training_done = all(r.state.ended for r in self._runs.values())  # a resting trial waits for its sweep
         if training_done and (self._closing or not self._validation.pending(training_done=True)):
@@ -403,22 +422,10 @@ class Supervisor:
                 self._validation.abandon(SESSION_ENDED)  # never scored: say so before the end
             statuses = {n: r.state.value for n, r in self._runs.items()}
             self._finished_sent = True
-            self._emit(RunFinished(ok=all(S(s) in SUCCESS_STATES for s in statuses.values()), statuses=statuses))
-            self._rundir.flush()
+            ok = all(S(s) in SUCCESS_STATES for s in statuses.values())
+            self._publish.event(RunFinished(ok=ok, statuses=statuses))
+            self._publish.quiet = True  # readers take run_finished to be the last event
+            self._opened.rundir.flush()
             self._finished.set()
             if not self._closing:  # the session stays open (an app, a service): no validator idles in it
                 self._validation.rest_soon()
-
-    def _emit(self, event: Event) -> None:
-        self._bus.publish(event)
-        if self.disk is not None:
-            self.disk.seen(event)
-        run = self._runs.get(pipeline_of(event))
-        if run is not None:
-            run.fold(event)  # the one fold of progress, as the app folds the same events
-
-    def _emit_validation(self, event: Event) -> None:
-        """The validator's news; once the run has finished nothing more is written (readers take
-        run_finished to be the last event), so what arrives later is not kept."""
-        if not self._finished_sent:
-            self._emit(event)
