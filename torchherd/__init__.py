@@ -9,8 +9,13 @@ the app and command line `torchherd.tui`.
 __all__ = ["Task", "LightningTask"]
 __version__ = "0.1.0"
 
+TYPE_CHECKING = False  # typing is not loaded for type checkers alone
+if TYPE_CHECKING:  # what `__getattr__` loads, for type checkers and readers
+    from torchherd.engine.runners.lightning.support import LightningTask as LightningTask
+    from torchherd.engine.runners.task.api import Task as Task
 
-def __getattr__(name: str):
+
+def __getattr__(name: str) -> object:
     # Loaded on first use: `import torchherd.client` runs this file inside users' training scripts,
     # and the engine behind Task (pydantic, the supervisor) is no cost of theirs.
     if name == "Task":

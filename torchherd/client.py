@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, Callable
 
+    import torch
+
+    from torchherd.client_socket import Client, Scalar
+
 __all__ = ["Validation", "checkpoint_dir", "checkpoint_requested", "epoch_end", "flush", "hand_off", "heartbeat",
            "report", "resume_from", "save", "should_stop", "supervised", "wait_if_paused"]
 
@@ -41,7 +45,7 @@ class Validation:
     A plain class, not a dataclass: importing `dataclasses` would cost every script that imports this.
     """
 
-    def __init__(self, model: Any, val_data: Any, loss_fn: Callable[[Any, Any], Any],
+    def __init__(self, model: torch.nn.Module, val_data: object, loss_fn: Callable[[Any, Any], Any],
                  metrics_fn: Callable[[Any, Any], dict[str, Any]] | None = None):
         self.model = model  # torch.nn.Module with the same parameters, in the same order, as the one handed off
         self.val_data = val_data
@@ -53,7 +57,7 @@ class Validation:
                 f"metrics_fn={self.metrics_fn!r})")
 
 
-def _connect() -> Any:
+def _connect() -> Client | None:
     fd = os.environ.pop(ENV_FD, None)  # popped: processes the script starts are not us
     snapshot = os.environ.pop(ENV_SNAPSHOT, None)
     if fd is None:
@@ -81,8 +85,8 @@ os.register_at_fork(after_in_child=_forget_in_child)
 # ------------------------------------------------------------ the API
 
 
-def report(step: int | None = None, loss: Any = None, *, epoch: int | None = None, samples: Any = None,
-           **metrics: Any) -> None:
+def report(step: int | None = None, loss: Scalar | None = None, *, epoch: int | None = None,
+           samples: Scalar | None = None, **metrics: Scalar) -> None:
     """Record one training step: never blocks (unless paused) and never syncs a device.
 
     `loss` and metrics may be floats or one-element tensors (read later, off the loop);
@@ -98,7 +102,7 @@ def report(step: int | None = None, loss: Any = None, *, epoch: int | None = Non
         c.hold()
 
 
-def epoch_end(epoch: int, loss: Any = None) -> None:
+def epoch_end(epoch: int, loss: Scalar | None = None) -> None:
     """An epoch finished: `epoch` counts from 0, as `for epoch in range(n)` does; `loss` is its mean."""
     c = _client
     if c is None:
@@ -215,7 +219,7 @@ def save(obj: Any, name: str = "last.pt") -> Path:
     return path
 
 
-def hand_off(model: Any, epoch: int | None = None, step: int | None = None) -> int | None:
+def hand_off(model: torch.nn.Module, epoch: int | None = None, step: int | None = None) -> int | None:
     """Copy the model's weights for the validator (pipelines with `validate`); returns the snapshot number.
 
     In the background mode training goes on at once; inline, this waits for the score.

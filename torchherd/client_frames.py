@@ -164,7 +164,7 @@ def encode(frame: Frame) -> bytes:
 MAX_LINE = 1 << 20  # bytes: the longest frame a reader keeps; a longer line is dropped, never buffered on
 
 
-def _fits(value: Any, annotation: str) -> bool:
+def _fits(value: object, annotation: str) -> bool:
     """Whether a decoded JSON value has the type a frame's field is declared with (its annotation's text)."""
     if annotation.endswith(" | None"):
         return value is None or _fits(value, annotation[:-len(" | None")])

@@ -12,18 +12,31 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from torchherd import client_frames as wire
 from torchherd.client_env import FLUSH_INTERVAL
 
 if TYPE_CHECKING:
+    import torch
+
     from torchherd.engine.worker.snapshot import SnapshotWriter
 
 MAX_PENDING = 100_000  # reports kept between two flushes; beyond this the oldest are dropped
 
 
-def number(value: Any) -> float:
+class SupportsItem(Protocol):
+    """A one-element tensor (torch's, numpy's): its value comes from `.item()`."""
+
+    def item(self) -> float: ...
+
+
+Scalar = float | SupportsItem  # a loss or metric as `report` takes it, read with `number` off the loop
+# a report as queued: (step, epoch, loss, samples, metrics); None for a heartbeat
+Report = tuple[int | None, int | None, Scalar | None, Scalar | None, dict[str, Scalar] | None] | None
+
+
+def number(value: Scalar) -> float:
     """A Python float from a float, int or one-element tensor (the tensor read here, off the loop)."""
     return float(value.item()) if hasattr(value, "item") else float(value)
 
@@ -35,7 +48,7 @@ class Client:
         self._sock = socket.socket(fileno=fd)  # raises OSError if fd is not a socket
         self._write_lock = threading.Lock()
         self.order = threading.RLock()  # a flush and the frame that must follow it go out in that order
-        self._pending: deque = deque(maxlen=MAX_PENDING)
+        self._pending: deque[Report] = deque(maxlen=MAX_PENDING)
         self._wake = threading.Event()
         self._resumed = threading.Event()  # set while not paused
         self._resumed.set()
@@ -118,8 +131,8 @@ class Client:
 
     # ------------------------------------------------------------ reports
 
-    def queue_report(self, step: int | None, epoch: int | None, loss: Any, samples: Any,
-                     metrics: dict[str, Any] | None) -> None:
+    def queue_report(self, step: int | None, epoch: int | None, loss: Scalar | None, samples: Scalar | None,
+                     metrics: dict[str, Scalar] | None) -> None:
         """One report, kept until the next flush (values may be tensors: they are read there)."""
         self._pending.append((step, epoch, loss, samples, metrics))
 
@@ -173,7 +186,7 @@ class Client:
 
     # ------------------------------------------------------------ hand-off
 
-    def hand_off(self, model: Any, epoch: int | None, step: int | None) -> int | None:
+    def hand_off(self, model: torch.nn.Module, epoch: int | None, step: int | None) -> int | None:
         snap = self.snapshot
         if snap is None:
             return None
@@ -201,4 +214,5 @@ class Client:
             self.send(wire.Snapshot(epoch=epoch, step=step, wait=inline, **info))
         if inline:  # validation runs in the worker now; the loop waits for it, as inline means
             self._acked.wait()
-        return info["seq"]
+        taken: int = info["seq"]  # the snapshot's number
+        return taken

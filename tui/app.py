@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal, TypedDict
 
 from textual import work
 from textual.app import App
@@ -38,6 +38,15 @@ def default_folder() -> Path:
     torchherd), else this folder when it holds configs (a project with its own)."""
     bundled = Path("sample_configs")
     return bundled if bundled.is_dir() or not list_configs(Path(".")) else Path(".")
+
+
+class AppOptions(TypedDict, total=False):
+    """`TorchherdApp`'s keywords, for what builds one and passes them on."""
+
+    factory: SupervisorFactory | None
+    refresh_hz: float
+    clock: Callable[[], float]
+    start: Start
 
 
 class TorchherdApp(App[int]):

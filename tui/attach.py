@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from ..engine.protocol.control import Action
 from ..engine.protocol.messages import Notice, RunFinished, RunStarted
@@ -23,7 +23,8 @@ from ..engine.protocol.names import NoticeTopic, PipelineKind
 from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, LinePrinter, exit_status
 
 if TYPE_CHECKING:
-    from ..engine import RunConfig
+    from ..engine import EventStream, RemoteRun, RunConfig
+    from ..engine.protocol.messages import Event
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -32,7 +33,17 @@ def attach_command(run_dir: Path) -> str:
     return f"torchherd attach {run_dir}"
 
 
-def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr, check_builds: bool = False):
+class Spawned(Protocol):
+    """A service `spawn` started (the engine's serve.service.Started, past the seam)."""
+
+    @property
+    def run_dir(self) -> Path: ...
+    @property
+    def pid(self) -> int: ...
+
+
+def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr,
+                  check_builds: bool = False) -> Spawned | int | None:
     """Spawn the run's service (blocking); None, with the reasons on `err`, when it did not start; EXIT_STOPPED
     when Ctrl-C cancelled the start (the service stopped what it had started and kept no run)."""
     from ..engine import ServiceFailed, StartCancelled, spawn
@@ -52,12 +63,12 @@ def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr,
 def run_detached(config: Path, runs_dir: Path | None, out: TextIO = sys.stdout) -> int:
     """`torchherd run CONFIG --detach`: start the service and return at once, saying where to find it."""
     started = start_service(config, runs_dir)
-    if started is None or started == EXIT_STOPPED:
+    if started is None or isinstance(started, int):  # EXIT_STOPPED, the only int it returns
         return EXIT_CONFIG if started is None else EXIT_STOPPED
     return say_detached(started, "run started", out)
 
 
-def say_detached(started: Any, what: str, out: TextIO = sys.stdout) -> int:
+def say_detached(started: Spawned, what: str, out: TextIO = sys.stdout) -> int:
     """A detached start's last words: the service's pid, where its run is, how to watch and stop it."""
     out.write(f"torchherd: {what} in the background (supervisor pid {started.pid})\n"
               f"  run directory: {started.run_dir}\n  watch it: {attach_command(started.run_dir)}\n"
@@ -71,7 +82,7 @@ def run_service_headless(config: Path, runs_dir: Path | None, printer: LinePrint
     workers' first builds are the task check; a task that did not build is EXIT_CONFIG, its problems on `err`."""
     err = err if err is not None else sys.stderr
     started = start_service(config, runs_dir, err, check_builds)
-    if started is None or started == EXIT_STOPPED:
+    if started is None or isinstance(started, int):  # EXIT_STOPPED, the only int it returns
         return EXIT_CONFIG if started is None else EXIT_STOPPED
     try:
         status = asyncio.run(follow_run(started.run_dir, printer, from_start=True, owner=True))
@@ -93,7 +104,7 @@ class ClientSignals:
     """What a signal does to the run a client follows: SIGHUP (and SIGTERM to a client that did not start it,
     and any signal to a read-only one) ends only the client; Ctrl-C stops the run gracefully, twice kills it."""
 
-    def __init__(self, run: Any, printer: LinePrinter, owner: bool, read_only: bool):
+    def __init__(self, run: RemoteRun, printer: LinePrinter, owner: bool, read_only: bool):
         self.run, self.printer, self.owner, self.read_only = run, printer, owner, read_only
         self.hung_up = asyncio.Event()  # the client ends; the run goes on
         self.interrupts = 0
@@ -186,7 +197,7 @@ def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int
     return exit_status(summary.statuses)
 
 
-def session_start(history: list) -> int:
+def session_start(history: list[Event]) -> int:
     """Where the current session begins in a run's history: its last run_started, and the resume plan the
     supervisor says just before it (a resumed run's earlier sessions, finished or cut short, come before)."""
     starts = [i for i, e in enumerate(history) if isinstance(e, RunStarted)]
@@ -199,7 +210,7 @@ def session_start(history: list) -> int:
     return start
 
 
-async def _print(stream, printer: LinePrinter, old: int = 0, skip: int = 0) -> bool:
+async def _print(stream: EventStream, printer: LinePrinter, old: int = 0, skip: int = 0) -> bool:
     """Print (all but the first `skip` events) until a RunFinished after the first `old` (True), or until the
     stream ends without one (False)."""
     seen = 0

@@ -10,16 +10,16 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from .sessions import ServiceSession, Session
 
 if TYPE_CHECKING:  # the config's schema (pydantic) loads when a config is launched, not with the first screen
-    from ..engine import RunConfig
+    from ..engine import EventStream, RunConfig, Supervisor
     from .commands import PipelineCommand
     from .runstate import RunState
 
-SupervisorFactory = Callable[["RunConfig", "Path | None"], Any]  # a Session, or a Supervisor to run in-process
+SupervisorFactory = Callable[["RunConfig", "Path | None"], "Session | Supervisor"]  # a Supervisor runs in-process
 
 
 def service_session(config: RunConfig, runs_dir: Path | None) -> Session:
@@ -183,7 +183,7 @@ class Bridge:
         self._state: RunState | None = None  # made on first use: the run state's modules load after the first frame
         self._factory = factory or service_session
         self._session: Session | None = None
-        self._consumer: asyncio.Task | None = None
+        self._consumer: asyncio.Task[None] | None = None
         self._closed = False
         self._signalled = False  # a change signal is scheduled
         self.run_dirs: list[Path] = []  # every session's run directory, for the exit message
@@ -339,7 +339,7 @@ class Bridge:
         self._state = None
 
     # ------------------------------------------------------------ internals
-    async def _consume(self, stream) -> None:
+    async def _consume(self, stream: EventStream) -> None:
         # Queued events are taken without suspending, so one burst is applied before the
         # call_soon'd signal runs: a burst costs one RunChanged, not one per event.
         loop = asyncio.get_running_loop()

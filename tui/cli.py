@@ -12,7 +12,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
+
+if TYPE_CHECKING:
+    from .app import AppOptions, TorchherdApp
 
 USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR]
        torchherd run CONFIG [--headless] [--detach] [--runs-dir DIR]
@@ -155,7 +158,8 @@ def _run(args: argparse.Namespace) -> int:
     return check_and_run(report.config, args.runs_dir, start=started, detach=args.detach)
 
 
-def check_then_launch_app(config: Path, runs_dir: Path | None = None, **kwargs: Any) -> Any:
+def check_then_launch_app(config: Path, runs_dir: Path | None = None,
+                          **kwargs: Unpack[AppOptions]) -> TorchherdApp:
     """The app for `torchherd run CONFIG`: its first picker opens at once on `config`, shows the tasks
     being built and launches the config as soon as they all build (else it shows why not)."""
     from .app import TorchherdApp

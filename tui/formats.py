@@ -7,9 +7,8 @@ events and JSON count from 0.
 from __future__ import annotations
 
 import math
-from typing import Any
-
 from ..engine.protocol.health import Straggler
+from ..engine.protocol.progress import PipelineProgress
 
 SHORT_METRICS = {"accuracy": "acc", "val_loss": "loss", "loss": "loss", "val_accuracy": "acc"}
 
@@ -127,7 +126,7 @@ def straggler_text(ev: Straggler) -> str:
             f"({ev.slowest * 1e3:.0f} ms vs {ev.median * 1e3:.0f} ms)")
 
 
-def gang_text(row: Any) -> str:
+def gang_text(row: PipelineProgress) -> str:
     """A gang's ranks as its row's detail line says them: the spread of their own time per batch, a straggler,
     and while it is stalled the triage's verdict ("" for a pipeline with nothing of the kind to say)."""
     parts = []

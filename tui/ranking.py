@@ -160,7 +160,7 @@ def checkpoint_of(run_dir: Path, name: str) -> Path | None:
     return max(own, key=lambda p: p.stat().st_mtime, default=None)
 
 
-def short_value(v: Any) -> str:
+def short_value(v: object) -> str:
     """A trial's value as a column shows it: floats in 4 significant digits."""
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 

@@ -177,7 +177,7 @@ class RunState:
     def _epoch(self, name: str, epoch: int) -> str:
         return epoch_label(epoch, self.rows[name].epochs_total)
 
-    def _run_started(self, ev: m.RunStarted, _) -> None:
+    def _run_started(self, ev: m.RunStarted, _: PipelineProgress | None) -> None:
         self.run_id, self.run_dir = ev.run_id, Path(ev.run_dir)
         for name in ev.pipelines:
             row = self.row(name)
@@ -187,31 +187,31 @@ class RunState:
         self.rows_version += 1
         self.note("info", "", f"run {ev.run_id} started: {', '.join(ev.pipelines)}", at=ev.time)
 
-    def _config_added(self, ev: m.ConfigAdded, _) -> None:
+    def _config_added(self, ev: m.ConfigAdded, _: PipelineProgress | None) -> None:
         self.added.append(ev.name)
         self.rows_version += 1  # the status line names it
         self.note("info", "", f"config {ev.name} added: {', '.join(ev.pipelines)}", at=ev.time)
 
-    def _queued(self, ev: m.PipelineQueued, _) -> None:
+    def _queued(self, ev: m.PipelineQueued, _: PipelineProgress | None) -> None:
         if self.finished:  # a pipeline added to, or restarted in, a finished session
             self.finished = False
             self.telemetry_version += 1  # the pane waits for readings again
         where = f"position {ev.position}" if ev.position else "waiting for a free device"
         self.note("info", ev.pipeline, f"queued ({where})", at=ev.time)
 
-    def _waiting(self, ev: m.PipelineWaiting, _) -> None:
+    def _waiting(self, ev: m.PipelineWaiting, _: PipelineProgress | None) -> None:
         if ev.why:
             self.note("info", ev.pipeline, ev.why, at=ev.time)
 
-    def _worker_started(self, ev: m.WorkerStarted, _) -> None:
+    def _worker_started(self, ev: m.WorkerStarted, _: PipelineProgress | None) -> None:
         where = f"{ev.device} of node {ev.node}" if ev.node else ev.device
         self.note("info", ev.pipeline, f"started on {where} (pid {ev.pid}, attempt {ev.attempt})", at=ev.time)
 
-    def _state(self, ev: m.WorkerStateChanged, _) -> None:
+    def _state(self, ev: m.WorkerStateChanged, _: PipelineProgress | None) -> None:
         if ev.state in LOGGED_STATES or ev.previous == WorkerState.PAUSED:
             self.note("info", ev.pipeline, f"{ev.previous} -> {ev.state}", at=ev.time)
 
-    def _training_started(self, ev: m.TrainingStarted, _) -> None:
+    def _training_started(self, ev: m.TrainingStarted, _: PipelineProgress | None) -> None:
         # a script's own loop tells neither its steps nor its parameters: say only what is known
         parts = [f"{ev.epochs_total} epochs of {ev.steps_per_epoch:,} steps" if ev.steps_per_epoch else
                  f"{ev.epochs_total} epochs"] if ev.epochs_total else []
@@ -220,7 +220,7 @@ class RunState:
         where = f"from {self._epoch(ev.pipeline, ev.epoch)}, step {ev.step:,}" if ev.step else "training"
         self.note("info", ev.pipeline, f"{where} ({size})", at=ev.time)
 
-    def _step(self, ev: m.StepMetrics, _) -> None:
+    def _step(self, ev: m.StepMetrics, _: PipelineProgress | None) -> None:
         series = self.series[ev.pipeline]
         if len(series.steps) and ev.step < series.steps[-1]:
             self.note("info", ev.pipeline, f"went back from step {int(series.steps[-1]):,} to step {ev.step:,}: "
@@ -232,11 +232,11 @@ class RunState:
                     ev.step, ev.time, float(value))
         self.series_version += 1
 
-    def _epoch_end(self, ev: m.EpochEnd, _) -> None:
+    def _epoch_end(self, ev: m.EpochEnd, _: PipelineProgress | None) -> None:
         self.note("info", ev.pipeline, f"{epoch_label(ev.epoch, ev.epochs_total)} done: train loss "
                                        f"{fmt_num(ev.train_loss)} in {ev.duration:.1f} s", at=ev.time)
 
-    def _checkpoint(self, ev: m.CheckpointSaved, _) -> None:
+    def _checkpoint(self, ev: m.CheckpointSaved, _: PipelineProgress | None) -> None:
         row = self.rows[ev.pipeline]
         total, per_epoch = row.epochs_total, row.steps_per_epoch
         # A checkpoint's epoch is the one in progress; at an epoch's end that is the count of those done.
@@ -247,11 +247,11 @@ class RunState:
             where = f"in {epoch_label(ev.epoch, total)}, step {ev.step:,}"
         self.note("info", ev.pipeline, f"checkpoint ({ev.reason}) {where}", at=ev.time)
 
-    def _resumed(self, ev: m.Resumed, _) -> None:
+    def _resumed(self, ev: m.Resumed, _: PipelineProgress | None) -> None:
         text = f"resumed from its checkpoint: {self._epoch(ev.pipeline, ev.epoch)}, step {ev.step:,}"
         self.note("info", ev.pipeline, f"{text} {ev.note}".rstrip(), at=ev.time)
 
-    def _val(self, ev: m.ValResult, _) -> None:
+    def _val(self, ev: m.ValResult, _: PipelineProgress | None) -> None:
         where = f"{self._epoch(ev.pipeline, ev.epoch)}, step {ev.step:,}"
         if ev.error:
             self.note("warning", ev.pipeline, f"validation of {where} failed: {ev.error} (training goes on)",
@@ -264,7 +264,7 @@ class RunState:
             "no metrics (nothing logged)"
         self.note("info", ev.pipeline, f"validated {where}: {shown} ({ev.latency:.2f} s)", at=ev.time)
 
-    def _error(self, ev: m.WorkerError, _) -> None:
+    def _error(self, ev: m.WorkerError, _: PipelineProgress | None) -> None:
         self.note("error", ev.pipeline, f"error in {ev.where}: {ev.error}", ev.traceback, at=ev.time)
 
     def _exited(self, ev: m.WorkerExited, before: PipelineProgress | None) -> None:
@@ -275,17 +275,17 @@ class RunState:
         text = f"exited ({how}, {ev.reason or 'unknown'})" + (f": {ev.error}" if ev.error else "")
         self.note("error" if bad else "info", ev.pipeline, text, tb, at=ev.time)
 
-    def _restarting(self, ev: m.WorkerRestarting, _) -> None:
+    def _restarting(self, ev: m.WorkerRestarting, _: PipelineProgress | None) -> None:
         left = f"{ev.restarts_left} restart{'s' if ev.restarts_left != 1 else ''} left"
         self.note("warning", ev.pipeline, f"restarting in {ev.delay:.1f} s ({left})"
                                           + (f": {ev.reason}" if ev.reason else ""), at=ev.time)
 
-    def _finished(self, ev: m.PipelineFinished, _) -> None:
+    def _finished(self, ev: m.PipelineFinished, _: PipelineProgress | None) -> None:
         level = "error" if ev.status == WorkerState.FAILED else "info"
         self.note(level, ev.pipeline, "finished " + finish_text(ev.status, ev.reason), at=ev.time)
         self._telemetry(self.telemetry, None)
 
-    def _stalled(self, ev: m.Stalled, _) -> None:
+    def _stalled(self, ev: m.Stalled, _: PipelineProgress | None) -> None:
         if ev.quiet:
             first = " since it started" if ev.first_step else ""
             self.note("warning", ev.pipeline, f"{quiet_text(ev.quiet)}{first}; d writes every process's Python "
@@ -293,24 +293,24 @@ class RunState:
         else:
             self.note("info", ev.pipeline, "stepping again", at=ev.time)
 
-    def _straggler(self, ev: h.Straggler, _) -> None:
+    def _straggler(self, ev: h.Straggler, _: PipelineProgress | None) -> None:
         self.note("warning" if ev.ratio else "info", ev.pipeline, straggler_text(ev), at=ev.time)
 
-    def _triage(self, ev: h.Triage, _) -> None:
+    def _triage(self, ev: h.Triage, _: PipelineProgress | None) -> None:
         self.note("warning", ev.pipeline, f"triage: {ev.verdict} (stacks in {ev.folder})", at=ev.time)
 
-    def _alert(self, ev: h.Alert, _) -> None:
+    def _alert(self, ev: h.Alert, _: PipelineProgress | None) -> None:
         self.alerts.append(ev)
         self.rows_version += 1  # the banner is redrawn with the rows
         self.note("error", ev.pipeline, f"ALERT {ev.title}: {ev.message}", at=ev.time)
 
-    def _early_stop(self, ev: m.EarlyStop, _) -> None:
+    def _early_stop(self, ev: m.EarlyStop, _: PipelineProgress | None) -> None:
         self.note("info", ev.pipeline, f"early stop: {ev.reason}", at=ev.time)
 
-    def _notice(self, ev: m.Notice, _) -> None:
+    def _notice(self, ev: m.Notice, _: PipelineProgress | None) -> None:
         self.note(ev.level, ev.pipeline, ev.text, at=ev.time)
 
-    def _run_finished(self, ev: m.RunFinished, _) -> None:
+    def _run_finished(self, ev: m.RunFinished, _: PipelineProgress | None) -> None:
         self.finished = True
         self.rows_version += 1
         labels = {k: ended_label(v, *((self.rows[k].rung, self.rows[k].never_ran) if k in self.rows else ()))
@@ -320,7 +320,7 @@ class RunState:
         self._telemetry(self.telemetry, None)
         self.telemetry_version += 1  # the pane says so when no reading ever came
 
-    def _telemetry(self, ev: t.TelemetrySnapshot | None, _) -> None:
+    def _telemetry(self, ev: t.TelemetrySnapshot | None, _: PipelineProgress | None) -> None:
         """The newest readings, less those of pipelines that have finished and, once the run has, every
         process's (the validator's too): a process that is gone (the last pass before the end, or one that
         raced the finish, would show it as live)."""
@@ -334,7 +334,7 @@ class RunState:
             self.telemetry_version += 1
 
 
-_HANDLERS: dict[type[m.Event], Callable[[RunState, Any, Any], None]] = {
+_HANDLERS: dict[type[m.Event], Callable[[RunState, Any, PipelineProgress | None], None]] = {
     m.RunStarted: RunState._run_started,
     m.ConfigAdded: RunState._config_added,
     m.PipelineQueued: RunState._queued,

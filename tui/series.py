@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
+from typing import Iterator
 
 BINS = 512  # bins per series: at least twice the widest chart, in braille dots
 EMA_ALPHA = 0.1  # weight of the newest point in the smoothed curve
@@ -83,7 +84,7 @@ class BinnedSeries:
         self.used = (self.used + 1) // 2
         self.width *= 2
 
-    def bins(self):
+    def bins(self) -> Iterator[tuple[float, float, float, float]]:
         """(x centre, lo, hi, last) of each filled bin, in x order."""
         if self.x0 is None:
             return

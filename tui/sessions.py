@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..engine import LiveRun, RemoteRun, RunConfig, Supervisor
+    from ..engine import EventStream, LiveRun, RemoteRun, RunConfig, Supervisor
 
 
 class Session:
@@ -36,7 +36,7 @@ class Session:
     async def add_config(self, config: RunConfig) -> list[str]:
         return list(self._supervisor.add_config(config))
 
-    def subscribe(self):
+    def subscribe(self) -> EventStream:
         return self.run.subscribe()
 
     async def shutdown(self, graceful: bool = True, timeout: float = 30.0) -> None:

@@ -11,10 +11,12 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Protocol, Sequence, TextIO
 
 if TYPE_CHECKING:
+    from ..engine import EventStream, RunSummary
     from ..engine.protocol.control import Action
+    from ..engine.protocol.health import Triage
 
 EXIT_TOOK, EXIT_REFUSED, EXIT_BAD = 0, 1, 2
 # verb -> the Action's value: plain strings, so that the command line (and the app's first screen, which builds
@@ -47,7 +49,7 @@ def resolve_run(run: str | None, runs_dir: Path, live_only: bool = False) -> Pat
     raise BadRun(f"{run}: no such run (neither a run directory, a run id under {runs_dir}, nor a live run's id)")
 
 
-def all_runs(runs_dir: Path) -> list:
+def all_runs(runs_dir: Path) -> list[RunSummary]:
     """The runs under `runs_dir` and the user's live runs started elsewhere (found through the runtime folder),
     newest first."""
     from ..engine import list_runs, summarize
@@ -59,7 +61,7 @@ def all_runs(runs_dir: Path) -> list:
     return sorted(runs, key=lambda s: s.started, reverse=True)
 
 
-def state_of(summary) -> str:
+def state_of(summary: RunSummary) -> str:
     """live, finished (how), or cut short and resumable."""
     if summary.live:
         return "live"
@@ -120,7 +122,32 @@ def fit_names(names: list[str] | tuple[str, ...], room: int) -> str:
     return ", ".join(shown) + f", … (+{len(names) - len(shown)} more)"
 
 
-def machine_ledger() -> tuple[list, list]:
+class HeldDevice(Protocol):
+    """What `ls` reads of a lease in the device ledger (the engine's hardware.ledger.Lease, past the seam)."""
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def run(self) -> str: ...
+    @property
+    def pipeline(self) -> str: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def memory(self) -> int | None: ...
+
+
+class LedgerSession(Protocol):
+    """What `ls` reads of a live session in the device ledger (hardware.ledger.Session): its run, and per pipeline
+    that waits [pipeline, priority, since, why, the device names it may be granted]."""
+
+    @property
+    def run(self) -> str: ...
+    @property
+    def waiting(self) -> list[list[object]]: ...
+
+
+def machine_ledger() -> tuple[Sequence[HeldDevice], Sequence[LedgerSession]]:
     """Every lease and live session of this user's device ledger on this machine (empty if unreadable)."""
     from ..engine import Ledger
 
@@ -131,7 +158,7 @@ def machine_ledger() -> tuple[list, list]:
         return [], []
 
 
-def ledger_lines(leases: list, sessions: list) -> list[str]:
+def ledger_lines(leases: Sequence[HeldDevice], sessions: Sequence[LedgerSession]) -> list[str]:
     """"devices held on this machine" and "waiting" sections for `ls`: which run holds which device, and
     what of each live run waits for what; nothing when nothing is held or waits."""
     lines = []
@@ -197,11 +224,11 @@ async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextI
     return EXIT_TOOK
 
 
-async def _triage_of(stream, name: str, timeout: float = TRIAGE_WAIT):
+async def _triage_of(stream: EventStream, name: str, timeout: float = TRIAGE_WAIT) -> Triage | None:
     """The triage of `name`'s stacks from the run's live events; None if none came within `timeout` seconds."""
     from ..engine.protocol.health import Triage
 
-    async def scan():
+    async def scan() -> Triage | None:
         async for event in stream:
             if isinstance(event, Triage) and event.pipeline == name:
                 return event

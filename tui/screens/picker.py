@@ -33,7 +33,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-def build_tasks(path: Path, check: ConfigCheck, worker: Worker,
+def build_tasks(path: Path, check: ConfigCheck, worker: Worker[None],
                 progress: Callable[[int, int], object]) -> ConfigCheck | None:
     """`check` with the verdict of building `path`'s tasks in a fresh process; None if cancelled.
 

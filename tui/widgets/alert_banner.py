@@ -3,12 +3,14 @@ terminal bell for a new one (unless the alert says not to, `[alerts] bell = fals
 from __future__ import annotations
 
 import os
+from typing import Unpack
 
 from rich.markup import escape
 from textual.widgets import Static
 
 from ...engine.protocol import messages
 from ...engine.protocol.health import Alert
+from . import WidgetOptions
 
 
 class AlertBanner(Static):
@@ -19,7 +21,7 @@ class AlertBanner(Static):
     AlertBanner.-shown { display: block; }
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Unpack[WidgetOptions]) -> None:
         super().__init__(**kwargs)
         self.seen = 0  # alerts shown so far
         # seconds since the epoch, on the clock that stamps events: an alert older than the screen (an attach's

@@ -10,6 +10,7 @@ the pipeline table does.
 from __future__ import annotations
 
 import re
+from typing import Unpack
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -20,13 +21,14 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from ...engine.protocol.telemetry import GpuSample, ProcessSample, TelemetrySnapshot
+from . import WidgetOptions
 
 GIB = 2 ** 30  # bytes
 MIB = 2 ** 20  # bytes
 NAME = 14  # cells at most for a pipeline's name in a process row
 
 
-def _na(value, fmt: str, suffix: str = "") -> str:
+def _na(value: float | None, fmt: str, suffix: str = "") -> str:
     return "n/a" if value is None else format(value, fmt) + suffix
 
 
@@ -153,7 +155,7 @@ class DevicePane(Widget, can_focus=True):
                 Binding("home", "scroll_rows(-1000000)", show=False),
                 Binding("end", "scroll_rows(1000000)", show=False)]
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Unpack[WidgetOptions]) -> None:
         super().__init__(**kwargs)
         self.border_title = "devices"
         self.top = 0  # first row shown

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Unpack
 
 from rich.text import Text
 from textual import work
@@ -18,6 +19,7 @@ from textual.widgets import Log, RichLog
 from textual.worker import get_current_worker
 
 from ..runstate import LogEntry
+from . import WidgetOptions
 
 POLL = 0.5  # seconds between looks at the log file
 TAIL_BYTES = 64 * 1024  # bytes read back when starting to follow a file
@@ -56,7 +58,8 @@ class LogTail(Log):
         lines: list[str]
         reset: bool
 
-    def __init__(self, max_lines: int = 500, tail_bytes: int = TAIL_BYTES, wrap: bool = False, **kwargs) -> None:
+    def __init__(self, max_lines: int = 500, tail_bytes: int = TAIL_BYTES, wrap: bool = False,
+                 **kwargs: Unpack[WidgetOptions]) -> None:
         super().__init__(max_lines=max_lines, auto_scroll=True, **kwargs)
         self.tail_bytes = tail_bytes
         self.wrap = wrap  # long lines (a Lightning warning) go on over the next lines, at the width when read
@@ -138,12 +141,12 @@ class EventLog(RichLog):
     EventLog { height: 1fr; min-height: 3; border: round $panel-lighten-2; scrollbar-size: 1 1; }
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Unpack[WidgetOptions]) -> None:
         super().__init__(max_lines=500, wrap=True, min_width=20, markup=False, highlight=False, **kwargs)
         self.border_title = "events"
         self.last_seq = 0
 
-    def add(self, entries) -> None:
+    def add(self, entries: Iterable[LogEntry]) -> None:
         for entry in entries:
             if entry.seq > self.last_seq:
                 self.write(format_entry(entry))

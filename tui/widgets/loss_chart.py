@@ -16,7 +16,7 @@ writes a few lines to the terminal, not the whole chart.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Sequence, Unpack
 
 from rich.segment import Segment
 from rich.style import Style
@@ -27,6 +27,7 @@ from textual.widget import Widget
 
 from ..formats import fmt_count, fmt_num, metric_label
 from ..series import LossSeries, reduce_columns
+from . import WidgetOptions
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "bright_blue", "bright_red", "bright_white", "bright_magenta")
 GLYPHS = ("●", "▲", "■", "◆", "★", "✚", "▼", "○")  # one per pipeline when overlaid, in PALETTE's order
@@ -41,13 +42,15 @@ MIN_COLUMNS = 8  # fewer columns than this are too few to call any of them an ou
 MIN_SPREAD = 0.5  # the interquartile range the fence assumes at least, as a share of the third quartile
 NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 TICKS = (1.0, 2.0, 2.5, 5.0, 10.0)
+Visible = list[tuple[str, LossSeries, int]]  # (name, series, colour index) of each pipeline drawn
+Reduced = list[tuple[list[tuple[int, float, float, float]], list[tuple[float, float]], int]]  # see _reduce
 
 
 def nice_ceil(value: float, steps: tuple[float, ...] = NICE) -> float:
     """The smallest 'round' number >= value: the axes snap to these so they rarely move."""
     if value <= 0:
         return 1.0
-    scale = 10 ** math.floor(math.log10(value))
+    scale: float = 10 ** math.floor(math.log10(value))
     return next(n * scale for n in steps if n * scale >= value * (1 - 1e-9))
 
 
@@ -79,14 +82,13 @@ class LossChart(Widget):
     LossChart { height: 1fr; min-height: 5; border: round $panel-lighten-2; border-title-color: $text-muted; }
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Unpack[WidgetOptions]) -> None:
         super().__init__(**kwargs)
         self.series: dict[str, LossSeries] = {}
         self.selected: str | None = None
         self.overlay = False  # all pipelines at once
         self.only: list[str] | None = None  # these pipelines overlaid, in this order (a sweep's best trials)
-        self.log_y = False
-        self.smooth = False
+        self.log_y, self.smooth = False, False
         self.clip = True  # the y axis ends above the bulk of the points; outliers go off the top
         self.clipped = False  # as last drawn, some point lies above the top of the y axis
         self.x_mode = "step"  # or "time"
@@ -95,7 +97,7 @@ class LossChart(Widget):
         self.metric_is_loss = True  # markers on the loss axis; otherwise in a strip of their own
         self.legend = Text()
         self._lines: list[Strip] = []
-        self._keys: list[tuple] = []
+        self._keys: list[tuple[object, ...]] = []
         self._drawn_size = (0, 0)
 
     # ------------------------------------------------------------ API
@@ -154,8 +156,7 @@ class LossChart(Widget):
             restarted = ("  ", (RESTART, "bold magenta"), " went back") if shown is not None and shown.restarts else ()
             clipped = ((ARROW, "bold"), " clipped  ") if self.clipped else ()
             what = "train loss" if self.quantity == "loss" else self.quantity
-            return Text.assemble(*clipped, ("⠤⠒ ", "cyan"), f"{what}  ", (MARKER, "bold yellow"), f" {val}",
-                                 *restarted)
+            return Text.assemble(*clipped, ("⠤⠒ ", "cyan"), f"{what}  ", (MARKER, "bold yellow"), f" {val}", *restarted)
         out = Text.assemble((ARROW, "bold"), " clipped  ") if self.clipped else Text()
         for name, _, index in self._visible():
             out.append(GLYPHS[index], style=f"bold {PALETTE[index]}")
@@ -163,14 +164,14 @@ class LossChart(Widget):
         out.append(f"(glyph: curve end, {val})")
         return out
 
-    def _visible(self) -> list[tuple[str, LossSeries, int]]:
+    def _visible(self) -> Visible:
         if self.only is not None:
             return [(n, self.series[n], i % len(PALETTE)) for i, n in enumerate(self.only) if n in self.series]
         names = list(self.series)
         chosen = names if self.overlay else [n for n in names if n == self.selected]
         return [(n, self.series[n], names.index(n) % len(PALETTE)) for n in chosen]
 
-    def _draw(self, width: int, height: int) -> tuple[list[tuple], list[Strip]]:
+    def _draw(self, width: int, height: int) -> tuple[list[tuple[object, ...]], list[Strip]]:
         pw = width - GUTTER  # plot width in cells
         visible = self._visible()
         self.clipped = False
@@ -212,13 +213,12 @@ class LossChart(Widget):
         restarts = [x for _, s, _ in visible for x in s.restart_points()] if not self.overlaid else []
         lines.append(self._x_axis(width, pw, x_lo, x_hi, origin, [int((x - x_lo) * x_scale + 0.5) >> 1
                                                                   for x in restarts if x_lo <= x <= x_hi]))
-        keys = [tuple((seg.text, str(seg.style)) for seg in line) for line in lines]
+        keys: list[tuple[object, ...]] = [tuple((seg.text, str(seg.style)) for seg in line) for line in lines]
         return keys, [Strip(line, width) for line in lines]
 
-    def _x_extent(self, visible) -> tuple[float, float, float, bool]:
+    def _x_extent(self, visible: Visible) -> tuple[float, float, float, bool]:
         """The x range the visible series span, the time origin, and whether any has validation results."""
-        x_lo, x_hi, origin = math.inf, -math.inf, math.inf
-        any_val = False
+        x_lo, x_hi, origin, any_val = math.inf, -math.inf, math.inf, False
         for _, s, _ in visible:
             s.configure(self.x_mode, self.smooth)
             if s.bins.x0 is not None:
@@ -230,10 +230,10 @@ class LossChart(Widget):
                 origin = min(origin, s.times[0])
         return x_lo, x_hi, origin, any_val
 
-    def _reduce(self, visible, x_lo: float, x_hi: float, cols: int) -> tuple[list, float, float]:
+    def _reduce(self, visible: Visible, x_lo: float, x_hi: float, cols: int) -> tuple[Reduced, float, float]:
         """Each series as (columns, markers on the loss axis, colour) in plotted y units, and their y range."""
         tf = (lambda v: math.log10(v) if v > 0 else math.nan) if self.log_y else (lambda v: v)
-        reduced = []
+        reduced: Reduced = []
         y_lo, y_hi = math.inf, -math.inf
         for _, s, colour in visible:
             columns = [(c.index, tf(c.lo), tf(c.hi), tf(c.last)) for c in reduce_columns(s.bins, x_lo, x_hi, cols)]
@@ -252,7 +252,7 @@ class LossChart(Widget):
             return GLYPHS[colour], self.rich_style + Style(color=PALETTE[colour], bold=True)
         return MARKER, self.rich_style + Style(color="yellow", bold=True)
 
-    def _plot_lines(self, ph, pw, canvas: _Canvas, y_range) -> list[list[Segment]]:
+    def _plot_lines(self, ph: int, pw: int, canvas: _Canvas, y_range: tuple[float, float]) -> list[list[Segment]]:
         masks, colours, glyphs = canvas.masks, canvas.colours, canvas.glyphs
         base = self.rich_style
         styles = [base + Style(color=c) for c in PALETTE]
@@ -275,7 +275,7 @@ class LossChart(Widget):
             out.append(_runs([(f"{label:>{GUTTER - 2}} ", axis), ("┤" if label else "│", axis)] + cells))
         return out
 
-    def _strip_lines(self, height: int, pw: int, visible, x_lo: float, x_scale: float) -> list[list[Segment]]:
+    def _strip_lines(self, height: int, pw: int, visible: Visible, x_lo: float, x_scale: float) -> list[list[Segment]]:
         """A rule naming the metric, then its validation results on a scale of their own."""
         base = self.rich_style
         axis = base + Style(dim=True)
@@ -310,8 +310,9 @@ class LossChart(Widget):
         return _runs([(ch, self.rich_style + Style(color="magenta", bold=True) if ch == RESTART else dim)
                       for ch in bottom])
 
-    def _empty(self, width: int, height: int, why: str) -> tuple[list[tuple], list[Strip]]:
-        keys, lines = [], []
+    def _empty(self, width: int, height: int, why: str) -> tuple[list[tuple[object, ...]], list[Strip]]:
+        keys: list[tuple[object, ...]] = []
+        lines = []
         for row in range(height):
             text = why.center(width) if row == height // 2 else " " * width
             keys.append((text,))
@@ -319,7 +320,7 @@ class LossChart(Widget):
         return keys, lines
 
 
-def _robust_top(reduced: list, y_lo: float, y_hi: float) -> float:
+def _robust_top(reduced: Reduced, y_lo: float, y_hi: float) -> float:
     """The top of the y axis that leaves out outliers: the highest column above `y_lo` that is no more
     than FENCE interquartile ranges above the third quartile of the columns' highs (Tukey's far-out
     fence, the range taken as at least MIN_SPREAD of that quartile), or `y_hi` when nothing is that far
@@ -343,8 +344,7 @@ class _Canvas:
 
     def __init__(self, pw: int, ph: int, y_hi: float, y_scale: float, rows: int):
         self.pw, self.y_hi, self.y_scale, self.rows = pw, y_hi, y_scale, rows
-        self.masks = [0] * (pw * ph)
-        self.colours = [-1] * (pw * ph)
+        self.masks, self.colours = [0] * (pw * ph), [-1] * (pw * ph)
         self.glyphs: dict[int, int] = {}  # cell -> series colour index, drawn as its glyph (or MARKER)
         self.over: dict[int, int] = {}  # plot column -> colour of a series that goes above the top there
 

@@ -10,7 +10,7 @@ header names the validation metric (`best` is the best of it so far).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Unpack
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -24,6 +24,7 @@ from textual.widget import Widget
 from ...engine.protocol.progress import PipelineProgress
 from ...engine.protocol.states import WorkerState, ended_label
 from ..formats import fmt_count, fmt_device, fmt_duration, fmt_num, fmt_quiet, metric_label
+from . import WidgetOptions
 
 S = WorkerState
 WIDE = 118  # terminal columns from which every column is shown
@@ -139,7 +140,7 @@ class PipelineTable(Widget, can_focus=True):
 
         name: str
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Unpack[WidgetOptions]) -> None:
         super().__init__(**kwargs)
         self.border_title = "pipelines"
         self.names: list[str] = []
@@ -152,7 +153,7 @@ class PipelineTable(Widget, can_focus=True):
         self.compact = False  # the terminal is narrower than WIDE: not every column fits
         self.nodes = False  # some pipeline runs on another node: the node column is shown
         self.longest = 0  # cells of the longest pipeline name
-        self._layout: tuple[tuple, list[Column]] = ((), [])  # (width, nodes, longest, compact), its columns
+        self._layout: tuple[tuple[object, ...], list[Column]] = ((), [])  # (width, nodes, longest, compact), columns
 
     # ------------------------------------------------------------ API
     @property

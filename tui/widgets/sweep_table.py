@@ -8,7 +8,7 @@ keys act on the trial under the cursor; rows are re-ranked as results arrive, th
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 from rich.cells import cell_len
 
@@ -16,6 +16,7 @@ from ...engine.protocol.progress import PipelineProgress
 from ...engine.protocol.states import WorkerState
 from ..formats import fmt_num, metric_label
 from ..ranking import PROMOTING, TrialRow, short_value
+from . import WidgetOptions
 from .pipeline_table import Column, PipelineTable, state_text
 
 VALUE_WIDTH = (4, 12)  # cells a value column takes at least and at most
@@ -59,7 +60,7 @@ class SweepTable(PipelineTable):
     SweepTable:focus { border: round $accent; }
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, **kwargs: Unpack[WidgetOptions]) -> None:
         super().__init__(**kwargs)
         self.border_title = "sweep: trials best first"
         self.columns: list[Column] = []
