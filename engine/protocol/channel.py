@@ -23,7 +23,7 @@ import threading
 from collections import deque
 from enum import IntEnum
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -45,6 +45,12 @@ class WorkerExit(IntEnum):
 
 class SupervisorGone(Exception):
     """The supervisor's end of a pipe closed: the worker should exit."""
+
+
+class EventSink(Protocol):
+    """Where a scorer sends its events: a StatusSender, or an inline scorer that passes them on to one."""
+
+    def send(self, event: Event) -> None: ...
 
 
 class StatusSender:
