@@ -7,9 +7,26 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 NVML_ERROR_GPU_IS_LOST = 15  # pynvml's value
+
+
+class Nvml(Protocol):
+    """The NVML calls torchherd makes: the pynvml module (nvidia-ml-py), or a test's stand-in. A handle and
+    what the readings return are pynvml's own objects, which it ships no hints for."""
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str | bytes: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetName(self, handle: object) -> str | bytes: ...
+    def nvmlDeviceGetUUID(self, handle: object) -> str | bytes: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Any]: ...
+    def nvmlDeviceGetP2PStatus(self, a: object, b: object, caps: int) -> int: ...
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: object, b: object) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -70,7 +87,7 @@ def filter_visible(gpus: list[GpuInfo], visible: tuple[str, ...] | None) -> list
     return out
 
 
-def list_gpus(nvml: Any) -> tuple[list[tuple[GpuInfo, Any]], list[str]]:
+def list_gpus(nvml: Nvml) -> tuple[list[tuple[GpuInfo, Any]], list[str]]:
     """Every GPU an initialised NVML reports, with its handle, and one line per GPU it could not read.
 
     One bad GPU (lost, or not ours to open in a container) is skipped rather than
@@ -90,7 +107,7 @@ def list_gpus(nvml: Any) -> tuple[list[tuple[GpuInfo, Any]], list[str]]:
     return found, skipped
 
 
-def _memory_total(nvml: Any, handle: Any) -> int | None:
+def _memory_total(nvml: Nvml, handle: object) -> int | None:
     try:
         return int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
     except Exception as exc:
@@ -99,7 +116,7 @@ def _memory_total(nvml: Any, handle: Any) -> int | None:
         return None
 
 
-def discover_devices(nvml=None) -> Inventory:
+def discover_devices(nvml: Nvml | None = None) -> Inventory:
     """Ask NVML for the GPUs; respect CUDA_VISIBLE_DEVICES set for torchherd itself."""
     visible = visible_from_env()
     cpus = _cpu_count()
@@ -134,7 +151,7 @@ def discover_devices(nvml=None) -> Inventory:
     return Inventory(gpus=tuple(gpus), cpu_count=cpus, note=note, driver=driver, visible=visible)
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

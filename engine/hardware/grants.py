@@ -14,7 +14,7 @@ from typing import Iterable, Literal
 from ..config.schema import Pipeline
 from ..config.units import memory_bytes
 from .ledger import Lease
-from .occupancy import SYSTEM, GpuOccupancy
+from .occupancy import SYSTEM, Foreign, GpuOccupancy
 from .slots import Slot
 
 GiB = 2**30
@@ -114,7 +114,7 @@ class _Books:
         for lease in leases:
             self.by_device.setdefault(lease.device, []).append(lease)
 
-    def foreign(self, slot: Slot) -> tuple:
+    def foreign(self, slot: Slot) -> tuple[Foreign, ...]:
         occ = self.occupancy.get(slot.gpu.index) if slot.gpu is not None else None
         return occ.foreign if occ is not None else ()
 

@@ -15,7 +15,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, TypeVar
 
 from ..protocol.private import UnsafeRuntimeDir, runtime_dir
 
@@ -23,6 +23,7 @@ FOLDER_VARIABLE = "TORCHHERD_LEDGER"  # another folder for the ledger: runs that
 LOCK_FILE = ".lock"
 LEASE_SUFFIX = ".lease"
 SESSION_SUFFIX = ".session"
+E = TypeVar("E")  # a ledger entry: Lease or Session
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Session:
     pid: int
     run_dir: str = ""
     # [pipeline, priority, since (wall-clock s), why, the device names it may be granted] of each that waits
-    waiting: list = field(default_factory=list)
+    waiting: list[list[Any]] = field(default_factory=list)
 
 
 class MemoryLedger:
@@ -133,7 +134,7 @@ class Ledger(MemoryLedger):
 
     # ------------------------------------------------------------ files
 
-    def _hold(self, name: str, data: dict) -> None:
+    def _hold(self, name: str, data: dict[str, Any]) -> None:
         """Write `name` (replacing any of ours) and keep it locked: a new file, locked before it is renamed into
         place, so a reader never sees it unlocked while we live."""
         tmp = self.folder / f".{name}.{os.getpid()}.tmp"
@@ -154,7 +155,7 @@ class Ledger(MemoryLedger):
             finally:
                 os.close(fd)
 
-    def _live(self, suffix: str, kind: type, prune: bool = False) -> list:
+    def _live(self, suffix: str, kind: type[E], prune: bool = False) -> list[E]:
         """The entries of `suffix` whose holders live (their files are locked); with `prune` (under the
         ledger's lock) the files of dead holders are removed."""
         out = []
@@ -180,7 +181,7 @@ def ledger_folder() -> Path:
     return Path(named) if named else runtime_dir() / "ledger"
 
 
-def _holder_state(path: Path) -> tuple[bool, dict] | None:
+def _holder_state(path: Path) -> tuple[bool, dict[str, Any]] | None:
     """(whether its holder lives, its data) for one ledger file; None if it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Callable, Iterable, Literal, TypeVar
 
 import psutil
 
-from .devices import nvml_reason
+from .devices import Nvml, nvml_reason
+
+T = TypeVar("T")
 
 NVLINK = 0  # a pair's link rank: NVLink, better than any PCIe level
 SYSTEM = 50  # NVML_TOPOLOGY_SYSTEM: across CPU sockets, the worst
@@ -65,7 +67,7 @@ def ours(pid: int, supervisors: set[int]) -> bool:
 
 def _owner(pid: int) -> str:
     try:
-        return psutil.Process(pid).username()
+        return str(psutil.Process(pid).username())
     except (psutil.Error, OSError, KeyError):
         return ""
 
@@ -73,11 +75,11 @@ def _owner(pid: int) -> str:
 class OccupancyReader:
     """Readings for placement: taken while a pipeline waits for a GPU, at most every `REFRESH` seconds."""
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Nvml | None = None) -> None:
         self._nvml = nvml
         self._cached: tuple[float, dict[int, GpuOccupancy]] | None = None
         self._links: dict[tuple[int, int], int] | None = None
-        self._open: Any = None  # the opened module; False once it could not be opened
+        self._open: Nvml | Literal[False] | None = None  # the opened module; False once it could not be opened
         self.note = ""
 
     def read(self, indices: Iterable[int], supervisors: set[int], max_age: float = REFRESH) -> dict[int, GpuOccupancy]:
@@ -98,7 +100,7 @@ class OccupancyReader:
             self._links = self._with_nvml(lambda nvml: {pair: _link(nvml, *pair) for pair in pairs}) or {}
         return self._links
 
-    def _with_nvml(self, read):
+    def _with_nvml(self, read: Callable[[Nvml], T]) -> T | None:
         """`read(nvml)` with NVML opened on first use and kept open (init can take a while on a big box);
         None when NVML cannot be opened or the reading fails."""
         if self._open is None:
@@ -129,7 +131,7 @@ class OccupancyReader:
         self._open = None
 
     @staticmethod
-    def _one(nvml: Any, index: int, supervisors: set[int]) -> GpuOccupancy:
+    def _one(nvml: Nvml, index: int, supervisors: set[int]) -> GpuOccupancy:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         total: int | None
         used: int | None
@@ -152,7 +154,7 @@ class OccupancyReader:
         return GpuOccupancy(index, total, used, tuple(foreign))
 
 
-def _link(nvml: Any, a: int, b: int) -> int:
+def _link(nvml: Nvml, a: int, b: int) -> int:
     ha, hb = nvml.nvmlDeviceGetHandleByIndex(a), nvml.nvmlDeviceGetHandleByIndex(b)
     try:
         if nvml.nvmlDeviceGetP2PStatus(ha, hb, P2P_CAPS_INDEX_NVLINK) == P2P_STATUS_OK:

@@ -18,7 +18,8 @@ from ..config.schema import DevicesConfig, RunConfig
 from ..hardware.devices import Inventory, discover_devices
 from ..hardware.ledger import Ledger, MemoryLedger
 from ..hardware.occupancy import OccupancyReader
-from ..hardware.placement import Slot, ValidationPlan, plan_slots, plan_validation
+from ..hardware.placement import ValidationPlan, plan_slots, plan_validation
+from ..hardware.slots import Slot
 from ..protocol.messages import Command, Event
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.names import Intent

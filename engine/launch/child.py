@@ -58,7 +58,7 @@ def kill_own_group() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def main(argv: list[str] | None = None, override: dict | None = None) -> None:
+def main(argv: list[str] | None = None, override: dict[str, Any] | None = None) -> None:
     """Run the child the spec file argv[0] describes; `override`: transport fields that replace the spec's (a child
     forked by a warm start: its pipes' numbers there and the process it dies with, engine/launch/warm.py)."""
     argv = sys.argv[1:] if argv is None else argv

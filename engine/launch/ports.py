@@ -15,7 +15,7 @@ def take_port() -> int:
     for _ in range(64):
         with socket.socket() as s:
             s.bind(("", 0))  # rank 0's store listens on every interface: the port must be free on all
-            port = s.getsockname()[1]
+            port: int = s.getsockname()[1]
         if port not in _held:
             _held.add(port)
             return port

@@ -43,7 +43,7 @@ def local_env(spec: LaunchSpec, inherit: Mapping[str, str]) -> dict[str, str]:
 class ProcessHandle(ChannelHandle):
     """A real worker process on this machine, heard over its status pipe and commanded over its control pipe."""
 
-    def __init__(self, proc: subprocess.Popen | WarmProcess, status: Connection, control: Connection):
+    def __init__(self, proc: subprocess.Popen[bytes] | WarmProcess, status: Connection, control: Connection):
         super().__init__(status, control)
         self.proc = proc
         self.pid = proc.pid

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 WARM_MODULE = "torchherd.engine.launch.warm"
 # What every trainer imports before its first step: torch, and torch._dynamo, which torch's own optimizers
@@ -98,7 +98,7 @@ class WarmStarter:
         self.gone = False
         self._codes: dict[int, int] = {}  # pid -> exit code (negative: the signal), as Popen's returncode
         self._live: set[int] = set()
-        self._replies: dict[int, dict] = {}
+        self._replies: dict[int, dict[str, Any]] = {}
         self._abandoned: set[int] = set()
         self._next = 0
 
@@ -202,14 +202,14 @@ def _end_late(pid: int) -> None:
 # ---------------------------------------------------------------- the forking process
 
 
-def _send(sock: socket.socket, report: dict) -> None:
+def _send(sock: socket.socket, report: dict[str, Any]) -> None:
     try:
         sock.send(json.dumps(report).encode())
     except OSError:
         pass  # the supervisor went away; so will this process
 
 
-def _child(request: dict, fds: list[int], parent: int) -> None:
+def _child(request: dict[str, Any], fds: list[int], parent: int) -> None:
     """In the fork: become the child `python -P -m torchherd.engine.launch.child SPEC` would be. Never returns."""
     try:
         signal.set_wakeup_fd(-1)
@@ -260,7 +260,8 @@ def _cuda_touched() -> bool:
 
     try:
         driver = ctypes.CDLL(loaded[0], mode=os.RTLD_NOLOAD)  # the one loaded: never a second load
-        return driver.cuDeviceGetCount(ctypes.byref(ctypes.c_int())) != CUDA_ERROR_NOT_INITIALIZED
+        answer: int = driver.cuDeviceGetCount(ctypes.byref(ctypes.c_int()))
+        return answer != CUDA_ERROR_NOT_INITIALIZED
     except (OSError, AttributeError):
         return True
 
@@ -279,7 +280,7 @@ def _reap(sock: socket.socket, forked: dict[int, int]) -> None:
         _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _fork(sock: socket.socket, request: dict, fds: list[int], forked: dict[int, int]) -> None:
+def _fork(sock: socket.socket, request: dict[str, Any], fds: list[int], forked: dict[int, int]) -> None:
     """Fork the child `request` asks for and reply with its pid, once the child has a session (and so a process
     group) of its own: a supervisor told the pid earlier could signal a group not there yet, which misses."""
     sys.stdout.flush()

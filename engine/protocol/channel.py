@@ -23,12 +23,14 @@ import threading
 from collections import deque
 from enum import IntEnum
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
 from .messages import Command, Event, Message, StepMetrics
 from .records import _hints, message_types, to_record
+
+M = TypeVar("M", bound=Message)
 
 
 
@@ -45,6 +47,12 @@ class WorkerExit(IntEnum):
 
 class SupervisorGone(Exception):
     """The supervisor's end of a pipe closed: the worker should exit."""
+
+
+class EventSink(Protocol):
+    """Where a scorer sends its events: a StatusSender, or an inline scorer that passes them on to one."""
+
+    def send(self, event: Event) -> None: ...
 
 
 class StatusSender:
@@ -122,7 +130,7 @@ class ChannelError(ValueError):
     """Bytes on a channel that are not a batch (or a command) of known messages with well-typed fields."""
 
 
-def _primitive(value: Any) -> Any:
+def _primitive(value: object) -> object:
     """What msgpack does not encode itself (a numpy scalar, a 0-d tensor, a path): a number, else its text."""
     if isinstance(value, os.PathLike):
         return os.fspath(value)
@@ -139,7 +147,7 @@ _batch_in = msgspec.msgpack.Decoder(list[bytes | dict[str, Any]])
 def encode_batch(events: list[Event]) -> bytes:
     """One batch of a StatusSender: the events in order, each run of step reports packed as msgpack bytes
     and any other event as its record."""
-    items: list = []
+    items: list[bytes | dict[str, Any]] = []
     start = 0
     for i in range(len(events) + 1):
         if i < len(events) and type(events[i]) is StepMetrics:
@@ -188,7 +196,7 @@ def _decode_steps(data: bytes) -> list[StepMetrics]:
     return [_typed(StepMetrics, fields) for fields in runs]
 
 
-def decode_record(record: Any) -> Message:
+def decode_record(record: object) -> Message:
     """The message a record holds, its fields checked against their types (ChannelError if they are not)."""
     if not isinstance(record, dict):
         raise ChannelError(f"not a record: {type(record).__name__}")
@@ -199,7 +207,7 @@ def decode_record(record: Any) -> Message:
     return _typed(cls, {k: v for k, v in record.items() if k != "type"})
 
 
-def _typed(cls: type[Message], fields: Any) -> Any:
+def _typed(cls: type[M], fields: object) -> M:
     """`cls` from a dict of its fields, each of its declared type; a null where a float belongs is NaN, as
     events.jsonl writes NaN as null."""
     if not isinstance(fields, dict):
@@ -212,7 +220,7 @@ def _typed(cls: type[Message], fields: Any) -> Any:
         raise ChannelError(f"{cls.type}: {exc}") from None
 
 
-def _lenient(hint: Any, value: Any) -> Any:
+def _lenient(hint: object, value: object) -> object:
     """A field's value as a sender may have meant it: null for a float is NaN, and a metric that is not a
     number (a path, a string) is left out of its dict rather than losing the whole report."""
     if value is None and hint is float:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from . import health as h
 from . import messages as m
@@ -28,7 +28,19 @@ def better(value: float, best: float | None, mode: str) -> bool:
     return value > best if mode == "max" else value < best
 
 
-def judge(value: float, best: float | None, since_best: int, validation: Any) -> tuple[bool, float | None, int, str]:
+class Patience(Protocol):
+    """What `judge` reads of the [validation] config (config.schema.ValidationConfig)."""
+
+    @property
+    def metric(self) -> str: ...
+    @property
+    def metric_mode(self) -> str: ...
+    @property
+    def patience(self) -> int | None: ...
+
+
+def judge(value: float, best: float | None, since_best: int,
+          validation: Patience) -> tuple[bool, float | None, int, str]:
     """One validation result against the best so far, under `validation`'s metric_mode and patience (the
     [validation] config): (whether it is a new best, the best, results since it, why to stop early or "")."""
     if better(value, best, validation.metric_mode):

@@ -35,7 +35,7 @@ def to_record(msg: Message) -> dict[str, Any]:
     return record
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """A field in JSON-ready form: tuples become lists, nested dataclasses dicts."""
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
@@ -53,7 +53,7 @@ def from_record(record: dict[str, Any]) -> Message:
         raise ValueError(f"unknown message type {record.get('type')!r}")
     names = {f.name for f in dataclasses.fields(cls)}
     hints = _hints(cls)  # type: ignore[arg-type]  # mypy reads a dataclass's __hash__ = None as its class's
-    kwargs = {k: _decode(hints.get(k), v) for k, v in record.items() if k in names}
+    kwargs: dict[str, Any] = {k: _decode(hints.get(k), v) for k, v in record.items() if k in names}  # cls's fields
     return cls(**kwargs)
 
 
@@ -65,7 +65,7 @@ def _hints(cls: type) -> dict[str, Any]:
         return {}
 
 
-def _decode(hint: Any, value: Any) -> Any:
+def _decode(hint: object, value: object) -> object:
     """Undo `_plain` by the field's annotation: lists become tuples, dicts dataclasses."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`
         hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)

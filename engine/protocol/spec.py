@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import ClassVar, Union
+from typing import Any, ClassVar, Union, cast
 
 CHILD_MODULE = "torchherd.engine.launch.child"  # `python -P -m` this, with the spec file's path
 
@@ -22,8 +22,8 @@ class WorkerSpec:
     """One attempt of a pipeline's worker: what to train, where, and from which snapshot number on."""
 
     role: ClassVar[str] = "worker"
-    pipeline: dict  # torchherd.engine.config.schema.Pipeline, dumped as JSON
-    validation: dict  # torchherd.engine.config.schema.ValidationConfig, dumped, with the resolved mode
+    pipeline: dict[str, Any]  # torchherd.engine.config.schema.Pipeline, dumped as JSON
+    validation: dict[str, Any]  # torchherd.engine.config.schema.ValidationConfig, dumped, with the resolved mode
     device: str  # "cpu", or "cuda:N" with N its LOCAL_RANK: its own GPU among those it sees (its gang's; alone, N = 0)
     threads: int  # torch threads for a CPU worker
     pipeline_dir: str
@@ -38,7 +38,7 @@ class WorkerSpec:
 
     @property
     def name(self) -> str:
-        return self.pipeline["name"]
+        return cast(str, self.pipeline["name"])
 
     @property
     def stem(self) -> str:
@@ -77,7 +77,7 @@ class Transport:
     supervisor_pid: int = 0  # the child dies with this process (on a cluster: the actor that started it)
     address: str = ""  # "host:port" to dial back; "" for the pipes
     token: str = ""  # hex; proves the connection is this attempt's
-    extra: dict = field(default_factory=dict)  # anything a launcher adds for its own children
+    extra: dict[str, Any] = field(default_factory=dict)  # anything a launcher adds for its own children
 
 
 def write_spec(path: Path, spec: ChildSpec, transport: Transport) -> Path:

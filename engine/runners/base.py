@@ -14,7 +14,7 @@ from ..protocol.names import PipelineKind
 
 if TYPE_CHECKING:
     from ..config.schema import Pipeline, ValidationConfig
-    from ..protocol.channel import StatusSender
+    from ..protocol.channel import EventSink, StatusSender
     from ..protocol.spec import WorkerSpec
     from ..worker.control import WorkerControl
 
@@ -32,7 +32,7 @@ class Scorer(Protocol):
 
     last_seq: int  # the newest snapshot scored: the validator serves the pipeline with the oldest first
 
-    def score_newest(self, sender: StatusSender) -> bool:
+    def score_newest(self, sender: EventSink) -> bool:
         """Score the snapshot due next, if one is waiting; True if one was scored."""
 
 

@@ -3,14 +3,34 @@ next snapshot, and keeping the best result (with the early stop that `patience` 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
-from ..protocol.channel import StatusSender
+from ..protocol.channel import EventSink
 from ..protocol.messages import EarlyStop, Notice
 from ..protocol.progress import judge
 
+if TYPE_CHECKING:
+    import torch
 
-def open_pipeline(scorer: Any, name: str, directory: Path) -> None:
+    from ..config.schema import Pipeline, ValidationConfig
+    from ..worker.snapshot import Loaded, SnapshotReader
+
+
+class PipelineScoring:
+    """What every scorer holds of its pipeline (a runners.base.Scorer subclasses it): set by `open_pipeline`
+    from the pipeline's snapshot folder, then kept up by `load_newest` and `keep_best`."""
+
+    name: str
+    reader: SnapshotReader
+    pipe: Pipeline
+    validation: ValidationConfig
+    pipeline_dir: Path
+    last_seq: int
+    best: float | None
+    since_best: int
+
+
+def open_pipeline(scorer: PipelineScoring, name: str, directory: Path) -> None:
     """What every scorer reads from a pipeline's snapshot folder: its reader, the pipeline and validation
     settings the worker wrote there, its run folder, and the best score so far."""
     from ..config.schema import Pipeline, ValidationConfig
@@ -27,7 +47,7 @@ def open_pipeline(scorer: Any, name: str, directory: Path) -> None:
     scorer.since_best = 0
 
 
-def load_newest(scorer: Any, model: Any) -> Any:
+def load_newest(scorer: PipelineScoring, model: torch.nn.Module) -> Loaded | None:
     """The snapshot a scorer takes next (the newest unseen, or the oldest under policy 'all') loaded into
     `model`, or None; it becomes the scorer's `last_seq`. Shared by every kind of scorer."""
     for _ in range(5):  # a torn read means a newer snapshot just landed: take that one
@@ -41,7 +61,7 @@ def load_newest(scorer: Any, model: Any) -> Any:
     return None
 
 
-def keep_best(scorer: Any, sender: StatusSender, value: float, save: Callable[[], Any]) -> None:
+def keep_best(scorer: PipelineScoring, sender: EventSink, value: float, save: Callable[[], object]) -> None:
     """One result against the scorer's best: a better one is saved with `save()` (a checkpoint write),
     `patience` results in a row that are not ask for an early stop."""
     from ..worker import checkpoint as ckpt

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsInt
 
-from ..hardware.devices import GpuInfo, filter_visible, gpu_is_lost, list_gpus, nvml_reason, visible_from_env
+from ..hardware.devices import GpuInfo, Nvml, filter_visible, gpu_is_lost, list_gpus, nvml_reason, visible_from_env
 from ..protocol.telemetry import GpuProcess, GpuSample
 
 
@@ -28,10 +28,10 @@ class GpuReader:
     Not thread-safe: the sampler holds its lock around every call.
     """
 
-    def __init__(self, nvml: Any, foreign_owner: Callable[[int], str]) -> None:
+    def __init__(self, nvml: Nvml | None, foreign_owner: Callable[[int], str]) -> None:
         self._nvml_given = nvml  # None: import pynvml on first use
         self._foreign_owner = foreign_owner
-        self._nvml: Any = None
+        self._nvml: Nvml | None = None
         self._state = "new"  # "new" -> "ready" | "off"; "off" is never retried
         self._gpus: list[_Gpu] = []
         self.note = ""
@@ -40,7 +40,8 @@ class GpuReader:
         """Shut NVML down if it is open (idempotent); the next `sample` opens it again."""
         if self._state == "ready":
             try:
-                self._nvml.nvmlShutdown()
+                if self._nvml is not None:  # it is, when ready
+                    self._nvml.nvmlShutdown()
             except Exception:
                 pass
             self._state, self._gpus = "new", []
@@ -97,7 +98,7 @@ class GpuReader:
     def _read_gpu(self, gpu: _Gpu, owner_of: dict[int, str]) -> tuple[GpuSample, tuple[GpuProcess, ...] | None]:
         nvml, errors = self._nvml, []
 
-        def read(name: str, *args: Any) -> Any:
+        def read(name: str, *args: object) -> Any:
             fn = getattr(nvml, name)  # outside the try: a missing function is our bug, not an absence
             if gpu.lost:
                 return None
@@ -146,5 +147,5 @@ class GpuReader:
         ), procs
 
 
-def _int(value: Any) -> int | None:
+def _int(value: SupportsInt | None) -> int | None:
     return None if value is None else int(value)

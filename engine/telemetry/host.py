@@ -161,7 +161,8 @@ def ppid_map() -> dict[int, int]:
     scan = getattr(psutil, "_ppid_map", None)
     if scan is not None:
         try:
-            return scan()
+            found: dict[int, int] = scan()
+            return found
         except psutil.Error:  # AccessDenied under hidepid
             pass
     return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"]) if p.info["ppid"] is not None}

@@ -12,11 +12,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from ..protocol.telemetry import ProcessSample, TelemetrySnapshot
 from ..protocol.records import to_record
 from ..rundir.lines import trim_torn_line
+from ..hardware.devices import Nvml
 from .gpus import GpuReader
 from .host import HostReader, ProcessTrees
 
@@ -34,7 +35,7 @@ class TelemetrySampler:
     def __init__(self, interval: float = 1.0,
                  pids: Callable[[], dict[str, int]] | None = None,
                  on_snapshot: Callable[[TelemetrySnapshot], object] | None = None,
-                 nvml: Any = None,
+                 nvml: Nvml | None = None,
                  persist_path: Path | None = None,
                  persist_every: float = 10.0,
                  *,
@@ -150,7 +151,7 @@ class TelemetrySampler:
             self._warn_once("pids", "telemetry pids() callback failed", exc_info=True)
             return {}
 
-    def _warn_once(self, key: str, text: str, *args: Any, exc_info: bool = False) -> None:
+    def _warn_once(self, key: str, text: str, *args: object, exc_info: bool = False) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(text, *args, exc_info=exc_info)

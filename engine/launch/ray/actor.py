@@ -19,17 +19,30 @@ import socket
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING, TypedDict
 
 from ..environment import visible_devices
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
 POLL = 0.05  # seconds between looks at the child's exit status
+
+
+class Started(TypedDict):
+    """What `ChildHost.start` answers: the child's pid, its actor's, and where they run."""
+
+    pid: int
+    actor_pid: int
+    node_id: str
+    host: str
 
 
 class ChildHost:
     """A Ray actor hosting one torchherd child process on its node."""
 
     def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.peers_lost: BaseException | None = None  # a GPU gang's peer actor died before naming its GPU
 
     async def visible_gpus(self) -> str:
@@ -42,7 +55,7 @@ class ChildHost:
 
     async def start(self, module: str, spec_path: str, log_path: str, env: dict[str, str], cwd: str,
                     header: str, snapshot_root: str = "", own_root: bool = False,
-                    gang_gpus: list | None = None) -> dict:
+                    gang_gpus: list[ObjectRef[str]] | None = None) -> Started:
         """Start the child (first making `snapshot_root` on this node, when given, and with `own_root`
         owning it); returns its pid and where it runs. `gang_gpus`, for a rank of a GPU gang: every rank
         actor's `visible_gpus` (object refs, in rank order); the child sees them all, as under torchrun."""

@@ -11,9 +11,11 @@ the node's address (`ray.nodes()`' NodeManagerAddress) on a port found free ther
 from __future__ import annotations
 
 import socket
+from types import ModuleType
 
 from .. import ports
-from .placement import ClusterInventory, NoRoom
+from ..backend import NoRoom
+from .placement import ClusterInventory
 
 # Seconds a gang's launch waits for another node to name a free port: a 0-CPU task there, which
 # takes a Ray worker's start (about a second) the first time and milliseconds after.
@@ -25,10 +27,11 @@ def free_port() -> int:
     """A TCP port free on every interface of the node this runs on (a Ray task on the gang's node)."""
     with socket.socket() as s:
         s.bind(("", 0))  # rank 0's store listens on every interface
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+    return port
 
 
-def rendezvous(ray, inventory: ClusterInventory, driver_node: str, node: str) -> tuple[str, int]:
+def rendezvous(ray: ModuleType, inventory: ClusterInventory, driver_node: str, node: str) -> tuple[str, int]:
     """The node's address and a port free there, held (ports.release_port frees it when the attempt ends).
 
     On this process's own node the port is found here; on another, by a task there, waited for

@@ -16,6 +16,9 @@ from ...protocol.names import Intent
 from ..channel_handle import ChannelHandle
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
+    from .actor import Started
     from .placement import ClusterInventory
 
 
@@ -43,7 +46,7 @@ class RayHandle(ChannelHandle):
     to read; from then on the connection is read exactly as a local worker's pipe is.
     """
 
-    def __init__(self, launcher: HandleOwner, key: str, name: str, actor, node_id: str, label: str):
+    def __init__(self, launcher: HandleOwner, key: str, name: str, actor: Any, node_id: str, label: str):
         super().__init__()  # no channel yet: see `connected`
         self._launcher, self.key, self.name, self.actor = launcher, key, name, actor
         self._node_id = node_id
@@ -52,8 +55,8 @@ class RayHandle(ChannelHandle):
         self.pid = 0  # known once the actor has started the child
         self.actor_pid = 0
         self.token = ""
-        self._start_ref: Any = None  # Ray object refs, once started
-        self._exit_ref: Any = None
+        self._start_ref: ObjectRef[Started] | None = None  # once started
+        self._exit_ref: ObjectRef[int] | None = None
         self._code: int | None = None
         self.cause: Intent | None = None  # NODE_LEFT: classified by the lifecycle (BY_INTENT), not a crash
         self._lost = ""  # why the actor died under us, for people
@@ -63,7 +66,7 @@ class RayHandle(ChannelHandle):
         """Ray's id of the node it runs on: telemetry asks that node's sampler for its processes."""
         return self._node_id
 
-    def started(self, start_ref, exit_ref) -> None:
+    def started(self, start_ref: ObjectRef[Started], exit_ref: ObjectRef[int]) -> None:
         self._start_ref, self._exit_ref = start_ref, exit_ref
 
     # ------------------------------------------------------------ channel
@@ -117,6 +120,7 @@ class RayHandle(ChannelHandle):
         self._resolve_start()
         if not ray.wait([self._exit_ref], timeout=0)[0]:
             return None
+        assert self._exit_ref is not None  # ray.wait took it: an object ref, not None
         try:
             self._code = int(ray.get(self._exit_ref))
         except ray.exceptions.RayActorError as exc:

@@ -19,19 +19,22 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...config.problems import ConfigError, Problem
 from ...config.schema import ClusterConfig, DevicesConfig, RunConfig
-from ...hardware.placement import Slot, ValidationPlan
+from ...hardware.placement import ValidationPlan
+from ...hardware.slots import Slot
 from ...protocol.names import Intent
 from ...protocol.spec import Transport, ValidatorSpec, write_spec
-from ..backend import Backend, Handle, LaunchSpec, RemotePids, TelemetryHook
+from ..backend import Backend, Handle, LaunchSpec, NoRoom, RemotePids, TelemetryHook
 from ..environment import child_env
 from .handle import RayHandle
 from ...hardware.ledger import MemoryLedger
-from .placement import ClusterInventory, NodeBook, NoRoom, cluster_inventory, plan_cluster_slots, \
+from .placement import ClusterInventory, NodeBook, cluster_inventory, plan_cluster_slots, \
     plan_cluster_validation, read_nodes
 from .rundir import check_shared, remove_roots
 from .transport import DialBackListener
 
 if TYPE_CHECKING:
+    from ray import ObjectRef
+
     from .telemetry import RemoteTelemetry
 
 NAMESPACE = "torchherd"  # every actor torchherd starts is named in this Ray namespace
@@ -81,7 +84,7 @@ class RayLauncher(Backend):
         self.book = NodeBook(cluster_inventory(nodes))
         self._looked = time.monotonic()  # when ray.nodes() was last read
         self.listener = DialBackListener(ray.util.get_node_ip_address())
-        self._actor_class = None
+        self._actor_class: Any = None  # ray.remote(ChildHost), made at the first launch
         self._ending: list[tuple[Any, Any, float]] = []  # (actor, shutdown ref, deadline)
         self._telemetry: RemoteTelemetry | None = None  # the other nodes' samplers, once the supervisor asks for them
 
@@ -188,7 +191,7 @@ class RayLauncher(Backend):
         header = f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} on " \
                  f"{self.inventory.label(node)} (Ray) ====\n"
 
-        def start(gang_gpus: list | None = None) -> None:
+        def start(gang_gpus: list[ObjectRef[str]] | None = None) -> None:
             handle.started(actor.start.remote(spec.module, str(spec_path), str(spec.log_path), env, os.getcwd(),
                                               header, root, isinstance(child, ValidatorSpec), gang_gpus),
                            actor.wait.remote())
@@ -234,7 +237,7 @@ class RayLauncher(Backend):
         key = f"{run_id}/{child.name}/{child.attempt}"
         return key + f"/rank{child.rank}" if child.rank else key  # a gang's other ranks: an actor each
 
-    def _actor(self):
+    def _actor(self) -> Any:
         if self._actor_class is None:
             from .actor import ChildHost
 

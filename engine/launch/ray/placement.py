@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...config.problems import Problem
 from ...config.schema import DevicesConfig, RunConfig
 from ...hardware.devices import GpuInfo, Inventory
-from ...hardware.placement import Slot, ValidationPlan, plan_validation
+from ...hardware.placement import ValidationPlan, plan_validation
+from ...hardware.slots import Slot
 from ...protocol.names import ValidationMode
 from ..backend import NoRoom
 
@@ -31,7 +33,7 @@ class ClusterNode:
     label: str = ""  # how people see it: the host name, with the id's start where hosts repeat
 
 
-def read_nodes(raw: list[dict]) -> list[ClusterNode]:
+def read_nodes(raw: list[dict[str, Any]]) -> list[ClusterNode]:
     """The live nodes in `ray.nodes()`'s answer, in its order, each with a label people can tell apart."""
     alive = [n for n in raw if n.get("Alive")]
     hosts = Counter(n.get("NodeManagerHostname", "") for n in alive)

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from ...config.problems import Problem
-from ...rundir.directory import PID_FILE, _ours, claim_root, owner_alive, remove_root
+from ...rundir.snapshots import PID_FILE, _ours, claim_root, owner_alive, remove_root
 from .placement import ClusterNode
 
 PROBE_TIMEOUT = 60.0  # seconds for every node's probe task, worker start-up included

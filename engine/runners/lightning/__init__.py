@@ -7,10 +7,17 @@ Lightning itself is imported only when one of these parts runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...protocol.names import PipelineKind, ValidationMode
 from ..base import Runner, Scorer, set_up_torch
+
+if TYPE_CHECKING:
+    from ...config.schema import Pipeline, ValidationConfig
+    from ...protocol.channel import StatusSender
+    from ...protocol.spec import WorkerSpec
+    from ...worker.control import WorkerControl
+    from .support import LightningTask
 
 FSDP_ON_CPU = ("strategy 'fsdp' needs GPUs for a Lightning module (Lightning's FSDPStrategy refuses "
                "accelerator='cpu'): on CPU use strategy = \"ddp\" (gloo), or a torchherd Task, whose fsdp runs on CPU")
@@ -22,7 +29,7 @@ FSDP_BACKGROUND = ("strategy 'fsdp' with background validation is not supported 
                    "strategy = \"ddp\"")
 
 
-def check_built(task: Any, background: bool) -> None:
+def check_built(task: LightningTask, background: bool) -> None:
     """What a built LightningTask allows, checked in the probe (no data, no Trainer): in the background, no
     callback or scheduler may watch a validation metric the worker never computes."""
     from ..task.api import TaskError
@@ -41,7 +48,7 @@ class LightningRunner(Runner):
     checkpoint_suffix = ".ckpt"  # Lightning's own checkpoints: LitModel.load_from_checkpoint reads them
     plan_note = " (Lightning Trainer.fit)"
 
-    def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
+    def check(self, pipe: Pipeline, validation_mode: str) -> list[tuple[str, str]]:
         """FSDP shards the weights over the gang: only rank 0's whole module can be handed off, which FSDP
         would have to gather on every hand-off step; not done yet."""
         if pipe.ranks > 1 and pipe.strategy in ("fsdp", "deepspeed") and validation_mode == ValidationMode.BACKGROUND:
@@ -49,18 +56,18 @@ class LightningRunner(Runner):
                 "which FSDP shards", "which it shards"))]
         return []
 
-    def strategy_problem(self, pipe, gpus: bool) -> str:
+    def strategy_problem(self, pipe: Pipeline, gpus: bool) -> str:
         if pipe.strategy == "deepspeed":
             import importlib.util
 
             return DEEPSPEED_ON_CPU if not gpus else "" if importlib.util.find_spec("deepspeed") else DEEPSPEED_MISSING
         return FSDP_ON_CPU if pipe.strategy == "fsdp" and not gpus else ""
 
-    def describe(self, pipe) -> str:
+    def describe(self, pipe: Pipeline) -> str:
         gang = f", {pipe.ranks} ranks by Lightning's {pipe.strategy!r} strategy" if pipe.ranks > 1 else ""
         return super().describe(pipe) + gang
 
-    def probe_job(self, pipe) -> dict[str, Any] | None:
+    def probe_job(self, pipe: Pipeline) -> dict[str, Any] | None:
         return {"datamodule": pipe.datamodule, "datamodule_params": pipe.datamodule_params}
 
     def probe(self, ref: str, params: dict[str, Any], job: dict[str, Any]) -> PipelineKind:
@@ -70,7 +77,8 @@ class LightningRunner(Runner):
         check_built(task, job["background"])
         return PipelineKind.LIGHTNING
 
-    def run(self, spec, pipe, validation, sender, control) -> int:
+    def run(self, spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
+            control: WorkerControl) -> int:
         set_up_torch(spec, pipe)
         from .runner import run_lightning
 

@@ -19,7 +19,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -37,6 +37,15 @@ from ...protocol.names import NoticeTopic, PipelineKind, ValidationMode
 from ...protocol.progress import judge
 from ...worker.handoff import HandOff, snapshot_meta
 from ...worker.reporting import ReportWindow
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from ...config.schema import Pipeline, ValidationConfig
+    from ...protocol.channel import StatusSender
+    from ...protocol.messages import Event
+    from ...protocol.spec import WorkerSpec
+    from ...worker.control import WorkerControl
 
 LAST, PREV, BEST = (LightningRunner.checkpoint_name(which) for which in ("last", "prev", "best"))
 PRECISION: dict[str, Literal["32-true", "bf16-mixed", "16-mixed"]] = {
@@ -80,7 +89,7 @@ class HerdHooks:
 
     # ------------------------------------------------------------- hooks
 
-    def on_train_start(self, trainer: Any, module: Any) -> None:
+    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         r = self.r
         (r.dir / PREPARED).touch()  # fit has run prepare_data: later processes of this run skip it
         if r.sampler is not None and r.resume_order is not None:
@@ -102,14 +111,14 @@ class HerdHooks:
         self._epoch_start = time.monotonic()
         r.obey(trainer, trainer.global_step)
 
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self.batches = 0
         self._epoch_start = time.monotonic()
 
-    def on_before_backward(self, trainer: Any, module: Any, loss: Any) -> None:
+    def on_before_backward(self, trainer: pl.Trainer, module: pl.LightningModule, loss: torch.Tensor) -> None:
         self._window.before_backward()  # a gang's rank: its own work is done, DDP's backward waits for peers
 
-    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any,
+    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, outputs: object, batch: object,
                            batch_idx: int) -> None:
         r = self.r
         self.batches = batch_idx + 1
@@ -139,7 +148,7 @@ class HerdHooks:
             r.save(trainer, "stop")
             self.stopping, trainer.should_stop = True, True
 
-    def _report(self, trainer: Any, step: int) -> bool:
+    def _report(self, trainer: pl.Trainer, step: int) -> bool:
         """The step report of the window; True when the NaN policy ends training instead."""
         w, r = self._window, self.r
         names, values = logged_on_step(trainer, w.loss.device)
@@ -155,14 +164,15 @@ class HerdHooks:
             self.exit_code, trainer.should_stop = code, True
         return code is not None
 
-    def on_validation_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self._val_before = dict(trainer.callback_metrics)
         self._val_start = time.monotonic()
 
-    def on_validation_batch_end(self, trainer: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+    def on_validation_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, *args: object,
+                                **kwargs: object) -> None:
         self.r.control.beat(trainer.global_step)  # a long validation is neither a stall nor a hang
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if trainer.sanity_checking:
             return
         r = self.r
@@ -180,7 +190,7 @@ class HerdHooks:
         if stop:  # the supervisor stops it, saying why
             r.send(EarlyStop(pipeline=r.name, reason=stop))
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if self.stopping or self.exit_code is not None:
             return  # stopped mid-epoch: this epoch is not over, whatever Lightning counts
         r = self.r
@@ -214,7 +224,8 @@ class HerdHooks:
 class LightningAttempt:
     """One attempt of a Lightning pipeline in this process; `run()` returns the exit code."""
 
-    def __init__(self, spec, pipe, validation, sender, control):
+    def __init__(self, spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
+                 control: WorkerControl):
         self.spec, self.pipe, self.validation = spec, pipe, validation
         self.sender, self.control = sender, control
         self.name = pipe.name
@@ -229,21 +240,21 @@ class LightningAttempt:
         self.gang = LightningGang(spec) if spec.world_size > 1 else None
         self.world = spec.world_size
 
-    def send(self, event) -> None:
+    def send(self, event: Event) -> None:
         self.sender.send(event)
 
     @staticmethod
-    def lr(trainer: Any) -> float:
+    def lr(trainer: pl.Trainer) -> float:
         return float(trainer.optimizers[0].param_groups[0]["lr"]) if trainer.optimizers else 0.0
 
-    def obey(self, trainer: Any, step: int) -> None:
+    def obey(self, trainer: pl.Trainer, step: int) -> None:
         """Between batches: beat, and alone obey the supervisor (a gang's ranks obey together, at agreements)."""
         if self.gang is None:
             self.control.between_steps(step, lambda reason: self.save(trainer, reason))
         else:
             self.control.beat(step)
 
-    def save(self, trainer: Any, reason: str, name: str = LAST) -> None:
+    def save(self, trainer: pl.Trainer, reason: str, name: str = LAST) -> None:
         """Checkpoint (a gang's rank 0 writes what every rank holds; FSDP's ranks gather it together)."""
         if name == LAST:
             self.saved_step = trainer.global_step
@@ -266,7 +277,7 @@ class LightningAttempt:
         source = task.datamodule if task.datamodule is not None else task.module
         original = source.train_dataloader
 
-        def train_dataloader():
+        def train_dataloader() -> object:  # the user's loader, whatever it is
             loader, self.sampler = resumable(original(), self.spec.rank, self.world)
             self.batch_size = getattr(loader, "batch_size", None) or 1
             if self.sampler is None:
@@ -372,15 +383,17 @@ class LightningAttempt:
         return WorkerExit.STOPPED if callback.stopping else WorkerExit.COMPLETED
 
 
-def herd_callback(runner: LightningAttempt) -> Any:
+def herd_callback(runner: LightningAttempt) -> HerdHooks:
     """A Lightning Callback with HerdHooks' hooks, for `runner`."""
     import lightning.pytorch as pl
 
     cls = type("HerdCallback", (HerdHooks, pl.Callback), {"__doc__": HerdHooks.__doc__})
-    return cls(runner)
+    callback: HerdHooks = cls(runner)
+    return callback
 
 
-def run_lightning(spec, pipe, validation, sender, control, task: LightningTask | None = None) -> int:
+def run_lightning(spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
+                  control: WorkerControl, task: LightningTask | None = None) -> int:
     """The runner for `task = "lightning:..."` pipelines (engine/runners/lightning/__init__.py), and for a
     `task = "file.py:build"` whose factory returned the LightningTask `task`."""
     return LightningAttempt(spec, pipe, validation, sender, control).run(task)

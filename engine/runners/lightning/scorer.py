@@ -13,31 +13,20 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...protocol.channel import StatusSender
+from ...protocol.channel import EventSink
 from ...protocol.messages import Notice, ValResult
 from ...protocol.names import ValidationMode
-from ..scoring import keep_best, load_newest, open_pipeline
+from ..scoring import PipelineScoring, keep_best, load_newest, open_pipeline
 from . import LightningRunner
 
 if TYPE_CHECKING:
-    from ...config.schema import Pipeline, ValidationConfig
-    from ...worker.snapshot import SnapshotReader
+    from ...worker.snapshot import Loaded
 
 BEST = LightningRunner.checkpoint_name("best")
 
 
-class LightningScorer:
+class LightningScorer(PipelineScoring):
     """One Lightning pipeline as the validator sees it (the same interface as PipelineScorer)."""
-
-    # Set by open_pipeline (engine/runners/scoring.py) from the pipeline's snapshot folder.
-    name: str
-    reader: SnapshotReader
-    pipe: Pipeline
-    validation: ValidationConfig
-    pipeline_dir: Path
-    last_seq: int
-    best: float | None
-    since_best: int
 
     def __init__(self, name: str, directory: Path, device: str):
         import lightning.pytorch as pl
@@ -60,7 +49,7 @@ class LightningScorer:
             precision=PRECISION[self.pipe.precision], enable_progress_bar=False, enable_model_summary=False,
             enable_checkpointing=False, default_root_dir=str(self.pipeline_dir / "validator"))
 
-    def _notice(self, sender: StatusSender, key: str, text: str) -> None:
+    def _notice(self, sender: EventSink, key: str, text: str) -> None:
         if key not in self.noticed:
             self.noticed.add(key)
             sender.send(Notice(pipeline=self.name, level="warning", text=text))
@@ -73,7 +62,7 @@ class LightningScorer:
             out.update({k: float(v) for k, v in per_loader.items()})
         return out
 
-    def score_newest(self, sender: StatusSender) -> bool:
+    def score_newest(self, sender: EventSink) -> bool:
         """Validate the newest unseen snapshot, if any; True if one was scored."""
         from ...worker.snapshot import weights_checksum
 
@@ -105,7 +94,7 @@ class LightningScorer:
         self._track_best(sender, metrics, loaded)
         return True
 
-    def _track_best(self, sender: StatusSender, metrics: dict[str, float], loaded: Any) -> None:
+    def _track_best(self, sender: EventSink, metrics: dict[str, float], loaded: Loaded) -> None:
         from ...worker import checkpoint as ckpt
         metric = self.validation.metric
         value = metrics.get(metric)
@@ -114,7 +103,7 @@ class LightningScorer:
         keep_best(self, sender, value,
                   lambda: ckpt.write_atomic(self.pipeline_dir / "checkpoints" / BEST, self._best_state(loaded, value)))
 
-    def _best_state(self, loaded: Any, value: float) -> dict[str, Any]:
+    def _best_state(self, loaded: Loaded, value: float) -> dict[str, Any]:
         """A checkpoint `LitModel.load_from_checkpoint` reads: weights, hyperparameters, version."""
         import lightning
 

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from ...protocol.names import PipelineKind, ValidationMode
 from ..base import Runner, Scorer
+
+if TYPE_CHECKING:
+    from ...config.schema import Pipeline, ValidationConfig
+    from ...protocol.channel import StatusSender
+    from ...protocol.spec import WorkerSpec
+    from ...worker.control import WorkerControl
 
 HAND_OFF = re.compile(r"\bhand_off\s*\(")
 RESUME_FROM = re.compile(r"\bresume_from\s*\(")
@@ -45,11 +52,11 @@ class ScriptRunner(Runner):
 
     kind = PipelineKind.SCRIPT
 
-    def scored_in_background(self, pipe) -> bool:
+    def scored_in_background(self, pipe: Pipeline) -> bool:
         """Only a `validate` factory gives the validator something to score; `val_metrics` are the script's own."""
         return pipe.validate_factory is not None
 
-    def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
+    def check(self, pipe: Pipeline, validation_mode: str) -> list[tuple[str, str]]:
         """A `validate` factory whose script never hands its weights off: nothing would ever be scored."""
         if not pipe.validate_factory or validation_mode == ValidationMode.OFF:
             return []
@@ -61,12 +68,12 @@ class ScriptRunner(Runner):
             "add `import torchherd.client as herd` and `herd.hand_off(model)` after each epoch, "
             "or remove `validate`"))]
 
-    def describe(self, pipe) -> str:
+    def describe(self, pipe: Pipeline) -> str:
         """'script train.py --lr 0.01, metrics from its output, validate val.py:build': its own loop, so
         torchherd's epochs and precision do not apply."""
         import shlex
 
-        text = "script " + shlex.join([pipe.script, *pipe.args])
+        text = "script " + shlex.join([cast(str, pipe.script), *pipe.args])  # a script pipeline names it
         if pipe.metrics:
             text += ", metrics from its output"
         if pipe.val_metrics:
@@ -81,7 +88,7 @@ class ScriptRunner(Runner):
             text += f", validate {pipe.validate_factory}"
         return text + (f", max {pipe.max_time:g}s" if pipe.max_time else "")
 
-    def resumes_from(self, pipe, checkpoints: Path) -> str:
+    def resumes_from(self, pipe: Pipeline, checkpoints: Path) -> str:
         """The script's own checkpoint, as `resume_args` pass it on: the newest file in its checkpoints/."""
         import shlex
 
@@ -97,7 +104,8 @@ class ScriptRunner(Runner):
                     "but no `resume_args` tell the script to resume")
         return f"with {shlex.join(pipe.resume_args)} ({describe_checkpoint(found)})"
 
-    def run(self, spec, pipe, validation, sender, control) -> int:
+    def run(self, spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
+            control: WorkerControl) -> int:
         from .runner import run_script
 
         return run_script(spec, pipe, validation, sender, control)

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ...protocol.messages import EarlyStop, Event, ValResult
 from ...protocol.names import ValidationMode
+
+if TYPE_CHECKING:
+    from ...protocol.channel import StatusSender
+    from ..task.scorer import PipelineScorer
 
 
 class InlineScorer:
     """Scores a script's hand-offs in the worker: results go out as inline ones, an early stop to `on_stop`."""
 
-    def __init__(self, name: str, directory: Path, device: str, sender: Any, on_stop: Callable[[str], None]):
+    def __init__(self, name: str, directory: Path, device: str, sender: StatusSender, on_stop: Callable[[str], None]):
         self.name, self.directory, self.device = name, directory, device
         self.sender, self.on_stop = sender, on_stop
-        self.scorer: Any = None  # task.scorer.PipelineScorer, built at the first hand-off (meta.json exists then)
+        self.scorer: PipelineScorer | None = None  # built at the first hand-off (meta.json exists then)
         self.broken = False
 
     def send(self, event: Event) -> None:

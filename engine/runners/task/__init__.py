@@ -8,10 +8,17 @@ from __future__ import annotations
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...protocol.names import PipelineKind
 from ..base import Runner, Scorer, cuda_index, error_text, set_up_torch
+
+if TYPE_CHECKING:
+    from ...config.schema import Pipeline, ValidationConfig
+    from ...protocol.channel import StatusSender
+    from ...protocol.spec import WorkerSpec
+    from ...worker.control import WorkerControl
+    from .api import Task
 
 
 def factory_traceback(exc: BaseException) -> str:
@@ -31,12 +38,12 @@ class TaskRunner(Runner):
 
     kind = PipelineKind.TASK
 
-    def scan(self, pipe) -> str:
+    def scan(self, pipe: Pipeline) -> str:
         from .scan import scan_ref
 
-        return scan_ref(pipe.task_ref or pipe.task)
+        return scan_ref(cast(str, pipe.task_ref or pipe.task))  # a task pipeline names its task (config/load.py)
 
-    def probe_job(self, pipe) -> dict[str, Any] | None:
+    def probe_job(self, pipe: Pipeline) -> dict[str, Any] | None:
         return {}
 
     def probe(self, ref: str, params: dict[str, Any], job: dict[str, Any]) -> PipelineKind:
@@ -49,7 +56,8 @@ class TaskRunner(Runner):
             return PipelineKind.LIGHTNING
         return PipelineKind.TASK
 
-    def run(self, spec, pipe, validation, sender, control) -> int:
+    def run(self, spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
+            control: WorkerControl) -> int:
         """Build the user's task and train it with torchherd's own loop (or with Lightning's, when the factory
         returned a torchherd.LightningTask)."""
         from ...protocol.channel import WorkerExit
@@ -61,7 +69,7 @@ class TaskRunner(Runner):
 
         set_up_torch(spec, pipe)
         try:
-            task = build_factory(pipe.task_ref or pipe.task, pipe.params)
+            task = build_factory(cast(str, pipe.task_ref or pipe.task), pipe.params)
             if spec.hold and isinstance(task, LightningTask):  # what the probe checks of one, checked here
                 check_built(task, validation.mode == ValidationMode.BACKGROUND)
         except TaskError as exc:
@@ -80,7 +88,8 @@ class TaskRunner(Runner):
         return self._train(spec, pipe, validation, sender, control, task)
 
     @staticmethod
-    def _train(spec, pipe, validation, sender, control, task) -> int:
+    def _train(spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
+               control: WorkerControl, task: Task) -> int:
         from .trainer import Trainer
 
         gang = None
@@ -100,7 +109,7 @@ class TaskRunner(Runner):
         # exited, and the child ends with os._exit, which releases the group as well.
         return trainer.run()
 
-    def check(self, pipe, validation_mode: str) -> list[tuple[str, str]]:
+    def check(self, pipe: Pipeline, validation_mode: str) -> list[tuple[str, str]]:
         if pipe.shard_group is None or (pipe.strategy == "fsdp" and pipe.ranks % pipe.shard_group == 0):
             return []
         if pipe.strategy != "fsdp":
@@ -109,13 +118,13 @@ class TaskRunner(Runner):
         return [("shard_group", f"{pipe.shard_group} does not divide ranks = {pipe.ranks}: every group must hold "
                                 "a whole copy of the model, so ranks must be a multiple of shard_group")]
 
-    def strategy_problem(self, pipe, gpus: bool) -> str:
+    def strategy_problem(self, pipe: Pipeline, gpus: bool) -> str:
         if pipe.strategy == "deepspeed":
             return ("strategy 'deepspeed' is Lightning's (a LightningModule's Trainer): a torchherd Task gang trains "
                     "by \"ddp\" or \"fsdp\" (FSDP2, which shards the model as DeepSpeed's ZeRO-3 does)")
         return ""
 
-    def describe(self, pipe) -> str:
+    def describe(self, pipe: Pipeline) -> str:
         if pipe.ranks < 2 or pipe.strategy != "fsdp":
             return super().describe(pipe)
         groups = pipe.ranks // pipe.shard_group if pipe.shard_group else 1
@@ -125,7 +134,7 @@ class TaskRunner(Runner):
             "checkpoint, one shard per rank; background validation gathers the whole weights to rank 0's CPU at "
             "each hand-off, every rank taking part)")
 
-    def resumes_from(self, pipe, checkpoints: Path) -> str:
+    def resumes_from(self, pipe: Pipeline, checkpoints: Path) -> str:
         from .sharded_checkpoint import find_latest, written_by
 
         path = find_latest(checkpoints) if pipe.strategy == "fsdp" else None

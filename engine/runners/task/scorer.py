@@ -6,30 +6,15 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ...protocol.channel import StatusSender
+from ...protocol.channel import EventSink
 from ...protocol.messages import ValResult
 from ...protocol.names import PipelineKind, ValidationMode
-from ..scoring import keep_best, load_newest, open_pipeline
-
-if TYPE_CHECKING:
-    from ...config.schema import Pipeline, ValidationConfig
-    from ...worker.snapshot import SnapshotReader
+from ..scoring import PipelineScoring, keep_best, load_newest, open_pipeline
 
 
-class PipelineScorer:
+class PipelineScorer(PipelineScoring):
     """One pipeline as the validator sees it: its model and data, built once, and its best score."""
-
-    # Set by open_pipeline (engine/runners/scoring.py) from the pipeline's snapshot folder.
-    name: str
-    reader: SnapshotReader
-    pipe: Pipeline
-    validation: ValidationConfig
-    pipeline_dir: Path
-    last_seq: int
-    best: float | None
-    since_best: int
 
     def __init__(self, name: str, directory: Path, device: str):
         import torch
@@ -52,7 +37,7 @@ class PipelineScorer:
             if task.val_data is not None else None
         self.autocast = autocast(self.device, self.pipe.precision)
 
-    def score_newest(self, sender: StatusSender) -> bool:
+    def score_newest(self, sender: EventSink) -> bool:
         """Validate the newest unseen snapshot, if any; True if one was scored."""
         from ...worker import checkpoint as ckpt
         from ...worker.evaluate import evaluate
