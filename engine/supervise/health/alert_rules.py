@@ -126,7 +126,7 @@ class AlertRules:
                 found.append((self._alert("spike", name, f"{name}: loss spike", (
                     f"loss {loss:.4g} at step {event.step} is {z:.0f} robust z-scores above the last "
                     f"{n} reports' median {statistics.median(window):.4g}")), event.time))
-            if n == window.maxlen:
+            if n == size:  # the deque's maxlen
                 del ordered[bisect_left(ordered, window[0])]  # the one the append drops
             window.append(loss)
             insort(ordered, loss)
