@@ -273,3 +273,16 @@ def test_no_module_reads_a_reason_or_a_notice_by_its_first_words():
                 if any(word in receiver for word in ("reason", ".text", "notice")) and "reply" not in receiver:
                     found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
     assert not found, found
+
+
+def test_the_supervisors_record_of_a_pipeline_is_not_called_a_run():
+    # The glossary: "run" is what a run id names, never one pipeline (docs/develop/architecture.md).
+    found = []
+    for path in (ENGINE / "supervise").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.arg) and node.annotation is not None and \
+                    "SupervisedPipeline" in ast.unparse(node.annotation) and node.arg in ("run", "runs"):
+                found.append(f"{path.name}:{node.lineno} {node.arg}")
+            if isinstance(node, ast.ClassDef) and node.name == "PipelineRun":
+                found.append(f"{path.name}:{node.lineno} class {node.name}")
+    assert not found, found

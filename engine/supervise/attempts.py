@@ -11,7 +11,7 @@ from ..launch import gang
 from ..launch.backend import Backend, Handle, LaunchSpec
 from ..launch.environment import GPUS_VARIABLE, cuda_device, node_ranks, rank_env
 from ..launch.ports import release_port
-from .pipeline import PipelineRun
+from .pipeline import SupervisedPipeline
 from ..rundir.directory import RunDirectory
 from ..protocol.spec import WorkerSpec
 from ..runners.registry import runner_for
@@ -29,32 +29,32 @@ class AttemptLauncher:
     def __init__(self, backend: Backend, rundir: RunDirectory, validation: ValidationService, run_id: str):
         self._backend, self._rundir, self._validation, self._run_id = backend, rundir, validation, run_id
 
-    def start(self, run: PipelineRun, hold: bool = False) -> Handle:
+    def start(self, pipe: SupervisedPipeline, hold: bool = False) -> Handle:
         """Launch the pipeline's next attempt on its slots (raises OSError); `hold`: rank 0 holds after its build
         until Proceed (its peers wait for it where the gang meets)."""
-        if len(run.slots) == 1:
-            return self._backend.launch(self.spec_for(run, 0, hold=hold))
-        restart = run.plan.run_config.restart
+        if len(pipe.slots) == 1:
+            return self._backend.launch(self.spec_for(pipe, 0, hold=hold))
+        restart = pipe.plan.run_config.restart
         # rank 0's store listens on its node (the scheduler groups a gang's ranks by node, rank 0's first)
-        addr, port = self._backend.rendezvous(run.slots[0].node)
-        nodes = [s.node for s in run.slots]
-        envs = [rank_env(rank, len(run.slots), port, run.attempts - 1, restart.max_restarts, self._run_id, addr,
-                         nodes) for rank in range(len(run.slots))]
-        return gang.launch_gang(self._backend, [self.spec_for(run, rank, env, hold=hold and rank == 0)
+        addr, port = self._backend.rendezvous(pipe.slots[0].node)
+        nodes = [s.node for s in pipe.slots]
+        envs = [rank_env(rank, len(pipe.slots), port, pipe.attempts - 1, restart.max_restarts, self._run_id, addr,
+                         nodes) for rank in range(len(pipe.slots))]
+        return gang.launch_gang(self._backend, [self.spec_for(pipe, rank, env, hold=hold and rank == 0)
                                                  for rank, env in enumerate(envs)],
                                 linger=restart.stop_timeout, grace=restart.kill_grace,
                                 on_close=lambda: release_port(port))
 
-    def spec_for(self, run: PipelineRun, rank: int, env: dict[str, str] | None = None,
+    def spec_for(self, pipe: SupervisedPipeline, rank: int, env: dict[str, str] | None = None,
                  hold: bool = False) -> LaunchSpec:
-        slot = run.slots[rank]
-        plan = run.plan
+        slot = pipe.slots[rank]
+        plan = pipe.plan
         # A GPU gang's ranks each see every GPU of the gang on their node, in rank order, as under torchrun;
         # alone, a worker sees its own. TORCHHERD_GPUS names a rank's own among those it sees (with one GPU a
         # rank, the one its LOCAL_RANK indexes), and it starts on the first of them.
-        gang_gpus = tuple(g.index for s in run.slots if s.node == slot.node for g in s.gpus) \
-            if len(run.slots) > 1 else ()
-        local_rank = node_ranks([s.node for s in run.slots], rank)[0]
+        gang_gpus = tuple(g.index for s in pipe.slots if s.node == slot.node for g in s.gpus) \
+            if len(pipe.slots) > 1 else ()
+        local_rank = node_ranks([s.node for s in pipe.slots], rank)[0]
         own = tuple(range(local_rank * len(slot.gpus), (local_rank + 1) * len(slot.gpus)))
         device = cuda_device(own[0]) if slot.device == "cuda" else slot.device
         if slot.gpus:
@@ -65,16 +65,16 @@ class AttemptLauncher:
                              validation={**plan.run_config.validation.model_dump(mode="json"),
                                          "mode": plan.validation.mode},
                              device=device, threads=slot.threads,
-                             pipeline_dir=str(self._rundir.pipeline_dir(run.name).absolute()), attempt=run.attempts,
+                             pipeline_dir=str(self._rundir.pipeline_dir(pipe.name).absolute()), attempt=pipe.attempts,
                              # rank 0 alone hands snapshots to the validator (its node's, on a cluster)
                              snapshot_dir=str(self._validation.hand_off_dir(
-                                 run.name, slot.node, runner_for(plan.config.kind).checkpoint_name("best")))
+                                 pipe.name, slot.node, runner_for(plan.config.kind).checkpoint_name("best")))
                              if plan.background and rank == 0 else "",
-                             snapshot_seq=self._validation.ledger(run.name).seq_max,
-                             rank=rank, world_size=len(run.slots),
+                             snapshot_seq=self._validation.ledger(pipe.name).seq_max,
+                             rank=rank, world_size=len(pipe.slots),
                              collective_timeout=max(COLLECTIVE_TIMEOUT, 4 * hang) if hang else COLLECTIVE_TIMEOUT,
                              stop_timeout=plan.run_config.restart.stop_timeout, hold=hold),
-            log_path=self._rundir.log_path(run.name, rank),
+            log_path=self._rundir.log_path(pipe.name, rank),
             gpu_index=slot.gpu.index if slot.gpu is not None else None, env=env or {}, node=slot.node,
             gang_gpus=gang_gpus, own_gpus=tuple(g.index for g in slot.gpus) if len(slot.gpus) > 1 else (),
             gpu_share=slot.share)

@@ -31,7 +31,7 @@ from ..protocol.names import PipelineKind
 from . import commands
 from .bus import Publisher
 from .lifecycle import Lifecycle
-from .pipeline import PipelineRun
+from .pipeline import SupervisedPipeline
 
 EXITED = "its worker exited before its task was built"
 
@@ -68,12 +68,12 @@ class BuildCheck:
         """The first wave waits for the verdict: nothing else starts meanwhile (a stopped one frees its slot)."""
         return self.active and self.sealed
 
-    def admit(self, run: PipelineRun) -> bool:
+    def admit(self, pipe: SupervisedPipeline) -> bool:
         """Whether the attempt about to launch holds after its build: a Task pipeline's first, in the first wave."""
-        if not self.active or self.sealed or run.plan.config.kind != PipelineKind.TASK or run.name not in self.index:
+        if not self.active or self.sealed or pipe.plan.config.kind != PipelineKind.TASK or pipe.name not in self.index:
             return False
-        self.held.add(run.name)
-        self.waiting.add(run.name)
+        self.held.add(pipe.name)
+        self.waiting.add(pipe.name)
         return True
 
     def seal(self) -> None:
@@ -110,14 +110,14 @@ class BuildCheck:
         pipe = self.config.pipelines[self.index[name]]
         self.errors[self.index[name]] = shorten(error.removeprefix("torchherd: "), pipe.task_ref or pipe.task or "")
 
-    def look(self, runs: dict[str, PipelineRun]) -> None:
+    def look(self, pipes: dict[str, SupervisedPipeline]) -> None:
         """Held workers that ended without a word: one that failed is a task that did not build; one a person
         stopped is simply no longer waited for."""
         for name in list(self.waiting):
-            run = runs[name]
-            if run.handle is None:
-                if run.last_error:
-                    self.failed(name, run.last_error)
+            pipe = pipes[name]
+            if pipe.handle is None:
+                if pipe.last_error:
+                    self.failed(name, pipe.last_error)
                 else:
                     self.waiting.discard(name)
 
@@ -131,22 +131,23 @@ class BuildCheck:
             return None
         return self._probed
 
-    def settle(self, runs: dict[str, PipelineRun], lifecycle: Lifecycle, publish: Callable[[Event], None]) -> None:
+    def settle(self, pipes: dict[str, SupervisedPipeline], lifecycle: Lifecycle,
+               publish: Callable[[Event], None]) -> None:
         """Every supervision pass while under way: once every task has built, let the held workers step; once one
         has not, stop every pipeline before its first step (the one that failed ends by itself)."""
         if not self.active:
             return
         if not self.sealed:  # the first pass after the first wave launched
             self.seal()
-        self.look(runs)
+        self.look(pipes)
         problems = self.verdict()
         if problems is None:
             return
         self.active, self.refused = False, bool(problems)
         publish(TasksChecked(tasks=self.tasks, seconds=time.monotonic() - self.started,
                              problems=tuple(map(str, problems))))
-        for run in runs.values():
-            if not problems and run.name in self.held and run.handle is not None:
-                run.handle.send(Proceed())
-            elif problems and not (self.index.get(run.name) in self.errors and run.handle is not None):
-                commands.stop(lifecycle, run, "a task of the run did not build")
+        for pipe in pipes.values():
+            if not problems and pipe.name in self.held and pipe.handle is not None:
+                pipe.handle.send(Proceed())
+            elif problems and not (self.index.get(pipe.name) in self.errors and pipe.handle is not None):
+                commands.stop(lifecycle, pipe, "a task of the run did not build")

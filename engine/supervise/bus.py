@@ -15,7 +15,7 @@ from ..protocol.messages import Event, StepMetrics, pipeline_of
 from ..rundir.lines import encode_line, encode_lines
 
 if TYPE_CHECKING:
-    from .pipeline import PipelineRun
+    from .pipeline import SupervisedPipeline
 
 HISTORY = 100_000  # events kept in memory for late subscribers
 Tap = Callable[[Event, bytes, bool], None]  # (event, its events.jsonl line, kept) on every event published
@@ -201,7 +201,7 @@ class Publisher:
     """The one door onto a session's bus: what it publishes is folded into its pipeline's progress (the one fold
     of progress, as the app folds the same events), then written, tapped and streamed."""
 
-    def __init__(self, pipelines: Mapping[str, PipelineRun], bus: EventBus | None = None):
+    def __init__(self, pipelines: Mapping[str, SupervisedPipeline], bus: EventBus | None = None):
         self._pipelines = pipelines  # the supervisor's, by name: a pipeline added later is folded too
         self._bus = bus if bus is not None else EventBus()
         self.quiet = False  # the run has finished: news from the validator is no longer kept (`validation`)
@@ -218,7 +218,7 @@ class Publisher:
         if pipe is not None:
             pipe.fold(event)
 
-    def steps(self, pipe: PipelineRun, steps: list[StepMetrics]) -> None:
+    def steps(self, pipe: SupervisedPipeline, steps: list[StepMetrics]) -> None:
         """Publish a run of `pipe`'s step reports at once (the bulk of a worker's batch)."""
         self._bus.publish_steps(steps)
         pipe.fold(steps[-1])  # the newest supersedes the rest

@@ -11,7 +11,7 @@ from ..protocol.messages import EarlyStop, Event, Heartbeat, SnapshotTaken, Trai
 from ..protocol.states import WorkerState
 from .bus import Publisher, step_runs
 from .lifecycle import States
-from .pipeline import PipelineRun
+from .pipeline import SupervisedPipeline
 from .validation_service import ValidationService
 
 
@@ -23,33 +23,33 @@ class WorkerIntake:
         self._states, self._publish, self._validation = states, publish, validation
         self._early_stop = early_stop
 
-    def take(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
-        if run.handle is not handle:
+    def take(self, pipe: SupervisedPipeline, handle: Handle, events: list[Event]) -> None:
+        if pipe.handle is not handle:
             return  # a late batch from an attempt already reaped
-        self._states.heard(run)
+        self._states.heard(pipe)
         for steps, event in step_runs(events):  # the step reports in bulk, each other event on its own, in order
             if steps:
-                run.live.saw_steps(steps)
-                self._publish.steps(run, steps)
+                pipe.live.saw_steps(steps)
+                self._publish.steps(pipe, steps)
             if event is not None:
-                self._one(run, event)
+                self._one(pipe, event)
 
-    def _one(self, run: PipelineRun, event: Event) -> None:
-        run.live.saw(event)
+    def _one(self, pipe: SupervisedPipeline, event: Event) -> None:
+        pipe.live.saw(event)
         if isinstance(event, Heartbeat):
             return  # only proves progress; not worth a line anywhere
         if isinstance(event, RankPace):  # a gang's rank's own pace: for screens and the straggler rule, not kept
             self._publish.transient(event)
             return
         if isinstance(event, SnapshotTaken):
-            for out in self._validation.on_snapshot(run.name, event):
+            for out in self._validation.on_snapshot(pipe.name, event):
                 self._publish.event(out)
             return
         if isinstance(event, EarlyStop):  # inline validation's patience ran out
-            self._early_stop(run.name, event)
+            self._early_stop(pipe.name, event)
             return
-        if isinstance(event, TrainingStarted) and run.state == WorkerState.STARTING:
-            self._states.set_state(run, WorkerState.RUNNING)  # STARTING -> RUNNING
+        if isinstance(event, TrainingStarted) and pipe.state == WorkerState.STARTING:
+            self._states.set_state(pipe, WorkerState.RUNNING)  # STARTING -> RUNNING
         elif isinstance(event, WorkerError):
-            run.last_error, run.last_traceback = event.error, event.traceback
+            pipe.last_error, pipe.last_traceback = event.error, event.traceback
         self._publish.event(event)

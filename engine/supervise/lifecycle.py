@@ -16,7 +16,7 @@ from ..launch.backend import Handle, NoRoom
 from ..launch.gang import GangHandle
 from ..protocol.messages import (Event, Notice, PipelineFinished, Stalled, Stop, WorkerExited, WorkerRestarting,
                                        WorkerStarted, WorkerStateChanged)
-from .pipeline import Attempt, PipelineRun
+from .pipeline import Attempt, SupervisedPipeline
 from .scheduler import Scheduler
 from ..protocol.names import ExitReason, Intent
 from ..protocol.states import WorkerState, check_transition
@@ -57,7 +57,7 @@ def describe_exit(code: int) -> str:
 class Intake(Protocol):
     """Where the events an attempt's handle delivers go (supervise/intake.py's WorkerIntake)."""
 
-    def take(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None: ...
+    def take(self, pipe: SupervisedPipeline, handle: Handle, events: list[Event]) -> None: ...
 
 
 class States:
@@ -67,181 +67,181 @@ class States:
     def __init__(self, *, scheduler: Scheduler, publish: Callable[[Event], None]):
         self._scheduler, self._publish = scheduler, publish
 
-    def set_state(self, run: PipelineRun, state: WorkerState) -> None:
-        check_transition(run.state, state)
-        previous, run.state = run.state, state
+    def set_state(self, pipe: SupervisedPipeline, state: WorkerState) -> None:
+        check_transition(pipe.state, state)
+        previous, pipe.state = pipe.state, state
         if state == S.QUEUED:
-            self._scheduler.enqueue(run.name, run.plan.config.priority, run.plan.order, run.plan.request)
+            self._scheduler.enqueue(pipe.name, pipe.plan.config.priority, pipe.plan.order, pipe.plan.request)
         elif previous == S.QUEUED:
-            self._scheduler.dequeue(run.name)
+            self._scheduler.dequeue(pipe.name)
         if previous != state:
-            self._publish(WorkerStateChanged(pipeline=run.name, state=state.value, previous=previous.value))
+            self._publish(WorkerStateChanged(pipeline=pipe.name, state=state.value, previous=previous.value))
 
-    def heard(self, run: PipelineRun) -> None:
+    def heard(self, pipe: SupervisedPipeline) -> None:
         """News from the running attempt: it made progress (and is no longer stalled, if it was)."""
-        if run.live.heard(time.monotonic()):
-            self._publish(Stalled(pipeline=run.name, quiet=0.0))
+        if pipe.live.heard(time.monotonic()):
+            self._publish(Stalled(pipeline=pipe.name, quiet=0.0))
 
 
 class Lifecycle:
     """Starts and ends attempts and moves pipelines through their states (`States`); each attempt's events go to
     the intake, built before it."""
 
-    def __init__(self, *, start: Callable[[PipelineRun], Handle], scheduler: Scheduler, states: States,
-                 intake: Intake, publish: Callable[[Event], None], gpu_note: Callable[[PipelineRun], str]):
+    def __init__(self, *, start: Callable[[SupervisedPipeline], Handle], scheduler: Scheduler, states: States,
+                 intake: Intake, publish: Callable[[Event], None], gpu_note: Callable[[SupervisedPipeline], str]):
         self._start, self._scheduler, self._publish = start, scheduler, publish  # start: raises OSError
         self.states, self._intake = states, intake
         self.set_state, self.heard = states.set_state, states.heard  # every state change goes through the guard
         self._gpu_note = gpu_note  # what the GPU looked like, for a crash's message
 
-    def _on_events(self, run: PipelineRun, handle: Handle, events: list[Event]) -> None:
-        self._intake.take(run, handle, events)
+    def _on_events(self, pipe: SupervisedPipeline, handle: Handle, events: list[Event]) -> None:
+        self._intake.take(pipe, handle, events)
 
     # ------------------------------------------------------------ states
 
-    def finish(self, run: PipelineRun, state: WorkerState, reason: str, rung: float | None = None) -> None:
+    def finish(self, pipe: SupervisedPipeline, state: WorkerState, reason: str, rung: float | None = None) -> None:
         """Into a final or resting state (`rung`: where one waiting at a rung waits): its slots go back to the
         pool and the run directory says how it ended."""
-        run.finish_reason = reason
-        self.set_state(run, state)
-        if run.slots:
-            self._scheduler.release(run.slots, run.name)
-            run.slots = []
-        figures = run.figures()
-        self._publish(PipelineFinished(pipeline=run.name, status=state.value, reason=reason, epoch=figures.epoch,
+        pipe.finish_reason = reason
+        self.set_state(pipe, state)
+        if pipe.slots:
+            self._scheduler.release(pipe.slots, pipe.name)
+            pipe.slots = []
+        figures = pipe.figures()
+        self._publish(PipelineFinished(pipeline=pipe.name, status=state.value, reason=reason, epoch=figures.epoch,
                                        step=figures.step, rung=rung if state == S.WAITING_AT_RUNG else None,
-                                       never_ran=not run.attempts))
+                                       never_ran=not pipe.attempts))
 
     # ------------------------------------------------------------ starting
 
-    def launch(self, run: PipelineRun) -> None:
+    def launch(self, pipe: SupervisedPipeline) -> None:
         """Start the next attempt on the pipeline's slots (QUEUED/BACKOFF/KILLING -> STARTING)."""
-        run.attempts += 1
-        run.restart_at = None
-        run.stop_as, run.stop_rung = S.STOPPED, None  # a new attempt: what the last stop ended in does not carry over
-        attempt, previous = Attempt(number=run.attempts), run.current
-        run.current = attempt
+        pipe.attempts += 1
+        pipe.restart_at = None
+        pipe.stop_as, pipe.stop_rung = S.STOPPED, None  # a new attempt: what the last stop ended in does not carry over
+        attempt, previous = Attempt(number=pipe.attempts), pipe.current
+        pipe.current = attempt
         try:
-            handle = self._start(run)
+            handle = self._start(pipe)
         except NoRoom as exc:
-            if run.state != S.BACKOFF:  # a first start with no room: a failed start, as any other
-                self._failed_to_start(run, exc)
+            if pipe.state != S.BACKOFF:  # a first start with no room: a failed start, as any other
+                self._failed_to_start(pipe, exc)
                 return
-            run.attempts, run.current = run.attempts - 1, previous  # none was made: it waits for room in BACKOFF
-            run.restart_at = time.monotonic() + ROOM_WAIT
-            if run.last_error != str(exc):
-                run.last_error = str(exc)
-                self._publish(Notice(pipeline=run.name, level="warning", text=f"waiting for room: {exc}"))
+            pipe.attempts, pipe.current = pipe.attempts - 1, previous  # none was made: it waits for room in BACKOFF
+            pipe.restart_at = time.monotonic() + ROOM_WAIT
+            if pipe.last_error != str(exc):
+                pipe.last_error = str(exc)
+                self._publish(Notice(pipeline=pipe.name, level="warning", text=f"waiting for room: {exc}"))
             return
         except OSError as exc:
-            self._failed_to_start(run, exc)
+            self._failed_to_start(pipe, exc)
             return
         attempt.handle = handle
         attempt.started_mono = attempt.last_progress = time.monotonic()
         attempt.started_at = time.time()
-        handle.attach(partial(self._on_events, run, handle))
-        self.set_state(run, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
-        self._announce(run, attempt)
+        handle.attach(partial(self._on_events, pipe, handle))
+        self.set_state(pipe, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
+        self._announce(pipe, attempt)
 
-    def _failed_to_start(self, run: PipelineRun, exc: OSError) -> None:
-        run.last_error = f"could not start the worker: {exc}"
-        self.set_state(run, S.STARTING)  # -> STARTING (it failed at once)
-        self.after_crash(run, uptime=0.0, exit_desc=run.last_error, stepped=False)
+    def _failed_to_start(self, pipe: SupervisedPipeline, exc: OSError) -> None:
+        pipe.last_error = f"could not start the worker: {exc}"
+        self.set_state(pipe, S.STARTING)  # -> STARTING (it failed at once)
+        self.after_crash(pipe, uptime=0.0, exit_desc=pipe.last_error, stepped=False)
 
-    def _announce(self, run: PipelineRun, attempt: Attempt, force: bool = False) -> None:
+    def _announce(self, pipe: SupervisedPipeline, attempt: Attempt, force: bool = False) -> None:
         """WorkerStarted, once the launcher knows every process's pid: at once locally; on Ray when
         the actor has started its child (a tick or so later). `force`: now, with what is known."""
         handle = attempt.handle
         assert handle is not None, "announced only once started"
         pids = handle.pids
-        if attempt.announced or (len(pids) < max(1, len(run.slots)) and not force):
+        if attempt.announced or (len(pids) < max(1, len(pipe.slots)) and not force):
             return
         attempt.announced = True
-        gpu = run.slots[0].gpu if run.slots else None
-        self._publish(WorkerStarted(pipeline=run.name, pid=pids[0] if pids else handle.pid,
-                                    device=",".join(s.name for s in run.slots), attempt=attempt.number,
+        gpu = pipe.slots[0].gpu if pipe.slots else None
+        self._publish(WorkerStarted(pipeline=pipe.name, pid=pids[0] if pids else handle.pid,
+                                    device=",".join(s.name for s in pipe.slots), attempt=attempt.number,
                                     gpu_uuid=gpu.uuid if gpu is not None else "",
-                                    pids=pids if len(run.slots) > 1 else (), node=handle.node))
+                                    pids=pids if len(pipe.slots) > 1 else (), node=handle.node))
 
     # ------------------------------------------------------------ ending
 
-    def request_stop(self, run: PipelineRun, reason: str) -> None:
+    def request_stop(self, pipe: SupervisedPipeline, reason: str) -> None:
         """Ask a live worker to finish its step, checkpoint and exit (-> STOPPING)."""
-        assert run.current is not None and run.handle is not None
-        run.current.intent, run.stop_reason = Intent.STOP, reason
-        run.current.deadline = time.monotonic() + run.plan.run_config.restart.stop_timeout
-        run.handle.send(Stop(reason=reason))
-        self.set_state(run, S.STOPPING)  # STARTING/RUNNING/PAUSED -> STOPPING
+        assert pipe.current is not None and pipe.handle is not None
+        pipe.current.intent, pipe.stop_reason = Intent.STOP, reason
+        pipe.current.deadline = time.monotonic() + pipe.plan.run_config.restart.stop_timeout
+        pipe.handle.send(Stop(reason=reason))
+        self.set_state(pipe, S.STOPPING)  # STARTING/RUNNING/PAUSED -> STOPPING
 
-    def terminate(self, run: PipelineRun) -> None:
+    def terminate(self, pipe: SupervisedPipeline) -> None:
         """The polite signal now, the hard one after the grace period (-> KILLING)."""
-        assert run.current is not None and run.handle is not None
-        run.handle.terminate()
-        run.current.deadline = time.monotonic() + run.plan.run_config.restart.kill_grace
-        self.set_state(run, S.KILLING)  # alive -> KILLING
+        assert pipe.current is not None and pipe.handle is not None
+        pipe.handle.terminate()
+        pipe.current.deadline = time.monotonic() + pipe.plan.run_config.restart.kill_grace
+        self.set_state(pipe, S.KILLING)  # alive -> KILLING
 
-    def tick(self, run: PipelineRun, now: float) -> None:
+    def tick(self, pipe: SupervisedPipeline, now: float) -> None:
         """Reap an exited worker, escalate an overdue one, catch a hung one, leave BACKOFF when due."""
-        attempt, handle = run.current, run.handle
+        attempt, handle = pipe.current, pipe.handle
         if handle is None or attempt is None:
-            if run.state == S.BACKOFF and run.restart_at is not None and now >= run.restart_at:
-                self.launch(run)
+            if pipe.state == S.BACKOFF and pipe.restart_at is not None and now >= pipe.restart_at:
+                self.launch(pipe)
             return
         code = handle.poll()
         if not attempt.announced:
-            self._announce(run, attempt, force=code is not None)
+            self._announce(pipe, attempt, force=code is not None)
         if code is not None:
-            self.exited(run, code)
+            self.exited(pipe, code)
         elif attempt.deadline is not None and now >= attempt.deadline:
-            if run.state == S.HUNG:
-                self.terminate(run)  # its stack had time to reach the log
-            elif run.state == S.KILLING and not attempt.escalated:
+            if pipe.state == S.HUNG:
+                self.terminate(pipe)  # its stack had time to reach the log
+            elif pipe.state == S.KILLING and not attempt.escalated:
                 attempt.escalated = True
                 handle.kill()  # it ignored the polite signal for kill_grace
-            elif run.state == S.STOPPING:
-                run.stop_reason = f"did not stop within {run.plan.run_config.restart.stop_timeout:g}s; killed"
-                self.terminate(run)
-        elif self._is_hung(run, now):
+            elif pipe.state == S.STOPPING:
+                pipe.stop_reason = f"did not stop within {pipe.plan.run_config.restart.stop_timeout:g}s; killed"
+                self.terminate(pipe)
+        elif self._is_hung(pipe, now):
             attempt.intent = Intent.HUNG
             handle.dump_stacks()
             attempt.deadline = now + HANG_DUMP_WAIT
-            timeout = run.plan.run_config.restart.hang_timeout
-            run.last_error = f"hung: no training step for {timeout:g}s (stack dumped to its log)" + \
-                self._gpu_note(run)
-            self.set_state(run, S.HUNG)  # STARTING/RUNNING -> HUNG
-            self._publish(Notice(pipeline=run.name, level="error", text=run.last_error))
+            timeout = pipe.plan.run_config.restart.hang_timeout
+            pipe.last_error = f"hung: no training step for {timeout:g}s (stack dumped to its log)" + \
+                self._gpu_note(pipe)
+            self.set_state(pipe, S.HUNG)  # STARTING/RUNNING -> HUNG
+            self._publish(Notice(pipeline=pipe.name, level="error", text=pipe.last_error))
         else:
-            self._watch_stall(run, now)
+            self._watch_stall(pipe, now)
 
-    def _watch_stall(self, run: PipelineRun, now: float) -> None:
+    def _watch_stall(self, pipe: SupervisedPipeline, now: float) -> None:
         """Flag, once, a live worker that has made no step for a while; nothing is killed (`hang_timeout` does)."""
-        attempt = run.current
-        if run.state not in (S.STARTING, S.RUNNING) or attempt is None or attempt.stalled:
+        attempt = pipe.current
+        if pipe.state not in (S.STARTING, S.RUNNING) or attempt is None or attempt.stalled:
             return
-        warn = run.plan.run_config.restart.stall_warning
+        warn = pipe.plan.run_config.restart.stall_warning
         limit = max(warn, STALL_FACTOR * attempt.slowest) if attempt.stepped else STALL_FACTOR * warn
         quiet = now - attempt.last_progress
         if quiet > limit:
             attempt.stalled = True
-            self._publish(Stalled(pipeline=run.name, quiet=quiet, first_step=not attempt.stepped))
+            self._publish(Stalled(pipeline=pipe.name, quiet=quiet, first_step=not attempt.stepped))
 
-    def _is_hung(self, run: PipelineRun, now: float) -> bool:
-        timeout = run.plan.run_config.restart.hang_timeout
-        attempt = run.current
+    def _is_hung(self, pipe: SupervisedPipeline, now: float) -> bool:
+        timeout = pipe.plan.run_config.restart.hang_timeout
+        attempt = pipe.current
         if timeout is None or attempt is None:
             return False
-        if run.state == S.STARTING or (run.state == S.RUNNING and not attempt.stepped):
+        if pipe.state == S.STARTING or (pipe.state == S.RUNNING and not attempt.stepped):
             # building the task and the first step (a gang's first collective, compilation, autotuning)
-            start = run.plan.run_config.restart.start_timeout
+            start = pipe.plan.run_config.restart.start_timeout
             return now - attempt.last_progress > (start if start is not None else max(3 * timeout, 60.0))
-        return run.state == S.RUNNING and now - attempt.last_progress > timeout
+        return pipe.state == S.RUNNING and now - attempt.last_progress > timeout
 
-    def exited(self, run: PipelineRun, code: int) -> None:
+    def exited(self, pipe: SupervisedPipeline, code: int) -> None:
         """The worker is gone: say why, then finish, relaunch or back off."""
-        attempt = run.current
+        attempt = pipe.current
         assert attempt is not None and attempt.handle is not None
         handle = attempt.handle
-        self._on_events(run, handle, handle.drain())  # what it sent last, before it is forgotten
+        self._on_events(pipe, handle, handle.drain())  # what it sent last, before it is forgotten
         handle.close()
         attempt.handle = None
         uptime = time.monotonic() - attempt.started_mono
@@ -251,91 +251,91 @@ class Lifecycle:
         rank, pid = 0, handle.pid
         cause, echoes = handle.told_errors() if isinstance(handle, GangHandle) else ([], [])
         for event in cause:  # the root cause's own words lead (its peers' echoes follow the exit)
-            self._on_events(run, handle, [event])
+            self._on_events(pipe, handle, [event])
         if attempt.intent is None and isinstance(handle, GangHandle) and handle.failed_rank is not None:
-            rank, pid, exit_desc = self._gang_root_cause(run, handle, exit_desc)
-        error = run.last_error if reason in WITH_ERROR else ""
+            rank, pid, exit_desc = self._gang_root_cause(pipe, handle, exit_desc)
+        error = pipe.last_error if reason in WITH_ERROR else ""
         self._publish(WorkerExited(
-            pipeline=run.name, pid=pid, attempt=run.attempts, exit_code=code if code >= 0 else None,
+            pipeline=pipe.name, pid=pid, attempt=pipe.attempts, exit_code=code if code >= 0 else None,
             signal=sig, reason=reason,
             error=error or ("" if reason not in EXIT_SHOWN else exit_desc),
-            traceback=run.last_traceback if error else "", uptime=uptime, rank=rank))
+            traceback=pipe.last_traceback if error else "", uptime=uptime, rank=rank))
         for notice in echoes:
             self._publish(notice)
-        OUTCOMES[reason](self, run, uptime, exit_desc)
+        OUTCOMES[reason](self, pipe, uptime, exit_desc)
 
     @staticmethod
-    def _gang_root_cause(run: PipelineRun, gang: GangHandle, exit_desc: str) -> tuple[int, int, str]:
+    def _gang_root_cause(pipe: SupervisedPipeline, gang: GangHandle, exit_desc: str) -> tuple[int, int, str]:
         """The rank that failed first is why the gang ended; what its peers reported after is its echo."""
         rank = gang.exit_rank  # the failed rank: this is asked only once one failed
         error = gang.errors.get(rank)
         exit_desc = f"rank {rank} {exit_desc}"
         if error is not None:
-            run.last_error, run.last_traceback = f"rank {rank}: {error.error}", error.traceback
-            run.live.failure = (error.error, error.step) if error.where == "train" else None
+            pipe.last_error, pipe.last_traceback = f"rank {rank}: {error.error}", error.traceback
+            pipe.live.failure = (error.error, error.step) if error.where == "train" else None
         else:
-            run.last_error, run.last_traceback = exit_desc, ""
-            run.live.failure = None
+            pipe.last_error, pipe.last_traceback = exit_desc, ""
+            pipe.live.failure = None
         return rank, gang.ranks[rank].pid, exit_desc
 
-    def _relaunch(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        run.last_error = run.last_traceback = ""
-        if run.state == S.KILLING:
-            self.launch(run)  # KILLING -> STARTING, same slots, no budget spent
+    def _relaunch(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
+        pipe.last_error = pipe.last_traceback = ""
+        if pipe.state == S.KILLING:
+            self.launch(pipe)  # KILLING -> STARTING, same slots, no budget spent
         else:  # it ended for a cause that costs nothing (its node left): start again on the next tick
-            run.restart_at = time.monotonic()
-            self.set_state(run, S.BACKOFF)  # STARTING/RUNNING/PAUSED/STOPPING/HUNG -> BACKOFF
+            pipe.restart_at = time.monotonic()
+            self.set_state(pipe, S.BACKOFF)  # STARTING/RUNNING/PAUSED/STOPPING/HUNG -> BACKOFF
 
-    def _killed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        self.finish(run, S.KILLED, "killed on request")
+    def _killed(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
+        self.finish(pipe, S.KILLED, "killed on request")
 
-    def _stopped(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        self.finish(run, run.stop_as, run.stop_reason or "stopped", run.stop_rung)
+    def _stopped(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
+        self.finish(pipe, pipe.stop_as, pipe.stop_reason or "stopped", pipe.stop_rung)
 
-    def _completed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        self.finish(run, S.COMPLETED, "trained to its limits")
+    def _completed(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
+        self.finish(pipe, S.COMPLETED, "trained to its limits")
 
-    def _failed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        self.finish(run, S.FAILED, run.last_error or exit_desc)
+    def _failed(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
+        self.finish(pipe, S.FAILED, pipe.last_error or exit_desc)
 
-    def _restart_requested(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
+    def _restart_requested(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
         # nan_policy = "restart": back to the last checkpoint. It spends the budget, so a loss
         # that always diverges still ends, but it is no failed start however quick.
-        self.after_crash(run, uptime=float("inf"), exit_desc="the worker asked to be restarted")
+        self.after_crash(pipe, uptime=float("inf"), exit_desc="the worker asked to be restarted")
 
-    def _crashed(self, run: PipelineRun, uptime: float, exit_desc: str) -> None:
-        failure, previous = run.live.failure, run.last_failure
-        run.last_failure = failure
+    def _crashed(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
+        failure, previous = pipe.live.failure, pipe.last_failure
+        pipe.last_failure = failure
         if failure is not None and failure == previous:
             error, step = failure
             # `step` is the last it finished (the error line may name the next: "bad batch at step 30"); the
             # epoch as the table counts it, since a script's own step counter may start over each epoch
-            p = run.progress
+            p = pipe.progress
             total = f"/{p.epochs_total}" if p.epochs_total else ""
             at = f"in epoch {p.epoch_number}{total} after step {step:,}" if step > 0 else \
                 "in its first step" if step == 0 else "before its first step"
-            self.finish(run, S.FAILED, f"the same error {at} twice in a row, so a restart cannot fix it: {error}")
+            self.finish(pipe, S.FAILED, f"the same error {at} twice in a row, so a restart cannot fix it: {error}")
             return
-        self.after_crash(run, uptime, exit_desc, stepped=run.live.stepped)
+        self.after_crash(pipe, uptime, exit_desc, stepped=pipe.live.stepped)
 
-    def after_crash(self, run: PipelineRun, uptime: float, exit_desc: str, stepped: bool = True) -> None:
+    def after_crash(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str, stepped: bool = True) -> None:
         """Restart under the policy (-> BACKOFF), or end the pipeline as failed."""
-        decision = run.plan.policy.decide(run.restarts, run.failed_starts, uptime, stepped)
-        run.failed_starts = decision.failed_starts
-        what = (run.last_error or exit_desc) + self._gpu_note(run)
+        decision = pipe.plan.policy.decide(pipe.restarts, pipe.failed_starts, uptime, stepped)
+        pipe.failed_starts = decision.failed_starts
+        what = (pipe.last_error or exit_desc) + self._gpu_note(pipe)
         if not decision.restart:
-            self.finish(run, S.FAILED, f"{decision.reason}: {what}")
+            self.finish(pipe, S.FAILED, f"{decision.reason}: {what}")
             return
-        run.restarts += 1
-        run.restart_at = time.monotonic() + decision.delay
-        run.last_error = what
-        self.set_state(run, S.BACKOFF)  # STARTING/RUNNING/... -> BACKOFF
-        self._publish(WorkerRestarting(pipeline=run.name, attempt=run.attempts + 1, delay=decision.delay,
-                                       restarts_left=run.plan.run_config.restart.max_restarts - run.restarts,
+        pipe.restarts += 1
+        pipe.restart_at = time.monotonic() + decision.delay
+        pipe.last_error = what
+        self.set_state(pipe, S.BACKOFF)  # STARTING/RUNNING/... -> BACKOFF
+        self._publish(WorkerRestarting(pipeline=pipe.name, attempt=pipe.attempts + 1, delay=decision.delay,
+                                       restarts_left=pipe.plan.run_config.restart.max_restarts - pipe.restarts,
                                        reason=f"{decision.reason}: {what}"))
 
 
-OUTCOMES: dict[ExitReason, Callable[[Lifecycle, PipelineRun, float, str], None]] = {
+OUTCOMES: dict[ExitReason, Callable[[Lifecycle, SupervisedPipeline, float, str], None]] = {
     R.RESTARTED: Lifecycle._relaunch,
     R.KILLED: Lifecycle._killed,
     R.STOPPED: Lifecycle._stopped,

@@ -85,7 +85,7 @@ class Attempt:
 
 
 @dataclass
-class PipelineRun:
+class SupervisedPipeline:
     """One pipeline of a session: its plan, state, current attempt, restart accounting and progress."""
 
     plan: Plan
@@ -180,18 +180,18 @@ class PipelineView:
     node: str = ""  # the cluster node its worker runs on; "" for this machine (or none running)
 
 
-def view_of(run: PipelineRun, run_dir: Path) -> PipelineView:
-    p = run.figures()
-    handle = run.handle
+def view_of(pipe: SupervisedPipeline, run_dir: Path) -> PipelineView:
+    p = pipe.figures()
+    handle = pipe.handle
     return PipelineView(
-        name=run.name, state=run.state, device=",".join(s.name for s in run.slots),
-        pid=handle.pid if handle is not None else None, attempt=run.attempts, restarts=run.restarts,
+        name=pipe.name, state=pipe.state, device=",".join(s.name for s in pipe.slots),
+        pid=handle.pid if handle is not None else None, attempt=pipe.attempts, restarts=pipe.restarts,
         epoch=p.epoch, step=p.step, epochs_total=p.epochs_total, steps_per_epoch=p.steps_per_epoch,
         train_loss=p.train_loss, val_loss=p.val_loss, best_val=p.best, samples_per_s=p.samples_per_s,
-        started_at=run.current.started_at if run.current is not None else None,
-        log_path=run_dir / run.name / "log.txt",
-        last_error=run.finish_reason if run.state == WorkerState.FAILED else run.last_error,
-        priority=run.plan.config.priority, node=handle.node if handle is not None else "")
+        started_at=pipe.current.started_at if pipe.current is not None else None,
+        log_path=run_dir / pipe.name / "log.txt",
+        last_error=pipe.finish_reason if pipe.state == WorkerState.FAILED else pipe.last_error,
+        priority=pipe.plan.config.priority, node=handle.node if handle is not None else "")
 
 
 def unique_name(name: str, taken) -> str:

@@ -34,7 +34,7 @@ from .bus import EventStream, Publisher
 from .intake import WorkerIntake
 from .lifecycle import Lifecycle, States
 from .nodes import NodeFollower
-from .pipeline import PipelineRun, PipelineView, Plan, unique_name, view_of
+from .pipeline import SupervisedPipeline, PipelineView, Plan, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
 from .decisions import Decision, DumpStacks, Outbox, Record, Requeue, Retune, SessionView, Stop, StopRun
@@ -82,8 +82,8 @@ class Supervisor:
         self.telemetry: TelemetrySnapshot | None = None  # the newest sample
         self._tick_interval = tick
         # Built in dependency order; what needs the run directory is made as start() opens it (`_Opened`).
-        self._runs: dict[str, PipelineRun] = {}
-        self._publish = Publisher(self._runs)  # the one door onto the session's bus
+        self._pipelines: dict[str, SupervisedPipeline] = {}
+        self._publish = Publisher(self._pipelines)  # the one door onto the session's bus
         self._scheduler = Scheduler.for_run(self._backend, slots, self.run_id, self.run_dir, config.devices)
         self._nodes = NodeFollower(self._backend, config, self._scheduler, inventory)  # a cluster's, as they change
         self._validation = ValidationService(backend=self._backend, publish=self._publish.validation,
@@ -94,7 +94,7 @@ class Supervisor:
                               early_stop=self._on_early_stop)
         self._lifecycle = Lifecycle(start=self._start_attempt, scheduler=self._scheduler, states=states,
                                     intake=intake, publish=self._publish.event,
-                                    gpu_note=lambda run: gpu_note(run, self.telemetry))
+                                    gpu_note=lambda pipe: gpu_note(pipe, self.telemetry))
         self._order = itertools.count()  # each pipeline's place in the queue among those of its priority
         self._opened: _Opened | None = None  # the run directory and what needs it, from start()
         self._tick_task: asyncio.Task | None = None
@@ -138,18 +138,18 @@ class Supervisor:
         names = [n for config in [self.config, *(self._resume_configs or [])[1:]] for n in self._add(config)]
         kept = kept_on_resume({n: e.status for n, e in done.items()}, names, self._resume_only) if resuming else {}
         for name in names:
-            self._runs[name].attempts = attempts.get(name, 0)  # attempt numbers count on across resumes
+            self._pipelines[name].attempts = attempts.get(name, 0)  # attempt numbers count on across resumes
         if resuming:
-            lines = ", ".join(resume_line(self.run_dir, self._runs[n].plan.config, kept) for n in names)
+            lines = ", ".join(resume_line(self.run_dir, self._pipelines[n].plan.config, kept) for n in names)
             self._publish.event(Notice(level="info", topic=NoticeTopic.RESUMING,
                                        text=f"resuming run {self.run_id}: {lines}"))
         self._publish.event(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir),
                                        config_path=self.config.source, pipelines=tuple(names)))
         for name, status in kept.items():  # nothing to train: they keep how they had ended
             ended = done.get(name) or PipelineFinished(pipeline=name, status=status)
-            commands.keep_ended(self._lifecycle, self._runs[name], ended)
+            commands.keep_ended(self._lifecycle, self._pipelines[name], ended)
         self._announce_queued(names)
-        self.task_check.open(resuming, self._runs[names[0]].plan.background, self._publish)
+        self.task_check.open(resuming, self._pipelines[names[0]].plan.background, self._publish)
         observers = observers_of(SessionView(self.config, self.run_dir, self.view, self.views), outbox)
         for tap, steps in observers.taps:  # TensorBoard files, the health and metric watches, the sweep's policy
             self._publish.tap(tap, steps)
@@ -189,7 +189,7 @@ class Supervisor:
 
     def views(self) -> list[PipelineView]:
         """Every pipeline, in the order they were added."""
-        return [view_of(r, self.run_dir) for r in self._runs.values()]
+        return [view_of(r, self.run_dir) for r in self._pipelines.values()]
 
     def view(self, name: str) -> PipelineView:
         return view_of(self._get(name), self.run_dir)
@@ -200,7 +200,7 @@ class Supervisor:
 
     @property
     def alive(self) -> bool:  # some worker process exists
-        return any(r.handle is not None for r in self._runs.values())
+        return any(r.handle is not None for r in self._pipelines.values())
 
     @property
     def finished(self) -> bool:
@@ -209,15 +209,15 @@ class Supervisor:
     async def wait(self) -> dict[str, str]:
         """Wait until every pipeline has a final status; returns them by name."""
         await self._finished.wait()
-        return {n: r.state.value for n, r in self._runs.items()}
+        return {n: r.state.value for n, r in self._pipelines.items()}
 
     # ------------------------------------------------------------ commands
 
     def stop(self, name: str | None = None, reason: str = "requested", ending: WorkerState = S.STOPPED) -> None:
         """Gracefully stop one pipeline (or all): finish the step, checkpoint, exit; it ends in `ending`. Stopping
         all leaves a sweep's resting trials as they are: a resumed run finds them waiting still."""
-        for run in [r for r in self._runs.values() if not r.state.resting] if name is None else [self._get(name)]:
-            commands.stop(self._lifecycle, run, reason, ending)
+        for pipe in [r for r in self._pipelines.values() if not r.state.resting] if name is None else [self._get(name)]:
+            commands.stop(self._lifecycle, pipe, reason, ending)
         self._check_finished()
 
     def pause(self, name: str) -> None:
@@ -239,10 +239,10 @@ class Supervisor:
 
     def restart(self, name: str) -> None:
         """Kill the worker and start it again from its last checkpoint (no restart budget spent)."""
-        run = self._get(name)
-        if commands.restart(self._lifecycle, run):  # an ended pipeline is queued again
+        pipe = self._get(name)
+        if commands.restart(self._lifecycle, pipe):  # an ended pipeline is queued again
             self._reopen()
-            self._announce_queued([run.name])
+            self._announce_queued([pipe.name])
             self._schedule()
 
     def requeue(self, name: str) -> None:  # an ended pipeline queues again behind every one waiting now (PBT)
@@ -272,14 +272,14 @@ class Supervisor:
             await self._validation.drain(deadline, self._tick_interval)
         await self._validation.stop()  # its last results come before run_finished
         self._closing = True
-        for run in self._runs.values():
-            commands.end_at_shutdown(self._lifecycle, run)
+        for pipe in self._pipelines.values():
+            commands.end_at_shutdown(self._lifecycle, pipe)
         deadline = time.monotonic() + 5.0
         while self.alive and time.monotonic() < deadline:
             self._tick()
             await asyncio.sleep(0.02)
-        for run in self._runs.values():
-            commands.settle_unreaped(self._lifecycle, run)
+        for pipe in self._pipelines.values():
+            commands.settle_unreaped(self._lifecycle, pipe)
         self._check_finished()
         await asyncio.to_thread(self._feed.stop)
         if self._tick_task is not None:
@@ -296,9 +296,9 @@ class Supervisor:
 
     # ------------------------------------------------------------ internals
 
-    def _get(self, name: str) -> PipelineRun:
+    def _get(self, name: str) -> SupervisedPipeline:
         try:
-            return self._runs[name]
+            return self._pipelines[name]
         except KeyError:
             raise KeyError(f"no pipeline named {name!r}") from None
 
@@ -312,12 +312,12 @@ class Supervisor:
             validation = start_validator(validation, config, self._scheduler, self._validation, self._nodes.inventory)
         names = []
         for pipe in config.pipelines:
-            name = unique_name(pipe.name, self._runs)
+            name = unique_name(pipe.name, self._pipelines)
             if name != pipe.name:
                 pipe = pipe.model_copy(update={"name": name})
             plan = Plan(config=pipe, run_config=config, policy=policy, order=next(self._order), validation=validation,
                         request=request_of(pipe, self._scheduler.slots))
-            self._runs[name] = PipelineRun(plan=plan)
+            self._pipelines[name] = SupervisedPipeline(plan=plan)
             self._validation.ledger(name)
             names.append(name)
             self._scheduler.enqueue(name, pipe.priority, plan.order, plan.request)  # born QUEUED
@@ -325,9 +325,9 @@ class Supervisor:
 
     def _announce_queued(self, names: list[str]) -> None:
         for name in names:
-            run = self._runs[name]
-            if run.state == S.QUEUED:
-                self._publish.event(PipelineQueued(pipeline=name, priority=run.plan.config.priority,
+            pipe = self._pipelines[name]
+            if pipe.state == S.QUEUED:
+                self._publish.event(PipelineQueued(pipeline=name, priority=pipe.plan.config.priority,
                                           position=self._scheduler.position(name)))
 
     def _reopen(self) -> None:
@@ -341,19 +341,19 @@ class Supervisor:
             return
         granted = self._scheduler.allocate()
         for name, why in self._scheduler.changed_waits():  # what holds up a queued pipeline, when that changed
-            if self._runs[name].state == S.QUEUED:
+            if self._pipelines[name].state == S.QUEUED:
                 self._publish.event(PipelineWaiting(pipeline=name, why=why))
         for name, slots in granted:
-            run = self._runs[name]
-            run.slots = slots
-            self._lifecycle.launch(run)
+            pipe = self._pipelines[name]
+            pipe.slots = slots
+            self._lifecycle.launch(pipe)
 
-    def _start_attempt(self, run: PipelineRun) -> Handle:
+    def _start_attempt(self, pipe: SupervisedPipeline) -> Handle:
         """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""
         if self._opened is None:
             raise RuntimeError("supervisor not started: no run directory to start attempts in")
-        run.slots = self._nodes.refit(run.slots)  # a slot on a node that left: another, if one is free
-        return self._opened.attempts.start(run, hold=self.task_check.admit(run))
+        pipe.slots = self._nodes.refit(pipe.slots)  # a slot on a node that left: another, if one is free
+        return self._opened.attempts.start(pipe, hold=self.task_check.admit(pipe))
 
     def _carry_out(self, decision: Decision) -> None:
         """Carry out a policy's decision (decisions.py says what each asks)."""
@@ -363,21 +363,21 @@ class Supervisor:
         if isinstance(decision, StopRun):
             self.stop(reason=decision.reason)
             return
-        run = self._get(decision.name)
+        pipe = self._get(decision.name)
         if isinstance(decision, Stop):
-            commands.stop(self._lifecycle, run, decision.reason, decision.ending, decision.rung)
-        elif isinstance(decision, Requeue) and run.state.ended:
+            commands.stop(self._lifecycle, pipe, decision.reason, decision.ending, decision.rung)
+        elif isinstance(decision, Requeue) and pipe.state.ended:
             if decision.behind:
-                commands.requeue(run, next(self._order))
-            self.restart(run.name)  # final/resting -> QUEUED
+                commands.requeue(pipe, next(self._order))
+            self.restart(pipe.name)  # final/resting -> QUEUED
         elif isinstance(decision, Retune):
-            commands.retune(run, decision.values)
-        elif isinstance(decision, DumpStacks) and run.handle is not None:
-            commands.stacks(run, self._publish.event)
+            commands.retune(pipe, decision.values)
+        elif isinstance(decision, DumpStacks) and pipe.handle is not None:
+            commands.stacks(pipe, self._publish.event)
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
         self._publish.validation(event)
-        if self._runs[name].state in commands.LIVE:  # a completion: it ends early_stopped, not stopped
+        if self._pipelines[name].state in commands.LIVE:  # a completion: it ends early_stopped, not stopped
             self.stop(name, reason=event.reason, ending=S.EARLY_STOPPED)
 
     def on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
@@ -397,14 +397,14 @@ class Supervisor:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        for run in list(self._runs.values()):
-            self._lifecycle.tick(run, now)
-        self.task_check.settle(self._runs, self._lifecycle, self._publish.event)
+        for pipe in list(self._pipelines.values()):
+            self._lifecycle.tick(pipe, now)
+        self.task_check.settle(self._pipelines, self._lifecycle, self._publish.event)
         if not self._closing:
             self._validation.tick(now)
         self._nodes.follow()
         self._schedule()
-        self._feed.update(self._runs, self._validation.handle)
+        self._feed.update(self._pipelines, self._validation.handle)
         if self._opened is not None:
             self._opened.rundir.flush()
             if not self._finished_sent:  # nothing is said after run_finished
@@ -412,15 +412,15 @@ class Supervisor:
         self._check_finished()
 
     def _check_finished(self) -> None:
-        if self._finished_sent or not self._runs or self._opened is None or self._validation.stopping:
+        if self._finished_sent or not self._pipelines or self._opened is None or self._validation.stopping:
             return
-        training_done = all(r.state.ended for r in self._runs.values())  # a resting trial waits for its sweep
+        training_done = all(r.state.ended for r in self._pipelines.values())  # a resting trial waits for its sweep
         if training_done and (self._closing or not self._validation.pending(training_done=True)):
             if not self._closing and self.sweep is not None and self.sweep.settle():
                 return  # a trial paused at a rung was promoted: the sweep goes on
             if self._closing:
                 self._validation.abandon(SESSION_ENDED)  # never scored: say so before the end
-            statuses = {n: r.state.value for n, r in self._runs.items()}
+            statuses = {n: r.state.value for n, r in self._pipelines.items()}
             self._finished_sent = True
             ok = all(S(s) in SUCCESS_STATES for s in statuses.values())
             self._publish.event(RunFinished(ok=ok, statuses=statuses))

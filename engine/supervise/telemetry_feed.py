@@ -13,19 +13,19 @@ from ..config.schema import TelemetryConfig
 from ..launch.backend import Backend, Handle
 from ..protocol.telemetry import TelemetrySnapshot
 from ..telemetry.sampler import TelemetrySampler
-from .pipeline import PipelineRun
+from .pipeline import SupervisedPipeline
 
 FULL = 0.95  # fraction of a GPU's memory in use above which a crash report mentions it
 VALIDATOR = "(validator)"  # the validator's label in the pid map
 
 
-def pid_maps(runs: dict[str, PipelineRun],
+def pid_maps(pipes: dict[str, SupervisedPipeline],
              validator: Handle | None) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """{label: pid} of the processes on this machine, and {node id: {label: pid}} of those on others."""
     pids: dict[str, int] = {}
     remote: dict[str, dict[str, int]] = {}
-    for name, run in runs.items():
-        handle = run.handle
+    for name, pipe in pipes.items():
+        handle = pipe.handle
         if handle is not None:  # a gang's rank k shows as "name#k", on its own node
             for k, (node, node_id, pid) in enumerate(handle.placed):
                 if pid:  # 0: a remote rank whose pid is not known yet
@@ -37,9 +37,9 @@ def pid_maps(runs: dict[str, PipelineRun],
     return pids, remote
 
 
-def gpu_note(run: PipelineRun, snapshot: TelemetrySnapshot | None) -> str:
+def gpu_note(pipe: SupervisedPipeline, snapshot: TelemetrySnapshot | None) -> str:
     """The worker's GPU memory from the newest telemetry, when that GPU is nearly full."""
-    gpu = run.slots[0].gpu if run.slots else None
+    gpu = pipe.slots[0].gpu if pipe.slots else None
     if gpu is None or snapshot is None:
         return ""
     for sample in snapshot.gpus:
@@ -67,9 +67,9 @@ class TelemetryFeed:
             extend=backend.remote_telemetry(lambda: self.remote))  # a cluster's other nodes
         self._sampler.start()
 
-    def update(self, runs: dict[str, PipelineRun], validator: Handle | None) -> None:
+    def update(self, pipes: dict[str, SupervisedPipeline], validator: Handle | None) -> None:
         """Follow the workers and validator that run now."""
-        pids, remote = pid_maps(runs, validator)
+        pids, remote = pid_maps(pipes, validator)
         if pids != self.pids:
             self.pids = pids
         if remote != self.remote:
