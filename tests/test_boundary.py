@@ -114,9 +114,9 @@ def test_engine_subpackages_import_each_other_without_loops():
 
 
 # The engine's sub-packages from the ground up: each imports only those below it (docs/develop/architecture.md).
-# Runners sit below hardware: placement asks a pipeline's runner what it can run (a gang, a strategy) before
-# it grants devices, and a runner never asks where it runs (its environment says).
-LAYERS = ["protocol", "config", "worker", "rundir", "runners", "validation", "hardware", "telemetry", "launch",
+# The device layer asks no runner: what a pipeline's runner can run as a gang is preflight's question
+# (preflight/plan.py), and a runner never asks where it runs (its environment says).
+LAYERS = ["protocol", "config", "worker", "rundir", "hardware", "runners", "validation", "telemetry", "launch",
           "preflight", "supervise", "serve"]
 
 

@@ -19,7 +19,7 @@ from torchherd.engine.hardware.devices import GpuInfo
 from torchherd.engine.hardware.grants import Policy, Request, Wait, grant, leases_for, request_of
 from torchherd.engine.hardware.ledger import Lease, Ledger
 from torchherd.engine.hardware.occupancy import NVLINK, Foreign, GpuOccupancy
-from torchherd.engine.hardware.placement import gang_problems
+from torchherd.engine.preflight.plan import gang_problems
 from torchherd.engine.hardware.slots import Slot
 from tests.conftest import REPO, make_config, repo_env
 

@@ -75,7 +75,7 @@ def test_what_no_node_could_host_is_refused_up_front(devices, key, words):
 
 
 def test_a_gang_larger_than_the_cluster_is_refused_and_one_larger_than_a_node_is_not():
-    from torchherd.engine.hardware.placement import gang_problems
+    from torchherd.engine.preflight.plan import gang_problems
 
     slots, _ = plan_cluster_slots(DevicesConfig(placement="cpu"), cluster_inventory(read_nodes(NODES)), "c.toml")
     assert len(slots) == 6  # 4 on the head, 2 on gpu1

@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ..config.problems import Problem, display_path
+from ..config.problems import Problem
 from ..config.schema import DevicesConfig, Pipeline, RunConfig
 from ..protocol.names import ValidationMode
-from ..runners.registry import runner_for
 from .devices import GpuInfo, Inventory
-from .grants import THIS_RUN, Holdings, Policy, gib, grant, held_lines, leases_for, request_of
+from .grants import gib, request_of
 from .slots import Slot
 
 
@@ -41,23 +40,6 @@ def plan_slots(devices: DevicesConfig, inventory: Inventory, file: str = "") -> 
     else:
         count = devices.cpu_slots
     return [Slot(f"cpu{i}", "cpu", None, threads) for i in range(count)], []
-
-
-def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
-    """Requests that could never be granted here (more ranks or GPUs than the machine has, a share larger
-    than any GPU; on a cluster a gang spans nodes when no one node has room for it), runners that cannot run
-    as gangs, and strategies the slots cannot run."""
-    problems = []
-    for i, p in enumerate(config.pipelines):
-        problem = request_problem(p, slots, config.devices)
-        if problem is not None:
-            problems.append(Problem(display_path(config.source), f"pipelines[{i}].{problem[0]}", problem[1]))
-        elif p.ranks > 1 and runner_for(p.kind).gang_problem:
-            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks",
-                                    runner_for(p.kind).gang_problem))
-        elif p.ranks > 1 and (why := runner_for(p.kind).strategy_problem(p, any(s.device == "cuda" for s in slots))):
-            problems.append(Problem(display_path(config.source), f"pipelines[{i}].strategy", why))
-    return problems
 
 
 def request_problem(p: Pipeline, slots: list[Slot], devices: DevicesConfig) -> tuple[str, str] | None:
@@ -114,50 +96,6 @@ def order_pipelines(config: RunConfig) -> list[str]:
     indexed = list(enumerate(config.pipelines))
     indexed.sort(key=lambda ip: (-ip[1].priority, ip[0]))
     return [p.name for _, p in indexed]
-
-
-def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory,
-                  held: Holdings | None = None) -> list[str]:
-    """Human lines saying what would launch where, for `torchherd check` and the picker: the devices, what
-    other runs and programs hold now (`held`: the ledger's leases and NVML's foreign processes), and each
-    pipeline's grant, or what it would wait for."""
-    held = held or Holdings()
-    lines = []
-    if inventory.gpus:
-        for g in inventory.gpus:
-            memory = "memory n/a" if g.memory_total is None else f"{g.memory_total / 2**30:.1f} GiB"
-            lines.append(f"GPU {g.index}: {g.name}, {memory} ({g.uuid})")
-    else:
-        lines.append(inventory.note or "no NVIDIA GPU; using CPU slots")
-    lines.append(f"{len(slots)} slot{'s' if len(slots) != 1 else ''}: " + ", ".join(s.label for s in slots))
-    lines += held_lines(slots, held)
-    by_name = {p.name: p for p in config.pipelines}
-    taken, waiting = list(held.leases), 0
-    policy = Policy(config.devices.keep_free, config.devices.share)
-    for name in order_pipelines(config):
-        p = by_name[name]
-        got = grant(request_of(p, slots), slots, taken, THIS_RUN, held.occupancy, held.links, policy) \
-            if not waiting else None  # strict order, as the scheduler: nobody overtakes
-        if isinstance(got, list):
-            taken += leases_for(got, THIS_RUN, name, 0)
-            where = " + ".join(s.label for s in got)
-            if p.ranks > 1:
-                where = f"a gang of {p.ranks} ranks on {where}"
-        else:
-            waiting += 1
-            where = f"queued (#{waiting}), " + (got.why if got is not None else "behind the pipelines above")
-        lines.append(f"{name}: {runner_for(p.kind).describe(p)} -> {where}")
-    plan = plan_validation(config, slots, inventory, held.gpus_taken())
-    if plan.mode == ValidationMode.BACKGROUND and \
-            not any(runner_for(p.kind).scored_in_background(p) for p in config.pipelines):
-        lines.append("validation: no validator: no pipeline has weights to score in the background (a script "
-                     "without a validate factory reports its own val_metrics)")
-    else:
-        lines.append(validation_line(config, plan))
-    r = config.restart
-    lines.append(f"restarts: up to {r.max_restarts}, backoff {r.backoff:g}s..{r.backoff_max:g}s, "
-                 f"min uptime {r.min_uptime:g}s")
-    return lines
 
 
 def validation_line(config: RunConfig, plan: ValidationPlan) -> str:

@@ -20,7 +20,8 @@ from ..hardware.devices import Inventory, discover_devices
 from ..hardware.grants import Holdings
 from ..hardware.ledger import Ledger
 from ..hardware.occupancy import OccupancyReader
-from ..hardware.placement import describe_plan, gang_problems, plan_slots, plan_validation
+from ..hardware.placement import plan_slots, plan_validation
+from .plan import describe_plan, gang_problems
 from ..hardware.slots import Slot
 from ..protocol.private import UnsafeRuntimeDir
 from ..protocol.names import ValidationMode

@@ -17,7 +17,7 @@ from ..config.problems import ConfigError
 from ..config.schema import RunConfig
 from ..hardware.devices import Inventory
 from ..hardware.grants import request_of
-from ..hardware.placement import gang_problems
+from ..preflight.plan import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
 from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Notice, PipelineFinished, PipelineQueued,
