@@ -226,9 +226,9 @@ async def app_attach(run_dir: Path, pipelines: int, steps: int) -> dict:
                 mark("redrawn")
 
     class TimedApp(TorchherdApp):
-        async def _attach(self, run_dir: Path, read_only: bool = False) -> None:
+        async def _attach_run(self, run_dir: Path, read_only: bool = False) -> None:
             mark("attach")
-            await super()._attach(run_dir, read_only)
+            await super()._attach_run(run_dir, read_only)
             mark("connected")  # RemoteRun.connect returned: history read, queued (and folded, up to a bound)
             if complete(self.bridge.state, pipelines, steps, epochs):
                 mark("state")

@@ -40,8 +40,8 @@ class LiveRun(Protocol):
         """Hold the pipeline between steps; its slot stays its own."""
         ...
 
-    def resume(self, name: str) -> None:
-        """Let a paused pipeline carry on."""
+    def unpause(self, name: str) -> None:
+        """Let a paused pipeline carry on (un-pause; `torchherd resume` carries on a run)."""
         ...
 
     def stop(self, name: str | None = None, reason: str = "requested") -> None:

@@ -153,7 +153,7 @@ async def test_pause_holds_training_and_resume_finishes(tmp_path):
         sup.checkpoint("a")
         second = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
         assert second.step == first.step  # no optimizer step between two checkpoints while paused
-        sup.resume("a")
+        sup.unpause("a")
         finished = await wait_for(stream, lambda e: isinstance(e, PipelineFinished))
         assert finished.status == "completed" and finished.step > second.step
     finally:

@@ -177,7 +177,7 @@ def test_a_paused_gang_does_not_count_the_pause_against_max_time(monkeypatch):
     from torchherd.engine.protocol.channel import ControlReceiver, encode_command
     from torchherd.engine.worker.control import WorkerControl
     from torchherd.engine.runners.task.distributed import Gang
-    from torchherd.engine.protocol.messages import Pause, Resume
+    from torchherd.engine.protocol.messages import Pause, Unpause
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(gangs.take_port()))
@@ -189,7 +189,7 @@ def test_a_paused_gang_does_not_count_the_pause_against_max_time(monkeypatch):
         # delays included) must stay under the budget, and the pause alone would spend it.
         budget, started = 2.0, time.monotonic()
         theirs.send_bytes(encode_command(Pause()))  # as a ChannelHandle sends commands down
-        threading.Timer(2.4, lambda: theirs.send_bytes(encode_command(Resume()))).start()
+        threading.Timer(2.4, lambda: theirs.send_bytes(encode_command(Unpause()))).start()
         time_up = gang.agree(control, save=lambda reason: None,
                              time_up=lambda: time.monotonic() - started - control.paused_time >= budget)
         assert control.paused_time >= 2.0 and not time_up
@@ -460,7 +460,7 @@ async def test_a_paused_gang_reports_no_steps_raises_no_hang_alarm_and_resumes(t
             await wait_for(stream, note, timeout=9.0)
         assert not [e for e in later if isinstance(e, WorkerStateChanged)], later  # no hang alarm
         assert len(later) <= 1, later  # at most the report that was on its way
-        sup.resume("g")
+        sup.unpause("g")
         done = await wait_for(stream, lambda e: isinstance(e, PipelineFinished), 120)
         assert done.status == "completed"
     finally:

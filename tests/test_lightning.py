@@ -324,7 +324,7 @@ async def test_pause_sends_no_step_reports_and_raises_no_hang_alarm(tmp_path):
         sup.checkpoint("a")
         again = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
         assert again.step == held.step  # still held: no optimizer step in all that time
-        sup.resume("a")
+        sup.unpause("a")
         finished = await wait_for(stream, lambda e: isinstance(e, PipelineFinished))
     finally:
         await sup.shutdown(graceful=False)

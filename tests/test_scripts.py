@@ -431,7 +431,7 @@ async def test_client_script_pauses_stops_with_its_checkpoint_resumes_and_is_val
         sup.checkpoint("c")
         second = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
         assert second.step == first.step  # paused: no step between two checkpoints
-        sup.resume("c")
+        sup.unpause("c")
         await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step > second.step)
         sup.stop("c")
         stopped = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "stop")

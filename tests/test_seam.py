@@ -34,7 +34,7 @@ def protocol_members() -> dict[str, object]:
 
 
 def test_the_protocol_names_what_the_app_uses_of_a_run():
-    assert {"alive", "subscribe", "kill", "restart", "pause", "resume", "stop", "checkpoint", "stacks", "promote",
+    assert {"alive", "subscribe", "kill", "restart", "pause", "unpause", "stop", "checkpoint", "stacks", "promote",
             "shutdown", "wait"} == set(protocol_members())
     assert "run_dir" in LiveRun.__annotations__
 

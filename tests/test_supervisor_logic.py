@@ -6,7 +6,7 @@ import signal
 import pytest
 
 from torchherd.engine.hardware.devices import Inventory
-from torchherd.engine.protocol.messages import Heartbeat, Pause, PipelineFinished, Resume, Stop, TrainingStarted, \
+from torchherd.engine.protocol.messages import Heartbeat, Pause, PipelineFinished, Unpause, Stop, TrainingStarted, \
     WorkerRestarting
 from torchherd.engine.protocol.states import WorkerState
 from torchherd.engine.supervise.supervisor import Supervisor
@@ -116,11 +116,11 @@ async def test_pause_resume_and_checkpoint_refuse_a_pipeline_they_cannot_act_on(
     launcher.handles[0].started(running)
     for act, why in ((sup.pause, "it cannot be paused before it starts"),
                      (sup.checkpoint, "it cannot be checkpointed before it starts"),
-                     (sup.resume, "is queued, not paused: nothing to resume")):
+                     (sup.unpause, "is queued, not paused: nothing to unpause")):
         with pytest.raises(ValueError, match=why):
             act(queued)
     with pytest.raises(ValueError, match="is running, not paused"):
-        sup.resume(running)
+        sup.unpause(running)
     sup.pause(running)
     with pytest.raises(ValueError, match=f"{running} is paused already"):
         sup.pause(running)
@@ -202,9 +202,9 @@ async def test_pause_resume_and_stop_send_commands(tmp_path, launcher):
     assert sup.view("a").state == WorkerState.RUNNING
     sup.pause("a")
     assert sup.view("a").state == WorkerState.PAUSED
-    sup.resume("a")
+    sup.unpause("a")
     sup.stop("a")
-    assert [type(c) for c in launcher.handles[0].sent] == [Pause, Resume, Stop]
+    assert [type(c) for c in launcher.handles[0].sent] == [Pause, Unpause, Stop]
     assert sup.view("a").state == WorkerState.STOPPING
     launcher.handles[0].code = 10  # the worker's "stopped after a checkpoint"
     await until(lambda: sup.finished)

@@ -293,7 +293,7 @@ class Bridge:
     def command(self, command: PipelineCommand) -> None:
         """Carry out a command; raises KeyError for an unknown pipeline, RuntimeError when read-only, ValueError
         when the run refuses it at once (a promote in a run that prunes nothing)."""
-        from .commands import Checkpoint, Kill, Pause, Promote, Restart, Resume, Stacks, Stop
+        from .commands import Checkpoint, Kill, Pause, Promote, Restart, Unpause, Stacks, Stop
 
         if not self.live or self._session is None:
             raise RuntimeError("this run is read-only" if self.state.read_only else "no run is active")
@@ -305,8 +305,8 @@ class Bridge:
                 run.restart(name)
             case Pause():
                 run.pause(name)
-            case Resume():
-                run.resume(name)
+            case Unpause():
+                run.unpause(name)
             case Stop():
                 run.stop(name)
             case Checkpoint():

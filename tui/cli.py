@@ -22,7 +22,7 @@ USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR]
        torchherd attach [RUN] [--headless] [--read-only] [--from-start] [--runs-dir DIR]
        torchherd ls [--runs-dir DIR] [--json]
        torchherd stop|kill RUN [NAME]
-       torchherd pause|resume-pipeline|checkpoint|restart|stacks|promote RUN NAME
+       torchherd pause|unpause|checkpoint|restart|stacks|promote RUN NAME
        torchherd resume RUN_DIR [--headless] [--detach] [--only NAME]
        torchherd check CONFIG [--probe]
        torchherd export RUN --tensorboard DIR [--runs-dir DIR]"""
@@ -33,7 +33,7 @@ COMMANDS = """commands:
   attach [RUN]      watch a live run (default: the newest under --runs-dir): the dashboard, or --headless
   ls                list runs: live, finished, or cut short and resumable
   stop|kill RUN [NAME]             stop gracefully (checkpoint first) or kill one pipeline, or all
-  pause|resume-pipeline|checkpoint|restart RUN NAME   act on one pipeline of a live run
+  pause|unpause|checkpoint|restart RUN NAME           act on one pipeline of a live run
   stacks RUN NAME   every process of a pipeline writes its Python stacks to its log (nothing stops)
   promote RUN NAME  a sweep's pruned trial trains on from its checkpoint and is never pruned again
   resume RUN_DIR    carry on every pipeline of a run that did not complete, from its checkpoints

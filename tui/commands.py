@@ -67,14 +67,14 @@ class Pause(PipelineCommand):
 
 
 @dataclass(frozen=True)
-class Resume(PipelineCommand):
+class Unpause(PipelineCommand):
     """Carry on after a pause."""
 
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset({S.PAUSED})
-    cannot: ClassVar[str] = "resumed"
+    cannot: ClassVar[str] = "unpaused"
 
     def doing(self, script: ScriptSteering | None = None) -> str:
-        return f"resuming {self.pipeline}"
+        return f"unpausing {self.pipeline}"
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,6 @@ def refusal(command: PipelineCommand, state: WorkerState) -> str | None:
         return f"{name} is {state.value}: it cannot be {command.cannot}{hint}"
     if state == S.QUEUED:
         return f"{name} is queued, waiting for a free device: it cannot be {command.cannot} before it starts"
-    if isinstance(command, Resume):
-        return f"{name} is {state.value}, not paused: nothing to resume"
+    if isinstance(command, Unpause):
+        return f"{name} is {state.value}, not paused: nothing to unpause"
     return f"{name} is {state.value}: it cannot be {command.cannot} now"

@@ -1,5 +1,5 @@
 """Live runs from any shell: `torchherd ls` lists runs and their state, and `torchherd stop|kill|pause|
-resume-pipeline|checkpoint|restart|stacks|promote RUN [NAME]` asks a live run's supervisor over its control socket.
+unpause|checkpoint|restart|stacks|promote RUN [NAME]` asks a live run's supervisor over its control socket.
 
 Exit status: 0 the run took the request, 1 the run is not live or refused it, 2 bad input.
 """
@@ -21,11 +21,12 @@ if TYPE_CHECKING:
 EXIT_TOOK, EXIT_REFUSED, EXIT_BAD = 0, 1, 2
 # verb -> the Action's value: plain strings, so that the command line (and the app's first screen, which builds
 # its parsers) knows the verbs without loading the control protocol.
-ACTIONS = {"stop": "stop", "kill": "kill", "pause": "pause", "resume-pipeline": "resume",
-           "checkpoint": "checkpoint", "restart": "restart", "stacks": "stacks", "promote": "promote"}
+ACTIONS = {"stop": "stop", "kill": "kill", "pause": "pause", "unpause": "unpause", "checkpoint": "checkpoint",
+           "restart": "restart", "stacks": "stacks", "promote": "promote",
+           "resume-pipeline": "unpause"}  # unpause's older name, kept for the scripts that have it
 TRIAGE_WAIT = 10.0  # seconds `torchherd stacks` waits for the verdict on where the pipeline's ranks are
 # stop and kill default to every pipeline
-NEEDS_NAME = {"pause", "resume-pipeline", "checkpoint", "restart", "stacks", "promote"}
+NEEDS_NAME = {"pause", "unpause", "resume-pipeline", "checkpoint", "restart", "stacks", "promote"}
 
 
 class BadRun(ValueError):

@@ -20,7 +20,8 @@ class Action(StrEnum):
     KILL = "kill"
     RESTART = "restart"
     PAUSE = "pause"
-    RESUME = "resume"  # the pipeline, after a pause
+    UNPAUSE = "unpause"  # the pipeline carries on after a pause
+    RESUME = "resume"  # what clients before 0.2 sent for UNPAUSE: taken as it
     CHECKPOINT = "checkpoint"
     PROMOTE = "promote"  # a sweep's trial: un-pruned (from its checkpoint) and never pruned again this session
     STACKS = "stacks"  # every process of the pipeline writes its Python stacks to its log; nothing stops

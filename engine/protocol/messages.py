@@ -378,16 +378,16 @@ class Stop(Command):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Pause(Command):
-    """Hold before the next step until Resume (or Stop) arrives."""
+    """Hold before the next step until Unpause (or Stop) arrives."""
 
     type: ClassVar[str] = "pause"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Resume(Command):
-    """Carry on after Pause."""
+class Unpause(Command):
+    """Carry on after Pause (un-pausing; resuming is what `torchherd resume` does to a run)."""
 
-    type: ClassVar[str] = "resume"
+    type: ClassVar[str] = "unpause"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

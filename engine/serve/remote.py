@@ -183,8 +183,8 @@ class RemoteRun:
     def pause(self, name: str) -> None:
         self.send(Action.PAUSE, name)
 
-    def resume(self, name: str) -> None:
-        self.send(Action.RESUME, name)
+    def unpause(self, name: str) -> None:
+        self.send(Action.UNPAUSE, name)
 
     def checkpoint(self, name: str) -> None:
         self.send(Action.CHECKPOINT, name)

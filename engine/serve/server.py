@@ -320,8 +320,8 @@ class ControlServer:
                 sup.restart(name)
             case Action.PAUSE:
                 sup.pause(name)
-            case Action.RESUME:
-                sup.resume(name)
+            case Action.UNPAUSE | Action.RESUME:
+                sup.unpause(name)
             case Action.CHECKPOINT:
                 sup.checkpoint(name)
             case Action.STACKS:

@@ -10,7 +10,7 @@ import time
 from dataclasses import replace
 
 from ..config.trials import retuned
-from ..protocol.messages import CheckpointNow, Notice, Pause, PipelineFinished, Resume
+from ..protocol.messages import CheckpointNow, Notice, Pause, PipelineFinished, Unpause
 from ..protocol.names import Intent
 from ..protocol.names import NoticeTopic
 from ..protocol.states import WorkerState
@@ -53,11 +53,11 @@ def pause(lifecycle: Lifecycle, pipe: SupervisedPipeline) -> None:
     lifecycle.set_state(pipe, S.PAUSED)  # STARTING/RUNNING -> PAUSED
 
 
-def resume(lifecycle: Lifecycle, pipe: SupervisedPipeline) -> None:
+def unpause(lifecycle: Lifecycle, pipe: SupervisedPipeline) -> None:
     if pipe.state != S.PAUSED:
-        raise ValueError(f"{pipe.name} is {pipe.state.value}, not paused: nothing to resume")
+        raise ValueError(f"{pipe.name} is {pipe.state.value}, not paused: nothing to unpause")
     pipe.live.last_progress = time.monotonic()
-    pipe.live_handle.send(Resume())
+    pipe.live_handle.send(Unpause())
     lifecycle.set_state(pipe, S.RUNNING)  # PAUSED -> RUNNING
 
 

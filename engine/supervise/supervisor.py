@@ -223,8 +223,8 @@ class Supervisor:
     def pause(self, name: str) -> None:
         commands.pause(self._lifecycle, self._get(name))
 
-    def resume(self, name: str) -> None:
-        commands.resume(self._lifecycle, self._get(name))
+    def unpause(self, name: str) -> None:
+        commands.unpause(self._lifecycle, self._get(name))
 
     def checkpoint(self, name: str) -> None:
         commands.checkpoint(self._get(name))

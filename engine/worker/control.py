@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from ..protocol.channel import ControlReceiver, StatusSender, WorkerExit
-from ..protocol.messages import CheckpointNow, Heartbeat, Notice, Pause, Proceed, Resume, Stop, WorkerError
+from ..protocol.messages import CheckpointNow, Heartbeat, Notice, Pause, Proceed, Unpause, Stop, WorkerError
 
 CONTROL_INTERVAL = 0.02  # seconds between looks at the control pipe
 HEARTBEAT_INTERVAL = 1.0  # seconds between "still stepping" reports from the training thread
@@ -44,7 +44,7 @@ class WorkerControl:
                 self.stop_reason = cmd.reason
             elif isinstance(cmd, Pause):
                 self.paused = True
-            elif isinstance(cmd, Resume):
+            elif isinstance(cmd, Unpause):
                 self.paused = False
             elif isinstance(cmd, CheckpointNow):
                 self.checkpoint_requested = True

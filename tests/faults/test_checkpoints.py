@@ -148,7 +148,7 @@ async def test_full_disk_fails_the_checkpoint_keeps_the_old_one_and_trains_on(tm
         assert {n: (directory / n).read_bytes() for n in before} == before  # untouched, byte for byte
         assert load(directory / ckpt.LAST)["step"] == good.step
         assert temp_files(directory) == [] and not (directory / ".last.new.pt").exists()
-        sup.resume("full")
+        sup.unpause("full")
         assert await finish(sup) == {"full": "completed"}
     events = run_events(sup)
     assert [e.epoch for e in of(events, EpochEnd, "full")] == [0, 1, 2, 3]

@@ -101,7 +101,7 @@ async def test_pause_checkpoint_now_and_stop_reach_a_ray_worker(tmp_path, cluste
         sup.checkpoint("a")
         second = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "request")
         assert second.step == first.step  # paused: no optimizer step between the two
-        sup.resume("a")
+        sup.unpause("a")
         await wait_for(stream, lambda e: isinstance(e, StepMetrics) and e.step > second.step)
         sup.stop("a")
         saved = await wait_for(stream, lambda e: isinstance(e, CheckpointSaved) and e.reason == "stop")

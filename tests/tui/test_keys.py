@@ -100,7 +100,7 @@ async def test_pause_then_resume(make_app, session):
         await pilot.press("p")
         await wait_for(pilot, lambda: app.bridge.state.rows["alpha"].state is S.RUNNING, what="running")
         assert session.transitions("alpha")[-2:] == [("running", "paused"), ("paused", "running")]
-        assert sent(session, "alpha") == [m.Pause, m.Resume]
+        assert sent(session, "alpha") == [m.Pause, m.Unpause]
 
 
 async def test_checkpoint_key_asks_the_worker_for_one(make_app, session):

@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ...engine.protocol.states import WorkerState
-from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Promote, Restart, Resume, Stacks, Stop, refusal
+from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Promote, Restart, Unpause, Stacks, Stop, refusal
 from ..messages import CommandRequested
 from ..runstate import RunState
 from .dialogs import ConfirmScreen
@@ -283,7 +283,7 @@ class DashboardScreen(Screen[None]):
     def action_pause(self) -> None:
         if (name := self._target()) is not None:
             paused = self._state_of(name) == WorkerState.PAUSED
-            self._request(Resume(name) if paused else Pause(name))
+            self._request(Unpause(name) if paused else Pause(name))
 
     def action_kill(self) -> None:
         name = self._target()

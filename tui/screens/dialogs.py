@@ -28,7 +28,7 @@ HELP = """\
   ↑/↓     select a pipeline
   k       kill it (asks first)
   r       restart it from its last checkpoint
-  p       pause / resume it
+  p       pause / unpause it
   s       stop it gracefully: checkpoint, then exit
   c       write a checkpoint now
   l       its full log (escape comes back)
