@@ -7,10 +7,11 @@ then looks at the session as a whole (is it finished, is there something to sche
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..config.trials import retuned
-from ..protocol.messages import CheckpointNow, Notice, Pause, PipelineFinished, Unpause
+from ..protocol.messages import CheckpointNow, Event, Notice, Pause, PipelineFinished, Unpause
 from ..protocol.names import Intent
 from ..protocol.names import NoticeTopic
 from ..protocol.states import WorkerState
@@ -149,7 +150,7 @@ def keep_ended(lifecycle: Lifecycle, pipe: SupervisedPipeline, ended: PipelineFi
     lifecycle.set_state(pipe, state)
 
 
-def stacks(pipe: SupervisedPipeline, publish) -> None:
+def stacks(pipe: SupervisedPipeline, publish: Callable[[Event], None]) -> None:
     """Every process of its attempt writes its Python stacks to its log (faulthandler); nothing is stopped."""
     if pipe.handle is None:
         raise ValueError(f"{pipe.name} has no process now: no stacks to write")

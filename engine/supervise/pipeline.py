@@ -6,6 +6,7 @@ as elastic's Worker. `PipelineView` is the plain-data copy screens are given.
 """
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from ..config.schema import Pipeline, RunConfig
 from ..launch.backend import Handle
 from ..protocol.messages import EpochEnd, Event, Heartbeat, StepMetrics, TrainingStarted, WorkerError
 from ..hardware.grants import Request
-from ..hardware.placement import Slot, ValidationPlan
+from ..hardware.placement import ValidationPlan
+from ..hardware.slots import Slot
 from .policy import RestartPolicy
 from ..protocol.progress import PipelineProgress, apply
 from ..protocol.names import Intent, ValidationMode
@@ -194,7 +196,7 @@ def view_of(pipe: SupervisedPipeline, run_dir: Path) -> PipelineView:
         priority=pipe.plan.config.priority, node=handle.node if handle is not None else "")
 
 
-def unique_name(name: str, taken) -> str:
+def unique_name(name: str, taken: Container[str]) -> str:
     """`name`, or `name-2`, `name-3` ... when a pipeline of the session already has it."""
     out, n = name, 2
     while out in taken:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from ..config.schema import DevicesConfig
 from ..hardware.grants import Holdings, Policy, Request, Wait, grant, leases_for, merge_gpus
 from ..hardware.ledger import Lease, MemoryLedger, Session
 from ..hardware.occupancy import OccupancyReader
-from ..hardware.placement import Slot
+from ..hardware.slots import Slot
 from ..launch.backend import Backend
 from .node_groups import kind_of, node_group, one_node
 
@@ -182,7 +183,7 @@ class Scheduler:
 
     # ------------------------------------------------------------ across runs
 
-    def _ahead_elsewhere(self):
+    def _ahead_elsewhere(self) -> Callable[[_Waiting], str]:
         """A test of a waiting pipeline: the first pipeline of another of the user's runs that waits ahead of
         it (higher priority, or the same and waiting longer), or ""."""
         pool = {s.name for s in self.slots}

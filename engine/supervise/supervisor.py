@@ -12,6 +12,7 @@ import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..config.problems import ConfigError
 from ..config.schema import RunConfig
@@ -25,12 +26,13 @@ from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Notice, Pipeline
 from ..protocol.names import NoticeTopic
 from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import SUCCESS_STATES, WorkerState
-from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id, remove_root, snapshot_root
+from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id
+from ..rundir.snapshots import remove_root, snapshot_root
 from ..runners.registry import runner_for
 from . import build_check, commands
 from .attempts import AttemptLauncher
 from .disk_full import DiskWatch
-from .bus import EventStream, Publisher
+from .bus import EventStream, Publisher, StepsTap, Tap
 from .intake import WorkerIntake
 from .lifecycle import Lifecycle, States
 from .nodes import NodeFollower
@@ -111,7 +113,7 @@ class Supervisor:
     # ------------------------------------------------------------ session
 
     @classmethod
-    def resume_run(cls, run_dir: str | Path, only: list[str] | None = None, **kwargs) -> "Supervisor":
+    def resume_run(cls, run_dir: str | Path, only: list[str] | None = None, **kwargs: Any) -> Supervisor:
         """A supervisor that carries on a run that did not complete, in the same directory: every pipeline
         that did not complete (or those in `only`) from its checkpoint, with a fresh restart budget."""
         configs = load_resolved_configs(run_dir := Path(run_dir))
@@ -178,7 +180,7 @@ class Supervisor:
         """A stream of every event from now on (and, with `replay`, those already emitted)."""
         return self._publish.subscribe(replay)
 
-    def tap(self, fn, steps=None) -> None:  # fn(event, line, kept) on every event as published, kept or not
+    def tap(self, fn: Tap, steps: StepsTap | None = None) -> None:  # fn(event, line, kept) on every event
         self._publish.tap(fn, steps)  # steps(reports, lines): a run of step reports at once, if given
 
     def record(self, event: Event) -> None:  # an event from outside the engine (a client's command)

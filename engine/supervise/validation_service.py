@@ -29,7 +29,7 @@ from ..protocol.messages import (EarlyStop, Event, Notice, SnapshotSkipped, Snap
                                  ValResult, pipeline_of)
 from ..hardware.placement import ValidationPlan
 from .policy import RestartPolicy
-from ..rundir.directory import claim_root
+from ..rundir.snapshots import claim_root
 from ..protocol.names import Intent, ValidationMode
 from ..protocol.spec import ValidatorSpec
 

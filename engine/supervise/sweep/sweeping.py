@@ -127,7 +127,7 @@ class SweepPruner:
             return float(event.step)
         return event.step / steps_per_epoch if steps_per_epoch else float(event.epoch + 1)
 
-    def _judge(self, event: ValResult, steps_per_epoch: int):
+    def _judge(self, event: ValResult, steps_per_epoch: int) -> Verdict | None:
         value = metric_value(event.metrics, self._metric)
         if event.error or value is None:
             return None
