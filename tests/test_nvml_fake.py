@@ -16,7 +16,8 @@ import pytest
 
 from torchherd.engine.config.schema import DevicesConfig
 from torchherd.engine.hardware.devices import GpuInfo, discover_devices
-from torchherd.engine.hardware.placement import describe_plan, plan_slots
+from torchherd.engine.hardware.placement import plan_slots
+from torchherd.engine.preflight.plan import describe_plan
 from torchherd.engine.protocol.messages import WorkerStarted
 from torchherd.engine.protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, GpuProcess, TelemetrySnapshot
 from torchherd.engine.supervise.supervisor import Supervisor

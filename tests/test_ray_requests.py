@@ -6,7 +6,7 @@ from __future__ import annotations
 from torchherd.engine.config.load import parse_config
 from torchherd.engine.config.schema import DevicesConfig
 from torchherd.engine.hardware.grants import Request, request_of
-from torchherd.engine.hardware.placement import gang_problems
+from torchherd.engine.preflight.plan import gang_problems
 from torchherd.engine.launch.ray.placement import cluster_inventory, plan_cluster_slots, read_nodes
 from torchherd.engine.supervise.scheduler import Scheduler
 
