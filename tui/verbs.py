@@ -139,7 +139,7 @@ class HeldDevice(Protocol):
 
 
 class LedgerSession(Protocol):
-    """What `ls` reads of a live session in the device ledger (hardware.ledger.Session): its run, and per pipeline
+    """What `ls` reads of a live session in the device ledger (hardware.ledger.Presence): its run, and per pipeline
     that waits [pipeline, priority, since, why, the device names it may be granted]."""
 
     @property
@@ -154,7 +154,7 @@ def machine_ledger() -> tuple[Sequence[HeldDevice], Sequence[LedgerSession]]:
 
     try:
         ledger = Ledger()
-        return ledger.leases(), ledger.sessions()
+        return ledger.leases(), ledger.presences()
     except (OSError, RuntimeError):
         return [], []
 

@@ -23,7 +23,7 @@ FOLDER_VARIABLE = "TORCHHERD_LEDGER"  # another folder for the ledger: runs that
 LOCK_FILE = ".lock"
 LEASE_SUFFIX = ".lease"
 SESSION_SUFFIX = ".session"
-E = TypeVar("E")  # a ledger entry: Lease or Session
+E = TypeVar("E")  # a ledger entry: Lease or Presence
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,8 @@ class Lease:
 
 
 @dataclass(frozen=True)
-class Session:
-    """A live run that grants through the ledger: its supervisor, and what of it waits and why."""
+class Presence:
+    """A live run's presence in the ledger (one file per session): its supervisor, and what of it waits and why."""
 
     run: str
     pid: int
@@ -74,10 +74,10 @@ class MemoryLedger:
         for lease in leases:
             self._held.pop(lease.key, None)
 
-    def sessions(self) -> list[Session]:
+    def presences(self) -> list[Presence]:
         return []
 
-    def announce(self, session: Session) -> None:
+    def announce(self, presence: Presence) -> None:
         """Say which run this is and what of it waits (other runs read it: `torchherd ls`)."""
 
     def close(self) -> None:
@@ -119,12 +119,12 @@ class Ledger(MemoryLedger):
         """Every live lease now, read without the ledger's lock (for people: `ls`, `check`)."""
         return self._live(LEASE_SUFFIX, Lease)
 
-    def sessions(self) -> list[Session]:
+    def presences(self) -> list[Presence]:
         """Every live run that grants through the ledger."""
-        return self._live(SESSION_SUFFIX, Session)
+        return self._live(SESSION_SUFFIX, Presence)
 
-    def announce(self, session: Session) -> None:
-        self._hold(f"{session.run}{SESSION_SUFFIX}", asdict(session))
+    def announce(self, presence: Presence) -> None:
+        self._hold(f"{presence.run}{SESSION_SUFFIX}", asdict(presence))
 
     def close(self) -> None:
         """Give back every lease and the session's entry (a process that dies gives them back as well)."""

@@ -83,7 +83,7 @@ def holdings_now(config: RunConfig, slots: list[Slot]) -> Holdings:
         return Holdings(leases)
     reader = OccupancyReader()
     try:
-        supervisors = {s.pid for s in Ledger().sessions()}
+        supervisors = {s.pid for s in Ledger().presences()}
         return Holdings(leases, reader.read(indices, supervisors), reader.links(indices))
     finally:
         reader.close()

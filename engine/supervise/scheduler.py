@@ -26,7 +26,7 @@ from typing import Any
 
 from ..config.schema import DevicesConfig
 from ..hardware.grants import Holdings, Policy, Request, Wait, grant, leases_for, merge_gpus
-from ..hardware.ledger import Lease, MemoryLedger, Session
+from ..hardware.ledger import Lease, MemoryLedger, Presence
 from ..hardware.occupancy import OccupancyReader
 from ..hardware.slots import Slot
 from ..launch.backend import Backend
@@ -187,7 +187,7 @@ class Scheduler:
         """A test of a waiting pipeline: the first pipeline of another of the user's runs that waits ahead of
         it (higher priority, or the same and waiting longer), or ""."""
         pool = {s.name for s in self.slots}
-        others = [(entry, s.run) for s in self._ledger.sessions() if s.run != self._run for entry in s.waiting
+        others = [(entry, s.run) for s in self._ledger.presences() if s.run != self._run for entry in s.waiting
                   if len(entry) < 5 or pool & set(entry[4])]  # one that waits for none of our devices is no rival
 
         def ahead(w: _Waiting) -> str:
@@ -208,7 +208,7 @@ class Scheduler:
         waiting = [[str(k), w.priority, w.since, self.waits.get(k, ""), pool] for k, w in self._waiting.items()]
         if waiting != self._announced:
             self._announced = waiting
-            self._ledger.announce(Session(run=self._run, pid=os.getpid(), run_dir=self._run_dir, waiting=waiting))
+            self._ledger.announce(Presence(run=self._run, pid=os.getpid(), run_dir=self._run_dir, waiting=waiting))
 
     def _readings(self) -> tuple[dict, dict]:
         """NVML's view of the pool's GPUs now (foreign processes, free memory) and their links; {} without GPUs."""
@@ -219,7 +219,7 @@ class Scheduler:
 
     def _supervisors(self) -> set[int]:
         """The pids of every live run's supervisor (what descends from one is ours, not a foreign process)."""
-        return {s.pid for s in self._ledger.sessions()} | {os.getpid()}
+        return {s.pid for s in self._ledger.presences()} | {os.getpid()}
 
     def _refree_ledger(self, leases: list[Lease]) -> None:
         """Free = the pool's slots no lease of any run holds (what the warm starter plans by)."""
