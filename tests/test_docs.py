@@ -103,7 +103,7 @@ def test_every_client_call_is_in_the_scripts_page():
     assert [name for name in torchherd.client.__all__ if f"herd.{name}" not in page] == []
 
 
-def test_the_architecture_page_names_every_tui_module_and_engine_package():
+def test_the_architecture_page_names_every_tui_module_and_engine_package_and_module():
     page = _page("develop/architecture.md")
     tui = Path(torchherd.tui.__path__[0])
     modules = [p.relative_to(tui).as_posix() for p in tui.rglob("*.py") if p.name != "__init__.py"]
@@ -112,6 +112,8 @@ def test_the_architecture_page_names_every_tui_module_and_engine_package():
     packages = [p.parent.relative_to(engine).as_posix() + "/" for p in engine.rglob("__init__.py")
                 if p.parent != engine]
     assert [p for p in packages if f"`{p}`" not in page] == []
+    modules = [p.relative_to(engine).as_posix() for p in engine.rglob("*.py") if p.name != "__init__.py"]
+    assert [m for m in modules if f"`{m.rsplit('/', 1)[-1]}`" not in page] == []  # each in its package's row
 
 
 def test_the_readme_links_lead_to_files_that_exist():

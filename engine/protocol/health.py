@@ -47,11 +47,11 @@ class Triage(PipelineEvent):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Alert(PipelineOrRunEvent):
-    """A rule on what the supervisor sees fired (NaN loss, loss spike, stall, straggler, out of memory, disk
-    almost full): one per rule and pipeline per interval, `count` the times it fired since the last one."""
+    """A rule on what the supervisor sees fired (supervise/health/alert_rules.py has every rule): one per rule and
+    pipeline per interval, `count` the times it fired since the last one."""
 
     type: ClassVar[str] = "alert"  # pipeline "" for the whole run (the disk)
-    rule: str  # "nan", "spike", "stall", "straggler", "oom", "disk"
+    rule: str  # the rule's name, as supervise/health/alert_rules.py raises it (docs/reference/config.md lists them)
     title: str  # "torchherd: g stalled"
     message: str
     count: int = 1

@@ -33,6 +33,7 @@ STATE_STYLE = {
     S.RUNNING: "green", S.STARTING: "cyan", S.QUEUED: "dim", S.PAUSED: "yellow", S.STOPPING: "yellow",
     S.KILLING: "red", S.HUNG: "bold red", S.BACKOFF: "yellow", S.COMPLETED: "bold green", S.STOPPED: "blue",
     S.EARLY_STOPPED: "green", S.PRUNED: "dim green",
+    S.WAITING_AT_RUNG: "dim cyan", S.EXPLOITING: "dim cyan", S.YIELDING: "dim",  # resting: a sweep's, between tries
     S.FAILED: "bold red", S.KILLED: "red",
 }
 
