@@ -6,7 +6,7 @@ pipeline's settings and passes anything else (the user's own iterable) through.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -28,7 +28,7 @@ class EpochSampler(torch.utils.data.Sampler):
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.epoch, self.skip = epoch, skip
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         if self.shuffle:
             gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             order = torch.randperm(self.size, generator=gen).tolist()
