@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..protocol.channel import StatusSender
 from ..protocol.messages import Notice, SnapshotTaken
+from ..protocol.jsonvalue import JsonObject
 from ..protocol.names import PipelineKind, ValidationMode
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class HandOff:
         """A checkpoint says `seq` was handed off already: numbers go on from there (never back)."""
         self.seq = max(seq, self.seq)
 
-    def open(self, model: Weights, meta: dict[str, Any]) -> None:
+    def open(self, model: Weights, meta: JsonObject) -> None:
         """Allocate the slots for `model` (once, before training starts: never at a hand-off)."""
         if self.directory is None or self.writer is not None:
             return
