@@ -6,9 +6,12 @@ its own business. Sweeping or setting such a key is a config error that says wha
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..protocol.names import PipelineKind
+
+if TYPE_CHECKING:
+    from .schema import Pipeline
 
 LOADER = "the DataModule (or the module's own *_dataloader) makes its batches: {verb} datamodule_params.{key}"
 OWN_LOOP = "the script runs its own loop: pass the value in args, e.g. \"--{key}\", {example}"
@@ -20,7 +23,7 @@ NO_EFFECT: dict[PipelineKind, dict[str, str]] = {
 }
 
 
-def no_effect(pipe: Any, key: str, verb: str = "sweep") -> str | None:
+def no_effect(pipe: Pipeline, key: str, verb: str = "sweep") -> str | None:
     """Why `key` does nothing for `pipe` (a Pipeline), or None when it applies; `verb`: what the user does with
     the key ("sweep" or "set"). A script's batch_size sizes only its `validate` factory's batches."""
     why = NO_EFFECT.get(pipe.kind, {}).get(key)

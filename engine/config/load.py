@@ -10,7 +10,7 @@ import importlib.util
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
@@ -21,11 +21,12 @@ from .problems import ConfigError, Problem, display_path
 from .sweep import SweepConfig
 from .effects import no_effect
 from .trials import expand_pipelines, flat_space, space_problems
+from .values import Table
 from .schema import (BUILTIN_TASKS, LIGHTNING_PREFIX, RESOLVED, SCRIPT_ONLY, TABLES, Pipeline, PipelineSettings,
                      RunConfig)
 
 
-def _key_path(loc: tuple[Any, ...]) -> str:
+def _key_path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -55,22 +56,23 @@ def _message(err: ErrorDetails, fields: list[str]) -> str:
     return msg
 
 
-def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     """Known keys of the table that `loc` points into (for 'did you mean')."""
     names = list(model.model_fields)
     if len(loc) >= 2:
-        sub = TABLES.get(loc[0])
+        sub = TABLES.get(loc[0]) if isinstance(loc[0], str) else None
         if sub is not None:
             names = [f.alias or n for n, f in sub.model_fields.items()]
     return [n for n in names if n not in RESOLVED]
 
 
-def _is_branch(part: Any) -> bool:
+def _is_branch(part: int | str) -> bool:
     return isinstance(part, str) and (part in ("int", "float", "str", "bool", "none")
                                       or part.startswith(("list[", "literal[", "function-")))
 
 
-def _problems(exc: ValidationError, file: str, model: type[BaseModel], prefix: tuple = ()) -> list[Problem]:
+def _problems(exc: ValidationError, file: str, model: type[BaseModel],
+              prefix: tuple[int | str, ...] = ()) -> list[Problem]:
     out = []
     for err in exc.errors():
         loc = prefix + tuple(err["loc"])
@@ -139,8 +141,8 @@ def resolve_task(task: str, base_dir: Path) -> tuple[str, str | None]:
     return task, None
 
 
-def resolve_kind(model: Pipeline, own: dict[str, Any], i: int, file: str,
-                 base_dir: Path) -> tuple[dict[str, Any], list[Problem]]:
+def resolve_kind(model: Pipeline, own: Table, i: int, file: str,
+                 base_dir: Path) -> tuple[dict[str, str | bool], list[Problem]]:
     """The loader's fields for one pipeline (`task_ref`, or `script_ref`, `workdir`, `validate_ref`) and the
     problems with its `task` or `script`; `own` is the pipeline's table as written, without [defaults]."""
     def where(key: str) -> str:
@@ -165,7 +167,7 @@ def resolve_kind(model: Pipeline, own: dict[str, Any], i: int, file: str,
     workdir = path.parent if model.cwd is None else (base_dir / model.cwd).resolve()
     if model.cwd is not None and not workdir.is_dir():
         problems.append(Problem(file, where("cwd"), f"not a folder: {display_path(workdir)}"))
-    update = {"script_ref": str(path), "workdir": str(workdir)}
+    update: dict[str, str | bool] = {"script_ref": str(path), "workdir": str(workdir)}
     if model.validate_factory is not None:
         ref, err = resolve_task(model.validate_factory, base_dir)
         update["validate_ref"] = ref
@@ -174,7 +176,7 @@ def resolve_kind(model: Pipeline, own: dict[str, Any], i: int, file: str,
     return update, problems
 
 
-def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) -> RunConfig:
+def parse_config(data: Table, file: str, base_dir: Path | None = None) -> RunConfig:
     """Validate a decoded TOML document; raise ConfigError naming every problem."""
     base_dir = base_dir or Path(file).resolve().parent
     shown = display_path(file)  # one path style in every problem, whether from here or from the probe
@@ -202,7 +204,7 @@ def parse_config(data: dict[str, Any], file: str, base_dir: Path | None = None) 
     })
 
 
-def _swept_without_effect(sweep: SweepConfig, pipelines: list[Pipeline | None], tables: list[dict[str, Any]],
+def _swept_without_effect(sweep: SweepConfig, pipelines: list[Pipeline | None], tables: list[Table],
                           shown: str) -> list[Problem]:
     """A swept pipeline key that does nothing for the pipelines of some kind (a Lightning pipeline's batch_size):
     its trials would train alike. `tables`: each pipeline as written over [defaults], where a script may pass
@@ -225,13 +227,13 @@ def _sound(pipelines: list[Pipeline | None], problems: list[Problem]) -> dict[in
     return {i: p for i, p in enumerate(pipelines) if p is not None and i not in own}
 
 
-def _defaults_task(raw_defaults: dict[str, Any], problems: list[Problem]) -> str | None:
+def _defaults_task(raw_defaults: Table, problems: list[Problem]) -> str | None:
     """[defaults] task as written, unless [defaults] itself has a problem with it."""
     task = raw_defaults.get("task")
     return task if isinstance(task, str) and not any(p.key == "defaults.task" for p in problems) else None
 
 
-def _defaults_table(data: dict[str, Any], shown: str, problems: list[Problem]) -> dict[str, Any]:
+def _defaults_table(data: Table, shown: str, problems: list[Problem]) -> Table:
     """`[defaults]` as written ({} when it is not a table), its problems added to `problems`."""
     raw_defaults = data.get("defaults", {})
     if not isinstance(raw_defaults, dict):
@@ -244,7 +246,7 @@ def _defaults_table(data: dict[str, Any], shown: str, problems: list[Problem]) -
     return raw_defaults
 
 
-def _sweep_table(data: dict[str, Any], shown: str, problems: list[Problem]) -> SweepConfig | None:
+def _sweep_table(data: Table, shown: str, problems: list[Problem]) -> SweepConfig | None:
     """`[sweep]` validated (None when absent or wrong, said in `problems`), each space key checked."""
     if "sweep" not in data:
         return None
@@ -258,7 +260,7 @@ def _sweep_table(data: dict[str, Any], shown: str, problems: list[Problem]) -> S
     return None if found else sweep
 
 
-def _pipelines_table(data: dict[str, Any], shown: str, problems: list[Problem]) -> list[dict[str, Any]]:
+def _pipelines_table(data: Table, shown: str, problems: list[Problem]) -> list[Table]:
     """The `[[pipelines]]` tables as written ([] when missing or malformed, said in `problems`)."""
     raw_pipelines = data.get("pipelines")
     if raw_pipelines is None or raw_pipelines == []:
@@ -267,10 +269,10 @@ def _pipelines_table(data: dict[str, Any], shown: str, problems: list[Problem]) 
     if not isinstance(raw_pipelines, list) or not all(isinstance(p, dict) for p in raw_pipelines):
         problems.append(Problem(shown, "pipelines", "must be an array of tables ([[pipelines]])"))
         return []
-    return raw_pipelines
+    return cast("list[Table]", raw_pipelines)  # each one a table, checked above
 
 
-def _merged(pipe: dict[str, Any], raw_defaults: dict[str, Any]) -> dict[str, Any]:
+def _merged(pipe: Table, raw_defaults: Table) -> Table:
     """One pipeline's table over `[defaults]`; `params` and `datamodule_params` tables merge key by key."""
     merged = {**raw_defaults, **pipe}
     for own, other in (("script", "task"), ("task", "script")):
@@ -283,7 +285,7 @@ def _merged(pipe: dict[str, Any], raw_defaults: dict[str, Any]) -> dict[str, Any
     return merged
 
 
-def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], shown: str, base_dir: Path,
+def _parse_pipeline(i: int, pipe: Table, raw_defaults: Table, shown: str, base_dir: Path,
                     names: dict[str, int], problems: list[Problem]) -> Pipeline | None:
     """Pipeline `i` validated and resolved, or None; its problems go to `problems`, `names` notes its name."""
     merged = fill_config(_merged(pipe, raw_defaults))
@@ -305,7 +307,9 @@ def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], 
     names[model.name] = i
     update, found = resolve_kind(model, pipe, i, shown, base_dir)
     update["max_epochs_set"] = "max_epochs" in merged
-    for key in set(pipe) - set(pipe.get("trial") or {}):  # set for this pipeline (a swept one: sweep.space.KEY)
+    trial = pipe.get("trial") or {}  # a table: `model` validated it
+    # set for this pipeline (a swept one: sweep.space.KEY)
+    for key in set(pipe) - set(trial if isinstance(trial, dict) else ()):
         passed = any(f"{{{key}}}" in str(merged.get(k, "")) for k in FILLED_KEYS)
         why = None if passed else no_effect(model, key, "set")
         if why is not None:
@@ -321,7 +325,7 @@ def _parse_pipeline(i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], 
     return model.model_copy(update=update)
 
 
-def _resolve_past(exc: ValidationError, i: int, pipe: dict[str, Any], raw_defaults: dict[str, Any], shown: str,
+def _resolve_past(exc: ValidationError, i: int, pipe: Table, raw_defaults: Table, shown: str,
                   base_dir: Path, problems: list[Problem]) -> None:
     """A pipeline with a bad key still has what it runs resolved, so every problem is named at once (a bad name
     and a task that does not exist, say): validated again without its bad keys (a stand-in name for a bad one)."""
@@ -338,7 +342,7 @@ def _resolve_past(exc: ValidationError, i: int, pipe: dict[str, Any], raw_defaul
     problems += [p for p in resolve_kind(model, pipe, i, shown, base_dir)[1] if p not in problems]
 
 
-def _parse_top(data: dict[str, Any], shown: str, problems: list[Problem]) -> RunConfig | None:
+def _parse_top(data: Table, shown: str, problems: list[Problem]) -> RunConfig | None:
     """The top-level tables validated (with a stand-in pipeline), or None; problems go to `problems`."""
     rest = {k: v for k, v in data.items() if k not in ("defaults", "pipelines", "sweep")}  # sweep: _sweep_table
     try:

@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Any
+from typing import cast
+
+from .values import Table, TomlValue
 
 PLACEHOLDER = r"\{\{|\}\}|\{([A-Za-z_][\w.]*)\}"
 PLACEHOLDERS = ("checkpoint_dir", "pipeline_dir", "run_dir", "rank", "world_size", "restart")
 FILLED_KEYS = ("args", "resume_args", "cwd")  # the keys whose config placeholders the loader fills in
 
 
-def _text(value: Any) -> str:
+def _text(value: TomlValue | None) -> str:
     """A config value as an argument: TOML's true/false, the number or string as written; braces kept literal
     for the attempt's own filling."""
     text = ("true" if value else "false") if isinstance(value, bool) else str(value)
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def config_values(table: dict[str, Any]) -> dict[str, str]:
+def config_values(table: Table) -> dict[str, str]:
     """What a pipeline's table (over [defaults], with its trial's values) fills in: `params.NAME` for each of
     its params, and each key its trial sets."""
     params = table.get("params")
@@ -36,26 +38,26 @@ def config_values(table: dict[str, Any]) -> dict[str, str]:
     return values
 
 
-def fill_config(table: dict[str, Any]) -> dict[str, Any]:
+def fill_config(table: Table) -> Table:
     """`table` with `{params.NAME}` and swept keys filled in in `args`, `resume_args` and `cwd`; placeholders
     it has no value for are left for the schema to refuse (see `unknown`)."""
     values = config_values(table)
 
-    def fill(arg: Any) -> Any:
-        if not isinstance(arg, str):
-            return arg
+    def fill(arg: str) -> str:
         return re.sub(PLACEHOLDER, lambda m: values.get(m[1], m[0]) if m[1] else m[0], arg)
 
     out = dict(table)
     for key in ("args", "resume_args"):
-        if isinstance(out.get(key), list):
-            out[key] = [fill(a) for a in out[key]]
-    if isinstance(out.get("cwd"), str):
-        out["cwd"] = fill(out["cwd"]).replace("{{", "{").replace("}}", "}")
+        arguments = out.get(key)
+        if isinstance(arguments, list):
+            out[key] = [fill(a) if isinstance(a, str) else a for a in arguments]
+    cwd = out.get("cwd")
+    if isinstance(cwd, str):
+        out["cwd"] = fill(cwd).replace("{{", "{").replace("}}", "}")
     return out
 
 
-def unknown(arg: str, runtime: bool, loaded: dict[str, Any] | None) -> str | None:
+def unknown(arg: str, runtime: bool, loaded: Table | None) -> str | None:
     """What is wrong with `arg`'s placeholders, or None. `runtime`: the attempt's placeholders may appear (args,
     resume_args; not cwd). `loaded`: the validation context of a pipeline the loader filled in (its params and
     trial), where anything left is unfillable; None for [defaults] alone, where config placeholders wait."""
@@ -71,9 +73,10 @@ def unknown(arg: str, runtime: bool, loaded: dict[str, Any] | None) -> str | Non
 SETTING_NAMES: set[str] = set()  # the pipeline keys a sweep may vary (set by schema.py, which defines them)
 
 
-def _why(arg: str, name: str, runtime: bool, loaded: dict[str, Any]) -> str:
-    params = loaded.get("params") or {}
-    trial = loaded.get("trial") or {}
+def _why(arg: str, name: str, runtime: bool, loaded: Table) -> str:
+    # `params` and `trial` as written, taken for tables (the schema checks them separately)
+    params = cast(Table, loaded.get("params") or {})
+    trial = cast(Table, loaded.get("trial") or {})
     head = f"{arg!r}: {{{name}}} is never filled in"
     if name.startswith("params."):
         return f"{head}: this pipeline's params have no {name[len('params.'):]!r} (it has " \

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .schema import Pipeline
 
 
 def display_path(path: str | os.PathLike[str]) -> str:
@@ -44,7 +47,7 @@ class ConfigError(Exception):
     [defaults] task as written, so a check can still read their task files and report those problems too.
     """
 
-    def __init__(self, problems: list[Problem], sound: dict[int, Any] | None = None,
+    def __init__(self, problems: list[Problem], sound: dict[int, Pipeline] | None = None,
                  defaults_task: str | None = None):
         self.problems = problems
         self.sound = sound or {}

@@ -151,7 +151,7 @@ class PipelineSettings(_Strict):
 
     @field_validator("precision", mode="before")
     @classmethod
-    def _precision_from_int(cls, v: Any) -> Any:
+    def _precision_from_int(cls, v: object) -> object:  # before validation: any input
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("metrics", "val_metrics")
@@ -230,7 +230,7 @@ class DevicesConfig(_Strict):
 
     @field_validator("placement", mode="before")
     @classmethod
-    def _placement(cls, v: Any) -> Any:
+    def _placement(cls, v: object) -> object:  # before validation: any input
         if v in ("auto", "cpu"):
             return v
         if isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
@@ -250,7 +250,7 @@ class DevicesConfig(_Strict):
 
     @field_validator("cpu_slots")
     @classmethod
-    def _positive_slots(cls, v: Any) -> Any:
+    def _positive_slots(cls, v: int | Literal["auto"]) -> int | Literal["auto"]:
         if isinstance(v, int) and v < 1:
             raise ValueError("must be at least 1 or 'auto'")
         return v

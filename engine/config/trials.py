@@ -8,25 +8,29 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence, TypeVar, cast
 
 from pydantic import ValidationError
 
 from .problems import Problem
-from .schema import PipelineSettings
+from .schema import Pipeline, PipelineSettings
 from .labels import list_parts as _list_parts, short as _short
 from .placeholders import _text
 from .sweep import RANGE_KINDS, SweepConfig
+from .values import Table, TomlValue
 
 NOT_SWEPT = ("params", "task", "script", "name", "datamodule_params")  # what a trial cannot vary as a whole
 NESTED = ("params", "datamodule_params")  # tables whose keys a trial varies one by one: `params.lr`
 NAME_LIMIT = 64  # pipeline names name folders (schema.NAME_PATTERN)
 
 
-def flat_space(space: dict[str, Any]) -> dict[str, Any]:
+V = TypeVar("V")  # a table's values: those of the tables nested in it too (TOML's)
+
+
+def flat_space(space: dict[str, V]) -> dict[str, V]:
     """`space` with TOML's nesting undone: `params.lr = [...]` arrives as {"params": {"lr": [...]}} (so does
     `datamodule_params.batch_size`)."""
-    out: dict[str, Any] = {}
+    out: dict[str, V] = {}
     for key, value in space.items():
         if key in NESTED and isinstance(value, dict):
             out.update({f"{key}.{k}": v for k, v in value.items()})
@@ -62,7 +66,7 @@ def space_problems(sweep: SweepConfig, file: str) -> list[Problem]:
     return problems
 
 
-def _pbt_problems(sweep: SweepConfig, space: dict[str, Any], file: str) -> list[Problem]:
+def _pbt_problems(sweep: SweepConfig, space: Table, file: str) -> list[Problem]:
     """PBT's keys: set only with scheduler = "pbt"; `explore` names swept keys, 'perturb' numeric ones, 'keep'
     any."""
     problems = []
@@ -83,24 +87,25 @@ def _pbt_problems(sweep: SweepConfig, space: dict[str, Any], file: str) -> list[
     return problems
 
 
-def numeric(value: Any) -> bool:
+def numeric(value: object) -> bool:
     """A number PBT can perturb (not a bool)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def space_values(spec: Any) -> list[Any]:
+def space_values(spec: TomlValue) -> list[TomlValue]:
     """The values a key's spec names: its list, its choices, or its range's ends."""
     if isinstance(spec, list):
         return spec
-    return list(next(iter(spec.values()))) if isinstance(spec, dict) and spec else []
+    # A range's ends or a choice's list; not checked here (space_problems says what is wrong with it).
+    return list(cast("Iterable[TomlValue]", next(iter(spec.values())))) if isinstance(spec, dict) and spec else []
 
 
-def draw(rng: random.Random, spec: Any) -> Any:
+def draw(rng: random.Random, spec: list[TomlValue] | Table) -> TomlValue:
     """One value of a key's spec: from its list (a grid axis) or a draw from its table."""
     return rng.choice(spec) if isinstance(spec, list) else _draw(rng, spec)
 
 
-def _spec_problems(key: str, spec: Any) -> list[str]:
+def _spec_problems(key: str, spec: TomlValue) -> list[str]:
     if isinstance(spec, list):
         if not spec:
             return ["an empty list: give the values to try"]
@@ -113,16 +118,19 @@ def _spec_problems(key: str, spec: Any) -> list[str]:
         return _spec_problems(key, bounds) if isinstance(bounds, list) else [f"choice must be a list (got {bounds!r})"]
     numbers = isinstance(bounds, list) and len(bounds) == 2 and all(
         isinstance(b, (int, float)) and not isinstance(b, bool) for b in bounds)
-    if not numbers or bounds[0] > bounds[1]:
+    if not numbers:
         return [f"{kind} must be [low, high] with low <= high (got {bounds!r})"]
-    if kind == "log_uniform" and bounds[0] <= 0:
+    low_high = cast("list[float]", bounds)  # two numbers: checked just above
+    if low_high[0] > low_high[1]:
+        return [f"{kind} must be [low, high] with low <= high (got {bounds!r})"]
+    if kind == "log_uniform" and low_high[0] <= 0:
         return [f"log_uniform needs low > 0 (got {bounds!r})"]
-    if kind == "int_uniform" and not all(isinstance(b, int) for b in bounds):
+    if kind == "int_uniform" and not all(isinstance(b, int) for b in low_high):
         return [f"int_uniform needs whole numbers (got {bounds!r})"]
-    return [m for v in bounds for m in _value_problems(key, int(v) if kind == "int_uniform" else v)]
+    return [m for v in low_high for m in _value_problems(key, int(v) if kind == "int_uniform" else v)]
 
 
-def _value_problems(key: str, value: Any) -> list[str]:
+def _value_problems(key: str, value: TomlValue) -> list[str]:
     """Whether `value` is one the pipeline key takes (task parameters take anything TOML can say)."""
     if key.split(".", 1)[0] in NESTED:
         return []
@@ -134,7 +142,7 @@ def _value_problems(key: str, value: Any) -> list[str]:
     return []
 
 
-def trials(sweep: SweepConfig) -> list[dict[str, Any]]:
+def trials(sweep: SweepConfig) -> list[Table]:
     """Every trial's values by key, grid points in the order written, `samples` seeded draws at each."""
     space = flat_space(sweep.space)
     grid = {k: v for k, v in space.items() if isinstance(v, list)}
@@ -149,18 +157,19 @@ def trials(sweep: SweepConfig) -> list[dict[str, Any]]:
     return out
 
 
-def _draw(rng: random.Random, spec: dict[str, Any]) -> Any:
+def _draw(rng: random.Random, spec: Table) -> TomlValue:
     kind, bounds = next(iter(spec.items()))
     if kind == "choice":
-        return rng.choice(bounds)
+        return rng.choice(cast("list[TomlValue]", bounds))  # space_problems checked: a list
+    low_high = cast("list[float]", bounds)  # space_problems checked: [low, high], numbers
     if kind == "int_uniform":
-        return rng.randint(int(bounds[0]), int(bounds[1]))
+        return rng.randint(int(low_high[0]), int(low_high[1]))
     if kind == "log_uniform":
-        return math.exp(rng.uniform(math.log(bounds[0]), math.log(bounds[1])))
-    return rng.uniform(bounds[0], bounds[1])
+        return math.exp(rng.uniform(math.log(low_high[0]), math.log(low_high[1])))
+    return rng.uniform(low_high[0], low_high[1])
 
 
-def retuned(pipe: Any, values: dict[str, Any]) -> Any:
+def retuned(pipe: Pipeline, values: Table) -> Pipeline:
     """Pipeline `pipe` (a trial) with other values for its swept keys (PBT explored them): the keys and `trial`
     set, and a script's arguments that carried an old value (`{KEY}` filled in: "0.01", "--lr=0.01") the new."""
     update: dict[str, Any] = {"trial": {**pipe.trial, **values}}
@@ -177,7 +186,7 @@ def retuned(pipe: Any, values: dict[str, Any]) -> Any:
     return pipe.model_copy(update={**update, "args": args, "resume_args": resume_args})
 
 
-def trial_name(base: str, values: dict[str, Any], others: Sequence[dict[str, Any]] = ()) -> str:
+def trial_name(base: str, values: Table, others: Sequence[Table] = ()) -> str:
     """`base` and each value with its key's last part: 'mlp-lr0.01-batch_size32'. A list (a swept `args`) is
     named by what differs from the `others` trials, each argument after its flag: 'mlp-lr0.05'."""
     parts = [base]
@@ -189,7 +198,7 @@ def trial_name(base: str, values: dict[str, Any], others: Sequence[dict[str, Any
     return "-".join(parts)
 
 
-def expand_pipelines(raw: list[dict[str, Any]], sweep: SweepConfig) -> list[dict[str, Any]]:
+def expand_pipelines(raw: list[Table], sweep: SweepConfig) -> list[Table]:
     """Each pipeline table once per trial: its values set (a `params.*` key over the pipeline's own params),
     named from them (unique, within the 64 characters a name may have) and noted in `trial`."""
     out, names = [], set()
@@ -197,11 +206,12 @@ def expand_pipelines(raw: list[dict[str, Any]], sweep: SweepConfig) -> list[dict
     for pipe in raw:
         base = str(pipe.get("name", "trial"))
         for i, values in enumerate(all_trials):
-            table = {**pipe, "params": dict(pipe.get("params") or {})}
+            # `params` as written: taken for a table here, before the schema checks it
+            table = {**pipe, "params": dict(cast(Table, pipe.get("params") or {}))}
             for key, value in values.items():
                 nest, _, sub = key.partition(".")
                 if sub and nest in NESTED:
-                    table[nest] = {**(table.get(nest) or {}), sub: value}
+                    table[nest] = {**cast(Table, table.get(nest) or {}), sub: value}
                 else:
                     table[key] = value
             name = trial_name(base, values, all_trials)

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
+from ..protocol.jsonvalue import JsonObject
+
 from ..protocol.private import UnsafeRuntimeDir, runtime_dir
 
 FOLDER_VARIABLE = "TORCHHERD_LEDGER"  # another folder for the ledger: runs that name the same one share it
@@ -134,7 +136,7 @@ class Ledger(MemoryLedger):
 
     # ------------------------------------------------------------ files
 
-    def _hold(self, name: str, data: dict[str, Any]) -> None:
+    def _hold(self, name: str, data: JsonObject) -> None:
         """Write `name` (replacing any of ours) and keep it locked: a new file, locked before it is renamed into
         place, so a reader never sees it unlocked while we live."""
         tmp = self.folder / f".{name}.{os.getpid()}.tmp"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .jsonvalue import JsonObject
+
 # How versions up to 0.1.0 (commit 15aa107) began or ended those reasons.
 _PAUSED_AT = "paused at rung "
 _EXPLOITING = "takes over "
@@ -19,11 +21,12 @@ _NOTICES = (("checkpoint failed", "checkpoint_failed"), ("resuming run ", "resum
             ("its processes write their Python stacks", "stacks_asked"))  # a notice's first words -> its topic
 
 
-def upgraded(record: dict[str, Any]) -> dict[str, Any]:
+def upgraded(record: JsonObject) -> dict[str, Any]:  # Any out: callers index it freely (rundir)
     """`record` in today's form: an old `pipeline_finished` gets the state and fields the reason stood for, an
     old `notice` the topic its first words stood for; any other record comes back as it is (the same object)."""
-    if record.get("type") == "notice" and "topic" not in record and isinstance(record.get("text"), str):
-        topic = next((t for words, t in _NOTICES if record["text"].startswith(words)), "")
+    text = record.get("text")
+    if record.get("type") == "notice" and "topic" not in record and isinstance(text, str):
+        topic = next((t for words, t in _NOTICES if text.startswith(words)), "")
         return dict(record, topic=topic) if topic else record
     if record.get("type") != "pipeline_finished" or "never_ran" in record:  # today's records say never_ran
         return record

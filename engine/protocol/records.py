@@ -13,6 +13,7 @@ from typing import Any
 
 from . import control, health, telemetry  # noqa: F401  (their events are in events.jsonl too)
 from .messages import Message
+from .jsonvalue import JsonObject
 from .old_records import upgraded
 
 _TYPES: dict[str, type[Message]] = {}
@@ -44,11 +45,11 @@ def _plain(value: object) -> object:
     return value
 
 
-def from_record(record: dict[str, Any]) -> Message:
+def from_record(record: JsonObject) -> Message:
     """Rebuild a message from `to_record` output (or an older version's, brought up to date); unknown fields are
     ignored."""
     record = upgraded(record)
-    cls = _TYPES.get(record.get("type", ""))
+    cls = _TYPES.get(typing.cast(str, record.get("type", "")))  # not a string: no type (a list raises TypeError)
     if cls is None:
         raise ValueError(f"unknown message type {record.get('type')!r}")
     names = {f.name for f in dataclasses.fields(cls)}

@@ -15,7 +15,10 @@ import os
 import pickle
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from torch.serialization import MAP_LOCATION
 
 LAST = "last.pt"
 PREV = "prev.pt"
@@ -66,7 +69,7 @@ def _remove_stale_temps(directory: Path) -> None:
             pass
 
 
-def write_atomic(path: Path, state: dict[str, Any]) -> None:
+def write_atomic(path: Path, state: Mapping[str, object]) -> None:
     """Save `state` with torch.save to `path` so a crash leaves the old file or the new, never half."""
     import torch
 
@@ -92,7 +95,7 @@ def write_atomic(path: Path, state: dict[str, Any]) -> None:
     _fsync_dir(path.parent)
 
 
-def save_checkpoint(directory: Path, state: dict[str, Any], name: str = LAST) -> Path:
+def save_checkpoint(directory: Path, state: Mapping[str, object], name: str = LAST) -> Path:
     """Write `name` in `directory`; for 'last' (last.pt, or a Lightning pipeline's last.ckpt), the one it
     replaces becomes 'prev'."""
     path = directory / name
@@ -108,7 +111,7 @@ def save_checkpoint(directory: Path, state: dict[str, Any], name: str = LAST) ->
     return path
 
 
-def load_latest(directory: Path, map_location: Any = "cpu", suffix: str = ".pt",
+def load_latest(directory: Path, map_location: MAP_LOCATION = "cpu", suffix: str = ".pt",
                 required: str = "model", trusted: bool = False) -> tuple[dict[str, Any] | None, Path | None, str]:
     """The newest readable checkpoint in `directory` (files ending in `suffix`, holding key `required`):
     (state, path, note). Nothing there: (None, None, "").

@@ -6,9 +6,12 @@ pipeline's settings and passes anything else (the user's own iterable) through.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
+
+if TYPE_CHECKING:
+    from ..config.schema import Pipeline
 
 
 class EpochSampler(torch.utils.data.Sampler):
@@ -28,7 +31,7 @@ class EpochSampler(torch.utils.data.Sampler):
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.epoch, self.skip = epoch, skip
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         if self.shuffle:
             gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             order = torch.randperm(self.size, generator=gen).tolist()
@@ -49,7 +52,7 @@ def is_dataset(data: Any) -> bool:
         not isinstance(data, torch.utils.data.DataLoader)
 
 
-def make_loader(data: Any, pipe: Any, device: torch.device, shuffle: bool,
+def make_loader(data: Any, pipe: Pipeline, device: torch.device, shuffle: bool,
                 num_workers: int | None = None, rank: int = 0, world: int = 1) -> tuple[Any, EpochSampler | None]:
     """A DataLoader over `data` from the pipeline's settings and its sampler; other iterables as they are.
 

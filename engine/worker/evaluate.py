@@ -5,12 +5,16 @@ both report the same numbers.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    import torch
 
 
-def evaluate(model: Any, batches: Iterable, loss_fn: Callable, metrics_fn: Callable | None,
-             device: Any, autocast: Any, non_blocking: bool = False,
-             alive: Callable[[], Any] | None = None) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, batches: Iterable, loss_fn: Callable, metrics_fn: Callable | None,
+             device: torch.device, autocast: Callable[[], AbstractContextManager[object]], non_blocking: bool = False,
+             alive: Callable[[], object] | None = None) -> dict[str, float]:
     """{'val_loss': ..., **metrics} over every batch of `batches`; `alive()` after each batch (a worker's
     heartbeat: a long inline validation is neither a stall nor a hang)."""
     import torch

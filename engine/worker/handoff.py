@@ -8,16 +8,21 @@ reports them with `announce_snapshot`. No torch is imported until a writer is ma
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..protocol.channel import StatusSender
 from ..protocol.messages import Notice, SnapshotTaken
+from ..protocol.jsonvalue import JsonObject
 from ..protocol.names import PipelineKind, ValidationMode
+
+if TYPE_CHECKING:
+    from ..config.schema import Pipeline, ValidationConfig
+    from .snapshot import Weights
 
 FINAL_WAIT = 120.0  # seconds a completed worker waits for the validator to free a slot for its final weights
 
 
-def snapshot_meta(pipe: Any, validation: Any, pipeline_dir: Path, best: float | None,
+def snapshot_meta(pipe: Pipeline, validation: ValidationConfig, pipeline_dir: Path, best: float | None,
                   runner: PipelineKind) -> dict[str, Any]:
     """What the validator reads from a pipeline's snapshot folder (`meta.json`): the pipeline and validation
     settings, its run folder, the best score so far, and which runner's scorer scores it (a factory's
@@ -40,7 +45,8 @@ def announce_snapshot(sender: StatusSender, name: str, epoch: int, step: int, in
 class HandOff:
     """One worker's hand-offs to the background validator (a no-op unless validation runs there)."""
 
-    def __init__(self, name: str, sender: StatusSender, validation: Any, directory: Path | None, seq: int):
+    def __init__(self, name: str, sender: StatusSender, validation: ValidationConfig, directory: Path | None,
+                 seq: int):
         self.name, self.sender, self.validation = name, sender, validation
         self.directory = directory if validation.mode == ValidationMode.BACKGROUND else None
         self.seq = seq  # the newest snapshot number handed off, by this attempt or an earlier one
@@ -51,7 +57,7 @@ class HandOff:
         """A checkpoint says `seq` was handed off already: numbers go on from there (never back)."""
         self.seq = max(seq, self.seq)
 
-    def open(self, model: Any, meta: dict[str, Any]) -> None:
+    def open(self, model: Weights, meta: JsonObject) -> None:
         """Allocate the slots for `model` (once, before training starts: never at a hand-off)."""
         if self.directory is None or self.writer is not None:
             return
@@ -74,7 +80,7 @@ class HandOff:
         announce_snapshot(self.sender, self.name, epoch, step, info, self.validation.slots,
                           f"of epoch {epoch + 1} step {step}")
 
-    def finish(self, alive: Callable[[], Any] | None = None) -> None:
+    def finish(self, alive: Callable[[], object] | None = None) -> None:
         """Training completed: if its last hand-off was dropped (every slot unread, or a copy in flight), hand
         the same weights off again once the validator frees a slot (up to FINAL_WAIT seconds, `alive` beating
         meanwhile), so the weights the pipeline ends with are scored and `best` can be them."""

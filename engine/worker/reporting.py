@@ -7,18 +7,21 @@ on the device so training never waits for a sync between reports.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..protocol.channel import StatusSender
 from ..protocol.health import RankPace
 from ..protocol.messages import StepMetrics
 from .control import WorkerControl
 
+if TYPE_CHECKING:
+    import torch
+
 
 class ReportWindow:
     """The batches since the last step report: their loss sum (a 0-d tensor), count and samples."""
 
-    def __init__(self, loss_sum: Any):
+    def __init__(self, loss_sum: torch.Tensor):
         self.loss = loss_sum  # a zero 0-d tensor on the training device; added to in place
         self.batches = 0
         self.samples = 0
@@ -30,7 +33,7 @@ class ReportWindow:
         """The micro-batch's data and forward are done: a gang's backward is where DDP waits for its peers."""
         self.own += time.perf_counter() - self._mark
 
-    def add(self, loss: Any, samples: int) -> None:
+    def add(self, loss: torch.Tensor, samples: int) -> None:
         """One micro-batch's detached loss (no device sync) and its sample count, after its backward."""
         self.loss += loss
         self.batches += 1

@@ -15,12 +15,19 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from .copy_engine import BLOCKING, HOST, STAGED, BlockingDeviceCopy, CopyEngine, HostCopy, copy_mode
 from .publisher import Flight, Publisher
+
+class Weights(Protocol):
+    """What a snapshot copies: a module, or anything else whose state_dict() holds its weights (a sharded
+    model's gathered full weights)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
 
 # Header fields, one int64 each per slot.
 VERSION, SEQ, EPOCH, STEP, HANDOFF_NS, CONSUMED, FIELDS = 0, 1, 2, 3, 4, 5, 8
@@ -95,8 +102,10 @@ class SnapshotWriter:
     replaces `engine_for` (tests drive the writer with a scripted engine).
     """
 
-    def __init__(self, directory: Path, model: torch.nn.Module, slots: int, policy: str, checksum: bool,
-                 meta: dict[str, Any], staging: bool = True, make_engine: Any = None):
+    def __init__(self, directory: Path, model: Weights, slots: int, policy: str, checksum: bool,
+                 meta: dict[str, Any], staging: bool = True,
+                 make_engine: Callable[[list[torch.Tensor], list[torch.Tensor], list[list[torch.Tensor]]],
+                                       CopyEngine] | None = None):
         self.dir = directory
         self.model = model
         self.policy = policy
@@ -214,7 +223,7 @@ class SnapshotWriter:
             raise RuntimeError(f"copying snapshot to shared memory failed: {flight.error}") from flight.error
         return False
 
-    def wait_for_slot(self, timeout: float, alive: Callable[[], Any] | None = None) -> bool:
+    def wait_for_slot(self, timeout: float, alive: Callable[[], object] | None = None) -> bool:
         """Wait, up to `timeout` seconds, until no copy is in flight and a slot is free to write (under policy
         'all' a hand-off is dropped otherwise); `alive` is called while waiting (a heartbeat). False: none freed.
         Polled: the validator frees a slot by reading it, in another process, and says nothing."""
