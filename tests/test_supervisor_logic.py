@@ -515,3 +515,25 @@ def test_an_attempt_has_stepped_once_a_step_report_passes_the_step_it_resumed_at
     assert attempt.stepped
     attempt.saw_steps(steps(40))  # stays stepped
     assert attempt.stepped
+
+
+async def test_the_validators_news_is_kept_again_once_a_finished_run_has_work_again(tmp_path, launcher):
+    # Regression guard: the publisher drops the validator's news once run_finished is written (readers take it to
+    # be the last event); a pipeline restarted after that must have its results kept again.
+    from torchherd.engine.protocol.messages import ValResult
+    from torchherd.engine.rundir.directory import read_events
+
+    sup = make(tmp_path, [{"name": "a"}], launcher)
+    await sup.start()
+    try:
+        await until(lambda: len(launcher.handles) == 1)
+        launcher.handles[0].exit(0)  # completed
+        await until(lambda: sup.finished)
+        sup._publish.validation(ValResult(pipeline="a", epoch=0, step=1, metrics={"val_loss": 9.0}))  # too late
+        sup.restart("a")
+        await until(lambda: len(launcher.handles) == 2)
+        sup._publish.validation(ValResult(pipeline="a", epoch=0, step=2, metrics={"val_loss": 0.5}))
+    finally:
+        await sup.shutdown(graceful=False)
+    kept = [e.metrics["val_loss"] for e in read_events(sup.run_dir) if isinstance(e, ValResult)]
+    assert kept == [0.5]

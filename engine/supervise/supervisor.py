@@ -336,6 +336,7 @@ class Supervisor:
         """More work arrived after every pipeline had ended: the run is not finished any more."""
         self._finished.clear()
         self._finished_sent = False
+        self._publish.quiet = False  # the validator's news is kept again
 
     def _schedule(self) -> None:
         if self._closed or self._closing or self.task_check.holding or \
