@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..engine.protocol.states import WorkerState
+from ..engine.protocol.states import RESTING_STATES, WorkerState
 from .steering import ScriptSteering
 
 S = WorkerState
@@ -35,7 +35,7 @@ class Kill(PipelineCommand):
     """SIGTERM to its processes, SIGKILL after the grace period; a queued one leaves the queue."""
 
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset(
-        {S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED, S.STOPPING, S.KILLING, S.HUNG})
+        {S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED, S.STOPPING, S.KILLING, S.HUNG} | RESTING_STATES)
     cannot: ClassVar[str] = "killed"
 
     def doing(self, script: ScriptSteering | None = None) -> str:
@@ -82,7 +82,7 @@ class Stop(PipelineCommand):
     """Finish the step, checkpoint and exit; a queued one leaves the queue."""
 
     acts_in: ClassVar[frozenset[WorkerState]] = frozenset(
-        {S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED, S.KILLING, S.HUNG})
+        {S.QUEUED, S.BACKOFF, S.STARTING, S.RUNNING, S.PAUSED, S.KILLING, S.HUNG} | RESTING_STATES)
     cannot: ClassVar[str] = "stopped"
 
     def doing(self, script: ScriptSteering | None = None) -> str:
