@@ -24,6 +24,7 @@ from .summary import HistorySummary
 from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
 
 if TYPE_CHECKING:
+    from ..config.schema import RunConfig
     from ..supervise.supervisor import Supervisor
 
 MAX_BACKLOG = 64 << 20  # bytes a client may leave unread before it is dropped at once (it can attach again)
@@ -44,7 +45,7 @@ def _short(text: str, limit: int = MAX_NAME) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def _read_config(path: str):
+def _read_config(path: str) -> RunConfig:
     """The config at `path` (in a thread: a slow or hung file system must not stall the run); only a regular
     file is opened, never a FIFO or a device, which could block its reader for ever."""
     try:
