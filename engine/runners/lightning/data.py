@@ -7,7 +7,7 @@ which draws the same order and skips what the checkpointed part of the epoch tra
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -33,7 +33,7 @@ class ResumableSampler(torch.utils.data.Sampler):
         # The full epoch: Lightning counts a resumed epoch's batches from where it stopped.
         return self.size
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         skip = 0
         if self.resume is not None and self.resume[0] == self.epoch:
             _, self.seed, skip = self.resume
@@ -62,7 +62,7 @@ class ResumableDistributedSampler(torch.utils.data.DistributedSampler):
                          seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
         self.resume: tuple[int, int, int] | None = None  # (epoch, seed, samples of this rank to skip)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         skip = 0
         if self.resume is not None and self.resume[0] == self.epoch:
             skip = self.resume[2]

@@ -70,7 +70,7 @@ def save_sharded(directory: Path, which: str, model: Any, optimizer: Any,
     step. Rank 0 adds `extra` and publishes the folder once all shards are written. CheckpointError on any
     failure; the previous checkpoint is then untouched."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint import save
+    from torch.distributed.checkpoint.state_dict_saver import save
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     stem = which.split(".")[0]
@@ -106,7 +106,7 @@ def load_sharded(path: Path, model: Any, optimizer: Any,
     """Load the checkpoint at `path` into this rank's shards (DCP reshards when the gang that wrote it had a
     different world size): a collective. Returns rank 0's trainer state, as every rank reads it."""
     import torch
-    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.state_dict_loader import load
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)  # the optimizer's state made up front, to load into

@@ -10,7 +10,7 @@ import sys
 import time
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -28,6 +28,9 @@ from ...worker.precision import autocast, grad_scaler
 from ...worker.reporting import ReportWindow
 from .api import Task
 from .sharded import FullWeights, local_numel, optimizer_over
+
+if TYPE_CHECKING:
+    from .distributed import Gang
 from .state import TrainerCheckpoints
 
 
@@ -52,7 +55,7 @@ class Trainer(TrainerCheckpoints):
 
     def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
                  pipeline_dir: Path, sender: StatusSender, control: WorkerControl,
-                 snapshot_dir: Path | None = None, snapshot_seq: int = 0, gang=None):
+                 snapshot_dir: Path | None = None, snapshot_seq: int = 0, gang: Gang | None = None) -> None:
         self.task, self.pipe, self.validation = task, pipe, validation
         self.gang = gang  # engine.distributed.Gang for a rank of a gang, else None
         self.lead = gang is None or gang.lead  # it alone checkpoints, validates and reports for the gang
@@ -109,7 +112,7 @@ class Trainer(TrainerCheckpoints):
         except TypeError:
             return 0
 
-    def _epoch_batches(self):
+    def _epoch_batches(self) -> Iterator[Any]:
         if self.sampler is not None:
             self.sampler.set_epoch(self.epoch, self.batch_in_epoch * self.pipe.batch_size)
             return iter(self.train_loader)
