@@ -112,7 +112,7 @@ def build_validation(ref: str, params: dict[str, Any]) -> Any:
     return built
 
 
-def call_factory(ref: str, params: dict[str, Any], fn: Any = None) -> Any:
+def call_factory(ref: str, params: dict[str, Any], fn: Callable[..., object] | None = None) -> Any:
     """What the factory named by `ref` (or `fn`, already loaded from it) returns for `params`; TaskError
     if it raises."""
     fn = fn if fn is not None else load_callable(ref)
@@ -122,7 +122,7 @@ def call_factory(ref: str, params: dict[str, Any], fn: Any = None) -> Any:
         raise TaskError(f"task factory {ref} raised {type(exc).__name__}: {exc}") from exc
 
 
-def check_task(ref: str, task: Any, instead: str = "") -> Task:
+def check_task(ref: str, task: object, instead: str = "") -> Task:
     """`task` if it is a usable Task; else TaskError naming the factory and what is wrong.
 
     `instead` names what else the caller would have accepted, for the message.

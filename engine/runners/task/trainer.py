@@ -10,7 +10,7 @@ import sys
 import time
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 
@@ -38,13 +38,13 @@ class LossError(Exception):
     """The task's loss_fn raised; the message names what it was given."""
 
 
-def _shape(value: Any) -> str:
+def _shape(value: object) -> str:
     if torch.is_tensor(value):
         return f"{str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
     return type(value).__name__
 
 
-def describe_loss_failure(exc: Exception, outputs: Any, targets: Any) -> str:
+def describe_loss_failure(exc: Exception, outputs: object, targets: object) -> str:
     """'loss_fn(outputs, targets) raised ...; outputs float32 [32, 3], targets float32 [32, 1]'."""
     return (f"loss_fn(outputs, targets) raised {type(exc).__name__}: {exc}; "
             f"outputs {_shape(outputs)}, targets {_shape(targets)}")
@@ -222,7 +222,7 @@ class Trainer(TrainerCheckpoints):
                 return None, False
         return self._end_epoch(epoch_start, epoch_samples, steps_per_epoch), True
 
-    def _train_batch(self, batch: Any) -> int:
+    def _train_batch(self, batch: Sequence[torch.Tensor]) -> int:
         """Forward and backward one micro-batch; returns its number of samples."""
         inputs, targets = batch
         inputs = inputs.to(self.device, non_blocking=self.non_blocking)
