@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
     from ...config.schema import Pipeline
 
 PREFIX = "lightning:"
@@ -34,9 +36,9 @@ class LightningTask:
     accumulation, devices, root dir, progress bar), which the config sets.
     """
 
-    module: Any  # lightning.pytorch.LightningModule
-    datamodule: Any = None  # lightning.pytorch.LightningDataModule
-    callbacks: list[Any] = field(default_factory=list)
+    module: pl.LightningModule
+    datamodule: pl.LightningDataModule | None = None
+    callbacks: list[pl.Callback] = field(default_factory=list)
     trainer_args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -171,7 +173,7 @@ def prepare_once(task: LightningTask, pipeline_dir: Path) -> None:
         return
     for obj in (task.module, task.datamodule):
         if obj is not None:
-            obj.prepare_data = _noop
+            obj.prepare_data = _noop  # type: ignore[method-assign]  # this instance's, over the class's
 
 
 def _noop() -> None:

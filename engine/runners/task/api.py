@@ -11,7 +11,12 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import torch
+
+    from .sharded import OptimizerOrFactory, Shard
 
 
 @dataclass
@@ -34,14 +39,16 @@ class Task:
     direct child of the model that has parameters. The model itself is always sharded last.
     """
 
-    model: Any  # torch.nn.Module
-    optimizer: Any  # torch.optim.Optimizer, or a function of the parameters returning one
+    model: torch.nn.Module
+    optimizer: OptimizerOrFactory  # an Optimizer, or a function of the parameters returning one
     train_data: Any
     loss_fn: Callable[[Any, Any], Any]
     val_data: Any = None
     metrics_fn: Callable[[Any, Any], dict[str, Any]] | None = None
-    scheduler: Any = None  # an LR scheduler, or a function of the optimizer returning one
-    shard: Any = None  # strategy "fsdp": module classes to shard as units, or a function shard(model, fully_shard)
+    # An LR scheduler, or a function of the optimizer returning one: the trainer replaces a function with what
+    # it makes, so the field holds either in turn (ReduceLROnPlateau too, not an LRScheduler in every torch).
+    scheduler: Any = None
+    shard: Shard | None = None  # strategy "fsdp": module classes to shard as units, or a function shard(model, ...)
 
 
 class TaskError(Exception):
