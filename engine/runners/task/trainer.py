@@ -339,7 +339,7 @@ class Trainer(TrainerCheckpoints):
         print(f"torchherd: validated epoch {epoch + 1}: {shown}", flush=True)
         self._judge(metrics)
 
-    def _judge(self, metrics: dict[str, Any]) -> None:
+    def _judge(self, metrics: dict[str, float]) -> None:
         """Keep the best checkpoint and ask for an early stop, by an inline validation's `metrics`."""
         value = metrics.get(self.validation.metric)
         if value is None:
