@@ -71,7 +71,7 @@ def scalars_summary(values: Iterable[tuple[str, float]]) -> bytes:
 _lengths: dict[int, bytes] = {}  # by size: a record's length and the length's CRC
 
 
-class Message(Protocol):
+class ProtoMessage(Protocol):
     """A protobuf message (tensorboardX's `Summary`): what an event file needs of it."""
 
     def SerializeToString(self) -> bytes: ...
@@ -104,7 +104,7 @@ class EventFile:
         if values:
             self.record(event_bytes(wall, step, scalars_summary(values)))
 
-    def summary(self, summary: Message, step: int, wall: float) -> None:
+    def summary(self, summary: ProtoMessage, step: int, wall: float) -> None:
         """A tensorboardX `Summary` message (the HParams plugin's) as one event."""
         self.record(event_bytes(wall, step, summary.SerializeToString()))
 
