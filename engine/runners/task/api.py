@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -49,6 +49,20 @@ class Task:
     # it makes, so the field holds either in turn (ReduceLROnPlateau too, not an LRScheduler in every torch).
     scheduler: Any = None
     shard: Shard | None = None  # strategy "fsdp": module classes to shard as units, or a function shard(model, ...)
+
+
+class Validating(Protocol):
+    """What the validator scores a pipeline with: a `Task`, or what a script's `validate` factory returns
+    (torchherd.client.Validation, or anything with these, as `build_validation` checks)."""
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def val_data(self) -> object: ...
+    @property
+    def loss_fn(self) -> Callable[[Any, Any], Any]: ...
+    @property
+    def metrics_fn(self) -> Callable[[Any, Any], dict[str, Any]] | None: ...
 
 
 class TaskError(Exception):
@@ -97,7 +111,7 @@ def build_task(ref: str, params: dict[str, Any]) -> Task:
     return check_task(ref, call_factory(ref, params))
 
 
-def build_validation(ref: str, params: dict[str, Any]) -> Any:
+def build_validation(ref: str, params: dict[str, Any]) -> Validating:
     """Call a script pipeline's `validate` factory and check what it returns (a Validation, or a Task)."""
     import torch
 
