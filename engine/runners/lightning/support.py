@@ -53,7 +53,7 @@ def lightning_installed() -> bool:
     return importlib.util.find_spec("lightning") is not None
 
 
-def _load_attr(ref: str) -> Any:
+def _load_attr(ref: str) -> Callable[..., object]:
     """The object `file.py:Name` or `package.module:Name` names (a class or a factory)."""
     from ..task.api import TaskError, load_callable
 

@@ -10,7 +10,7 @@ import sys
 import time
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
@@ -112,7 +112,7 @@ class Trainer(TrainerCheckpoints):
         except TypeError:
             return 0
 
-    def _epoch_batches(self) -> Iterator[Any]:
+    def _epoch_batches(self) -> Iterator[Sequence[torch.Tensor]]:
         if self.sampler is not None:
             self.sampler.set_epoch(self.epoch, self.batch_in_epoch * self.pipe.batch_size)
             return iter(self.train_loader)
