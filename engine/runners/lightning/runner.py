@@ -286,7 +286,7 @@ class LightningAttempt:
                     "a resumed epoch starts from its beginning")))
             return loader
 
-        source.train_dataloader = train_dataloader  # type: ignore[method-assign]  # this instance's only
+        source.train_dataloader = train_dataloader
 
     def trainer_args(self, task: LightningTask, callback: HerdHooks) -> dict[str, Any]:
         from lightning.pytorch.callbacks import ModelCheckpoint

@@ -41,7 +41,7 @@ class LightningScorer(PipelineScoring):
         self.task = build_for(self.pipe)
         for obj in (self.task.module, self.task.datamodule):
             if obj is not None:  # the worker's fit already prepared the data for this run
-                obj.prepare_data = lambda: None  # type: ignore[method-assign]  # this instance's only
+                obj.prepare_data = lambda: None
         self.module = self.task.module
         self.has_step = is_overridden("validation_step", self.module)
         self.trainer = pl.Trainer(

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 if TYPE_CHECKING:
-    import lightning.pytorch as pl
-
     from ...config.schema import Pipeline
 
 PREFIX = "lightning:"
@@ -36,9 +34,9 @@ class LightningTask:
     accumulation, devices, root dir, progress bar), which the config sets.
     """
 
-    module: pl.LightningModule
-    datamodule: pl.LightningDataModule | None = None
-    callbacks: list[pl.Callback] = field(default_factory=list)
+    module: Any  # lightning.pytorch.LightningModule
+    datamodule: Any = None  # lightning.pytorch.LightningDataModule
+    callbacks: list[Any] = field(default_factory=list)
     trainer_args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -173,7 +171,7 @@ def prepare_once(task: LightningTask, pipeline_dir: Path) -> None:
         return
     for obj in (task.module, task.datamodule):
         if obj is not None:
-            obj.prepare_data = _noop  # type: ignore[method-assign]  # this instance's, over the class's
+            obj.prepare_data = _noop
 
 
 def _noop() -> None:

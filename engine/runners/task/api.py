@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from .sharded import OptimizerOrFactory, Shard
-
 
 @dataclass
 class Task:
@@ -39,16 +37,14 @@ class Task:
     direct child of the model that has parameters. The model itself is always sharded last.
     """
 
-    model: torch.nn.Module
-    optimizer: OptimizerOrFactory  # an Optimizer, or a function of the parameters returning one
+    model: Any  # torch.nn.Module
+    optimizer: Any  # torch.optim.Optimizer, or a function of the parameters returning one
     train_data: Any
     loss_fn: Callable[[Any, Any], Any]
     val_data: Any = None
     metrics_fn: Callable[[Any, Any], dict[str, Any]] | None = None
-    # An LR scheduler, or a function of the optimizer returning one: the trainer replaces a function with what
-    # it makes, so the field holds either in turn (ReduceLROnPlateau too, not an LRScheduler in every torch).
-    scheduler: Any = None
-    shard: Shard | None = None  # strategy "fsdp": module classes to shard as units, or a function shard(model, ...)
+    scheduler: Any = None  # an LR scheduler, or a function of the optimizer returning one
+    shard: Any = None  # strategy "fsdp": module classes to shard as units, or a function shard(model, fully_shard)
 
 
 class Validating(Protocol):
