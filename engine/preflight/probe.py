@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import IO, Callable
 
 from ..config.problems import Problem, display_path
 from ..config.schema import BUILTIN_TASKS, LIGHTNING_PREFIX, RunConfig
@@ -230,9 +230,10 @@ def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int],
     return [results[k] for k in range(len(jobs))], ""
 
 
-def _close(pipe) -> None:
+def _close(pipe: IO[str] | None) -> None:
     try:
-        pipe.close()
+        if pipe is not None:  # never: the probe's stdin is a pipe
+            pipe.close()
     except (BrokenPipeError, OSError, ValueError):
         pass
 

@@ -36,7 +36,7 @@ METRIC_TYPES = (StepMetrics, EpochEnd, ValResult)
 FINAL_TYPES = (PipelineFinished, RunFinished)  # fsync'd as they are written: what a crash must not take
 
 
-def _json_default(value: Any) -> Any:
+def _json_default(value: object) -> object:
     if hasattr(value, "__fspath__"):
         return str(value)
     if hasattr(value, "__dataclass_fields__"):
@@ -314,7 +314,7 @@ def _records_but_steps(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _texts(value: Any) -> dict[str, str]:
+def _texts(value: object) -> dict[str, str]:
     """A record's {name: status} as written, keeping only text: the file may hold anything."""
     return {k: v for k, v in value.items() if isinstance(v, str)} if isinstance(value, dict) else {}
 
@@ -366,7 +366,7 @@ def summarize(run_dir: Path) -> RunSummary | None:
 _STATES = {s.value for s in WorkerState}
 
 
-def _number(value: Any) -> TypeGuard[float]:
+def _number(value: object) -> TypeGuard[float]:
     """A finite number (an int too big for a float is none)."""
     try:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

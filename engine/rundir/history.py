@@ -8,7 +8,7 @@ import functools
 import gc
 import json
 from pathlib import Path
-from typing import cast
+from typing import Callable, cast
 
 import msgspec
 
@@ -45,7 +45,7 @@ def _slow(line: bytes) -> Event | None:
     return event if isinstance(event, Event) else None
 
 
-def _decode_line(line: bytes, add) -> None:
+def _decode_line(line: bytes, add: Callable[[Event], object]) -> None:
     decoder = None
     if line.startswith(_PREFIX):
         end = line.find(b'"', _START)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, Sequence
+from typing import Sequence
 
 import msgspec
 
 from ..protocol.messages import Message
 
 
-def _fallback(value: Any) -> Any:
+def _fallback(value: object) -> object:
     """What msgspec does not encode itself: paths as their text, anything else as its str()."""
     if isinstance(value, os.PathLike):
         return os.fspath(value)

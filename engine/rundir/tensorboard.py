@@ -14,7 +14,7 @@ import queue
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Iterable, TypeGuard
 
 from ..config.schema import RunConfig
 from ..protocol.health import Alert
@@ -77,7 +77,7 @@ class StepThinning:
         return [] if held is None else [held]
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     if type(value) is float:
         return value - value == 0.0  # not for inf or nan: the common case, without the calls below
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -90,7 +90,7 @@ class TensorBoardExport:
         self.logdir = Path(logdir)
         self.metric, self.mode = config.validation.metric, config.validation.metric_mode
         self.trials = {p.name: dict(p.trial) for p in config.pipelines} if config.sweep is not None else {}
-        self._writers: dict[str, Any] = {}
+        self._writers: dict[str, EventFile] = {}
         self._steps: dict[str, int] = {}  # each pipeline's newest step: where telemetry is plotted
         self._gpus: dict[str, set[int]] = {}  # NVML indices of each pipeline's GPUs (from its device names)
         self._best: dict[str, float] = {}
@@ -104,7 +104,7 @@ class TensorBoardExport:
             self.written.add(pipeline)
         return w
 
-    def _scalars(self, pipeline: str, values, step: int, wall: float) -> None:
+    def _scalars(self, pipeline: str, values: Iterable[tuple[str, float | None]], step: int, wall: float) -> None:
         """One event of every finite value among `values` ((tag, value) pairs); nothing when none is."""
         finite = [(tag, float(v)) for tag, v in values if _finite(v)]
         if finite:

@@ -10,7 +10,7 @@ import socket
 import struct
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Protocol
 
 from crc32c import crc32c
 
@@ -71,6 +71,12 @@ def scalars_summary(values: Iterable[tuple[str, float]]) -> bytes:
 _lengths: dict[int, bytes] = {}  # by size: a record's length and the length's CRC
 
 
+class ProtoMessage(Protocol):
+    """A protobuf message (tensorboardX's `Summary`): what an event file needs of it."""
+
+    def SerializeToString(self) -> bytes: ...
+
+
 class EventFile:
     """One pipeline's event file, named as TensorBoard expects (events.out.tfevents.TIME.HOST...). Written through a
     buffer: `flush` hands it to the OS, where TensorBoard reads it."""
@@ -98,7 +104,7 @@ class EventFile:
         if values:
             self.record(event_bytes(wall, step, scalars_summary(values)))
 
-    def summary(self, summary, step: int, wall: float) -> None:
+    def summary(self, summary: ProtoMessage, step: int, wall: float) -> None:
         """A tensorboardX `Summary` message (the HParams plugin's) as one event."""
         self.record(event_bytes(wall, step, summary.SerializeToString()))
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..protocol.control import Action, Appended, EventLines, Hello, Reply, Request, Welcome
-from ..protocol.messages import Event, Notice, PipelineFinished, WorkerStateChanged
+from ..protocol.messages import Event, Message, Notice, PipelineFinished, WorkerStateChanged
 from ..protocol.states import WorkerState
 from ..rundir.directory import run_held
 from ..rundir.history import decode_history, decode_stretch, read_history
@@ -280,7 +280,7 @@ class RemoteRun:
         self._lines(whole)
         return self._read_to < self._readable
 
-    async def _handle(self, messages: list) -> None:
+    async def _handle(self, messages: list[Message]) -> None:
         for msg in messages:
             if isinstance(msg, EventLines):  # the file's events first: the supervisor told of them before these
                 await self._read_appended()
@@ -301,7 +301,7 @@ class RemoteRun:
         if events:
             self._deliver_burst(events)
 
-    def _take(self, msg) -> None:
+    def _take(self, msg: Message) -> None:
         if isinstance(msg, Reply):
             future = self._replies.pop(msg.id, None)
             if future is not None and not future.done():

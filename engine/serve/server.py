@@ -13,7 +13,7 @@ import os
 import stat
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..config.load import load_config
 from ..config.problems import ConfigError
@@ -24,6 +24,7 @@ from .summary import HistorySummary
 from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
 
 if TYPE_CHECKING:
+    from ..config.schema import RunConfig
     from ..supervise.supervisor import Supervisor
 
 MAX_BACKLOG = 64 << 20  # bytes a client may leave unread before it is dropped at once (it can attach again)
@@ -44,7 +45,7 @@ def _short(text: str, limit: int = MAX_NAME) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def _read_config(path: str):
+def _read_config(path: str) -> RunConfig:
     """The config at `path` (in a thread: a slow or hung file system must not stall the run); only a regular
     file is opened, never a FIFO or a device, which could block its reader for ever."""
     try:
@@ -132,15 +133,15 @@ class _Connection(asyncio.Protocol):
             self.taken, self.stalled_since = taken, None
         return waiting + self._held_bytes + len(self._told or b"")
 
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        transport.set_write_buffer_limits(high=0)  # what the kernel does not take at once waits in `_held`
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # a unix socket's: a WriteTransport
+        self.transport.set_write_buffer_limits(high=0)  # what the kernel does not take at once waits in `_held`
         pid, uid, _ = peer_credentials(transport.get_extra_info("socket"))
         self.pid = pid
         if not same_user(uid):
             self.server.refuse(self, uid)
         elif not self.server.admit(self):
-            transport.abort()
+            self.transport.abort()
         else:
             loop = asyncio.get_running_loop()
             self.heard = loop.time()
@@ -206,7 +207,7 @@ class ControlServer:
             pass
         self.sup.tap(self._on_event, self._on_steps)
 
-    def _summarize(self, fh: Any, size: int) -> None:
+    def _summarize(self, fh: BinaryIO, size: int) -> None:
         """The first `size` bytes of events.jsonl into the history in short, READ_AT_START at a time (a long
         run's file is gigabytes: never all of it in memory at once)."""
         rest = b""

@@ -17,6 +17,11 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..supervise.supervisor import Supervisor
+    from .server import ControlServer
 
 READY = "torchherd-service-ready "  # the line that says the service serves, then its details as JSON
 LOG = "supervisor.log"  # the service's own stdout and stderr, in the run directory
@@ -118,7 +123,7 @@ def _cancel(proc: subprocess.Popen) -> None:
         signal.signal(signal.SIGINT, previous)
 
 
-def _supervisor(args: argparse.Namespace):
+def _supervisor(args: argparse.Namespace) -> Supervisor:
     from ..config.load import load_config
     from ..supervise.supervisor import Supervisor
 
@@ -188,7 +193,7 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _cancelled_start(sup, resumed: bool) -> int:
+async def _cancelled_start(sup: Supervisor, resumed: bool) -> int:
     """SIGTERM before the service served (the spawner's Ctrl-C): end every worker started and keep no run (a
     resumed one's directory holds what it trained before: it stays, as it was)."""
     await sup.shutdown(graceful=False)
@@ -198,7 +203,7 @@ async def _cancelled_start(sup, resumed: bool) -> int:
     return 3
 
 
-async def _drained(server, deadline: float) -> None:
+async def _drained(server: ControlServer, deadline: float) -> None:
     """Give clients a moment to read the last events before the process ends."""
     loop = asyncio.get_running_loop()
     while any(c.transport.get_write_buffer_size() for c in server.clients) and loop.time() < deadline:

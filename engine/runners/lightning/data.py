@@ -7,7 +7,7 @@ which draws the same order and skips what the checkpointed part of the epoch tra
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Iterator
 
 import torch
 
@@ -33,7 +33,7 @@ class ResumableSampler(torch.utils.data.Sampler):
         # The full epoch: Lightning counts a resumed epoch's batches from where it stopped.
         return self.size
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         skip = 0
         if self.resume is not None and self.resume[0] == self.epoch:
             _, self.seed, skip = self.resume
@@ -54,7 +54,7 @@ class ResumableDistributedSampler(torch.utils.data.DistributedSampler):
     seed), able to resume mid-epoch: each epoch's order follows from the seed and the epoch alone, so a
     resumed epoch replays it and skips what this rank trained before the checkpoint."""
 
-    def __init__(self, dataset: Any, shuffle: bool, rank: int, world: int):
+    def __init__(self, dataset: torch.utils.data.Dataset[object], shuffle: bool, rank: int, world: int) -> None:
         import os
 
         # Lightning's own distributed sampler takes its seed from seed_everything's variable
@@ -62,7 +62,7 @@ class ResumableDistributedSampler(torch.utils.data.DistributedSampler):
                          seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
         self.resume: tuple[int, int, int] | None = None  # (epoch, seed, samples of this rank to skip)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         skip = 0
         if self.resume is not None and self.resume[0] == self.epoch:
             skip = self.resume[2]
@@ -70,8 +70,8 @@ class ResumableDistributedSampler(torch.utils.data.DistributedSampler):
         yield from list(super().__iter__())[skip:]
 
 
-def resumable(loader: Any, rank: int = 0,
-              world: int = 1) -> tuple[Any, ResumableSampler | ResumableDistributedSampler | None]:
+def resumable(loader: object, rank: int = 0,
+              world: int = 1) -> tuple[object, ResumableSampler | ResumableDistributedSampler | None]:
     """`loader` with a ResumableSampler in place of its Random/SequentialSampler (for rank `rank` of a gang of
     `world`, a ResumableDistributedSampler, which Lightning leaves in place); others as they are."""
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from datetime import timedelta
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -18,9 +18,12 @@ from ...worker.control import WorkerControl
 from ..base import cuda_index
 from . import FSDP_ON_CPU
 
+if TYPE_CHECKING:
+    from ...protocol.spec import WorkerSpec
 
 
-def gang_trainer_args(spec: Any, strategy_name: str) -> dict[str, Any]:
+
+def gang_trainer_args(spec: WorkerSpec, strategy_name: str) -> dict[str, Any]:
     """`devices`, `num_nodes` and `strategy` for one rank of a gang of `spec.world_size`.
 
     Lightning checks that devices x num_nodes is torchrun's WORLD_SIZE; per node that is LOCAL_WORLD_SIZE
@@ -47,7 +50,7 @@ class LightningGang:
     """This rank of a Lightning gang: rank 0 reads the supervisor's commands and every rank obeys them at the
     same step; reported values are means over the ranks, so every rank judges (NaN policy) alike."""
 
-    def __init__(self, spec: Any):
+    def __init__(self, spec: WorkerSpec) -> None:
         from ..task.distributed import Gang
 
         device = torch.device("cuda", cuda_index(spec.device)) if spec.device.startswith("cuda") \

@@ -2,21 +2,25 @@
 of the newest training step (step reports) and those aggregated over the epoch (epoch ends)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection
 
-def _found(results: Any, on_step: bool) -> dict[str, Any]:
+
+def _found(results: _ResultCollection, on_step: bool) -> dict[str, Any]:
     """Lightning's logger values, then the progress bar's own, of the step or of the epoch."""
     logged = results.metrics(on_step)
-    found = dict(logged["log"])
+    found: dict[str, Any] = dict(logged["log"])
     for name, value in logged["pbar"].items():
         found.setdefault(name, value)
     return found
 
 
-def logged_on_step(trainer: Any, device: Any) -> tuple[list[str], list[Any]]:
+def logged_on_step(trainer: pl.Trainer, device: torch.device) -> tuple[list[str], list[torch.Tensor]]:
     """What the module `self.log`ged on this training step, by the names Lightning's loggers use
     ('train_loss', or 'train_loss_step' when it is also logged per epoch), and values logged only
     for the progress bar: (names, values as 0-d float tensors on `device`, not synced)."""
@@ -37,7 +41,7 @@ def logged_on_step(trainer: Any, device: Any) -> tuple[list[str], list[Any]]:
     return names, values
 
 
-def logged_on_epoch(trainer: Any) -> dict[str, float]:
+def logged_on_epoch(trainer: pl.Trainer) -> dict[str, float]:
     """What the module logged with on_epoch=True in training, aggregated over the epoch now ending, by the names
     Lightning's loggers use ('train_acc', or 'train_acc_epoch' when it is also logged per step); call from
     on_train_epoch_end. Validation values are not among them (they are val_results)."""

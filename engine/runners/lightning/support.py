@@ -14,7 +14,10 @@ import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+if TYPE_CHECKING:
+    from ...config.schema import Pipeline
 
 PREFIX = "lightning:"
 MISSING = 'Lightning is not installed: pip install "torchherd[lightning]"'
@@ -48,7 +51,7 @@ def lightning_installed() -> bool:
     return importlib.util.find_spec("lightning") is not None
 
 
-def _load_attr(ref: str) -> Any:
+def _load_attr(ref: str) -> Callable[..., object]:
     """The object `file.py:Name` or `package.module:Name` names (a class or a factory)."""
     from ..task.api import TaskError, load_callable
 
@@ -60,7 +63,7 @@ def _load_attr(ref: str) -> Any:
         raise TaskError(f"cannot load {ref}: {type(exc).__name__}: {exc}") from exc
 
 
-def _construct(ref: str, obj: Any, params: dict[str, Any], what: str) -> Any:
+def _construct(ref: str, obj: Callable[..., object], params: dict[str, Any], what: str) -> Any:
     from ..task.api import TaskError
 
     try:
@@ -101,7 +104,7 @@ def build_lightning(ref: str, params: dict[str, Any], datamodule: str = "",
     return _checked(ref, task, datamodule, datamodule_params)
 
 
-def as_lightning_task(obj: Any) -> LightningTask | None:
+def as_lightning_task(obj: object) -> LightningTask | None:
     """What a factory returned, as a LightningTask if it is one (or a bare LightningModule); else None.
 
     Imports nothing: a factory that built a LightningModule has imported Lightning already.
@@ -151,9 +154,10 @@ def _checked(ref: str, task: LightningTask, datamodule: str, datamodule_params: 
     return task
 
 
-def build_for(pipe: Any) -> LightningTask:
+def build_for(pipe: Pipeline) -> LightningTask:
     """`build_lightning` from a Pipeline's settings."""
-    return build_lightning(pipe.task_ref or pipe.task, pipe.params, pipe.datamodule, pipe.datamodule_params)
+    ref = cast(str, pipe.task_ref or pipe.task)  # a Lightning pipeline's config names its task (the loader checks)
+    return build_lightning(ref, pipe.params, pipe.datamodule, pipe.datamodule_params)
 
 
 def prepare_once(task: LightningTask, pipeline_dir: Path) -> None:
@@ -200,12 +204,12 @@ def val_monitors(task: LightningTask, with_optimizers: bool = True) -> list[str]
     return found
 
 
-def _is_val(monitor: Any) -> bool:
+def _is_val(monitor: object) -> bool:
     """A metric name only validation logs ('val_loss', 'val/acc', 'valid_f1')."""
     return isinstance(monitor, str) and monitor.lower().startswith("val")
 
 
-def _plateau_monitors(config: Any) -> list[str]:
+def _plateau_monitors(config: object) -> list[str]:
     import torch
 
     items = config if isinstance(config, (list, tuple)) else [config]

@@ -6,8 +6,12 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...config.placeholders import PLACEHOLDER
+
+if TYPE_CHECKING:
+    from ...config.schema import Pipeline
 
 IGNORED = (".", "~")  # names starting so are temporary or hidden files, not a checkpoint
 
@@ -33,7 +37,8 @@ def fill(arg: str, values: dict[str, str]) -> str:
     return re.sub(PLACEHOLDER, lambda m: values.get(m[1], m[0]) if m[1] else m[0][0], arg)
 
 
-def command_line(pipe, pipeline_dir: Path, rank: int, world_size: int, restart: int) -> tuple[list[str], Path | None]:
+def command_line(pipe: Pipeline, pipeline_dir: Path, rank: int, world_size: int,
+                 restart: int) -> tuple[list[str], Path | None]:
     """(the script and its arguments, the checkpoint it resumes from when `resume_args` were added)."""
     checkpoints = pipeline_dir / "checkpoints"
     values = {"checkpoint_dir": str(checkpoints), "pipeline_dir": str(pipeline_dir),

@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
+from typing import Mapping
 
 from ...protocol.messages import EpochEnd, StepMetrics, ValResult
 from ...protocol.names import ValidationMode
 
 
-def parse_number(text: Any) -> float | None:
+def parse_number(text: object) -> float | None:
     """A captured group as a number ("1e-3", "nan", "1,234" -> 1234.0), or None."""
     if text is None:
         return None
@@ -59,7 +59,7 @@ class ScriptEvents:
             self.epoch, self.step = epoch, step
             self._epoch_first_step = step
 
-    def from_match(self, groups: dict[str, Any]) -> list[StepMetrics | EpochEnd]:
+    def from_match(self, groups: Mapping[str, str | None]) -> list[StepMetrics | EpochEnd]:
         """A `metrics` regex match: an epoch end if it has `epoch` but no `step`, else a step report."""
         values = {k: v for k, v in ((k, parse_number(v)) for k, v in groups.items()) if v is not None}
         if not values:
@@ -141,7 +141,7 @@ class ScriptEvents:
             return event
 
 
-    def val_from_match(self, groups: dict[str, Any]) -> ValResult | None:
+    def val_from_match(self, groups: Mapping[str, str | None]) -> ValResult | None:
         """A `val_metrics` match: the script's own validation of its weights at `step` (else the step it has
         reached), as a val_result; None when it captured no number."""
         values = {k: v for k, v in ((k, parse_number(v)) for k, v in groups.items()) if v is not None}

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any, Callable
 
 # Runs between fork and the script: Ctrl-C back to its default (the worker ignores it, and an
@@ -64,7 +65,7 @@ def forward_stacks(pid: int, asked: Callable[[], None]) -> None:
     script `pid`, which dumps its own (see `stacks_site`); `asked()` is called each time."""
     import faulthandler
 
-    def forward(signum, frame) -> None:
+    def forward(signum: int, frame: FrameType | None) -> None:
         asked()
         try:
             os.kill(pid, signal.SIGUSR1)

@@ -22,10 +22,12 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .... import client_frames as wire
+from .... import client_env
 from ...protocol.channel import WorkerExit
-from ...config.schema import patterns
+from ...config.metric_patterns import patterns
 from ...protocol.messages import (EpochEnd, Notice, StepMetrics, TrainingStarted, ValResult,
                                   WorkerError)
 from ...protocol.progress import judge, metric_value
@@ -40,6 +42,12 @@ from .arguments import command_line, describe_checkpoint, newest_checkpoint
 from .process import ScriptProcess, forward_stacks, script_environment, stacks_site
 from .validation import InlineScorer
 
+if TYPE_CHECKING:
+    from ...config.schema import Pipeline, ValidationConfig
+    from ...protocol.channel import StatusSender
+    from ...protocol.spec import WorkerSpec
+    from ...worker.control import WorkerControl
+
 TICK = 0.05  # seconds between looks at the control pipe and the script
 CPU_ALIVE = 0.02  # seconds of CPU in a heartbeat interval that count as life for a silent script
 KILL_AFTER = 5.0  # seconds between SIGTERM and SIGKILL when a NaN policy ends the script
@@ -51,7 +59,8 @@ MAX_LINE = 1 << 16  # bytes of one line kept for matching; a longer one is match
 TAIL_LINES = 60  # lines of output kept to explain a crash
 
 
-def run_script(spec, pipe, validation, sender, control) -> int:
+def run_script(spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
+               control: WorkerControl) -> int:
     """The `script` runner (see runners/run.py): returns the worker's exit code."""
     return ScriptAttempt(spec, pipe, validation, sender, control).run()
 
@@ -59,7 +68,8 @@ def run_script(spec, pipe, validation, sender, control) -> int:
 class ScriptAttempt(ClientFrames):
     """One attempt of a script pipeline: the script process, its output, its client and its commands."""
 
-    def __init__(self, spec, pipe, validation, sender, control):
+    def __init__(self, spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
+                 control: WorkerControl) -> None:
         self.spec, self.pipe, self.validation, self.sender, self.control = spec, pipe, validation, sender, control
         self.name = pipe.name
         self.dir = Path(spec.pipeline_dir).absolute()  # the script runs elsewhere: its paths must not be relative
@@ -105,7 +115,8 @@ class ScriptAttempt(ClientFrames):
     # ------------------------------------------------------------ start
 
     def _environment(self, fd: int) -> dict[str, str]:
-        extra = {wire.ENV_PIPELINE: self.name, wire.ENV_CHECKPOINT_DIR: str(self.ckpt_dir), wire.ENV_FD: str(fd),
+        extra = {client_env.ENV_PIPELINE: self.name, client_env.ENV_CHECKPOINT_DIR: str(self.ckpt_dir),
+                 client_env.ENV_FD: str(fd),
                  **stacks_site(self.dir / ".stacks")}
         v = self.validation
         directory = self.spec.snapshot_dir if v.mode == ValidationMode.BACKGROUND else ""
@@ -114,7 +125,7 @@ class ScriptAttempt(ClientFrames):
             directory = self.inline_dir = tempfile.mkdtemp(prefix=f"torchherd-{self.name}-", dir=shm)
         if self.pipe.validate_factory and directory:
             meta = snapshot_meta(self.pipe, v, self.dir, None, PipelineKind.SCRIPT)
-            extra[wire.ENV_SNAPSHOT] = wire.SnapshotTarget(
+            extra[client_env.ENV_SNAPSHOT] = wire.SnapshotTarget(
                 dir=directory, mode=str(v.mode), slots=v.slots, policy=v.policy, checksum=v.checksum,
                 seq=self.spec.snapshot_seq, meta=meta, staging=v.handoff_staging).to_env()
         return script_environment(self.spec.attempt, self.spec.device, self.spec.threads, extra,

@@ -7,6 +7,7 @@ began and, before any line matched, says so once after `LINES` of them or `SECON
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 LINES = 50  # unmatched lines before the notice
 SECONDS = 60.0  # or seconds since the first unmatched line, whichever comes first
@@ -16,7 +17,7 @@ SHOWN = 120  # characters of the unmatched line quoted in the notice
 class UnmatchedWatch:
     """Counts lines the `metrics` patterns did not match until one does; `line` returns the notice, once."""
 
-    def __init__(self, patterns: list[str], clock=time.monotonic):
+    def __init__(self, patterns: list[str], clock: Callable[[], float] = time.monotonic) -> None:
         self.patterns = patterns
         self.clock = clock
         self.unmatched = 0

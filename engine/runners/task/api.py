@@ -11,7 +11,10 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -42,6 +45,20 @@ class Task:
     metrics_fn: Callable[[Any, Any], dict[str, Any]] | None = None
     scheduler: Any = None  # an LR scheduler, or a function of the optimizer returning one
     shard: Any = None  # strategy "fsdp": module classes to shard as units, or a function shard(model, fully_shard)
+
+
+class Validating(Protocol):
+    """What the validator scores a pipeline with: a `Task`, or what a script's `validate` factory returns
+    (torchherd.client.Validation, or anything with these, as `build_validation` checks)."""
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+    @property
+    def val_data(self) -> object: ...
+    @property
+    def loss_fn(self) -> Callable[[Any, Any], Any]: ...
+    @property
+    def metrics_fn(self) -> Callable[[Any, Any], dict[str, Any]] | None: ...
 
 
 class TaskError(Exception):
@@ -90,7 +107,7 @@ def build_task(ref: str, params: dict[str, Any]) -> Task:
     return check_task(ref, call_factory(ref, params))
 
 
-def build_validation(ref: str, params: dict[str, Any]) -> Any:
+def build_validation(ref: str, params: dict[str, Any]) -> Validating:
     """Call a script pipeline's `validate` factory and check what it returns (a Validation, or a Task)."""
     import torch
 
@@ -112,7 +129,7 @@ def build_validation(ref: str, params: dict[str, Any]) -> Any:
     return built
 
 
-def call_factory(ref: str, params: dict[str, Any], fn: Any = None) -> Any:
+def call_factory(ref: str, params: dict[str, Any], fn: Callable[..., object] | None = None) -> Any:
     """What the factory named by `ref` (or `fn`, already loaded from it) returns for `params`; TaskError
     if it raises."""
     fn = fn if fn is not None else load_callable(ref)
@@ -122,7 +139,7 @@ def call_factory(ref: str, params: dict[str, Any], fn: Any = None) -> Any:
         raise TaskError(f"task factory {ref} raised {type(exc).__name__}: {exc}") from exc
 
 
-def check_task(ref: str, task: Any, instead: str = "") -> Task:
+def check_task(ref: str, task: object, instead: str = "") -> Task:
     """`task` if it is a usable Task; else TaskError naming the factory and what is wrong.
 
     `instead` names what else the caller would have accepted, for the message.

@@ -5,12 +5,15 @@ MLP classifying scikit-learn's bundled 8x8 handwritten digits (1,797 images).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .api import Task
 
+if TYPE_CHECKING:
+    import torch
 
-def _optimizer(params: dict[str, Any], model, lr: float = 0.05):
+
+def _optimizer(params: dict[str, Any], model: torch.nn.Module, lr: float = 0.05) -> torch.optim.Optimizer:
     import torch
 
     lr = float(params.get("lr", lr))
@@ -23,7 +26,7 @@ def _optimizer(params: dict[str, Any], model, lr: float = 0.05):
     raise ValueError(f"params.optimizer must be 'sgd' or 'adam', not {name!r}")
 
 
-def _accuracy(outputs, targets) -> dict[str, Any]:
+def _accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
     return {"accuracy": (outputs.argmax(dim=1) == targets).float().mean()}
 
 

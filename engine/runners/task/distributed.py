@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
 
 from ...worker.control import WorkerControl
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ...config.schema import Pipeline
+    from .sharded import Shard
 
 PAUSE_POLL = 0.5  # seconds rank 0 waits for a command between the paused gang's rounds
 STOP, PAUSE, CHECKPOINT, TIME_UP = range(4)  # the flags rank 0 broadcasts
@@ -48,7 +54,8 @@ class Gang:
         """Rank 0 alone checkpoints, reports and hands snapshots to the validator."""
         return self.rank == 0
 
-    def wrap(self, model: torch.nn.Module, shard: Any = None, pipe: Any = None) -> torch.nn.Module | None:
+    def wrap(self, model: torch.nn.Module, shard: Shard | None = None,
+             pipe: Pipeline | None = None) -> DistributedDataParallel | None:
         """`model` in DDP; or, sharded, None: `model` itself is sharded in place (FSDP2, per `shard`, with the
         pipeline's precision as FSDP2's mixed-precision policy)."""
         if self.sharded:

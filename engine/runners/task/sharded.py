@@ -8,16 +8,26 @@ for the snapshot hand-off. Checkpoints are sharded_checkpoint.py.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Union, cast
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+# A Task's `shard`: module classes FSDP2 shards as units, or a function shard(model, fully_shard) that shards them.
+ShardHook = Callable[[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]], object]
+Shard = Union[Iterable[type[torch.nn.Module]], ShardHook]
+# A Task's `optimizer`: one made already, or a function of the parameters returning one.
+OptimizerOrFactory = Union[torch.optim.Optimizer, Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]]
 
 SHARD_PROBLEM = ("shard is neither a list of torch.nn.Module classes (each module of one a unit FSDP2 shards) nor "
                  "a function shard(model, fully_shard)")
 
 
-def mixed_precision(precision: str) -> Any:
+def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     """FSDP2's own policy for `precision`: parameters gathered in bf16 or fp16 for the forward and backward,
     gradients reduced and kept in float32 (so no autocast and no gradient scaler on top)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
@@ -35,7 +45,7 @@ def default_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [child for child in model.children() if any(True for _ in child.parameters())]
 
 
-def device_mesh(device: torch.device, world: int, shard_group: int) -> Any:
+def device_mesh(device: torch.device, world: int, shard_group: int) -> DeviceMesh:
     """The ranks as FSDP2 sees them: one dimension sharding one copy (shard_group = world), or two (HSDP):
     `world // shard_group` copies replicated across groups of `shard_group` consecutive ranks, each sharded
     within its group (a node's ranks, whose links are fastest)."""
@@ -46,23 +56,22 @@ def device_mesh(device: torch.device, world: int, shard_group: int) -> Any:
     return init_device_mesh(device.type, (world // shard_group, shard_group), mesh_dim_names=("replicate", "shard"))
 
 
-def shard_model(model: torch.nn.Module, shard: Any, precision: str, mesh: Any = None) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, shard: Shard | None, precision: str,
+                mesh: DeviceMesh | None = None) -> torch.nn.Module:
     """Shard `model` in place over `mesh` (None: every rank of the default group): the units `shard` names
     first, then the root, so every parameter ends up a DTensor holding this rank's part."""
     from torch.distributed.fsdp import fully_shard
 
-    kwargs = {"mp_policy": mixed_precision(precision)}
-    if mesh is not None:
-        kwargs["mesh"] = mesh
+    policy = mixed_precision(precision)
 
     def apply(module: torch.nn.Module) -> torch.nn.Module:
-        fully_shard(module, **kwargs)  # in place: the module is an FSDPModule from now on
+        fully_shard(module, mesh=mesh, mp_policy=policy)  # in place: the module is an FSDPModule from now on
         return module
 
     if callable(shard) and not isinstance(shard, type):
         shard(model, apply)
     else:
-        classes = tuple(shard) if shard is not None else ()
+        classes = tuple(cast("Iterable[type[torch.nn.Module]]", shard)) if shard is not None else ()
         units = [m for m in model.modules() if m is not model and isinstance(m, classes)] if classes \
             else default_units(model)
         for unit in units:
@@ -72,12 +81,12 @@ def shard_model(model: torch.nn.Module, shard: Any, precision: str, mesh: Any = 
     return model
 
 
-def shard_problem(shard: Any) -> str:
+def shard_problem(shard: object) -> str:
     """What is wrong with a Task's `shard` ("" when nothing is)."""
     if shard is None or (callable(shard) and not isinstance(shard, type)):
         return ""
     try:
-        classes = list(shard)
+        classes = list(cast(Iterable[object], shard))  # a TypeError when it is not
     except TypeError:
         return SHARD_PROBLEM
     if not all(isinstance(c, type) and issubclass(c, torch.nn.Module) for c in classes):
@@ -85,7 +94,8 @@ def shard_problem(shard: Any) -> str:
     return ""
 
 
-def optimizer_over(optimizer: Any, model: torch.nn.Module, names: dict[int, str]) -> torch.optim.Optimizer:
+def optimizer_over(optimizer: OptimizerOrFactory, model: torch.nn.Module,
+                   names: dict[int, str]) -> torch.optim.Optimizer:
     """The Task's optimizer over the parameters `model` trains with now.
 
     A function of the parameters is called now, after sharding. An Optimizer the factory made before sharding

@@ -11,9 +11,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...worker import checkpoint as ckpt
+
+if TYPE_CHECKING:
+    import torch
 
 SUFFIX = ".dcp"
 TRAINER_FILE = "trainer.pt"
@@ -64,13 +67,13 @@ def _publish(tmp: Path, directory: Path, stem: str) -> Path:
     return final
 
 
-def save_sharded(directory: Path, which: str, model: Any, optimizer: Any,
+def save_sharded(directory: Path, which: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  extra: dict[str, Any], lead: bool, world: int) -> Path:
     """Write checkpoint `which` ("last", "best") from every rank: a collective, every rank calls it at the same
     step. Rank 0 adds `extra` and publishes the folder once all shards are written. CheckpointError on any
     failure; the previous checkpoint is then untouched."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint import save
+    from torch.distributed.checkpoint.state_dict_saver import save
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     stem = which.split(".")[0]
@@ -101,12 +104,12 @@ def save_sharded(directory: Path, which: str, model: Any, optimizer: Any,
     return final
 
 
-def load_sharded(path: Path, model: Any, optimizer: Any,
+def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  trusted: bool = False) -> dict[str, Any]:
     """Load the checkpoint at `path` into this rank's shards (DCP reshards when the gang that wrote it had a
     different world size): a collective. Returns rank 0's trainer state, as every rank reads it."""
     import torch
-    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.state_dict_loader import load
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)  # the optimizer's state made up front, to load into

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .distributed import Gang
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
@@ -28,6 +28,9 @@ from ...worker.precision import autocast, grad_scaler
 from ...worker.reporting import ReportWindow
 from .api import Task
 from .sharded import FullWeights, local_numel, optimizer_over
+
+if TYPE_CHECKING:
+    from .distributed import Gang
 from .state import TrainerCheckpoints
 
 
@@ -35,13 +38,13 @@ class LossError(Exception):
     """The task's loss_fn raised; the message names what it was given."""
 
 
-def _shape(value: Any) -> str:
+def _shape(value: object) -> str:
     if torch.is_tensor(value):
         return f"{str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
     return type(value).__name__
 
 
-def describe_loss_failure(exc: Exception, outputs: Any, targets: Any) -> str:
+def describe_loss_failure(exc: Exception, outputs: object, targets: object) -> str:
     """'loss_fn(outputs, targets) raised ...; outputs float32 [32, 3], targets float32 [32, 1]'."""
     return (f"loss_fn(outputs, targets) raised {type(exc).__name__}: {exc}; "
             f"outputs {_shape(outputs)}, targets {_shape(targets)}")
@@ -52,7 +55,7 @@ class Trainer(TrainerCheckpoints):
 
     def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
                  pipeline_dir: Path, sender: StatusSender, control: WorkerControl,
-                 snapshot_dir: Path | None = None, snapshot_seq: int = 0, gang=None):
+                 snapshot_dir: Path | None = None, snapshot_seq: int = 0, gang: Gang | None = None) -> None:
         self.task, self.pipe, self.validation = task, pipe, validation
         self.gang = gang  # engine.distributed.Gang for a rank of a gang, else None
         self.lead = gang is None or gang.lead  # it alone checkpoints, validates and reports for the gang
@@ -109,7 +112,7 @@ class Trainer(TrainerCheckpoints):
         except TypeError:
             return 0
 
-    def _epoch_batches(self):
+    def _epoch_batches(self) -> Iterator[Sequence[torch.Tensor]]:
         if self.sampler is not None:
             self.sampler.set_epoch(self.epoch, self.batch_in_epoch * self.pipe.batch_size)
             return iter(self.train_loader)
@@ -219,7 +222,7 @@ class Trainer(TrainerCheckpoints):
                 return None, False
         return self._end_epoch(epoch_start, epoch_samples, steps_per_epoch), True
 
-    def _train_batch(self, batch: Any) -> int:
+    def _train_batch(self, batch: Sequence[torch.Tensor]) -> int:
         """Forward and backward one micro-batch; returns its number of samples."""
         inputs, targets = batch
         inputs = inputs.to(self.device, non_blocking=self.non_blocking)
@@ -336,7 +339,7 @@ class Trainer(TrainerCheckpoints):
         print(f"torchherd: validated epoch {epoch + 1}: {shown}", flush=True)
         self._judge(metrics)
 
-    def _judge(self, metrics: dict[str, Any]) -> None:
+    def _judge(self, metrics: dict[str, float]) -> None:
         """Keep the best checkpoint and ask for an early stop, by an inline validation's `metrics`."""
         value = metrics.get(self.validation.metric)
         if value is None:
