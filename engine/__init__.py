@@ -39,28 +39,41 @@ __all__ = sorted(_WHERE)
 if TYPE_CHECKING:  # the same names, for type checkers and readers (kept equal to _WHERE by tests/test_seam.py)
     from .config.labels import labelled as labelled
     from .config.load import load_config as load_config
-    from .config.problems import ConfigError as ConfigError, Problem as Problem
+    from .config.problems import ConfigError as ConfigError
+    from .config.problems import Problem as Problem
     from .config.schema import RunConfig as RunConfig
     from .hardware.ledger import Ledger as Ledger
     from .live import LiveRun as LiveRun
-    from .preflight.check import CheckReport as CheckReport, check_config as check_config
-    from .preflight.probe import (ProbeCancelled as ProbeCancelled, pending_jobs as pending_jobs,
-                                  plan_jobs as plan_jobs, probe_tasks as probe_tasks)
+    from .preflight.check import CheckReport as CheckReport
+    from .preflight.check import check_config as check_config
+    from .preflight.probe import ProbeCancelled as ProbeCancelled
+    from .preflight.probe import pending_jobs as pending_jobs
+    from .preflight.probe import plan_jobs as plan_jobs
+    from .preflight.probe import probe_tasks as probe_tasks
     from .protocol.messages import Event as Event
     from .protocol.states import WorkerState as WorkerState
-    from .rundir.directory import (RunSummary as RunSummary, list_runs as list_runs,
-                                   load_resolved_configs as load_resolved_configs, read_events as read_events,
-                                   run_held as run_held, summarize as summarize)
+    from .rundir.directory import RunSummary as RunSummary
+    from .rundir.directory import list_runs as list_runs
+    from .rundir.directory import load_resolved_configs as load_resolved_configs
+    from .rundir.directory import read_events as read_events
+    from .rundir.directory import run_held as run_held
+    from .rundir.directory import summarize as summarize
     from .rundir.history import read_history as read_history
     from .rundir.tensorboard import export_run as export_run
     from .runners.script import uses_client as uses_client
     from .runners.task.api import Task as Task
-    from .serve.remote import NotLive as NotLive, RemoteRun as RemoteRun
-    from .serve.runtime import clean_stale as clean_stale, live_runs as live_runs, read_control as read_control
-    from .serve.service import ServiceFailed as ServiceFailed, StartCancelled as StartCancelled, spawn as spawn
+    from .serve.remote import NotLive as NotLive
+    from .serve.remote import RemoteRun as RemoteRun
+    from .serve.runtime import clean_stale as clean_stale
+    from .serve.runtime import live_runs as live_runs
+    from .serve.runtime import read_control as read_control
+    from .serve.service import ServiceFailed as ServiceFailed
+    from .serve.service import StartCancelled as StartCancelled
+    from .serve.service import spawn as spawn
     from .supervise.bus import EventStream as EventStream
+    from .supervise.supervisor import PipelineView as PipelineView
+    from .supervise.supervisor import Supervisor as Supervisor
     from .supervise.sweep.exploiting import export_schedules as export_schedules
-    from .supervise.supervisor import PipelineView as PipelineView, Supervisor as Supervisor
 
 
 def __getattr__(name: str) -> object:

@@ -6,7 +6,7 @@ Lightning, pydantic nor Textual. The engine is `torchherd.engine`,
 the app and command line `torchherd.tui`.
 """
 
-__all__ = ["Task", "LightningTask"]
+__all__ = ["LightningTask", "Task"]
 __version__ = "0.1.0"
 
 TYPE_CHECKING = False  # typing is not loaded for type checkers alone

@@ -23,8 +23,9 @@ from torchherd.client_env import ENV_CHECKPOINT_DIR, ENV_FD, ENV_SNAPSHOT, FLUSH
 
 TYPE_CHECKING = False  # typing and pathlib are not loaded for annotations alone
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
-    from typing import Any, Callable
+    from typing import Any
 
     import torch
 

@@ -10,8 +10,9 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal, TypedDict
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from textual import work
 from textual.app import App

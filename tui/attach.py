@@ -129,8 +129,7 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
                      read_only: bool = False) -> int:
     """Print a live run's events until it finishes (its exit status), the terminal goes away or the run
     is cut short (EXIT_FAILED)."""
-    from ..engine import run_held
-    from ..engine import NotLive, RemoteRun
+    from ..engine import NotLive, RemoteRun, run_held
 
     try:
         run = await RemoteRun.connect(run_dir, read_only=read_only, history=from_start)
@@ -180,8 +179,7 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
 def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int:
     """A run nobody supervises any more: its history (with `from_start`), how it ended, and the status that
     following it to its end would have given; EXIT_FAILED when it was cut short."""
-    from ..engine import summarize
-    from ..engine import read_history
+    from ..engine import read_history, summarize
     from .verbs import state_of
 
     if from_start:

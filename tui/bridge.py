@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .sessions import ServiceSession, Session
 
@@ -111,7 +112,6 @@ def with_saved_metric(state: RunState, run_dir: Path) -> RunState:
 def replay_run(run_dir: Path) -> RunState:
     """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
     from ..engine import read_events
-
     from .ranking import saved_sweeps
     from .runstate import RunState
 
@@ -145,7 +145,6 @@ def _saved(checkpoints: Path) -> bool:
 def run_end(run_dir: Path) -> RunEnd:
     """How the run in `run_dir` ended, where it is, how to carry it on (blocking: reads events.jsonl)."""
     from ..engine import summarize
-
     from .headless import EXIT_FAILED, exit_status
 
     summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
@@ -224,10 +223,8 @@ class Bridge:
     async def launch(self, path: Path) -> list[str]:
         """Start a session with this config, or add it to the running one; raises ConfigError."""
         from ..engine import load_config
-
-        from .runstate import RunState
-
         from .ranking import SavedSweep
+        from .runstate import RunState
 
         config = load_config(path)
         if self.live and self._session is not None:
@@ -293,7 +290,7 @@ class Bridge:
     def command(self, command: PipelineCommand) -> None:
         """Carry out a command; raises KeyError for an unknown pipeline, RuntimeError when read-only, ValueError
         when the run refuses it at once (a promote in a run that prunes nothing)."""
-        from .commands import Checkpoint, Kill, Pause, Promote, Restart, Unpause, Stacks, Stop
+        from .commands import Checkpoint, Kill, Pause, Promote, Restart, Stacks, Stop, Unpause
 
         if not self.live or self._session is None:
             raise RuntimeError("this run is read-only" if self.state.read_only else "no run is active")
@@ -328,7 +325,7 @@ class Bridge:
         if self._consumer is not None:
             try:
                 await asyncio.wait_for(self._consumer, 5.0)  # the stream ends once the supervisor closes
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 self._consumer.cancel()
         self.on_change()
 

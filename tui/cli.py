@@ -186,8 +186,11 @@ def run_app_checked(config: Path, runs_dir: Path | None) -> int:
     app.run()
     if app.bridge.run_dirs or app.return_code:  # it launched: how it ended, and where
         return report_runs(app, launch=True)
-    from ..engine import check_config  # after the app: its first frame waits for no engine
-    from ..engine import pending_jobs, probe_tasks
+    from ..engine import (
+        check_config,  # after the app: its first frame waits for no engine
+        pending_jobs,
+        probe_tasks,
+    )
     from .headless import EXIT_CONFIG, EXIT_STOPPED
 
     report = check_config(config, runs_dir=runs_dir)

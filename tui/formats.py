@@ -7,6 +7,7 @@ events and JSON count from 0.
 from __future__ import annotations
 
 import math
+
 from ..engine.protocol.health import Straggler
 from ..engine.protocol.progress import PipelineProgress
 

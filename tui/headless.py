@@ -5,16 +5,37 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from ..engine.protocol.control import ClientCommand
-from ..engine.protocol.messages import (CheckpointSaved, ConfigAdded, EarlyStop, EpochEnd, Event, Notice,
-                                        PipelineWaiting, PipelineFinished, Resumed, RunFinished, RunStarted,
-                                        SnapshotSkipped, Stalled, StepMetrics, TasksChecked, TrainingStarted,
-                                        TrialDecision, ValResult, ValidatorStarted, WorkerError, WorkerExited,
-                                        WorkerRestarting, WorkerStarted)
 from ..engine.protocol.health import Alert, Straggler, Triage
+from ..engine.protocol.messages import (
+    CheckpointSaved,
+    ConfigAdded,
+    EarlyStop,
+    EpochEnd,
+    Event,
+    Notice,
+    PipelineFinished,
+    PipelineWaiting,
+    Resumed,
+    RunFinished,
+    RunStarted,
+    SnapshotSkipped,
+    Stalled,
+    StepMetrics,
+    TasksChecked,
+    TrainingStarted,
+    TrialDecision,
+    ValidatorStarted,
+    ValResult,
+    WorkerError,
+    WorkerExited,
+    WorkerRestarting,
+    WorkerStarted,
+)
 from ..engine.protocol.names import ExitReason, ValidationMode
 from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .formats import quiet_text, straggler_text

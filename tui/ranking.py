@@ -4,10 +4,11 @@ at the end. Plain data: the app's run state folds the same rows event by event f
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..engine.protocol.control import Action, ClientCommand
 from ..engine.protocol.messages import Event, PipelineFinished, TrialDecision, ValResult, pipeline_of

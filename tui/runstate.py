@@ -11,15 +11,17 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..engine.protocol import health as h
 from ..engine.protocol import messages as m
 from ..engine.protocol import telemetry as t
 from ..engine.protocol.names import ExitReason
-from ..engine.protocol.progress import PipelineProgress, apply as fold
+from ..engine.protocol.progress import PipelineProgress
+from ..engine.protocol.progress import apply as fold
 from ..engine.protocol.states import WorkerState, ended_label
 from .formats import epoch_label, finish_text, fmt_num, is_loss_metric, quiet_text, straggler_text
 from .ranking import SavedSweep, TrialRow, fold_trial, rank

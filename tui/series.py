@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 BINS = 512  # bins per series: at least twice the widest chart, in braille dots
 EMA_ALPHA = 0.1  # weight of the newest point in the smoothed curve
@@ -18,7 +18,7 @@ EMA_ALPHA = 0.1  # weight of the newest point in the smoothed curve
 class BinnedSeries:
     """min, max and last y per equal-width x bin; bins double in width when x outgrows them."""
 
-    __slots__ = ("capacity", "x0", "width", "lo", "hi", "last", "used", "x_max")
+    __slots__ = ("capacity", "hi", "last", "lo", "used", "width", "x0", "x_max")
 
     def __init__(self, capacity: int = BINS):
         self.capacity = capacity

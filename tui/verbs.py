@@ -10,8 +10,9 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 if TYPE_CHECKING:
     from ..engine import EventStream, RunSummary
@@ -53,8 +54,7 @@ def resolve_run(run: str | None, runs_dir: Path, live_only: bool = False) -> Pat
 def all_runs(runs_dir: Path) -> list[RunSummary]:
     """The runs under `runs_dir` and the user's live runs started elsewhere (found through the runtime folder),
     newest first."""
-    from ..engine import list_runs, summarize
-    from ..engine import live_runs
+    from ..engine import list_runs, live_runs, summarize
 
     runs = list_runs(runs_dir)
     here = {r.path.resolve() for r in runs}
@@ -117,7 +117,7 @@ def fit_names(names: list[str] | tuple[str, ...], room: int) -> str:
         return text
     shown = [names[0]]
     for i, name in enumerate(names[1:], 1):
-        if len(", ".join(shown + [name])) + len(f", … (+{len(names) - i - 1} more)") > room:
+        if len(", ".join([*shown, name])) + len(f", … (+{len(names) - i - 1} more)") > room:
             break
         shown.append(name)
     return ", ".join(shown) + f", … (+{len(names) - len(shown)} more)"
@@ -237,5 +237,5 @@ async def _triage_of(stream: EventStream, name: str, timeout: float = TRIAGE_WAI
 
     try:
         return await asyncio.wait_for(scan(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None

@@ -6,6 +6,7 @@ Standard library only: the app's sweep view reads a run's trials without loading
 from __future__ import annotations
 
 import re
+
 from .values import Table, TomlValue
 
 

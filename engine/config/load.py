@@ -16,14 +16,22 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from ..protocol.names import PipelineKind
+from .effects import no_effect
 from .placeholders import FILLED_KEYS, fill_config
 from .problems import ConfigError, Problem, display_path
+from .schema import (
+    BUILTIN_TASKS,
+    LIGHTNING_PREFIX,
+    RESOLVED,
+    SCRIPT_ONLY,
+    TABLES,
+    Pipeline,
+    PipelineSettings,
+    RunConfig,
+)
 from .sweep import SweepConfig
-from .effects import no_effect
 from .trials import expand_pipelines, flat_space, space_problems
 from .values import Table
-from .schema import (BUILTIN_TASKS, LIGHTNING_PREFIX, RESOLVED, SCRIPT_ONLY, TABLES, Pipeline, PipelineSettings,
-                     RunConfig)
 
 
 def _key_path(loc: tuple[int | str, ...]) -> str:
@@ -155,8 +163,8 @@ def resolve_kind(model: Pipeline, own: Table, i: int, file: str,
         only = "only applies to a `script` pipeline (this one runs a `task`)"
         problems = [Problem(file, f"pipelines[{i}].{key}", only) for key in SCRIPT_ONLY if key in own]
         if model.task is None:
-            return {}, problems + [Problem(file, f"pipelines[{i}].task",
-                                           "required key is missing: set `task` or `script` (here or in [defaults])")]
+            missing = "required key is missing: set `task` or `script` (here or in [defaults])"
+            return {}, [*problems, Problem(file, f"pipelines[{i}].task", missing)]
         ref, err = resolve_task(model.task, base_dir)
         return {"task_ref": ref}, problems + ([Problem(file, where("task"), err)] if err else [])
     problems = []

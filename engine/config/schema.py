@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from ..protocol.names import PipelineKind, ValidationMode
 from .alerts import AlertsConfig
-from .placeholders import PLACEHOLDER, PLACEHOLDERS, SETTING_NAMES, unknown  # noqa: F401 (PLACEHOLDER*: re-export)
 from .metric_patterns import check_metrics_regex, patterns  # patterns: a re-export too
+from .placeholders import PLACEHOLDER, PLACEHOLDERS, SETTING_NAMES, unknown  # noqa: F401 (PLACEHOLDER*: re-export)
 from .sweep import SweepConfig
 from .units import memory_bytes
 

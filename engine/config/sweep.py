@@ -73,7 +73,7 @@ class SweepConfig(BaseModel):
         a trial that reaches its limit has finished, with nothing left to save by pruning it."""
         out: list[int] = []
         rung = self.grace_period
-        while limit is None and len(out) < 32 or limit is not None and rung < limit:
+        while (limit is None and len(out) < 32) or (limit is not None and rung < limit):
             out.append(rung)
             rung *= self.reduction_factor
         return out

@@ -8,14 +8,16 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import Any, Iterable, Sequence, TypeVar, cast
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar, cast
 
 from pydantic import ValidationError
 
+from .labels import list_parts as _list_parts
+from .labels import short as _short
+from .placeholders import _text
 from .problems import Problem
 from .schema import Pipeline, PipelineSettings
-from .labels import list_parts as _list_parts, short as _short
-from .placeholders import _text
 from .sweep import RANGE_KINDS, SweepConfig
 from .values import Table, TomlValue
 

@@ -145,9 +145,9 @@ def discover_devices(nvml: Nvml | None = None) -> Inventory:
     if gpus:
         note = "; ".join(skipped)  # GPUs that are usable, and any that were not
     elif found and visible is not None:  # it may name a GPU that was skipped: say why that one was
-        note = "; ".join(skipped + ["no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides them all); using CPU slots"])
+        note = "; ".join([*skipped, "no NVIDIA GPU visible (CUDA_VISIBLE_DEVICES hides them all); using CPU slots"])
     else:
-        note = "; ".join(skipped + ["no usable NVIDIA GPU; using CPU slots"])
+        note = "; ".join([*skipped, "no usable NVIDIA GPU; using CPU slots"])
     return Inventory(gpus=tuple(gpus), cpu_count=cpus, note=note, driver=driver, visible=visible)
 
 

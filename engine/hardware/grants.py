@@ -8,8 +8,9 @@ holds the devices it needs.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Literal
+from typing import Literal
 
 from ..config.schema import Pipeline
 from ..config.units import memory_bytes

@@ -12,13 +12,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from ..protocol.jsonvalue import JsonObject
-
 from ..protocol.private import UnsafeRuntimeDir, runtime_dir
 
 FOLDER_VARIABLE = "TORCHHERD_LEDGER"  # another folder for the ledger: runs that name the same one share it

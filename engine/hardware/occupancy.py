@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import psutil
 

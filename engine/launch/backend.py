@@ -8,10 +8,10 @@ found by their `[cluster] backend` name in engine/launch/registry.py.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable
 
 from ..config.problems import Problem
 from ..config.schema import DevicesConfig, RunConfig
@@ -21,9 +21,9 @@ from ..hardware.occupancy import OccupancyReader
 from ..hardware.placement import ValidationPlan, plan_slots, plan_validation
 from ..hardware.slots import Slot
 from ..protocol.messages import Command, Event
-from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.names import Intent
 from ..protocol.spec import CHILD_MODULE, ChildSpec
+from ..protocol.telemetry import TelemetrySnapshot
 from .ports import take_port
 
 RemotePids = Callable[[], dict[str, dict[str, int]]]  # {node id: {label: pid}} of the processes on other nodes

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Callable
 
 from ..protocol.channel import ChannelError, decode_batch, encode_command
 from ..protocol.messages import Command, Event, Notice

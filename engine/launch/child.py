@@ -14,10 +14,11 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..protocol.channel import ControlReceiver, StatusSender, SupervisorGone, WorkerExit, dial_back
 from ..protocol.spec import ValidatorSpec, read_spec

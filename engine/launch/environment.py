@@ -9,7 +9,7 @@ sets CUDA_VISIBLE_DEVICES itself); the variables and their values are decided he
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 GPUS_VARIABLE = "TORCHHERD_GPUS"  # a GPU child's own GPUs, as CUDA numbers those it sees: "0", "2,3"
 

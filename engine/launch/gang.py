@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import Callable
 
 from ..protocol.channel import WorkerExit
 from ..protocol.health import RankPace

@@ -12,8 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from multiprocessing.connection import Connection
-from typing import Iterable, Mapping
 
 from ..protocol.spec import CHILD_MODULE, Transport, write_spec
 from .backend import Backend, LaunchSpec
@@ -185,7 +185,7 @@ class ProcessLauncher(Backend):
             # Popen is called from the event-loop thread on purpose: the parent-death
             # signal fires when the *thread* that forked the child exits.
             proc = warm or subprocess.Popen(
-                python_module_command(spec.module) + [str(spec_path)],
+                [*python_module_command(spec.module), str(spec_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(status_w, control_r), start_new_session=True, env=env,
                 cwd=os.getcwd())

@@ -6,8 +6,8 @@ A backend that needs a library of its own (Ray) is imported only when a config n
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..config.schema import ClusterConfig
 from .backend import Backend

@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 WARM_MODULE = "torchherd.engine.launch.warm"
 # What every trainer imports before its first step: torch, and torch._dynamo, which torch's own optimizers
@@ -62,7 +63,7 @@ def compatible(env: Mapping[str, str], base: Mapping[str, str], late: Iterable[s
 class WarmProcess:
     """A forked child as `subprocess.Popen` shows one to `ProcessHandle`: pid, poll, wait."""
 
-    def __init__(self, starter: "WarmStarter", pid: int):
+    def __init__(self, starter: WarmStarter, pid: int):
         self._starter, self.pid = starter, pid
 
     def poll(self) -> int | None:
@@ -85,7 +86,7 @@ class WarmStarter:
         self.late = frozenset(late)  # variables a child may differ in besides LATE_KEYS
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen(command + [str(theirs.fileno()), str(os.getpid())],
+            self.proc = subprocess.Popen([*command, str(theirs.fileno()), str(os.getpid())],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
                                          start_new_session=True, env=self.env, cwd=os.getcwd())

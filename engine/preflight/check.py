@@ -9,9 +9,9 @@ interpreter, which catches factories that raise or return the wrong thing.
 from __future__ import annotations
 
 import os
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AbstractSet
 
 from ..config.load import load_config
 from ..config.problems import ConfigError, Problem, display_path
@@ -21,11 +21,11 @@ from ..hardware.grants import Holdings
 from ..hardware.ledger import Ledger
 from ..hardware.occupancy import OccupancyReader
 from ..hardware.placement import plan_slots, plan_validation
-from .plan import describe_plan, gang_problems
 from ..hardware.slots import Slot
-from ..protocol.private import UnsafeRuntimeDir
 from ..protocol.names import ValidationMode
+from ..protocol.private import UnsafeRuntimeDir
 from ..runners.registry import runner_for
+from .plan import describe_plan, gang_problems
 from .probe import grouped_task_problems, lightning_factories, probe_tasks, task_problems
 
 

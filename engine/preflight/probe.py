@@ -16,8 +16,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Callable
+from typing import IO
 
 from ..config.problems import Problem, display_path
 from ..config.schema import BUILTIN_TASKS, LIGHTNING_PREFIX, RunConfig

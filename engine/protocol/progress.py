@@ -11,8 +11,9 @@ Standard library only, like `states`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from . import health as h
 from . import messages as m

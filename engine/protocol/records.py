@@ -12,8 +12,8 @@ import typing
 from typing import Any
 
 from . import control, health, telemetry  # noqa: F401  (their events are in events.jsonl too)
-from .messages import Message
 from .jsonvalue import JsonObject
+from .messages import Message
 from .old_records import upgraded
 
 _TYPES: dict[str, type[Message]] = {}

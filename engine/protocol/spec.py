@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Union, cast
+from typing import Any, ClassVar, cast
 
 CHILD_MODULE = "torchherd.engine.launch.child"  # `python -P -m` this, with the spec file's path
 
@@ -63,7 +63,7 @@ class ValidatorSpec:
         return self.role
 
 
-ChildSpec = Union[WorkerSpec, ValidatorSpec]
+ChildSpec = WorkerSpec | ValidatorSpec
 _ROLES: dict[str, type] = {WorkerSpec.role: WorkerSpec, ValidatorSpec.role: ValidatorSpec}
 
 

@@ -4,10 +4,10 @@ Imports nothing outside the standard library, so any consumer can read it.
 """
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class WorkerState(str, Enum):
+class WorkerState(StrEnum):
     """Where a pipeline's worker is in its life. Final states end the pipeline; in a resting state a sweep's trial
     has no process and waits for its policy to queue it again."""
 

@@ -19,15 +19,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
-from ..protocol.messages import (EpochEnd, Event, Message, PipelineEvent, PipelineFinished, PipelineQueued,
-                                RunFinished, RunStarted, StepMetrics, ValResult)
+from ..protocol.messages import (
+    EpochEnd,
+    Event,
+    Message,
+    PipelineEvent,
+    PipelineFinished,
+    PipelineQueued,
+    RunFinished,
+    RunStarted,
+    StepMetrics,
+    ValResult,
+)
 from ..protocol.old_records import upgraded
 from ..protocol.records import from_record
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .appending import AppendFile
 from .lines import encode_line
-from .snapshots import (PID_FILE, SNAPSHOT_MARKER, _ours, claim_root, owner_alive, remove_root,  # noqa: F401
-                        remove_stale_roots, snapshot_root)  # here too: where callers have always found them
+from .snapshots import (  # noqa: F401
+    PID_FILE,
+    SNAPSHOT_MARKER,
+    _ours,
+    claim_root,
+    owner_alive,
+    remove_root,
+    remove_stale_roots,  # here too: where callers have always found them
+    snapshot_root,
+)
 
 if TYPE_CHECKING:  # pydantic's config: only a run's writer and a resume need it, not every reader of a run
     from ..config.schema import RunConfig

@@ -7,8 +7,9 @@ from __future__ import annotations
 import functools
 import gc
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, cast
+from typing import cast
 
 import msgspec
 

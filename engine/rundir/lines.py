@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Sequence
+from collections.abc import Sequence
 
 import msgspec
 

@@ -13,8 +13,9 @@ import math
 import queue
 import re
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, TypeGuard
+from typing import TypeGuard
 
 from ..config.schema import RunConfig
 from ..protocol.health import Alert

@@ -9,8 +9,9 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from crc32c import crc32c
 

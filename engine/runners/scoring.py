@@ -2,8 +2,9 @@
 next snapshot, and keeping the best result (with the early stop that `patience` asks for)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..protocol.channel import EventSink
 from ..protocol.messages import EarlyStop, Notice

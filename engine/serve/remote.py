@@ -23,7 +23,6 @@ from ..supervise.bus import EventStream
 from .runtime import clean_stale, read_control
 from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
 
-
 # Bytes of events.jsonl a client reads and decodes in one turn of its loop. Small, so that its streams take
 # each stretch's events before the next is decoded, while they are young: stretches of 4 MiB cost a reader
 # 10-20% more CPU a step report, in the collector and the cache (benchmarks/client_read.py).
@@ -95,7 +94,7 @@ class RemoteRun:
 
     @classmethod
     async def connect(cls, run_dir: Path, *, read_only: bool = False, live: bool = True,
-                      history: bool = True, summary: bool = False) -> "RemoteRun":
+                      history: bool = True, summary: bool = False) -> RemoteRun:
         """Attach to the live run in `run_dir` (NotLive if it has none), with its history read when asked:
         every event of events.jsonl, or with `summary` the supervisor's history in short (every event but
         most step reports: the same figures, the charts' shape, at a fraction of the cost)."""
@@ -207,7 +206,7 @@ class RemoteRun:
             await self.request(Action.STOP if graceful else Action.KILL)
             try:
                 await asyncio.wait_for(self._ended.wait(), timeout + 10.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         await self.close()
 
@@ -247,7 +246,7 @@ class RemoteRun:
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, 5.0)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
         self._end()
 

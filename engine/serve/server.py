@@ -17,8 +17,17 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..config.load import load_config
 from ..config.problems import ConfigError
-from ..protocol.control import (Action, Appended, ClientCommand, ClientRefused, EventLines, Hello, Reply, Request,
-                                Welcome)
+from ..protocol.control import (
+    Action,
+    Appended,
+    ClientCommand,
+    ClientRefused,
+    EventLines,
+    Hello,
+    Reply,
+    Request,
+    Welcome,
+)
 from ..protocol.messages import Event, Message, Notice, StepMetrics
 from .summary import HistorySummary
 from .wire import FrameError, FrameReader, encode, peer_credentials, same_user
@@ -60,7 +69,7 @@ def _read_config(path: str) -> RunConfig:
 class _Connection(asyncio.Protocol):
     """One client: its credentials, its frames in, and the frames it has yet to be sent."""
 
-    def __init__(self, server: "ControlServer"):
+    def __init__(self, server: ControlServer):
         self.server = server
         self.transport: Any = None
         self.pid = 0

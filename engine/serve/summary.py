@@ -20,7 +20,7 @@ _pipeline_of = msgspec.json.Decoder(_Pipeline)
 class _Thinned:
     """One pipeline's step reports: every `stride`-th one, halved when it outgrows POINTS, and the newest."""
 
-    __slots__ = ("kept", "stride", "seen", "newest")
+    __slots__ = ("kept", "newest", "seen", "stride")
 
     def __init__(self) -> None:
         self.kept: list[tuple[int, bytes]] = []  # (position in the run, line)

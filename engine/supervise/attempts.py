@@ -11,10 +11,10 @@ from ..launch import gang
 from ..launch.backend import Backend, Handle, LaunchSpec
 from ..launch.environment import GPUS_VARIABLE, cuda_device, node_ranks, rank_env
 from ..launch.ports import release_port
-from .pipeline import SupervisedPipeline
-from ..rundir.directory import RunDirectory
 from ..protocol.spec import WorkerSpec
+from ..rundir.directory import RunDirectory
 from ..runners.registry import runner_for
+from .pipeline import SupervisedPipeline
 from .validation_service import ValidationService
 
 # Seconds a gang's rank waits in a collective, at least: well below torch's 30 minutes (the hang

@@ -29,7 +29,7 @@ class EventStream:
         self._queue = queue
         self._ready: deque[Event] = deque()  # the rest of the burst being taken
 
-    def __aiter__(self) -> "EventStream":
+    def __aiter__(self) -> EventStream:
         return self
 
     async def __anext__(self) -> Event:

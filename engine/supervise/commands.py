@@ -12,8 +12,7 @@ from dataclasses import replace
 
 from ..config.trials import retuned
 from ..protocol.messages import CheckpointNow, Event, Notice, Pause, PipelineFinished, Unpause
-from ..protocol.names import Intent
-from ..protocol.names import NoticeTopic
+from ..protocol.names import Intent, NoticeTopic
 from ..protocol.states import WorkerState
 from .lifecycle import Lifecycle
 from .pipeline import SupervisedPipeline

@@ -8,18 +8,28 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from functools import partial
-from typing import Callable, Protocol
+from typing import Protocol
 
-from ..protocol.channel import WorkerExit
 from ..launch.backend import Handle, NoRoom
 from ..launch.gang import GangHandle
-from ..protocol.messages import (Event, Notice, PipelineFinished, Stalled, Stop, WorkerExited, WorkerRestarting,
-                                       WorkerStarted, WorkerStateChanged)
-from .pipeline import Attempt, SupervisedPipeline
-from .scheduler import Scheduler
+from ..protocol.channel import WorkerExit
+from ..protocol.messages import (
+    Event,
+    Notice,
+    PipelineFinished,
+    Stalled,
+    Stop,
+    WorkerExited,
+    WorkerRestarting,
+    WorkerStarted,
+    WorkerStateChanged,
+)
 from ..protocol.names import ExitReason, Intent
 from ..protocol.states import WorkerState, check_transition
+from .pipeline import Attempt, SupervisedPipeline
+from .scheduler import Scheduler
 
 S = WorkerState
 R = ExitReason

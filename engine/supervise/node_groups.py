@@ -4,7 +4,7 @@ machine every slot's node is "", so these rules change nothing.
 """
 from __future__ import annotations
 
-from typing import Hashable
+from collections.abc import Hashable
 
 from ..hardware.slots import Slot
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from ..config.schema import RunConfig
 from ..hardware.devices import Inventory
-from ..launch.backend import Backend
-from ..launch.backend import NoRoom
+from ..launch.backend import Backend, NoRoom
 from .scheduler import Scheduler
 
 NODE_REFRESH = 2.0  # seconds between looks at a cluster's nodes (Ray itself sees a node leave in ~2 s)

@@ -11,9 +11,9 @@ from ..protocol.messages import StepMetrics
 from ..rundir.tensorboard import FOLDER, TensorBoardTap
 from .bus import StepsTap, Tap
 from .decisions import Outbox, SessionView
-from .sweep.exploiting import PbtController
-from .health.watch import HealthWatch
 from .health.metric_watch import MetricWatch
+from .health.watch import HealthWatch
+from .sweep.exploiting import PbtController
 from .sweep.sweeping import SweepPruner
 
 __all__ = ["Observers", "PbtController", "SweepPruner", "observers_of"]

@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.schema import Pipeline, RunConfig
-from ..launch.backend import Handle
-from ..protocol.messages import EpochEnd, Event, Heartbeat, StepMetrics, TrainingStarted, WorkerError
 from ..hardware.grants import Request
 from ..hardware.placement import ValidationPlan
 from ..hardware.slots import Slot
-from .policy import RestartPolicy
-from ..protocol.progress import PipelineProgress, apply
+from ..launch.backend import Handle
+from ..protocol.messages import EpochEnd, Event, Heartbeat, StepMetrics, TrainingStarted, WorkerError
 from ..protocol.names import Intent, ValidationMode
+from ..protocol.progress import PipelineProgress, apply
 from ..protocol.states import WorkerState
+from .policy import RestartPolicy
 
 
 @dataclass(frozen=True)

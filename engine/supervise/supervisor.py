@@ -18,33 +18,42 @@ from ..config.problems import ConfigError
 from ..config.schema import RunConfig
 from ..hardware.devices import Inventory
 from ..hardware.grants import request_of
-from ..preflight.plan import gang_problems
 from ..launch.backend import Backend, Handle
 from ..launch.registry import backend_for
-from ..protocol.messages import (ConfigAdded, EarlyStop, Event, Notice, PipelineFinished, PipelineQueued,
-                                 PipelineWaiting, RunFinished, RunStarted)
+from ..preflight.plan import gang_problems
+from ..protocol.messages import (
+    ConfigAdded,
+    EarlyStop,
+    Event,
+    Notice,
+    PipelineFinished,
+    PipelineQueued,
+    PipelineWaiting,
+    RunFinished,
+    RunStarted,
+)
 from ..protocol.names import NoticeTopic
-from ..protocol.telemetry import TelemetrySnapshot
 from ..protocol.states import SUCCESS_STATES, WorkerState
+from ..protocol.telemetry import TelemetrySnapshot
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id
 from ..rundir.snapshots import remove_root, snapshot_root
 from ..runners.registry import runner_for
 from . import build_check, commands
 from .attempts import AttemptLauncher
-from .disk_full import DiskWatch
 from .bus import EventStream, Publisher, StepsTap, Tap
+from .decisions import Decision, DumpStacks, Outbox, Record, Requeue, Retune, SessionView, Stop, StopRun
+from .disk_full import DiskWatch
 from .intake import WorkerIntake
 from .lifecycle import Lifecycle, States
 from .nodes import NodeFollower
-from .pipeline import SupervisedPipeline, PipelineView, Plan, unique_name, view_of
+from .observers import PbtController, SweepPruner, observers_of
+from .pipeline import PipelineView, Plan, SupervisedPipeline, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
-from .decisions import Decision, DumpStacks, Outbox, Record, Requeue, Retune, SessionView, Stop, StopRun
-from .observers import PbtController, SweepPruner, observers_of
 from .scheduler import Scheduler
-from .validator_gpu import start_validator
 from .telemetry_feed import TelemetryFeed, gpu_note
 from .validation_service import SESSION_ENDED, ValidationService
+from .validator_gpu import start_validator
 
 __all__ = ["EventStream", "PipelineView", "Supervisor"]
 S = WorkerState

@@ -6,8 +6,8 @@ id, to the backend's remote telemetry (engine/launch/ray/telemetry.py on Ray).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..config.schema import TelemetryConfig
 from ..launch.backend import Backend, Handle
@@ -43,10 +43,10 @@ def gpu_note(pipe: SupervisedPipeline, snapshot: TelemetrySnapshot | None) -> st
     if gpu is None or snapshot is None:
         return ""
     for sample in snapshot.gpus:
-        if sample.index == gpu.index and sample.mem_used is not None and sample.mem_total:
-            if sample.mem_used / sample.mem_total >= FULL:
-                return (f"; GPU {gpu.index} memory was full: {sample.mem_used / 2**30:.1f} of "
-                        f"{sample.mem_total / 2**30:.1f} GiB used")
+        if sample.index == gpu.index and sample.mem_used is not None and sample.mem_total and \
+                sample.mem_used / sample.mem_total >= FULL:
+            return (f"; GPU {gpu.index} memory was full: {sample.mem_used / 2**30:.1f} of "
+                    f"{sample.mem_total / 2**30:.1f} GiB used")
     return ""
 
 

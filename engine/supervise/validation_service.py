@@ -18,20 +18,29 @@ import re
 import signal
 import sys
 import time
-from functools import partial
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable
 
 from ..config.schema import RestartConfig
-from ..launch.backend import Backend, Handle, LaunchSpec
-from ..protocol.messages import (EarlyStop, Event, Notice, SnapshotSkipped, SnapshotTaken, Stop, ValidatorStarted,
-                                 ValResult, pipeline_of)
 from ..hardware.placement import ValidationPlan
-from .policy import RestartPolicy
-from ..rundir.snapshots import claim_root
+from ..launch.backend import Backend, Handle, LaunchSpec
+from ..protocol.messages import (
+    EarlyStop,
+    Event,
+    Notice,
+    SnapshotSkipped,
+    SnapshotTaken,
+    Stop,
+    ValidatorStarted,
+    ValResult,
+    pipeline_of,
+)
 from ..protocol.names import Intent, ValidationMode
 from ..protocol.spec import ValidatorSpec
+from ..rundir.snapshots import claim_root
+from .policy import RestartPolicy
 
 DRAIN = 120.0  # seconds the run waits, all training done, for results that make no progress
 # The validator's restarts, under the workers' restart policy: backoff from 1 s doubling to 30 s per death

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from ..protocol.telemetry import ProcessSample, TelemetrySnapshot
-from ..protocol.records import to_record
-from ..rundir.lines import trim_torn_line
 from ..hardware.devices import Nvml
+from ..protocol.records import to_record
+from ..protocol.telemetry import ProcessSample, TelemetrySnapshot
+from ..rundir.lines import trim_torn_line
 from .gpus import GpuReader
 from .host import HostReader, ProcessTrees
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 import pickle
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch.serialization import MAP_LOCATION

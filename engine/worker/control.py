@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..protocol.channel import ControlReceiver, StatusSender, WorkerExit
-from ..protocol.messages import CheckpointNow, Heartbeat, Notice, Pause, Proceed, Unpause, Stop, WorkerError
+from ..protocol.messages import CheckpointNow, Heartbeat, Notice, Pause, Proceed, Stop, Unpause, WorkerError
 
 CONTROL_INTERVAL = 0.02  # seconds between looks at the control pipe
 HEARTBEAT_INTERVAL = 1.0  # seconds between "still stepping" reports from the training thread

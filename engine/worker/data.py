@@ -6,7 +6,8 @@ pipeline's settings and passes anything else (the user's own iterable) through.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 

@@ -5,8 +5,9 @@ both report the same numbers.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch

@@ -7,12 +7,13 @@ reports them with `announce_snapshot`. No torch is imported until a writer is ma
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..protocol.channel import StatusSender
-from ..protocol.messages import Notice, SnapshotTaken
 from ..protocol.jsonvalue import JsonObject
+from ..protocol.messages import Notice, SnapshotTaken
 from ..protocol.names import PipelineKind, ValidationMode
 
 if TYPE_CHECKING:

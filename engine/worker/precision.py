@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
 DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
-def autocast(device: torch.device, precision: str) -> Callable[[], ContextManager]:
+def autocast(device: torch.device, precision: str) -> Callable[[], AbstractContextManager[object]]:
     """A factory of the autocast context for `precision` ("32" gives a no-op context)."""
     dtype = DTYPES.get(precision)
     if dtype is None:

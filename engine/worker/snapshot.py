@@ -12,15 +12,17 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from .copy_engine import BLOCKING, HOST, STAGED, BlockingDeviceCopy, CopyEngine, HostCopy, copy_mode
 from .publisher import Flight, Publisher
+
 
 class Weights(Protocol):
     """What a snapshot copies: a module, or anything else whose state_dict() holds its weights (a sharded

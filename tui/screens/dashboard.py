@@ -8,7 +8,7 @@ for the app to carry out, after a check that the pipeline's state lets the comma
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from rich.markup import escape
 from textual.app import ComposeResult
@@ -19,20 +19,19 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from ...engine.protocol.states import WorkerState
-from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Promote, Restart, Unpause, Stacks, Stop, refusal
+from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Promote, Restart, Stacks, Stop, Unpause, refusal
+from ..formats import gang_text
 from ..messages import CommandRequested
 from ..runstate import RunState
-from .dialogs import ConfirmScreen
-from .log_view import LogScreen
-from .ranks import RanksScreen
-from ..formats import gang_text
 from ..widgets.alert_banner import AlertBanner
 from ..widgets.device_pane import DevicePane
 from ..widgets.log_views import EventLog, LogTail
 from ..widgets.loss_chart import GLYPHS, LossChart
 from ..widgets.pipeline_table import PipelineTable
 from ..widgets.sweep_table import SweepTable
-
+from .dialogs import ConfirmScreen
+from .log_view import LogScreen
+from .ranks import RanksScreen
 
 
 class DashboardScreen(Screen[None]):

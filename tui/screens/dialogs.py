@@ -4,7 +4,7 @@ Each is a `ModalScreen[T]` that dismisses with its answer; every choice has a ke
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.binding import Binding

@@ -8,9 +8,9 @@ config `torchherd run` would refuse cannot be launched here either: enter says w
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Group
 from rich.padding import Padding
@@ -39,9 +39,7 @@ def build_tasks(path: Path, check: ConfigCheck, worker: Worker[None],
 
     Blocking: call it from a thread worker. `progress(built, total)` is called as tasks finish.
     """
-    from ...engine import load_config
-    from ...engine import ConfigError
-    from ...engine import ProbeCancelled, pending_jobs, probe_tasks
+    from ...engine import ConfigError, ProbeCancelled, load_config, pending_jobs, probe_tasks
 
     try:
         config = load_config(path)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Unpack
+from typing import Unpack
 
 from rich.text import Text
 from textual import work

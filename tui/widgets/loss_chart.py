@@ -16,7 +16,8 @@ writes a few lines to the terminal, not the whole chart.
 from __future__ import annotations
 
 import math
-from typing import Sequence, Unpack
+from collections.abc import Sequence
+from typing import Unpack
 
 from rich.segment import Segment
 from rich.style import Style
@@ -272,7 +273,7 @@ class LossChart(Widget):
                     cells.append((ARROW, base + Style(color=PALETTE[canvas.over[i]], bold=True)))
                 else:
                     cells.append((chr(0x2800 + masks[i]), styles[colours[i]] if colours[i] >= 0 else base))
-            out.append(_runs([(f"{label:>{GUTTER - 2}} ", axis), ("┤" if label else "│", axis)] + cells))
+            out.append(_runs([(f"{label:>{GUTTER - 2}} ", axis), ("┤" if label else "│", axis), *cells]))
         return out
 
     def _strip_lines(self, height: int, pw: int, visible: Visible, x_lo: float, x_scale: float) -> list[list[Segment]]:

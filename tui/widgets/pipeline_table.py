@@ -9,8 +9,9 @@ header names the validation metric (`best` is the best of it so far).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable, Unpack
+from typing import Unpack
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment

@@ -98,7 +98,7 @@ class ChildHost:
 
     async def signal(self, sig: int, group: bool = True) -> None:
         """Send `sig` to the child's process group (it and its DataLoader workers), or to the child alone."""
-        if self.proc is None or self.proc.poll() is not None and not group:
+        if self.proc is None or (self.proc.poll() is not None and not group):
             return
         try:
             if group:

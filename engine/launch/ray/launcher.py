@@ -14,11 +14,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ...config.problems import ConfigError, Problem
 from ...config.schema import ClusterConfig, DevicesConfig, RunConfig
+from ...hardware.ledger import MemoryLedger
 from ...hardware.placement import ValidationPlan
 from ...hardware.slots import Slot
 from ...protocol.names import Intent
@@ -26,9 +28,14 @@ from ...protocol.spec import Transport, ValidatorSpec, write_spec
 from ..backend import Backend, Handle, LaunchSpec, NoRoom, RemotePids, TelemetryHook
 from ..environment import child_env
 from .handle import RayHandle
-from ...hardware.ledger import MemoryLedger
-from .placement import ClusterInventory, NodeBook, cluster_inventory, plan_cluster_slots, \
-    plan_cluster_validation, read_nodes
+from .placement import (
+    ClusterInventory,
+    NodeBook,
+    cluster_inventory,
+    plan_cluster_slots,
+    plan_cluster_validation,
+    read_nodes,
+)
 from .rundir import check_shared, remove_roots
 from .transport import DialBackListener
 

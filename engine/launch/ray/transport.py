@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import secrets
 import socket
-from typing import Callable
+from collections.abc import Callable
 
 from ...protocol.channel import TOKEN_CHARS
 

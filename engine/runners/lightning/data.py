@@ -7,7 +7,7 @@ which draws the same order and skips what the checkpointed part of the epoch tra
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -74,8 +74,8 @@ def resumable(loader: object, rank: int = 0,
               world: int = 1) -> tuple[object, ResumableSampler | ResumableDistributedSampler | None]:
     """`loader` with a ResumableSampler in place of its Random/SequentialSampler (for rank `rank` of a gang of
     `world`, a ResumableDistributedSampler, which Lightning leaves in place); others as they are."""
-    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
     from lightning.pytorch.utilities.data import _update_dataloader
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
     if not isinstance(loader, DataLoader) or type(loader.batch_sampler) is not BatchSampler:
         return loader, None

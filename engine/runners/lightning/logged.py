@@ -50,8 +50,7 @@ def logged_on_epoch(trainer: pl.Trainer) -> dict[str, float]:
         return {}
     out = {}
     for name, value in _found(results, False).items():
-        if torch.is_tensor(value) and value.numel() == 1:
-            out[name] = float(value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if (torch.is_tensor(value) and value.numel() == 1) or number:
             out[name] = float(value)
     return out

@@ -23,20 +23,28 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ...worker import checkpoint as ckpt
-from ..base import error_text
 from ...protocol.channel import WorkerExit
+from ...protocol.messages import (
+    CheckpointSaved,
+    EarlyStop,
+    EpochEnd,
+    Notice,
+    Resumed,
+    TrainingStarted,
+    ValResult,
+    WorkerError,
+)
+from ...protocol.names import NoticeTopic, PipelineKind, ValidationMode
+from ...protocol.progress import judge
+from ...worker import checkpoint as ckpt
+from ...worker.handoff import HandOff, snapshot_meta
+from ...worker.reporting import ReportWindow
+from ..base import error_text
 from . import LightningRunner
 from .data import ResumableDistributedSampler, ResumableSampler, resumable
 from .gang import LightningGang, gang_trainer_args
 from .logged import logged_on_epoch, logged_on_step
 from .support import PREPARED, LightningTask, build_for, monitors_problem, prepare_once, val_monitors
-from ...protocol.messages import (CheckpointSaved, EarlyStop, EpochEnd, Notice, Resumed, TrainingStarted, ValResult,
-                                  WorkerError)
-from ...protocol.names import NoticeTopic, PipelineKind, ValidationMode
-from ...protocol.progress import judge
-from ...worker.handoff import HandOff, snapshot_meta
-from ...worker.reporting import ReportWindow
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -58,7 +66,7 @@ class HerdHooks:
     The hooks of `HerdCallback`, which adds Lightning's Callback as a base once Lightning is imported.
     """
 
-    def __init__(self, runner: "LightningAttempt"):
+    def __init__(self, runner: LightningAttempt):
         self.r = runner
         self.batches = 0  # batches of the current epoch trained
         self.best: float | None = None

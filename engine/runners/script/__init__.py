@@ -27,7 +27,7 @@ SCAN_LIMIT = 200  # .py files beside a script searched for a call, at most
 
 def calls(script: Path, call: re.Pattern) -> bool:
     """Whether the script, or a module beside it (a training loop often lives there), makes `call`."""
-    files = [script] + sorted(p for p in script.parent.glob("*.py") if p != script)[:SCAN_LIMIT]
+    files = [script, *sorted(p for p in script.parent.glob("*.py") if p != script)[:SCAN_LIMIT]]
     for file in files:
         try:
             if call.search(file.read_text(encoding="utf-8", errors="replace")):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from ...protocol.messages import EpochEnd, StepMetrics, ValResult
 from ...protocol.names import ValidationMode
@@ -71,7 +71,7 @@ class ScriptEvents:
                 # Nothing was reported during the epoch: its loss is also the chart's point for it.
                 report = self.step_report(None, ended, values["loss"])
                 events += [report] if report is not None else []
-            return events + [self.epoch_end(ended, values.get("loss"), _others(values))]
+            return [*events, self.epoch_end(ended, values.get("loss"), _others(values))]
         epoch = self.printed_epoch(values["epoch"]) if "epoch" in values else None
         step = int(values["step"]) if "step" in values else None
         samples, seconds = self._samples_since(step)

@@ -13,9 +13,10 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 # Runs between fork and the script: Ctrl-C back to its default (the worker ignores it, and an
 # ignored SIGINT would survive exec), SIGUSR2 unblocked (the worker blocks it), death with the worker,
@@ -134,7 +135,7 @@ class ScriptProcess:
 
         try:
             root = psutil.Process(self.pid)
-            return [root] + root.children(recursive=True)
+            return [root, *root.children(recursive=True)]
         except psutil.Error:
             return []
 

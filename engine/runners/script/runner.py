@@ -24,22 +24,21 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .... import client_frames as wire
 from .... import client_env
-from ...protocol.channel import WorkerExit
+from .... import client_frames as wire
 from ...config.metric_patterns import patterns
-from ...protocol.messages import (EpochEnd, Notice, StepMetrics, TrainingStarted, ValResult,
-                                  WorkerError)
-from ...protocol.progress import judge, metric_value
+from ...protocol.channel import WorkerExit
+from ...protocol.messages import EpochEnd, Notice, StepMetrics, TrainingStarted, ValResult, WorkerError
 from ...protocol.names import PipelineKind, ValidationMode
+from ...protocol.progress import judge, metric_value
 from ...worker.control import HEARTBEAT_INTERVAL
 from ...worker.handoff import snapshot_meta
+from .arguments import command_line, describe_checkpoint, newest_checkpoint
 from .crash import crash_excerpt, error_line  # error_line: tests import it from here too
 from .events import ScriptEvents, parse_number
-from .unmatched import UnmatchedWatch
 from .frames import ClientFrames
-from .arguments import command_line, describe_checkpoint, newest_checkpoint
 from .process import ScriptProcess, forward_stacks, script_environment, stacks_site
+from .unmatched import UnmatchedWatch
 from .validation import InlineScorer
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ began and, before any line matched, says so once after `LINES` of them or `SECON
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 LINES = 50  # unmatched lines before the notice
 SECONDS = 60.0  # or seconds since the first unmatched line, whichever comes first

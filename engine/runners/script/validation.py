@@ -7,8 +7,9 @@ while the script waits, so the numbers, `best.pt` and early stopping are the sam
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ...protocol.messages import EarlyStop, Event, ValResult
 from ...protocol.names import ValidationMode

@@ -9,8 +9,9 @@ so all ranks stop, pause and checkpoint at the same step and none waits alone.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -41,7 +42,7 @@ class Gang:
 
     @classmethod
     def join(cls, rank: int, world: int, device: torch.device, timeout: float, strategy: str = "ddp",
-             shard_group: int | None = None) -> "Gang":
+             shard_group: int | None = None) -> Gang:
         """Join the process group torchrun's variables (MASTER_ADDR, MASTER_PORT) describe."""
         if device.type == "cuda":
             torch.cuda.set_device(device)

@@ -8,7 +8,8 @@ for the snapshot hand-off. Checkpoints are sharded_checkpoint.py.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Union, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -19,9 +20,9 @@ if TYPE_CHECKING:
 
 # A Task's `shard`: module classes FSDP2 shards as units, or a function shard(model, fully_shard) that shards them.
 ShardHook = Callable[[torch.nn.Module, Callable[[torch.nn.Module], torch.nn.Module]], object]
-Shard = Union[Iterable[type[torch.nn.Module]], ShardHook]
+Shard = Iterable[type[torch.nn.Module]] | ShardHook
 # A Task's `optimizer`: one made already, or a function of the parameters returning one.
-OptimizerOrFactory = Union[torch.optim.Optimizer, Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]]
+OptimizerOrFactory = torch.optim.Optimizer | Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
 SHARD_PROBLEM = ("shard is neither a list of torch.nn.Module classes (each module of one a unit FSDP2 shards) nor "
                  "a function shard(model, fully_shard)")

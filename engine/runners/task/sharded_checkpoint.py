@@ -73,8 +73,8 @@ def save_sharded(directory: Path, which: str, model: torch.nn.Module, optimizer:
     step. Rank 0 adds `extra` and publishes the folder once all shards are written. CheckpointError on any
     failure; the previous checkpoint is then untouched."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict_saver import save
     from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     stem = which.split(".")[0]
     tmp = directory / f".{stem}{SUFFIX}.{extra['step']}.tmp"
@@ -109,8 +109,8 @@ def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     """Load the checkpoint at `path` into this rank's shards (DCP reshards when the gang that wrote it had a
     different world size): a collective. Returns rank 0's trainer state, as every rank reads it."""
     import torch
-    from torch.distributed.checkpoint.state_dict_loader import load
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     model_state, optim_state = get_state_dict(model, optimizer)  # the optimizer's state made up front, to load into
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}

@@ -8,18 +8,19 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from ...worker import checkpoint as ckpt
-from ...protocol.channel import StatusSender, WorkerExit
 from ...config.schema import Pipeline, ValidationConfig
+from ...protocol.channel import StatusSender, WorkerExit
 from ...protocol.messages import EarlyStop, EpochEnd, Notice, TrainingStarted, ValResult, WorkerError
 from ...protocol.names import PipelineKind, ValidationMode
 from ...protocol.progress import judge
+from ...worker import checkpoint as ckpt
 from ...worker.control import WorkerControl
 from ...worker.data import make_loader
 from ...worker.evaluate import evaluate

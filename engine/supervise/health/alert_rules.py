@@ -15,8 +15,17 @@ from math import isfinite
 
 from ...config.alerts import AlertsConfig
 from ...protocol.health import Alert, Straggler
-from ...protocol.messages import (Event, Notice, SnapshotTaken, Stalled, StepMetrics, ValResult, WorkerError,
-                                 WorkerExited, pipeline_of)
+from ...protocol.messages import (
+    Event,
+    Notice,
+    SnapshotTaken,
+    Stalled,
+    StepMetrics,
+    ValResult,
+    WorkerError,
+    WorkerExited,
+    pipeline_of,
+)
 from ...protocol.names import ValidationMode
 from ...protocol.telemetry import OWNER_OTHER, OWNER_UNKNOWN, TelemetrySnapshot
 

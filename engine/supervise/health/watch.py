@@ -15,15 +15,15 @@ import time
 from pathlib import Path
 
 from ...protocol.health import Alert, RankPace, Triage
-from ...protocol.records import to_record
 from ...protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerStarted
 from ...protocol.names import NoticeTopic
+from ...protocol.records import to_record
 from ...protocol.states import WorkerState
 from ...protocol.telemetry import TelemetrySnapshot
+from ..decisions import DumpStacks, Outbox, Record, SessionView
 from .alert_rules import AlertRules
 from .stragglers import StragglerWatch
 from .triage import read_places, verdict
-from ..decisions import DumpStacks, Outbox, Record, SessionView
 
 DISK_EVERY = 30.0  # seconds between looks at the runs folder's free space
 SETTLE = 0.5  # seconds a rank's log must stay the same size for its stack dump to be whole

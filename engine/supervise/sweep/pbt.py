@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ...config.trials import draw, numeric
 from .pruning import EPS, _at, worse

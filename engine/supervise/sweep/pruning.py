@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 EPS = 1e-9  # progress is a float (steps / steps per epoch); a rung at 2 is reached at 1.9999999999
 
@@ -74,7 +74,7 @@ class Asha:
             if t + EPS < rung or trial in self.recorded[rung]:
                 continue
             cut = self.cutoff(rung)
-            prune = cut is not None and worse(value, cut, self.mode) or not math.isfinite(value)
+            prune = (cut is not None and worse(value, cut, self.mode)) or not math.isfinite(value)
             self.recorded[rung][trial] = value
             said = _at(self.metric, value, self.unit, t)
             if cut is None:
