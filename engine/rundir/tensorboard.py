@@ -226,10 +226,23 @@ class TensorBoardTap:
             self._queue.put(done)
             done.wait(DRAIN_WAIT)
         elif first:
-            try:
-                asyncio.get_running_loop().call_later(HAND_OVER, self._hand_over)
-            except RuntimeError:  # no loop (a caller of its own): at once
-                self._hand_over()
+            self._hand_over_soon()
+
+    def on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
+        """A run of step reports at once (the bulk of a worker's batch): `on_event` of each, in one call."""
+        keep = self.thinning.keep
+        kept = [event for event in steps if keep(event)]
+        if kept:
+            first = not self._batch
+            self._batch += kept
+            if first:
+                self._hand_over_soon()
+
+    def _hand_over_soon(self) -> None:
+        try:
+            asyncio.get_running_loop().call_later(HAND_OVER, self._hand_over)
+        except RuntimeError:  # no loop (a caller of its own): at once
+            self._hand_over()
 
     def _hand_over(self) -> None:
         if self._batch:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ..protocol.messages import Event, Notice
+from ..protocol.messages import Event, Notice, StepMetrics
 from ..protocol.names import NoticeTopic
 from ..rundir.directory import RunDirectory
 from .decisions import Outbox, Record, StopRun
@@ -61,6 +61,9 @@ class DiskWatch:
                 f"then `torchherd resume {self.rundir.path}`")
         self._out.send(Record(Notice(level="error", text=text)), StopRun(self.stopped))
         _say(text)
+
+    def on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
+        """A run of step reports: none is a notice (a call per report would cost a flood)."""
 
     async def settle(self, wait: float = SPACE_WAIT) -> None:
         """At the end: wait up to `wait` seconds for room to write what the run's files still hold."""

@@ -31,7 +31,8 @@ def observers_of(session: SessionView, out: Outbox) -> Observers:
     pruner (or PBT's controller), its state rebuilt from the run folder."""
     found = Observers()
     if session.config.tensorboard:
-        found.taps.append((TensorBoardTap(session.run_dir / FOLDER, session.config).on_event, None))
+        tensorboard = TensorBoardTap(session.run_dir / FOLDER, session.config)
+        found.taps.append((tensorboard.on_event, tensorboard.on_steps))
     watch = MetricWatch(session, out)
     found.taps.append((watch.on_event, watch.on_steps))
     health = HealthWatch(session, out)  # stragglers, the triage of a stall, alerts

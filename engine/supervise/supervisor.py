@@ -145,7 +145,7 @@ class Supervisor:
         rundir.resuming = resuming
         rundir.save_config(self.config)
         self._publish.add_writer(rundir.write, rundir.write_steps)
-        self._publish.tap(opened.disk.on_event)
+        self._publish.tap(opened.disk.on_event, opened.disk.on_steps)
         names = [n for config in [self.config, *(self._resume_configs or [])[1:]] for n in self._add(config)]
         kept = kept_on_resume({n: e.status for n, e in done.items()}, names, self._resume_only) if resuming else {}
         for name in names:
