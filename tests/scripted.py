@@ -99,3 +99,39 @@ async def until(condition, timeout: float = 5.0):
         while not condition():
             await asyncio.sleep(0.005)
     await asyncio.wait_for(poll(), timeout)
+
+
+class PolicySession:
+    """A session as a policy reads it (a real SessionView over states a test sets) and an Outbox whose decisions
+    land here, carried out as the supervisor would: for orders of events a live run hits only by chance. Stop
+    moves a trial to STOPPING (its attempt then ends when the test says); Requeue queues an ended one."""
+
+    def __init__(self, config, run_dir):
+        from types import SimpleNamespace
+
+        from torchherd.engine.supervise.decisions import Outbox, SessionView
+
+        self.config, self.run_dir = config, run_dir
+        self.states: dict = {}
+        self.recorded: list = []  # the events of Record decisions
+        self.stopped: list = []  # the Stop decisions
+        self.requeued: list[str] = []
+        self.retuned: dict[str, dict] = {}
+        view = lambda name: SimpleNamespace(state=self.states[name], step=4, epoch=1, steps_per_epoch=4)  # noqa: E731
+        self.view = SessionView(config, run_dir, view, lambda: [])
+        self.out = Outbox(self._carry_out, lambda: False, asyncio.get_running_loop())
+
+    def _carry_out(self, decision) -> None:
+        from torchherd.engine.protocol.states import WorkerState
+        from torchherd.engine.supervise.decisions import Record, Requeue, Retune, Stop
+
+        if isinstance(decision, Record):
+            self.recorded.append(decision.event)
+        elif isinstance(decision, Stop):
+            self.stopped.append(decision)
+            self.states[decision.name] = WorkerState.STOPPING
+        elif isinstance(decision, Requeue) and self.states[decision.name].ended:  # as the supervisor does
+            self.requeued.append(decision.name)
+            self.states[decision.name] = WorkerState.QUEUED
+        elif isinstance(decision, Retune):
+            self.retuned[decision.name] = decision.values

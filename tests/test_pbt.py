@@ -15,6 +15,7 @@ from torchherd.engine.supervise.sweep.exploiting import STAGED, checksum, stage,
 from torchherd.engine.supervise.sweep.pbt import Pbt, explore, quantiles, schedules
 from torchherd.tui.ranking import lineage
 from tests.conftest import make_config
+from tests.scripted import PolicySession
 
 
 def rule(**kw) -> Pbt:
@@ -200,8 +201,8 @@ async def test_a_trials_own_saves_after_its_exploit_was_decided_are_never_offere
     config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1, 0.01]}},
                                                            "scheduler": "pbt", "perturbation_interval": 1})
     sup = Supervisor(config)
-    controller = PbtController(SessionView(config, sup.run_dir, sup.view, sup.views), _Session(config, sup.run_dir).out,
-                               rule())
+    out = PolicySession(config, sup.run_dir).out
+    controller = PbtController(SessionView(config, sup.run_dir, sup.view, sup.views), out, rule())
 
     def saved(step, reason="epoch"):
         return CheckpointSaved(pipeline="t-lr0.01", path="last.pt", epoch=step // 4, step=step, reason=reason)
@@ -223,40 +224,6 @@ async def test_a_trials_own_saves_after_its_exploit_was_decided_are_never_offere
     assert controller._newest("t-lr0.01")[:2] == (8, 2) and controller._passes_point(old_epoch) == 2
 
 
-class _Session:
-    """A session as PbtController reads it (a real SessionView) with states a test sets, and an Outbox whose
-    decisions land here: for the order of one event-loop turn that a live run can only hit by chance."""
-
-    def __init__(self, config, run_dir):
-        import asyncio
-        from types import SimpleNamespace
-
-        from torchherd.engine.supervise.decisions import Outbox, SessionView
-
-        self.config, self.run_dir = config, run_dir
-        self.states: dict = {}
-        self.requeued: list[str] = []
-        self.retuned: dict[str, dict] = {}
-        self.recorded: list = []
-        view = lambda name: SimpleNamespace(state=self.states[name], step=4, epoch=1, steps_per_epoch=4)  # noqa: E731
-        self.view = SessionView(config, run_dir, view, lambda: [])
-        self.out = Outbox(self._carry_out, lambda: False, asyncio.get_running_loop())
-
-    def _carry_out(self, decision):
-        from torchherd.engine.protocol.states import WorkerState
-        from torchherd.engine.supervise.decisions import Record, Requeue, Retune
-
-        if isinstance(decision, Record):
-            self.recorded.append(decision.event)
-        elif isinstance(decision, Requeue) and self.states[decision.name].ended:  # as the supervisor does
-            self.requeued.append(decision.name)
-            self.states[decision.name] = WorkerState.QUEUED
-        elif isinstance(decision, Retune):
-            self.retuned[decision.name] = decision.values
-        else:
-            raise AssertionError(f"{decision}: not asked of an ended trial")
-
-
 async def test_an_exploit_decided_as_the_trials_yield_ends_applies_its_copy_before_it_queues_again(tmp_path):
     # Regression: a yielding trial's result (exploit queued) and its end (requeue queued) in one loop turn: the
     # exploit found it ended, not queued, and only staged the copy; the requeue started it from its own
@@ -270,7 +237,7 @@ async def test_an_exploit_decided_as_the_trials_yield_ends_applies_its_copy_befo
 
     config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1, 0.01]}},
                                                            "scheduler": "pbt", "perturbation_interval": 1})
-    session = _Session(config, tmp_path / "run")
+    session = PolicySession(config, tmp_path / "run")
     trial, donor = "t-lr0.01", "t-lr0.1"
     (session.run_dir / donor / "checkpoints").mkdir(parents=True)
     (session.run_dir / donor / "checkpoints" / "last.pt").write_bytes(b"donor at step 4")

@@ -7,6 +7,7 @@ import math
 
 from torchherd.engine.protocol.states import WorkerState, ended_label
 from torchherd.engine.supervise.sweep.pruning import Asha, PromotingAsha
+from tests.scripted import PolicySession
 
 
 def test_the_first_at_a_rung_pauses_and_the_second_better_one_goes_on():
@@ -126,38 +127,6 @@ def test_when_nothing_else_can_run_a_rung_that_let_none_go_on_promotes_its_best(
     assert asha.last_promotion() == []  # NaN is never promoted
 
 
-class _Session:
-    """A session as SweepPruner reads it (a real SessionView) with states a test sets, and an Outbox whose
-    decisions land here: for an order of ends that a live run hits only by chance."""
-
-    def __init__(self, config, run_dir):
-        import asyncio
-        from types import SimpleNamespace
-
-        from torchherd.engine.supervise.decisions import Outbox, SessionView
-
-        self.config, self.run_dir = config, run_dir
-        self.states: dict = {}
-        self.recorded: list = []
-        self.restarted: list[str] = []
-        view = lambda name: SimpleNamespace(state=self.states[name], step=4, epoch=1, steps_per_epoch=4)  # noqa: E731
-        self.view = SessionView(config, run_dir, view, lambda: [])
-        self.out = Outbox(self._carry_out, lambda: False, asyncio.get_running_loop())
-
-    def _carry_out(self, decision):
-        from torchherd.engine.protocol.states import WorkerState
-        from torchherd.engine.supervise.decisions import Record, Requeue, Stop
-
-        if isinstance(decision, Record):
-            self.recorded.append(decision.event)
-        elif isinstance(decision, Stop):
-            assert decision.ending == WorkerState.WAITING_AT_RUNG and decision.rung is not None
-            self.states[decision.name] = WorkerState.STOPPING  # its pause takes effect: checkpoint, then it ends
-        elif isinstance(decision, Requeue) and self.states[decision.name].ended:  # as the supervisor does
-            self.restarted.append(decision.name)
-            self.states[decision.name] = WorkerState.QUEUED
-
-
 async def test_a_trial_promoted_while_its_pause_took_effect_trains_on_when_the_last_trial_ends_with_it(tmp_path):
     # Regression: the sweep's settle (every trial ended) queued the promoted trial again, then found no trial
     # waking and cut the rest: the run finished, saying the trial was 'queued', and it never trained on.
@@ -167,14 +136,15 @@ async def test_a_trial_promoted_while_its_pause_took_effect_trains_on_when_the_l
 
     sweep = {"space": {"params": {"lr": [0.1, 0.01]}}, "scheduler": "asha", "mode": "promote", "grace_period": 1,
              "reduction_factor": 2}
-    session = _Session(make_config(tmp_path, [{"name": "t"}], sweep=sweep, defaults={"max_epochs": 4}), tmp_path)
+    session = PolicySession(make_config(tmp_path, [{"name": "t"}], sweep=sweep, defaults={"max_epochs": 4}), tmp_path)
     a, b = "t-lr0.1", "t-lr0.01"
     session.states = {a: WorkerState.RUNNING, b: WorkerState.RUNNING}
     pruner = SweepPruner(session.view, session.out, PromotingAsha([1, 2], 2, "val_loss", "min"))
     pruner._act(a, pruner.rule.result(a, 1.0, 0.3))  # first at rung 1: it pauses
     assert session.states[a] == WorkerState.STOPPING
+    assert [(d.ending, d.rung) for d in session.stopped] == [(WorkerState.WAITING_AT_RUNG, 1)]  # it waits at rung 1
     pruner._act(b, pruner.rule.result(b, 1.0, 0.5))  # second and worse: it pauses, and a is promoted
     assert [(d.pipeline, d.action) for d in session.recorded] == [(a, "pause"), (b, "pause"), (a, "promote")]
     session.states = {a: WorkerState.WAITING_AT_RUNG, b: WorkerState.WAITING_AT_RUNG}  # both end, in one turn
     assert pruner.settle()  # the sweep goes on: a trains on
-    assert session.restarted == [a] and pruner.rule.paused == {b: 1}  # b still waits: nothing is cut
+    assert session.requeued == [a] and pruner.rule.paused == {b: 1}  # b still waits: nothing is cut
