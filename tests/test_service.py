@@ -381,7 +381,7 @@ def test_cli_detached_run_is_listed_steered_stopped_and_then_not_live(tmp_path):
                                    previous="paused"), LONG, "first to run again")
         commands = of_type(records(run_dir), "client_command")
         assert [(c["action"], c["pipeline"], c["ok"]) for c in commands] == [("pause", "first", True),
-                                                                             ("resume", "first", True)]
+                                                                             ("unpause", "first", True)]
         assert all(c["client_pid"] not in (0, service.pid, os.getpid()) for c in commands)
 
         stopped = torchherd("stop", run_dir.name, "--runs-dir", str(runs))  # by run id this time
