@@ -256,13 +256,6 @@ class Supervisor:
             self._announce_queued([pipe.name])
             self._schedule()
 
-    def requeue(self, name: str) -> None:  # an ended pipeline queues again behind every one waiting now (PBT)
-        commands.requeue(self._get(name), next(self._order))
-        self.restart(name)
-
-    def retune(self, name: str, values: dict) -> None:  # PBT: its next attempts train with these swept values
-        commands.retune(self._get(name), values)
-
     def promote(self, name: str) -> None:
         """A sweep's trial is never pruned again this session; a pruned one trains on from its checkpoint."""
         if self.sweep is None:
