@@ -35,10 +35,14 @@ def held(tmp_path):
     run.dir.close()
 
 
-def client(path, *, live: bool = False, read_only: bool = False) -> socket.socket:
+def client(path, *, live: bool = False, read_only: bool = False, may_be_turned_away: bool = False) -> socket.socket:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(str(path))
-    conn.sendall(encode(Hello(pid=os.getpid(), read_only=read_only, live=live)))
+    try:
+        conn.sendall(encode(Hello(pid=os.getpid(), read_only=read_only, live=live)))
+    except (BrokenPipeError, ConnectionResetError):
+        if not may_be_turned_away:  # a server over its cap may close the connection before the hello is sent
+            raise
     return conn
 
 
@@ -113,7 +117,9 @@ async def test_connections_beyond_the_cap_are_closed_as_they_come(held, sock, mo
     monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 4)
     server = ControlServer(held, sock)
     await server.start()
-    conns = [await asyncio.to_thread(client, sock) for _ in range(6)]
+    conns = [await asyncio.to_thread(client, sock) for _ in range(4)]
+    await apoll(lambda: len(server.connections) == 4, 30, "four admitted")
+    conns += [await asyncio.to_thread(client, sock, may_be_turned_away=True) for _ in range(2)]
     try:
         await apoll(lambda: server.turned_away == 2, 30, "two turned away")
         assert len(server.connections) == 4
