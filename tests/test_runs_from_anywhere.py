@@ -55,6 +55,10 @@ def test_ls_and_attach_find_a_live_run_started_in_another_folder(tmp_path, runti
         assert torchherd(home, runtime, "stop", str(run_dir)).returncode == 0
         out, err = follower.communicate(timeout=120)
         assert follower.returncode == 3 and "s: stopped" in out, first + out + err
+        # Regression: the paths shown were the run's own, relative to the folder it was started from.
+        shown = [first.split("(", 1)[1].split(")", 1)[0]]
+        shown += [line.split("run directory: ", 1)[1] for line in out.splitlines() if "run directory: " in line]
+        assert len(shown) == 2 and all((home / path).resolve() == run_dir.resolve() for path in shown), shown
         gone = torchherd(home, runtime, "attach", "--headless")
         assert gone.returncode == 2 and "no live run of yours" in gone.stderr
     finally:

@@ -20,6 +20,7 @@ from textual.binding import Binding
 
 from ..engine.protocol.states import WorkerState
 from .bridge import Bridge, SupervisorFactory, list_configs, replay_run, run_end
+from .formats import shown_path
 from .messages import CommandRequested, RunChanged
 from .screens.dialogs import HelpScreen, QuitScreen
 from .screens.picker import PickerScreen
@@ -307,8 +308,9 @@ def report_runs(app: TorchherdApp, launch: bool) -> int:
     status: with `launch`, headless's for the same outcome (0 all completed, 1 failed or killed, 3 stopped)."""
     if app.detached:
         for run_dir in app.bridge.run_dirs:
-            print(f"torchherd: left run {run_dir.name} going\n  run directory: {run_dir}\n"
-                  f"  watch it: torchherd attach {run_dir}\n  stop it: torchherd stop {run_dir}")
+            where = shown_path(run_dir)
+            print(f"torchherd: left run {run_dir.name} going\n  run directory: {where}\n"
+                  f"  watch it: torchherd attach {where}\n  stop it: torchherd stop {where}")
         return 0
     ends = [run_end(run_dir) for run_dir in app.bridge.run_dirs]
     for end in ends:  # the terminal is ours again

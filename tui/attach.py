@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol, TextIO
 from ..engine.protocol.control import Action
 from ..engine.protocol.messages import Notice, RunFinished, RunStarted
 from ..engine.protocol.names import NoticeTopic, PipelineKind
+from .formats import shown_path
 from .headless import EXIT_CONFIG, EXIT_FAILED, EXIT_OK, EXIT_STOPPED, LinePrinter, exit_status
 
 if TYPE_CHECKING:
@@ -141,8 +142,9 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
     if not owner:  # which run this is, and what the keys do to it, before its lines
         keys = ("read-only: Ctrl-C leaves it going" if read_only else
                 "Ctrl-C stops every pipeline (twice: kills them); closing this terminal leaves it going")
-        printer.write(f"torchherd: following run {run_dir.name} ({run_dir}): {keys}\n")
+        printer.write(f"torchherd: following run {run_dir.name} ({shown_path(run.run_dir)}): {keys}\n")
     loop = asyncio.get_running_loop()
+    printer.run_dir = run.run_dir
     on_signal = ClientSignals(run, printer, owner, read_only)
     hung_up = on_signal.hung_up
     for sig in SIGNALS:
@@ -168,7 +170,7 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
         await (run.close() if finished else run.detach())
     if finished:
         if not printer.refused:  # a task that did not build: nothing trained, and no run directory is kept
-            printer.write(f"run directory: {run.run_dir}\n")
+            printer.write(f"run directory: {shown_path(run.run_dir)}\n")
         return exit_status(run.statuses)
     if hung_up.is_set():
         return EXIT_OK

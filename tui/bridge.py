@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,16 +112,20 @@ def with_saved_metric(state: RunState, run_dir: Path) -> RunState:
 
 def replay_run(run_dir: Path) -> RunState:
     """A read-only RunState rebuilt from a run directory's events (blocking: use a thread)."""
-    from ..engine import read_events
+    from ..engine import read_events, run_held
     from .ranking import saved_sweeps
     from .runstate import RunState
 
     state = with_saved_metric(RunState(read_only=True, run_dir=run_dir, run_id=run_dir.name), run_dir)
     for sweep in saved_sweeps(run_dir):
         state.add_sweep(sweep)
+    last = 0.0  # the time of its newest event
     for event in read_events(run_dir):
         state.apply(event)
+        last = getattr(event, "time", last)
     state.run_dir = run_dir  # the directory as found now, whatever the run called it then
+    if state.run_id and not state.finished and not run_held(run_dir):  # its supervisor died under it
+        state.supervisor_gone(last)
     state.read_only = True
     return state
 
@@ -145,11 +150,13 @@ def _saved(checkpoints: Path) -> bool:
 def run_end(run_dir: Path) -> RunEnd:
     """How the run in `run_dir` ended, where it is, how to carry it on (blocking: reads events.jsonl)."""
     from ..engine import summarize
+    from .formats import shown_path
     from .headless import EXIT_FAILED, exit_status
 
+    where = shown_path(run_dir)
     summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
     if summary is None:
-        return RunEnd(False, [f"torchherd: run directory {run_dir}"], EXIT_FAILED)
+        return RunEnd(False, [f"torchherd: run directory {where}"], EXIT_FAILED)
     lines = [f"torchherd: run {summary.run_id} {summary.status}"]
     from .ranking import sweep_ranking
 
@@ -158,13 +165,13 @@ def run_end(run_dir: Path) -> RunEnd:
         lines += ["  " + line for line in ranking]  # each trial's state in it: no line of states as well
     elif summary.statuses:
         lines.append("  " + ", ".join(f"{name} {label}" for name, label in summary.labels.items()))
-    lines.append(f"  run directory: {run_dir}")
+    lines.append(f"  run directory: {where}")
     if summary.resumable:
         left = summary.to_resume
         fix = "once what failed is fixed, " if any(summary.statuses.get(n) == "failed" for n in left) else ""
         saved = any(_saved(run_dir / name / "checkpoints") for name in left)
         how = "from its checkpoints" if saved else "from the start (nothing was saved)"
-        lines.append(f"  carry it on {fix}{how}: torchherd resume {run_dir}")
+        lines.append(f"  carry it on {fix}{how}: torchherd resume {where}")
     return RunEnd(summary.status == "completed", lines,
                   exit_status(summary.statuses) if summary.statuses else EXIT_FAILED)
 
@@ -270,6 +277,7 @@ class Bridge:
         state.live = True
         self.state = state
         await session.start()  # spawns processes: must run on this loop's thread
+        state.run_dir = session.run_dir  # as this app finds it, which its events may not say
         if not state.trials:  # resumed or attached: its sweeps as its run directory saved them
             from .ranking import saved_sweeps
 
@@ -353,7 +361,10 @@ class Bridge:
             if not self.state.finished:
                 from ..engine.protocol.messages import Notice
 
-                self.state.apply(Notice(level="error", text=await self._session.why_ended()))
+                outcome, why = await self._session.why_ended()
+                if outcome == "cut short":  # no row may say it runs: nothing does
+                    self.state.supervisor_gone(time.time())
+                self.state.apply(Notice(level="error", text=why))
             self.state.live = False  # nothing will carry out a command now
         self._signal()
 

@@ -7,6 +7,8 @@ events and JSON count from 0.
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 from ..engine.protocol.health import Straggler
 from ..engine.protocol.progress import PipelineProgress
@@ -95,6 +97,16 @@ def quiet_text(seconds: float) -> str:
     s = int(max(seconds, 0))
     return f"no step for {s} s" if s < 120 else f"no step for {s // 60} min" if s < 7200 else \
         f"no step for {s // 3600} h"
+
+
+def shown_path(path: Path) -> str:
+    """`path` as the person at this terminal can use it: relative to the working folder when it lies inside it,
+    else absolute (a run attached from another folder names its files as they are from there)."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except (ValueError, OSError):  # outside the working folder, or the working folder is gone
+        return str(absolute)
 
 
 def epoch_label(epoch: int, total: int = 0) -> str:

@@ -38,7 +38,7 @@ from ..engine.protocol.messages import (
 )
 from ..engine.protocol.names import ExitReason, ValidationMode
 from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
-from .formats import quiet_text, straggler_text
+from .formats import quiet_text, shown_path, straggler_text
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # some pipeline failed or was killed
@@ -123,10 +123,12 @@ class LinePrinter:
             method(self, ev)
 
     def _run_started(self, ev: RunStarted) -> None:
-        self.run_id, self.run_dir = ev.run_id, Path(ev.run_dir)
+        self.run_id = ev.run_id
+        if self.run_dir is None:  # a client's own path to the folder comes first (the run's may be relative)
+            self.run_dir = Path(ev.run_dir)
         if self.by_events and self.run_began is None:
             self.run_began = ev.time
-        self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {ev.run_dir}")
+        self.line(f"run {ev.run_id}: {len(ev.pipelines)} pipeline(s), writing {shown_path(self.run_dir)}")
 
     def _config_added(self, ev: ConfigAdded) -> None:
         self.line(f"config {ev.name} added to run {self.run_id}: {', '.join(ev.pipelines)}")

@@ -59,6 +59,7 @@ class RunState:
     read_only: bool = False
     live: bool = False  # events still come from a supervisor (a replayed past run: False)
     finished: bool = False
+    cut_short: bool = False  # its supervisor died before the run finished
     _rows: dict[str, PipelineProgress] = field(default_factory=dict)
     _steps: dict[str, m.StepMetrics] = field(default_factory=dict)  # the newest step reports, not folded yet
     series: dict[str, LossSeries] = field(default_factory=dict)
@@ -86,6 +87,18 @@ class RunState:
                 self._rows[name] = fold(self._rows[name], ev)
             self._steps.clear()
         return self._rows
+
+    def supervisor_gone(self, at: float) -> None:
+        """Its supervisor died before the run finished: every pipeline it had not ended is cut short (nothing
+        runs it; `torchherd resume` carries it on), its clocks stopped at `at` (seconds since the epoch)."""
+        self.cut_short = True
+        for name, row in self.rows.items():
+            if not row.state.ended:
+                self._rows[name] = replace(row, cut_short=True, stalled_since=None, straggler="",
+                                           finished_at=row.finished_at or at)
+        self.rows_version += 1
+        self._telemetry(self.telemetry, None)  # its processes are gone with it
+        self.telemetry_version += 1
 
     def row(self, name: str) -> PipelineProgress:
         row = self.rows.get(name)
@@ -180,12 +193,14 @@ class RunState:
         return epoch_label(epoch, self.rows[name].epochs_total)
 
     def _run_started(self, ev: m.RunStarted, _: PipelineProgress | None) -> None:
-        self.run_id, self.run_dir = ev.run_id, Path(ev.run_dir)
+        self.run_id = ev.run_id
+        if self.run_dir is None:  # a client's own path to the folder comes first (the run's may be relative)
+            self.run_dir = Path(ev.run_dir)
         for name in ev.pipelines:
             row = self.row(name)
-            if row.restarts:  # a resumed run: its restart budget starts afresh, and the count shown with it
-                self._rows[name] = replace(row, restarts=0, restart_budget=None)
-        self.finished = False
+            if row.restarts or row.cut_short:  # a resumed run: its restart budget starts afresh, and the count shown
+                self._rows[name] = replace(row, restarts=0, restart_budget=None, cut_short=False)
+        self.finished = self.cut_short = False
         self.rows_version += 1
         self.note("info", "", f"run {ev.run_id} started: {', '.join(ev.pipelines)}", at=ev.time)
 

@@ -79,7 +79,9 @@ class ServiceSession(Session):
         if self._remote is not None:
             await self._remote.detach()
 
-    async def why_ended(self) -> str:
-        """Why the connection ended though the run did not finish, for people."""
+    async def why_ended(self) -> tuple[str, str]:
+        """Once the connection has ended though the run did not finish: which way (RemoteRun.outcome), and why
+        for people."""
         assert self._remote is not None, "why_ended before start"
-        return await self._remote.why_ended()
+        outcome = await self._remote.outcome()
+        return outcome, await self._remote.why_ended(settle=0.0)

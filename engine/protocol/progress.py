@@ -97,6 +97,7 @@ class PipelineProgress:
     finish_reason: str = ""  # why it reached its final (or resting) state
     rung: float | None = None  # waiting_at_rung: the rung it waits at
     never_ran: bool = False  # it ended before any attempt of it ran
+    cut_short: bool = False  # its supervisor died before it ended: nothing runs it, `torchherd resume` carries it on
     rate_origin: tuple[float, int] | None = None  # (time, step) of this attempt's first step report, + pauses
     step_rate: float = 0.0  # steps per second over this attempt, its pauses left out
     paused_at: float | None = None  # seconds since the epoch it was paused, while paused
@@ -152,7 +153,7 @@ class PipelineProgress:
 
     def eta(self) -> float | None:
         """Seconds to the last step at this attempt's step rate; None unless it is running at a known rate."""
-        if self.state != WorkerState.RUNNING or not self.total_steps or self.step_rate <= 0:
+        if self.state != WorkerState.RUNNING or self.cut_short or not self.total_steps or self.step_rate <= 0:
             return None
         return max(0.0, (self.total_steps - self.step) / self.step_rate)
 

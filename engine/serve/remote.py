@@ -13,6 +13,7 @@ import itertools
 import os
 import time
 from pathlib import Path
+from typing import Literal
 
 from ..protocol.control import Action, Appended, EventLines, Hello, Reply, Request, Welcome
 from ..protocol.messages import Event, Message, Notice, PipelineFinished, WorkerStateChanged
@@ -75,10 +76,12 @@ class RemoteRun:
     """One connection to a live run's supervisor."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, welcome: Welcome,
-                 frames: FrameReader, read_only: bool, events: int | None = None):
+                 frames: FrameReader, read_only: bool, events: int | None = None, run_dir: Path | None = None):
         self.welcome = welcome
         self.run_id = welcome.run_id
-        self.run_dir = Path(welcome.run_dir)
+        # The folder as this client found it: the supervisor's own name for it may be relative to the folder
+        # it was started from, which need not be this client's.
+        self.run_dir = run_dir if run_dir is not None else Path(welcome.run_dir)
         self.read_only = read_only
         self.statuses = dict(welcome.statuses)
         self.history: list[Event] = []
@@ -119,7 +122,7 @@ class RemoteRun:
             except OSError as exc:
                 writer.close()
                 raise NotLive(f"{run_dir}: cannot read its events.jsonl ({exc.strerror})") from None
-        run = cls(reader, writer, welcome, frames, read_only, events)
+        run = cls(reader, writer, welcome, frames, read_only, events, Path(run_dir).absolute())
         if live:
             spare_the_young()
         if summary:
@@ -150,8 +153,18 @@ class RemoteRun:
         return not self._ended.is_set() and any(not WorkerState(s).final for s in self.statuses.values())
 
     async def why_ended(self, settle: float = 3.0) -> str:
-        """Why the connection ended without the run finishing, for people: this client was dropped (the run
-        goes on) or the supervisor is gone (the run was cut short).
+        """Why the connection ended without the run finishing, for people (`outcome` says which way)."""
+        outcome = await self.outcome(settle)
+        if outcome == "dropped":
+            return (f"this view fell too far behind and the supervisor dropped it; the run goes on: "
+                    f"`torchherd attach {self.run_dir}`")
+        if outcome == "finished":
+            return "this view was dropped and the run has finished since: `torchherd ls` says how"
+        return f"the run was cut short: its supervisor is gone. Carry it on with `torchherd resume {self.run_dir}`"
+
+    async def outcome(self, settle: float = 3.0) -> Literal["dropped", "finished", "cut short"]:
+        """Once the connection has ended without the run finishing: this client was dropped (the run goes on),
+        the run finished since, or its supervisor is gone and the run was cut short.
 
         A dying supervisor's socket can close a moment before its run lock is let go: a lock still held
         after `settle` seconds is a supervisor that lives on."""
@@ -159,11 +172,8 @@ class RemoteRun:
         while run_held(self.run_dir) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if run_held(self.run_dir):
-            return (f"this view fell too far behind and the supervisor dropped it; the run goes on: "
-                    f"`torchherd attach {self.run_dir}`")
-        if _finished(self.run_dir):
-            return "this view was dropped and the run has finished since: `torchherd ls` says how"
-        return f"the run was cut short: its supervisor is gone. Carry it on with `torchherd resume {self.run_dir}`"
+            return "dropped"
+        return "finished" if _finished(self.run_dir) else "cut short"
 
     @property
     def ended(self) -> bool:

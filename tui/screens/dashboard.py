@@ -20,7 +20,7 @@ from textual.widgets import Footer, Static
 
 from ...engine.protocol.states import WorkerState
 from ..commands import Checkpoint, Kill, Pause, PipelineCommand, Promote, Restart, Stacks, Stop, Unpause, refusal
-from ..formats import gang_text
+from ..formats import gang_text, shown_path
 from ..messages import CommandRequested
 from ..runstate import RunState
 from ..widgets.alert_banner import AlertBanner
@@ -200,11 +200,13 @@ class DashboardScreen(Screen[None]):
         state = self.state
         counts: dict[str, int] = {}
         for row in state.rows.values():
-            key = "waiting at a rung" if row.state == WorkerState.WAITING_AT_RUNG else row.state.value
+            key = ("cut short" if row.cut_short else "waiting at a rung" if row.state == WorkerState.WAITING_AT_RUNG
+                   else row.state.value)
             counts[key] = counts.get(key, 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no pipelines yet"
         tag = "  [reverse] read-only [/reverse]" if state.read_only else ""
-        done = "  [b]finished[/b]" if state.finished else ""
+        done = ("  [b]finished[/b]" if state.finished else
+                "  [b]cut short, resumable[/b]" if state.cut_short else "")
         added = f" + {', '.join(state.added)}" if state.added else ""  # the run keeps its first config's name
         text = f"[b]{state.run_id or 'starting…'}{added}[/b]  {summary}{tag}{done}"
         if text != self._status_text:  # one line either way: no layout pass
@@ -256,7 +258,8 @@ class DashboardScreen(Screen[None]):
     def _carry_on(self, name: str) -> str:
         """How a pipeline of a run that has ended is carried on: resume takes what did not end well, and an
         early-stopped or pruned one only when named."""
-        state, run = self._state_of(name), self.state.run_dir
+        state = self._state_of(name)
+        run = shown_path(self.state.run_dir) if self.state.run_dir is not None else "RUN"
         if state == WorkerState.COMPLETED:
             return f"{name} completed"
         if state in (WorkerState.PRUNED, WorkerState.EARLY_STOPPED):

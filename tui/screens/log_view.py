@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from ..formats import shown_path
 from ..widgets.log_views import LogTail
 
 FULL_BYTES = 4 * 2 ** 20  # bytes of the file shown at most
@@ -47,7 +48,7 @@ class LogScreen(Screen[None]):
 
     def _title(self, width: int) -> str:
         head = f"{self.pipeline}: "
-        return head + fit_left(str(self.path), max(12, width - FRAME - len(head)))
+        return head + fit_left(shown_path(self.path), max(12, width - FRAME - len(head)))
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -71,7 +71,9 @@ def fmt_try(row: PipelineProgress, width: int) -> str:
 def state_text(row: PipelineProgress, now: float, width: int = 0) -> str:
     """Its state as people read it: 'early stop' and 'never ran' once ended, 'stall 6m' while it makes no step,
     'r1 1.6x' while a straggler slows its gang, 'waiting at rung 2' ('waits r2' within `width` cells) for a
-    sweep's trial waiting to be promoted."""
+    sweep's trial waiting to be promoted; 'cut short' once its supervisor has died under it."""
+    if row.cut_short:
+        return "cut short"
     if row.stalled_since is not None and row.state in (WorkerState.STARTING, WorkerState.RUNNING):
         return f"stall {fmt_quiet(now - row.stalled_since)}"
     if row.straggler and row.state == WorkerState.RUNNING:  # a gang's rank behind the others: "r1 1.6x"
