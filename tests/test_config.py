@@ -166,3 +166,11 @@ def test_a_value_no_branch_of_a_union_takes_is_one_problem(tmp_path):
     assert [str(p) for p in found] == [
         f"{display_path(tmp_path / 'c.toml')}: devices.cpu_slots: "
         "Input should be a valid integer or 'auto' (got 'two')"]
+
+
+# Regression: `command = "notify-send hi"` said only "Input should be a valid list", with no example.
+def test_a_string_for_an_array_key_is_shown_written_as_an_array(tmp_path):
+    found = problems({"alerts": {"command": "notify-send 'loss spike'"},
+                      "pipelines": [{"name": "a", "task": "regression"}]}, tmp_path)
+    assert [(p.key, p.message.split(": ", 1)[1]) for p in found] == [
+        ("alerts.command", 'write it as an array, e.g. command = ["notify-send", "loss spike"]')]

@@ -1,8 +1,9 @@
-"""MkDocs hook: the config reference's key tables, generated from the pydantic schema as the site is built.
+"""The config reference's key tables, generated from the pydantic schema: committed in the page, checked as
+the site is built (an MkDocs hook), rewritten by `python docs/hooks/config_reference.py`.
 
-A line `<!-- config-keys: TABLE -->` in a page becomes the table of TABLE's keys (type, default, meaning) as
-`describe_fields()` and the models of engine/config/schema.py give them, so the reference cannot drift from
-the code; tests/test_docs.py renders docs/reference/config.md the same way and checks that every table is there.
+Between a line `<!-- config-keys: TABLE -->` and the next `<!-- /config-keys -->` stands the table of TABLE's
+keys (type, default, meaning) as `describe_fields()` and the models of engine/config/schema.py give them; a
+reader of the docs folder sees it as the site does, and tests/test_docs.py fails when it drifts from the code.
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-MARKER = re.compile(r"^<!-- config-keys: (?P<table>[\w ]+) -->$", re.MULTILINE)
+MARKER = re.compile(r"^<!-- config-keys: (?P<table>[\w ]+) -->\n(?P<body>.*?)^<!-- /config-keys -->$",
+                    re.MULTILINE | re.DOTALL)
+END = "<!-- /config-keys -->"
+PAGE = "docs/reference/config.md"
 # A marker's short name -> describe_fields()'s name of the table, where they differ.
 NAMES = {"top": "(top level)", "pipelines": "pipelines / defaults"}
 CODE_SPAN = re.compile(r"(`[^`]*`)")
@@ -32,8 +36,9 @@ def models() -> dict[str, type[BaseModel]]:
 
 
 def render(markdown: str) -> str:
-    """`markdown` with every marker replaced by its table; an unknown table name is an error, never a gap."""
-    return MARKER.sub(lambda m: key_table(m["table"]), markdown)
+    """`markdown` with every marked table as the schema gives it now; an unknown table name is an error,
+    never a gap."""
+    return MARKER.sub(lambda m: f"<!-- config-keys: {m['table']} -->\n\n{key_table(m['table'])}\n\n{END}", markdown)
 
 
 def key_table(table: str) -> str:
@@ -118,5 +123,22 @@ def prose(text: str) -> str:
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
-    """MkDocs' event for each page's markdown, before it is rendered."""
-    return render(markdown)
+    """MkDocs' event for each page's markdown, before it is rendered: a page whose tables are not the schema's
+    fails the build, naming the command that rewrites them."""
+    rendered = render(markdown)
+    if rendered != markdown:
+        page = kwargs.get("page")
+        where = getattr(getattr(page, "file", None), "src_path", "a page")
+        raise ValueError(f"{where}: its config-keys tables differ from the schema; "
+                         "`python docs/hooks/config_reference.py` rewrites them")
+    return markdown
+
+
+if __name__ == "__main__":  # rewrite the committed tables from the schema
+    import pathlib
+
+    page = pathlib.Path(__file__).resolve().parents[2] / PAGE
+    before = page.read_text()
+    after = render(before)
+    page.write_text(after)
+    print(f"{PAGE}: {'rewritten' if after != before else 'already the schema'}")

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
 import os
+import shlex
 import tomllib
 from pathlib import Path
 from typing import cast
@@ -59,9 +61,24 @@ def _message(err: ErrorDetails, fields: list[str]) -> str:
     msg = err.get("msg", "invalid")
     if msg.startswith("Value error, "):
         return msg[len("Value error, "):]
-    if "input" in err and kind not in ("model_type", "list_type", "dict_type"):
+    if kind == "list_type":
+        return f"{msg} (got {err.get('input')!r}): {_as_array(err)}"
+    if "input" in err and kind not in ("model_type", "dict_type"):
         msg += f" (got {err['input']!r})"
     return msg
+
+
+def _as_array(err: ErrorDetails) -> str:
+    """How the key is written as a TOML array, from the value given where it can be: `command = "notify-send
+    hi"` is `command = ["notify-send", "hi"]`."""
+    key = next((str(p) for p in reversed(err["loc"]) if isinstance(p, str) and not _is_branch(p)), "key")
+    given = err.get("input")
+    try:
+        words = shlex.split(given) if isinstance(given, str) else []
+    except ValueError:  # unbalanced quotes
+        words = []
+    example = ", ".join(json.dumps(w) for w in words) if words else '"a", "b"'
+    return f"write it as an array, e.g. {key} = [{example}]"
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
