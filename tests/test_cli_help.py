@@ -43,10 +43,17 @@ def test_each_command_has_its_own_clean_help(capsys, command: str, usage: str):
 
 def test_top_level_help_lists_the_apps_options_and_the_commands(capsys):
     text = help_text(capsys, "--help")
-    assert text.startswith("usage: torchherd [DIR|CONFIG] [--runs-dir DIR]\n")
+    assert text.startswith("usage: torchherd [DIR|CONFIG] [--runs-dir DIR] [--version]\n")
     assert re.search(r"^  --runs-dir DIR ", text, re.M)  # the app's own option, documented
     for command in ("run CONFIG", "attach \\[RUN\\]", "ls", "resume RUN_DIR", "check CONFIG"):
         assert re.search(rf"^  {command} ", text, re.M), command
+
+
+# Regression: there was no `torchherd --version`; `attach`'s help named a default that was not its behaviour.
+def test_version_names_torchherd_torch_and_python_and_attach_says_its_default(capsys):
+    assert re.fullmatch(r"torchherd \S+ \(torch \S+, Python 3\.\d+\.\d+\)\n", help_text(capsys, "--version"))
+    for text in (help_text(capsys, "--help"), help_text(capsys, "attach", "--help")):
+        assert "newest live run, wherever it was started" in " ".join(text.split()), text
 
 
 @pytest.mark.slow  # starts the CLI

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 if TYPE_CHECKING:
     from .app import AppOptions, TorchherdApp
 
-USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR]
+USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR] [--version]
        torchherd run CONFIG [--headless] [--detach] [--runs-dir DIR]
        torchherd attach [RUN] [--headless] [--read-only] [--from-start] [--runs-dir DIR]
        torchherd ls [--runs-dir DIR] [--json]
@@ -30,7 +30,8 @@ USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR]
 COMMANDS = """commands:
   run CONFIG        run a config in a supervisor of its own (it outlives this terminal) and watch it:
                     the dashboard, or with --headless one line per event; --detach returns at once
-  attach [RUN]      watch a live run (default: the newest under --runs-dir): the dashboard, or --headless
+  attach [RUN]      watch a live run (default: your newest live run, wherever it was started): the
+                    dashboard, or --headless
   ls                list runs: live, finished, or cut short and resumable
   stop|kill RUN [NAME]             stop gracefully (checkpoint first) or kill one pipeline, or all
   pause|unpause|checkpoint|restart RUN NAME           act on one pipeline of a live run
@@ -45,6 +46,19 @@ RUN is a run directory or a run id under --runs-dir (default ./runs). `torchherd
 command's options."""
 
 
+def _version() -> str:
+    """'torchherd 0.1.0 (torch 2.13.0, Python 3.11.7)': what a bug report needs, read without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"torchherd {of('torchherd')} (torch {of('torch')}, Python {sys.version.split()[0]})"
+
+
 def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The app's parser and one parser per command, each with its own clean usage line."""
     app = argparse.ArgumentParser(
@@ -56,6 +70,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
                           "(default: ./sample_configs, else this folder's *.toml)")
     app.add_argument("--runs-dir", metavar="DIR",
                      help="where run directories go and past runs are found (default: ./runs)")
+    app.add_argument("--version", action="version", version=_version(),
+                     help="print torchherd's version (and torch's and Python's) and exit")
 
     run = argparse.ArgumentParser(
         prog="torchherd run", description="Check a config, then run it: on the dashboard, or with --headless "
@@ -102,7 +118,8 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
     attach = argparse.ArgumentParser(
         prog="torchherd attach", description="Watch a live run: its whole history, then live events. Several "
         "clients may watch one run; each command a client sends is recorded in events.jsonl with its pid.")
-    attach.add_argument("run", nargs="?", metavar="RUN", help="run directory or run id (default: newest live run)")
+    attach.add_argument("run", nargs="?", metavar="RUN",
+                        help="run directory or run id (default: your newest live run, wherever it was started)")
     attach.add_argument("--headless", action="store_true", help="print one line per event, from now on")
     attach.add_argument("--from-start", action="store_true", help="with --headless: from the run's beginning")
     attach.add_argument("--read-only", action="store_true", help="watch only: commands are refused")
