@@ -170,12 +170,18 @@ def ledger_lines(leases: Sequence[HeldDevice], sessions: Sequence[LedgerSession]
             rank = f" rank {lease.rank}" if lease.rank else ""
             lines.append(f"  {lease.device}{share}  run {lease.run}  {lease.pipeline}{rank}")
     waits = [(s.run, name, why) for s in sessions for name, _, _, why, *_ in s.waiting if why]
-    queued = sum(1 for s in sessions for w in s.waiting if len(w) > 3 and not w[3])
+    # The rest of each run's queue: behind its head when something outside the run holds that up, else waiting
+    # for slots its own pipelines hold.
+    queued = [(s.run, [str(w[0]) for w in s.waiting if len(w) > 3 and not w[3]], any(len(w) > 3 and w[3]
+               for w in s.waiting)) for s in sessions]
+    queued = [(run, names, behind) for run, names, behind in queued if names]
     if waits or queued:
         lines.append("waiting:")
         lines += [f"  run {run}  {name}: {why}" for run, name, why in waits]
-        if queued:
-            lines.append(f"  and {queued} more queued behind them")
+        for run, names, behind in queued:
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            why = "queued behind it" if behind else "queued for a slot the run's own pipelines hold"
+            lines.append(f"  run {run}  {shown}: {why}")
     return lines
 
 
