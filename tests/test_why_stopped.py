@@ -95,3 +95,25 @@ async def test_a_queued_pipeline_stopped_with_the_run_never_ran(tmp_path):
         await sup.shutdown(graceful=False)
     assert summarize(sup.run_dir).labels == {"a": "stopped", "b": "never ran"}
     assert "  a stopped, b never ran" in run_end(sup.run_dir).lines
+
+
+# Regression: stopping a pipeline flagged for making no step printed "st: stepping again" (it never stepped).
+@pytest.mark.slow
+async def test_a_stalled_pipeline_that_is_stopped_is_not_said_to_step_again(tmp_path):
+    from tests.test_scripts import EPOCH_LOSS, PLAIN
+    from torchherd.engine.protocol.messages import Stalled
+
+    config = make_config(tmp_path, [{"name": "st", "script": PLAIN, "args": ["--epochs", "1", "--delay", "600"],
+                                     "metrics": EPOCH_LOSS}],
+                         restart={"stall_warning": 0.2}, validation={"mode": "off"})
+    sup = Supervisor(config)
+    stream = sup.subscribe()
+    await sup.start()
+    try:
+        await wait_for(stream, lambda e: isinstance(e, Stalled) and e.quiet > 0 and e.first_step, timeout=120)
+        sup.stop("st")
+        assert await asyncio.wait_for(sup.wait(), 120) == {"st": "stopped"}
+    finally:
+        await sup.shutdown(graceful=False)
+    stalls = [e for e in read_events(sup.run_dir) if isinstance(e, Stalled)]
+    assert [e.quiet > 0 for e in stalls] == [True], stalls

@@ -255,7 +255,7 @@ class LinePrinter:
 
     def _stalled(self, ev: Stalled) -> None:
         if not ev.quiet:
-            self.line(f"{ev.pipeline}: stepping again")
+            self.line(f"{ev.pipeline}: {'heard from again, no step yet' if ev.first_step else 'stepping again'}")
             return
         first = " since it started" if ev.first_step else ""
         self.line(f"{ev.pipeline}: {quiet_text(ev.quiet)}{first}; nothing is killed. "

@@ -308,7 +308,8 @@ class RunState:
             self.note("warning", ev.pipeline, f"{quiet_text(ev.quiet)}{first}; d writes every process's Python "
                       "stack to its log (l shows it); nothing is killed", at=ev.time)
         else:
-            self.note("info", ev.pipeline, "stepping again", at=ev.time)
+            self.note("info", ev.pipeline, "heard from again, no step yet" if ev.first_step else "stepping again",
+                      at=ev.time)
 
     def _straggler(self, ev: h.Straggler, _: PipelineProgress | None) -> None:
         self.note("warning" if ev.ratio else "info", ev.pipeline, straggler_text(ev), at=ev.time)

@@ -150,11 +150,11 @@ class Heartbeat(PipelineEvent):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Stalled(PipelineEvent):
     """A live pipeline made no training step for `quiet` seconds (heard whether or not `hang_timeout` is set,
-    and never killed for it); `quiet` 0 says it is stepping again."""
+    and never killed for it); `quiet` 0 says it is heard from again while it trains."""
 
     type: ClassVar[str] = "stalled"
     quiet: float
-    first_step: bool = False  # it was still waiting for its first step
+    first_step: bool = False  # it has made no step yet (still waiting for its first, or heard from before it)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

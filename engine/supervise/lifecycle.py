@@ -88,9 +88,11 @@ class States:
             self._publish(WorkerStateChanged(pipeline=pipe.name, state=state.value, previous=previous.value))
 
     def heard(self, pipe: SupervisedPipeline) -> None:
-        """News from the running attempt: it made progress (and is no longer stalled, if it was)."""
-        if pipe.live.heard(time.monotonic()):
-            self._publish(Stalled(pipeline=pipe.name, quiet=0.0))
+        """News from the running attempt: it made progress (and is no longer stalled, if it was). One that is
+        being stopped or killed is not said to be training again: its last words are not steps."""
+        attempt = pipe.live
+        if attempt.heard(time.monotonic()) and pipe.state in (S.STARTING, S.RUNNING):
+            self._publish(Stalled(pipeline=pipe.name, quiet=0.0, first_step=not attempt.stepped))
 
 
 class Lifecycle:
