@@ -120,3 +120,19 @@ async def test_a_running_pipeline_whose_gpu_sits_idle_is_one_alert_and_one_run_o
     assert [(e.rule, e.pipeline) for e in read_events(sup.run_dir) if isinstance(e, Alert)] == [("idle", "a")]
     await asyncio.to_thread(poll_until, lambda: told.exists() and told.read_text().strip(), 30, "the command's line")
     assert told.read_text().splitlines() == ["idle|a: GPU idle"]
+
+
+# Regression: a script's NaN alert said "at epoch 0 step 1" while the table showed epoch 1.
+async def test_a_scripts_nan_names_its_epoch_as_the_table_counts_it(tmp_path):
+    from tests.conftest import make_config
+
+    script = tmp_path / "nan_loop.py"
+    script.write_text("print('Epoch 1, Loss: nan', flush=True)\n")
+    cfg = make_config(tmp_path, [{"name": "s", "script": str(script), "nan_policy": "warn",
+                                  "metrics": r"Epoch (?P<epoch>\d+), Loss: (?P<loss>\S+)"}],
+                      validation={"mode": "off"})
+    sup = Supervisor(cfg)
+    async with supervised(sup):
+        await finish(sup)
+    said = {e.text for e in read_events(sup.run_dir) if isinstance(e, Notice) and "training loss is" in e.text}
+    assert said == {"training loss is nan at epoch 1 step 1"}, said

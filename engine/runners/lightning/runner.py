@@ -165,7 +165,7 @@ class HerdHooks:
             synced = r.gang.mean(synced)
         figures = synced.tolist()  # the report's one device sync
         code = w.report(r.control, r.sender, figures[0] / w.batches,
-                        f"epoch {trainer.current_epoch} step {step} (step report)", epoch=trainer.current_epoch,
+                        f"epoch {trainer.current_epoch + 1} step {step} (step report)", epoch=trainer.current_epoch,
                         step=step, lr=r.lr(trainer), metrics=dict(zip(names, figures[1:])),
                         rank=r.spec.rank if r.gang is not None else None)
         if code is not None:
@@ -208,7 +208,7 @@ class HerdHooks:
             self._epoch_loss = r.gang.mean(self._epoch_loss)
         train_loss = float(self._epoch_loss) / max(self._epoch_n, 1)
         if self._epoch_n:
-            code = r.control.non_finite(train_loss, f"epoch {epoch} (epoch mean)")
+            code = r.control.non_finite(train_loss, f"epoch {epoch + 1} (epoch mean)")
             if code is not None:
                 self.exit_code, trainer.should_stop = code, True
                 return

@@ -389,7 +389,8 @@ class ScriptAttempt(ClientFrames):
     def _emit(self, event: StepMetrics | EpochEnd, loss: float | None) -> None:
         """Send a step or epoch event; a `loss` the script reported that is NaN or infinite meets the NaN policy."""
         if loss is not None:
-            code = self.control.non_finite(float(loss), f"epoch {event.epoch} step {event.step}")
+            # Epochs counted from 1, as the table and every other line show them.
+            code = self.control.non_finite(float(loss), f"epoch {event.epoch + 1} step {event.step}")
             if code is not None and self.fail_code is None:
                 self.fail_code = code  # the supervise loop ends the script
         (self.sender.step if isinstance(event, StepMetrics) else self.sender.send)(event)
