@@ -116,3 +116,20 @@ async def test_values_a_script_never_reports_stay_absent_in_metrics_jsonl_and_te
     scalars = set(acc.Tags()["scalars"])
     assert "train/loss" in scalars and "epoch/train_loss" in scalars
     assert not {"train/lr", "train/samples_per_s", "epoch/samples_per_s"} & scalars
+
+
+# Regression: `export` wrote alerts (alerts/RULE in the Text tab) but the live files never carried them.
+async def test_a_live_runs_files_carry_its_alerts(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    script = tmp_path / "nan_loop.py"
+    script.write_text("for e in range(3):\n    print(f'Epoch {e + 1}, Loss: nan', flush=True)\n")
+    config = make_config(tmp_path, [{"name": "s", "script": str(script), "nan_policy": "warn",
+                                     "metrics": r"Epoch (?P<epoch>\d+), Loss: (?P<loss>\S+)"}],
+                         validation={"mode": "off"}, telemetry={"enabled": False})
+    run_dir = await run(config)
+    acc = EventAccumulator(str(run_dir / "tensorboard" / "s"))
+    acc.Reload()
+    [alert] = [tag for tag in acc.Tags()["tensors"] if tag.startswith("alerts/")]
+    text = acc.Tensors(alert)[0].tensor_proto.string_val[0].decode()
+    assert alert.startswith("alerts/nan") and "loss is not finite" in text, (alert, text)

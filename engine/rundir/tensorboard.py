@@ -30,7 +30,7 @@ FOLDER = "tensorboard"  # under the run directory: `tensorboard --logdir runs/` 
 DRAIN_WAIT = 10.0  # seconds run_finished may wait for the files to be written and closed
 FLUSH_SECS = 5.0  # seconds an event may wait in the file's buffer
 HAND_OVER = 0.5  # seconds the loop collects events before it wakes the writer thread (it takes the GIL each time)
-WRITTEN = (StepMetrics, EpochEnd, ValResult, WorkerStarted, TelemetrySnapshot, PipelineFinished, RunFinished)
+WRITTEN = (StepMetrics, EpochEnd, ValResult, WorkerStarted, TelemetrySnapshot, PipelineFinished, Alert, RunFinished)
 # Seconds of a worker's own clock between two training points of a pipeline in the files (20 a second at most).
 # TensorBoard shows 1,000 points of a chart, sampled evenly from all written, so a steady rate keeps the sample
 # even along the run; a run shorter than 50 s that reports faster than this shows fewer, 20 a second.
