@@ -1,7 +1,7 @@
 """Fuzzing torchherd's edges with hypothesis: arbitrary bytes and structured garbage into the control socket's
 frame decoder and request handling, the worker channel's decoder, the script client's frame reader, the config
-loader and the run-folder readers. The property everywhere: a clear error or a refusal, and the supervisor and
-its run unharmed; never another exception.
+loader, the run-folder readers and the device ledger's files. The property everywhere: a clear error or a
+refusal, and the supervisor and its run unharmed; never another exception.
 
 Bounded for the suite (FUZZ_EXAMPLES examples a property, no deadline: a loaded machine is slow, not wrong);
 scripts/fuzz.py runs the same properties far longer.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -220,6 +221,64 @@ def test_a_run_folder_of_any_contents_reads_as_a_run_or_as_none(scratch, lines, 
         load_resolved_configs(run)
     except (ValueError, ConfigError) as exc:  # json's and pydantic's errors are ValueErrors that say what
         assert str(exc)
+
+
+# ------------------------------------------------------------------ the device ledger
+
+devices = st.sampled_from(["cpu0", "cpu1"])
+names = st.text(max_size=8)
+waiters = st.lists(st.tuples(names, st.integers(-3, 3), st.floats(allow_nan=False), names,
+                             st.lists(devices | json_values, max_size=2)).map(list) | st.lists(json_values, max_size=6),
+                   max_size=3)
+# A lease's or a session's fields, each of its own type or of any other (an entry of the right shape, often)
+leases = st.fixed_dictionaries(
+    {"device": devices | json_values, "run": names | json_values, "pipeline": names | json_values},
+    optional={"rank": st.integers(0, 3) | json_values, "memory": st.none() | st.integers(0, 1 << 40) | json_values,
+              "pid": st.integers(0, 1 << 22) | json_values, "run_dir": names | json_values})
+sessions = st.fixed_dictionaries({"run": names | json_values, "pid": st.integers(0, 1 << 22) | json_values},
+                                 optional={"run_dir": names | json_values, "waiting": waiters | json_values})
+ledger_files = (st.tuples(st.just(".lease"), leases.map(lambda d: json.dumps(d).encode()))
+                | st.tuples(st.just(".session"), sessions.map(lambda d: json.dumps(d).encode()))
+                | st.tuples(st.sampled_from([".lease", ".session"]), st.binary(max_size=64)))
+
+
+@FUZZ
+@given(st.lists(ledger_files, min_size=1, max_size=4))
+def test_ledger_files_of_any_contents_are_entries_of_their_types_or_skipped_once(scratch, files):
+    from torchherd.engine.hardware.grants import Request, grant
+    from torchherd.engine.hardware.ledger import Lease, Ledger, Presence
+    from torchherd.engine.hardware.slots import Slot
+    from torchherd.engine.supervise.scheduler import Scheduler
+    from torchherd.tui.verbs import ledger_lines
+
+    folder = scratch / "ledger"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700)
+    fds = []
+    try:
+        for i, (suffix, data) in enumerate(files):
+            fds.append(os.open(folder / f"f{i}{suffix}", os.O_RDWR | os.O_CREAT, 0o600))
+            os.write(fds[-1], data)
+            fcntl.flock(fds[-1], fcntl.LOCK_EX)  # held, as a live session holds its files
+        ledger = Ledger(folder)
+        leases, presences = ledger.leases(), ledger.presences()
+        assert all(type(x) is Lease for x in leases) and all(type(x) is Presence for x in presences)
+        for entry in [*leases, *presences]:  # every field of its declared type: it encodes and decodes back
+            assert msgspec.json.decode(msgspec.json.encode(entry), type=type(entry)) == entry
+        assert len(ledger.notices()) == len(files) - len(leases) - len(presences)  # each other file said
+        pool = [Slot(f"cpu{i}", "cpu", None, 1) for i in range(2)]
+        ledger_lines(leases, presences)
+        grant(Request(), pool, leases, "mine")
+        scheduler = Scheduler(pool, ledger, "mine")
+        try:
+            scheduler.enqueue("a", 0, 0)
+            scheduler.allocate()
+        finally:
+            scheduler.close()
+        assert ledger.notices() == []  # and said once, however often it is read
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 # ------------------------------------------------------------------ requests to a live supervisor

@@ -15,12 +15,12 @@ def test_a_sweeps_pipeline_list_is_cut_to_the_room_with_a_count():
 def test_the_waiting_section_names_every_pipeline_that_waits():
     # Regression: one run, three pipelines, two slots: `ls` printed "waiting:" then only "and 1 more queued
     # behind them", naming nothing.
-    from torchherd.engine.hardware.ledger import Presence
+    from torchherd.engine.hardware.ledger import Presence, Waiter
     from torchherd.tui.verbs import ledger_lines
 
-    own = Presence(run="r1", pid=1, waiting=[["c", 0, 1.0, "", ["cpu0", "cpu1"]]])
+    own = Presence(run="r1", pid=1, waiting=(Waiter("c", 0, 1.0, "", ("cpu0", "cpu1")),))
     assert ledger_lines([], [own]) == ["waiting:", "  run r1  c: queued for a slot the run's own pipelines hold"]
-    held_up = Presence(run="r2", pid=2, waiting=[["a", 0, 1.0, "gpu0 held by run r1", []],
-                                                 ["b", 0, 2.0, "", []], ["c", 0, 3.0, "", []]])
+    held_up = Presence(run="r2", pid=2, waiting=(Waiter("a", 0, 1.0, "gpu0 held by run r1"), Waiter("b", 0, 2.0),
+                                                 Waiter("c", 0, 3.0)))
     assert ledger_lines([], [held_up]) == ["waiting:", "  run r2  a: gpu0 held by run r1",
                                            "  run r2  b, c: queued behind it"]

@@ -71,9 +71,9 @@ def state_of(summary: RunSummary) -> str:
     return summary.status
 
 
-def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int:
+def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """`torchherd ls`: every run under `runs_dir` and every live run of the user's wherever it was started,
-    newest first, with its state; stale sockets cleaned."""
+    newest first, with its state; stale sockets cleaned. What cannot be read of the device ledger goes to `err`."""
     from ..engine import clean_stale, read_control
 
     runs = all_runs(runs_dir)
@@ -84,14 +84,14 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout) -> int
         else:
             control = read_control(r.path)
             pids[r.path] = control.pid if control is not None else None
-    leases, sessions = machine_ledger()
+    leases, sessions = machine_ledger(err)
     if as_json:
         json.dump([{"run_id": r.run_id, "path": str(r.path), "state": state_of(r), "live": r.live,
                     "pid": pids.get(r.path), "resumable": r.resumable, "status": r.status, "started": r.started,
                     "statuses": r.statuses,
                     "devices": [{"device": x.device, "pipeline": x.pipeline, "rank": x.rank, "memory": x.memory}
                                 for x in leases if x.run == r.run_id],
-                    "waiting": {w[0]: w[3] for s in sessions if s.run == r.run_id for w in s.waiting if len(w) > 3}}
+                    "waiting": {w.pipeline: w.why for s in sessions if s.run == r.run_id for w in s.waiting}}
                    for r in runs], out, indent=2)
         out.write("\n")
         return EXIT_TOOK
@@ -138,25 +138,39 @@ class HeldDevice(Protocol):
     def memory(self) -> int | None: ...
 
 
+class WaitingPipeline(Protocol):
+    """What `ls` reads of a pipeline a live session says waits (hardware.ledger.Waiter)."""
+
+    @property
+    def pipeline(self) -> str: ...
+    @property
+    def why(self) -> str: ...
+
+
 class LedgerSession(Protocol):
-    """What `ls` reads of a live session in the device ledger (hardware.ledger.Presence): its run, and per pipeline
-    that waits [pipeline, priority, since, why, the device names it may be granted]."""
+    """What `ls` reads of a live session in the device ledger (hardware.ledger.Presence): its run, and its
+    pipelines that wait."""
 
     @property
     def run(self) -> str: ...
     @property
-    def waiting(self) -> list[list[object]]: ...
+    def waiting(self) -> Sequence[WaitingPipeline]: ...
 
 
-def machine_ledger() -> tuple[Sequence[HeldDevice], Sequence[LedgerSession]]:
-    """Every lease and live session of this user's device ledger on this machine (empty if unreadable)."""
+def machine_ledger(err: TextIO = sys.stderr) -> tuple[Sequence[HeldDevice], Sequence[LedgerSession]]:
+    """Every lease and live session of this user's device ledger on this machine; a line on `err` for each
+    file of it skipped, and (nothing listed) for a ledger that cannot be read or is refused."""
     from ..engine import Ledger
 
     try:
         ledger = Ledger()
-        return ledger.leases(), ledger.presences()
-    except (OSError, RuntimeError):
+        found = ledger.leases(), ledger.presences()
+    except (OSError, RuntimeError) as exc:
+        err.write(f"torchherd: the device ledger is not read: {exc}\n")
         return [], []
+    for text in ledger.notices():
+        err.write(f"torchherd: {text}\n")
+    return found
 
 
 def ledger_lines(leases: Sequence[HeldDevice], sessions: Sequence[LedgerSession]) -> list[str]:
@@ -169,11 +183,11 @@ def ledger_lines(leases: Sequence[HeldDevice], sessions: Sequence[LedgerSession]
             share = f" ({lease.memory / 2**30:.1f} GiB)" if lease.memory is not None else ""
             rank = f" rank {lease.rank}" if lease.rank else ""
             lines.append(f"  {lease.device}{share}  run {lease.run}  {lease.pipeline}{rank}")
-    waits = [(s.run, name, why) for s in sessions for name, _, _, why, *_ in s.waiting if why]
+    waits = [(s.run, w.pipeline, w.why) for s in sessions for w in s.waiting if w.why]
     # The rest of each run's queue: behind its head when something outside the run holds that up, else waiting
     # for slots its own pipelines hold.
-    queued = [(s.run, [str(w[0]) for w in s.waiting if len(w) > 3 and not w[3]], any(len(w) > 3 and w[3]
-               for w in s.waiting)) for s in sessions]
+    queued = [(s.run, [w.pipeline for w in s.waiting if not w.why], any(w.why for w in s.waiting))
+              for s in sessions]
     queued = [(run, names, behind) for run, names, behind in queued if names]
     if waits or queued:
         lines.append("waiting:")

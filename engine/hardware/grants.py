@@ -70,6 +70,7 @@ class Holdings:
     leases: tuple[Lease, ...] = ()
     occupancy: dict[int, GpuOccupancy] = field(default_factory=dict)
     links: dict[tuple[int, int], int] = field(default_factory=dict)
+    notices: tuple[str, ...] = ()  # files of the ledger skipped as none torchherd wrote, for people
 
     def gpus_taken(self) -> frozenset[int]:
         """The GPUs (NVML indices) a lease of any run holds or a foreign process uses."""

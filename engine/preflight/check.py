@@ -18,7 +18,7 @@ from ..config.problems import ConfigError, Problem, display_path
 from ..config.schema import RunConfig
 from ..hardware.devices import Inventory, discover_devices
 from ..hardware.grants import Holdings
-from ..hardware.ledger import Ledger
+from ..hardware.ledger import Ledger, UnsafeLedger
 from ..hardware.occupancy import OccupancyReader
 from ..hardware.placement import plan_slots, plan_validation
 from ..hardware.slots import Slot
@@ -55,6 +55,7 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
     inventory = inventory if inventory is not None else discover_devices()
     slots, problems = plan_slots(config.devices, inventory, display_path(path))
     problems += runs_dir_problems(config, runs_dir)
+    problems += ledger_problems(config)
     problems += gang_problems(config, slots) if slots else []
     problems += static_task_problems(config)
     if slots:
@@ -65,7 +66,8 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
         problems = _probe_tasks(config, background)
     if problems:
         return CheckReport(False, config, problems)
-    lines = describe_plan(config, slots, inventory, holdings_now(config, slots)) + sweep_lines(config)
+    held = holdings_now(config, slots)
+    lines = describe_plan(config, slots, inventory, held) + list(held.notices) + sweep_lines(config)
     return CheckReport(True, config, [], _say_lightning(config, lines, background) if probe else lines)
 
 
@@ -75,18 +77,34 @@ def holdings_now(config: RunConfig, slots: list[Slot]) -> Holdings:
     if config.cluster.backend != "local" or not slots:
         return Holdings()
     try:
-        leases = tuple(Ledger().leases())
-    except (OSError, UnsafeRuntimeDir):
-        leases = ()
+        ledger: Ledger | None = Ledger()
+    except (OSError, UnsafeRuntimeDir):  # a refused ledger is a problem of its own (ledger_problems)
+        ledger = None
+    leases = tuple(ledger.leases()) if ledger is not None else ()
     indices = [s.gpu.index for s in slots if s.gpu is not None]
+    supervisors = {s.pid for s in ledger.presences()} if ledger is not None and indices else set()
+    notices = tuple(ledger.notices()) if ledger is not None else ()
     if not indices:
-        return Holdings(leases)
+        return Holdings(leases, notices=notices)
     reader = OccupancyReader()
     try:
-        supervisors = {s.pid for s in Ledger().presences()}
-        return Holdings(leases, reader.read(indices, supervisors), reader.links(indices))
+        return Holdings(leases, reader.read(indices, supervisors), reader.links(indices), notices)
     finally:
         reader.close()
+
+
+def ledger_problems(config: RunConfig) -> list[Problem]:
+    """The device ledger's folder, if it is refused (someone else's, or others can write it): no run of this
+    config could grant a device from it."""
+    if config.cluster.backend != "local":
+        return []
+    try:
+        Ledger()
+    except UnsafeLedger as exc:
+        return [Problem(str(exc.folder), "", exc.why)]
+    except (OSError, UnsafeRuntimeDir):  # the runtime folder's own problems are the control socket's to say
+        pass
+    return []
 
 
 SHOWN_TRIALS = 4  # trials `check` spells out; the pipeline lines above list every one

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..config.schema import DevicesConfig
 from ..hardware.grants import Holdings, Policy, Request, Wait, grant, leases_for, merge_gpus
-from ..hardware.ledger import Lease, MemoryLedger, Presence
+from ..hardware.ledger import Lease, MemoryLedger, Presence, Waiter
 from ..hardware.occupancy import OccupancyReader
 from ..hardware.slots import Slot
 from ..launch.backend import Backend
@@ -58,7 +58,7 @@ class Scheduler:
         self.waits: dict[str, str] = {}  # why each waiting pipeline waits, as of the last pass
         self._said: dict[str, str] = {}  # the waits changed_waits last handed out
         self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
-        self._announced: list[list] | None = None
+        self._announced: tuple[Waiter, ...] | None = None
         self._shared: list[tuple[Slot, float]] = []  # a cluster's GPUs held for shares, and how full each is
 
     @classmethod
@@ -158,6 +158,10 @@ class Scheduler:
             self._seen = [lease for lease in self._seen if lease not in given]
             self._refree_ledger(self._seen)
 
+    def ledger_notices(self) -> list[str]:
+        """What is wrong with the ledger's files, found since the last call: each bad file once."""
+        return self._ledger.notices()
+
     def gpus_taken(self, indices: list[int], leases: list[Lease] | None = None) -> frozenset[int]:
         """Of the GPUs `indices`, those a lease of any run holds or another program uses now."""
         if leases is None:
@@ -188,12 +192,12 @@ class Scheduler:
         it (higher priority, or the same and waiting longer), or ""."""
         pool = {s.name for s in self.slots}
         others = [(entry, s.run) for s in self._ledger.presences() if s.run != self._run for entry in s.waiting
-                  if len(entry) < 5 or pool & set(entry[4])]  # one that waits for none of our devices is no rival
+                  if entry.devices is None or pool & set(entry.devices)]  # one that waits for none of ours is no rival
 
         def ahead(w: _Waiting) -> str:
-            for (name, priority, since, *_), run in others:
-                if priority > w.priority or (priority == w.priority and since < w.since):
-                    return f"{name} of run {run} (you, priority {priority})"
+            for entry, run in others:
+                if entry.priority > w.priority or (entry.priority == w.priority and entry.since < w.since):
+                    return f"{entry.pipeline} of run {run} (you, priority {entry.priority})"
             return ""
         return ahead
 
@@ -204,8 +208,9 @@ class Scheduler:
 
     def _announce(self) -> None:
         """Tell the ledger (so other runs and `torchherd ls`) what of this run waits, when that changes."""
-        pool = [s.name for s in self.slots]
-        waiting = [[str(k), w.priority, w.since, self.waits.get(k, ""), pool] for k, w in self._waiting.items()]
+        pool = tuple(s.name for s in self.slots)
+        waiting = tuple(Waiter(str(k), w.priority, w.since, self.waits.get(k, ""), pool)
+                        for k, w in self._waiting.items())
         if waiting != self._announced:
             self._announced = waiting
             self._ledger.announce(Presence(run=self._run, pid=os.getpid(), run_dir=self._run_dir, waiting=waiting))

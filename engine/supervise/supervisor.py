@@ -348,6 +348,8 @@ class Supervisor:
         for name, why in self._scheduler.changed_waits():  # what holds up a queued pipeline, when that changed
             if self._pipelines[name].state == S.QUEUED:
                 self._publish.event(PipelineWaiting(pipeline=name, why=why))
+        for text in self._scheduler.ledger_notices():  # a ledger file no torchherd wrote, skipped: said once
+            self._publish.event(Notice(level="warning", text=text))
         for name, slots in granted:
             pipe = self._pipelines[name]
             pipe.slots = slots
