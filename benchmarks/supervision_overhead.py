@@ -8,7 +8,7 @@ the worker-side CPU per reported step, and the CPU per step event of publishing 
 supervisor's bus into a RunDirectory (now: one msgspec encoding, buffered writes, a worker's batch of step
 reports published at once; before: JSON encoded per record by to_record + json.dumps, each line written to
 events.jsonl and metrics.jsonl), with none and with 4 client fan-out taps.
-Run: python benchmarks/supervision_overhead.py [--only sink]
+Run: python benchmarks/supervision_overhead.py [--only sink] [--quick] (--quick: every part once at the least size)
 """
 from __future__ import annotations
 
@@ -220,11 +220,16 @@ def sink_cost(tmp: Path, events: int = 200_000, rounds: int = 3) -> None:
 
 
 def main() -> None:
-    rounds = int(os.environ.get("ROUNDS", "3"))
+    global EPOCHS
+    quick = "--quick" in sys.argv[1:]
+    rounds = 1 if quick else int(os.environ.get("ROUNDS", "3"))
+    if quick:  # CI's check that every part still runs: the least that takes each path
+        EPOCHS = 1
+        PARAMS["samples"] = 640
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        sink_cost(tmp / "sink")
-        if sys.argv[1:] == ["--only", "sink"]:
+        sink_cost(tmp / "sink", 2_000 if quick else 200_000, rounds)
+        if [a for a in sys.argv[1:] if a != "--quick"] == ["--only", "sink"]:
             return
         bare, supervised = [], []
         for i in range(rounds):  # alternate, so drift on a shared machine hits both alike
@@ -234,7 +239,7 @@ def main() -> None:
         b, s = max(bare), max(supervised)
         print(f"training speed: bare {b:,.0f} samples/s, supervised {s:,.0f} samples/s, "
               f"ratio supervised/bare {s / b:.3f} (goal >= 0.97)")
-        cap = asyncio.run(channel_capacity(tmp / "flood"))
+        cap = asyncio.run(channel_capacity(tmp / "flood", count=2_000 if quick else 200_000))
         print(f"status channel: {cap['events_per_s']:,.0f} step events/s from 4 workers into one reader "
               f"(goal >= 100,000)")
         print(f"worker CPU per reported step: {cap['loop_us']:.2f} us in the training thread, "

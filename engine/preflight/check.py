@@ -26,7 +26,7 @@ from ..protocol.names import ValidationMode
 from ..protocol.private import UnsafeRuntimeDir
 from ..runners.registry import runner_for
 from .plan import describe_plan, gang_problems
-from .probe import grouped_task_problems, lightning_factories, probe_tasks, task_problems
+from .probe import grouped_task_problems, lightning_factories, probe_notes, probe_tasks, task_problems
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,9 @@ def check_config(path: str | Path, probe: bool = False, inventory: Inventory | N
         return CheckReport(False, config, problems)
     held = holdings_now(config, slots)
     lines = describe_plan(config, slots, inventory, held) + list(held.notices) + sweep_lines(config)
-    return CheckReport(True, config, [], _say_lightning(config, lines, background) if probe else lines)
+    if probe:
+        lines = _say_lightning(config, lines, background) + _say_notes(config, background)
+    return CheckReport(True, config, [], lines)
 
 
 def holdings_now(config: RunConfig, slots: list[Slot]) -> Holdings:
@@ -182,6 +184,19 @@ def _say_lightning(config: RunConfig, lines: list[str], background: bool) -> lis
             line = f"{name}: task {tasks[name]} (Lightning Trainer.fit){rest[len(tasks[name]):]}"
         out.append(line)
     return out
+
+
+def _say_notes(config: RunConfig, background: bool) -> list[str]:
+    """What building the tasks told (a Task without val_data is validated by nobody), once per note."""
+    if config.validation.mode == ValidationMode.OFF:
+        return []  # nothing is validated anyway
+    return [f"{_names(names)}: {note}" for note, names in probe_notes(config, background).items()]
+
+
+def _names(names: list[str]) -> str:
+    """'a, b' or, for a sweep's many trials, 'a, b, c, d and 28 more'."""
+    more = len(names) - SHOWN_TRIALS
+    return ", ".join(names[:SHOWN_TRIALS]) + (f" and {more} more" if more > 0 else "")
 
 
 def _probe_tasks(config: RunConfig, background: bool) -> list[Problem]:

@@ -52,6 +52,7 @@ class ProbeJob:
 
 _CACHE: dict[tuple, str] = {}  # job key -> error ("" when it built)
 _TRAINS_AS: dict[tuple, str] = {}  # job key -> the kind whose runner trains what it built (a factory's LightningTask)
+_NOTES: dict[tuple, str] = {}  # job key -> what `check --probe` says of what it built ("no val_data: ...")
 _CACHE_LOCK = threading.Lock()
 
 
@@ -155,9 +156,10 @@ def probe_tasks(config: RunConfig, timeout: float = 180.0,
         if failure:
             return [Problem(file, "pipelines", failure)]
         with _CACHE_LOCK:
-            for job, (error, trains_as) in zip(todo, results):
+            for job, (error, trains_as, note) in zip(todo, results):
                 _CACHE[job.key] = error
                 _TRAINS_AS[job.key] = trains_as
+                _NOTES[job.key] = note
     errors = {}
     with _CACHE_LOCK:
         for job in jobs:
@@ -177,6 +179,17 @@ def lightning_factories(config: RunConfig, background: bool | None = None) -> se
                 for i in job.pipelines if config.pipelines[i].kind == PipelineKind.TASK}
 
 
+def probe_notes(config: RunConfig, background: bool | None = None) -> dict[str, list[str]]:
+    """What the probes found worth saying of the tasks they built (a Task without val_data), each note with
+    the pipelines it is about, in pipeline order (`background` as for plan_jobs)."""
+    notes: dict[str, list[str]] = {}
+    with _CACHE_LOCK:
+        for job in plan_jobs(config, background):
+            if _NOTES.get(job.key):
+                notes.setdefault(_NOTES[job.key], []).extend(config.pipelines[i].name for i in job.pipelines)
+    return notes
+
+
 def shorten(error: str, ref: str) -> str:
     """The task file as problems show paths (relative to the working directory when under it)."""
     target = ref.rpartition(":")[0]
@@ -184,13 +197,14 @@ def shorten(error: str, ref: str) -> str:
 
 
 def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int], object] | None,
-         cancelled: Callable[[], bool] | None) -> tuple[list[tuple[str, str]], str]:
-    """((an error or "", the kind that trains what it built) per job, a failure of the probe itself or "")."""
+         cancelled: Callable[[], bool] | None) -> tuple[list[tuple[str, str, str]], str]:
+    """((an error or "", the kind that trains what it built, a note or "") per job, a failure of the probe
+    itself or "")."""
     payload = json.dumps([{"id": k, "ref": job.ref, "params": json.loads(job.params),
                            **(json.loads(job.settings) if job.settings else {})} for k, job in enumerate(jobs)])
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     lines: queue.Queue[str | None] = queue.Queue()
-    results: dict[int, tuple[str, str]] = {}
+    results: dict[int, tuple[str, str, str]] = {}
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
         proc = subprocess.Popen(python_module_command("torchherd.engine.preflight.probe"), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=stderr, env=env, text=True, start_new_session=True)
@@ -211,7 +225,7 @@ def _run(jobs: list[ProbeJob], timeout: float, on_progress: Callable[[int, int],
                     break
                 if line.startswith(PREFIX):
                     result = json.loads(line[len(PREFIX):])
-                    results[result["id"]] = (result["error"], result.get("kind", ""))
+                    results[result["id"]] = (result["error"], result.get("kind", ""), result.get("note", ""))
                     if on_progress is not None:
                         on_progress(len(results), len(jobs))
                     if len(results) == len(jobs):
@@ -285,15 +299,15 @@ def _main() -> None:
 
     torch.set_num_threads(1)
     for job in jobs:
-        kind = ""
+        kind = note = ""
         try:  # a torchherd Task, a LightningTask a factory returned, or a `lightning:` module
-            kind = str(runner_for(job["kind"]).probe(job["ref"], job["params"], job))
-            error = ""
+            built, note = runner_for(job["kind"]).probe(job["ref"], job["params"], job)
+            kind, error = str(built), ""
         except TaskError as exc:
             error = str(exc)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        results.write(PREFIX + json.dumps({"id": job["id"], "error": error, "kind": kind}) + "\n")
+        results.write(PREFIX + json.dumps({"id": job["id"], "error": error, "kind": kind, "note": note}) + "\n")
     results.flush()
     os._exit(0)  # answered: skip the interpreter's teardown (about a second with torch) the caller would wait out
 

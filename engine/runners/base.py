@@ -86,10 +86,10 @@ class Runner(ABC):
         when there is nothing to build (the default)."""
         return None
 
-    def probe(self, ref: str, params: dict[str, Any], job: dict[str, Any]) -> PipelineKind:
+    def probe(self, ref: str, params: dict[str, Any], job: dict[str, Any]) -> tuple[PipelineKind, str]:
         """Build the pipeline in the probe process, raising what building raises; returns the kind whose runner
-        would train what was built (a task factory may return a LightningTask). Called only when
-        `probe_job` said there is something to build."""
+        would train what was built (a task factory may return a LightningTask) and a note `check --probe` says of
+        it ("" for none). Called only when `probe_job` said there is something to build."""
         raise NotImplementedError(f"{self.kind} pipelines have nothing to build")
 
     # ------------------------------------------------------------ the worker

@@ -70,12 +70,12 @@ class LightningRunner(Runner):
     def probe_job(self, pipe: Pipeline) -> dict[str, Any] | None:
         return {"datamodule": pipe.datamodule, "datamodule_params": pipe.datamodule_params}
 
-    def probe(self, ref: str, params: dict[str, Any], job: dict[str, Any]) -> PipelineKind:
+    def probe(self, ref: str, params: dict[str, Any], job: dict[str, Any]) -> tuple[PipelineKind, str]:
         from .support import build_lightning
 
         task = build_lightning(ref, params, job["datamodule"], job["datamodule_params"])
         check_built(task, job["background"])
-        return PipelineKind.LIGHTNING
+        return PipelineKind.LIGHTNING, ""
 
     def run(self, spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
             control: WorkerControl) -> int:

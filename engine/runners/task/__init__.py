@@ -46,15 +46,16 @@ class TaskRunner(Runner):
     def probe_job(self, pipe: Pipeline) -> dict[str, Any] | None:
         return {}
 
-    def probe(self, ref: str, params: dict[str, Any], job: dict[str, Any]) -> PipelineKind:
+    def probe(self, ref: str, params: dict[str, Any], job: dict[str, Any]) -> tuple[PipelineKind, str]:
         from ..lightning import check_built
         from ..lightning.support import LightningTask, build_factory
+        from .api import no_val_data_text
 
         task = build_factory(ref, params)
         if isinstance(task, LightningTask):  # only building tells: then Lightning's runner trains it
             check_built(task, job["background"])
-            return PipelineKind.LIGHTNING
-        return PipelineKind.TASK
+            return PipelineKind.LIGHTNING, ""
+        return PipelineKind.TASK, no_val_data_text(job["background"]) if task.val_data is None else ""
 
     def run(self, spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
             control: WorkerControl) -> int:
@@ -90,8 +91,14 @@ class TaskRunner(Runner):
     @staticmethod
     def _train(spec: WorkerSpec, pipe: Pipeline, validation: ValidationConfig, sender: StatusSender,
                control: WorkerControl, task: Task) -> int:
+        from ...protocol.messages import Notice
+        from ...protocol.names import ValidationMode
+        from .api import no_val_data_text
         from .trainer import Trainer
 
+        if task.val_data is None and validation.mode != ValidationMode.OFF and spec.attempt == 1 and spec.rank == 0:
+            sender.send(Notice(pipeline=pipe.name, level="info",
+                               text=no_val_data_text(validation.mode == ValidationMode.BACKGROUND)))
         gang = None
         if spec.world_size > 1:  # one rank of a gang (DDP or FSDP2): MASTER_ADDR/MASTER_PORT come from the launcher
             import torch

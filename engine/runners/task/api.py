@@ -48,6 +48,12 @@ class Task:
     shard: Any = None  # strategy "fsdp": module classes to shard as units, or a function shard(model, fully_shard)
 
 
+def no_val_data_text(background: bool) -> str:
+    """What `check --probe` and a run say, once, of a Task without `val_data`: nothing is validated, and
+    (in the background mode) no snapshot goes to the validator, so nothing is waited for at the end."""
+    return "no val_data: nothing to validate" + (", no background validation" if background else "")
+
+
 class Validating(Protocol):
     """What the validator scores a pipeline with: a `Task`, or what a script's `validate` factory returns
     (torchherd.client.Validation, or anything with these, as `build_validation` checks)."""

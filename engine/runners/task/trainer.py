@@ -57,6 +57,9 @@ class Trainer(TrainerCheckpoints):
     def __init__(self, task: Task, pipe: Pipeline, validation: ValidationConfig, device: str,
                  pipeline_dir: Path, sender: StatusSender, control: WorkerControl,
                  snapshot_dir: Path | None = None, snapshot_seq: int = 0, gang: Gang | None = None) -> None:
+        if task.val_data is None and validation.mode != ValidationMode.OFF:
+            # Nothing to score: no snapshot is handed to the validator, so the run never waits for its results.
+            validation = validation.model_copy(update={"mode": ValidationMode.OFF})
         self.task, self.pipe, self.validation = task, pipe, validation
         self.gang = gang  # engine.distributed.Gang for a rank of a gang, else None
         self.lead = gang is None or gang.lead  # it alone checkpoints, validates and reports for the gang
