@@ -32,10 +32,10 @@ from ..protocol.messages import (
     ValResult,
 )
 from ..protocol.old_records import upgraded
-from ..protocol.records import from_record
+from ..protocol.records import RecordError, from_record, message_types
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .appending import AppendFile
-from .lines import encode_line
+from .lines import Unreadable, encode_line
 from .snapshots import (  # noqa: F401
     PID_FILE,
     SNAPSHOT_MARKER,
@@ -272,18 +272,23 @@ class RunSummary:
         return bool(self.to_resume) and not self.live
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path, unreadable: Unreadable | None = None) -> list[dict[str, Any]]:
     """Every JSON object of a .jsonl file; a line that is not one (torn by a crash mid-write, not UTF-8, not
-    an object) is skipped: a run folder's files are data anyone may have written."""
+    an object) is skipped, and counted in `unreadable`: a run folder's files are data anyone may have written."""
     out: list[dict[str, Any]] = []
     try:
         data = path.read_bytes()
     except OSError:
         return out
+    bad = 0
     for line in data.split(b"\n"):
         record = _record(line)
         if record is not None:
             out.append(record)
+        elif line.strip():
+            bad += 1
+    if unreadable is not None:
+        unreadable.add(path, bad)
     return out
 
 
@@ -298,20 +303,26 @@ def _record(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def read_events(run_dir: Path) -> list[Event]:
-    """The events of a run, in order; types this version does not know are skipped."""
-    events = []
-    for record in read_records(Path(run_dir) / "events.jsonl"):
-        for k, v in list(record.items()):
-            if v is None and k in ("loss", "train_loss"):
-                record[k] = float("nan")
+def read_events(run_dir: Path, unreadable: Unreadable | None = None) -> list[Event]:
+    """The events of a run, in order, each field of its declared type; types this version does not know are
+    skipped, and a line that is no record or whose fields do not fit is skipped and counted in `unreadable`."""
+    path = Path(run_dir) / "events.jsonl"
+    events, bad = [], 0
+    for record in read_records(path, unreadable):
         try:
             event = from_record(record)
-        except (ValueError, TypeError, RecursionError):
+        except RecordError:
+            kind = record.get("type")
+            bad += isinstance(kind, str) and kind in _KNOWN
             continue
         if isinstance(event, Event):  # a command's record in the file is no event of the run
             events.append(event)
+    if unreadable is not None:
+        unreadable.add(path, bad)
     return events
+
+
+_KNOWN = frozenset(message_types())
 
 
 def _records_but_steps(path: Path) -> list[dict[str, Any]]:
