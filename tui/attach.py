@@ -179,8 +179,7 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
 def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int:
     """A run nobody supervises any more: its history (with `from_start`), how it ended, and the status that
     following it to its end would have given; EXIT_FAILED when it was cut short."""
-    from ..engine import read_history, summarize
-    from ..engine.rundir.lines import Unreadable
+    from ..engine import Unreadable, read_history, summarize
     from .verbs import state_of
 
     if from_start:

@@ -276,8 +276,7 @@ def _attach(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..engine import export_run, export_schedules
-    from ..engine.rundir.lines import Unreadable
+    from ..engine import Unreadable, export_run, export_schedules
     from .verbs import BadRun, resolve_run
 
     unreadable = Unreadable()

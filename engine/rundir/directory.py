@@ -31,6 +31,7 @@ from ..protocol.messages import (
     StepMetrics,
     ValResult,
 )
+from ..protocol.nolinks import LinkRefused, find_link, make_dirs, open_fd, open_file, write_text
 from ..protocol.old_records import upgraded
 from ..protocol.records import RecordError, from_record, message_types
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
@@ -85,7 +86,7 @@ class RunTaken(RuntimeError):
 def _hold(pid_file: Path) -> int:
     """Lock `pid_file` (flock, exclusive) for as long as this process writes the run, and write our pid in
     it. The kernel drops the lock when the process dies however it dies, so a held lock means a live owner."""
-    fd = os.open(pid_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_fd(pid_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -128,6 +129,9 @@ class RunDirectory:
                                "made itself; start the run again for a fresh run id") from None
         else:
             path.mkdir(parents=True, exist_ok=True)
+            link = find_link(path)  # a copied or downloaded run: torchherd makes no link in a run folder
+            if link is not None:
+                raise LinkRefused(link)
         self._owner = _hold(path / PID_FILE)
         self._events = AppendFile(path / "events.jsonl")
         self._metrics: dict[str, AppendFile] = {}
@@ -147,11 +151,12 @@ class RunDirectory:
         if source is not None and source.is_file():
             if target.exists():  # a config added to a running session
                 target = self.path / f"config-{config.name}.toml"
-            shutil.copyfile(source, target)
+            with open(source, "rb") as src, open_file(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
         resolved = self.path / "config.json"
         existing = json.loads(resolved.read_text()) if resolved.exists() else []
         existing.append(config.model_dump(mode="json"))
-        resolved.write_text(json.dumps(existing, indent=2))
+        write_text(resolved, json.dumps(existing, indent=2))
 
     def write(self, event: Message, line: bytes | None = None) -> None:
         """Append `event` (`line`: its encode_line bytes, when the caller has them) to events.jsonl, and a
@@ -183,7 +188,7 @@ class RunDirectory:
     def _metrics_file(self, pipeline: str) -> AppendFile | _Unwritable:
         """The pipeline's metrics.jsonl, opened for appending on its first metric."""
         try:
-            (self.path / pipeline).mkdir(parents=True, exist_ok=True)
+            make_dirs(self.path / pipeline, self.path)
             fh = self._metrics[pipeline] = AppendFile(self.path / pipeline / "metrics.jsonl")
         except OSError as exc:  # a full disk: no room for the folder; events.jsonl has the same lines
             return _Unwritable(exc)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import msgspec
 
 from ..protocol.messages import Message
+from ..protocol.nolinks import open_fd
 
 
 def _fallback(value: object) -> object:
@@ -28,7 +29,7 @@ def trim_torn_line(path: os.PathLike | str) -> int:
     filled, mid-write): a line appended after the fragment would be glued to it and lost to every reader.
     Returns the bytes cut; a missing file is nothing to trim."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = open_fd(path, os.O_RDWR)  # never through a link planted in the run folder
     except FileNotFoundError:
         return 0
     try:
