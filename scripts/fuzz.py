@@ -1,5 +1,6 @@
 """Fuzz torchherd's edges for longer than the test suite does: the properties of tests/test_fuzz.py (control socket
-frames and requests, worker channel batches, script client frames, configs, run folders) with many more examples.
+frames and requests, worker channel batches, script client frames, configs, run folders) and tests/test_fuzz_records.py
+(every field of every record, read back, exported and printed) with many more examples.
 
     python scripts/fuzz.py [--examples 20000] [-k EXPRESSION] [--seed N]
 
@@ -26,7 +27,8 @@ def main() -> int:
     args = parser.parse_args()
     env = {**os.environ, "FUZZ_EXAMPLES": str(args.examples)}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=0",
-               "--hypothesis-show-statistics", str(REPO / "tests" / "test_fuzz.py")]
+               "--hypothesis-show-statistics", str(REPO / "tests" / "test_fuzz.py"),
+               str(REPO / "tests" / "test_fuzz_records.py")]
     if args.k:
         command += ["-k", args.k]
     if args.seed is not None:

@@ -13,6 +13,7 @@ import pytest
 from torchherd.engine.protocol import messages as m
 from torchherd.engine.protocol.progress import PipelineProgress, apply
 from torchherd.engine.protocol.records import to_record
+from torchherd.engine.rundir import history
 from torchherd.engine.rundir.appending import AppendFile
 from torchherd.engine.rundir.directory import RunDirectory, dumps, read_events, read_records
 from torchherd.engine.rundir.history import decode_history, decode_lines, decode_stretch
@@ -73,12 +74,12 @@ def test_a_history_decodes_as_its_lines_do_and_leaves_the_collector_as_it_found_
     events = _sample_events()
     data = b"".join(encode_line(e) for e in events)
     seen = []
-    real = decode_lines
+    real = history._decode
 
     def decode(lines: bytes):
         seen.append(gc.isenabled())  # held off while the history decodes
         return real(lines)
-    monkeypatch.setattr("torchherd.engine.rundir.history.decode_lines", decode)
+    monkeypatch.setattr("torchherd.engine.rundir.history._decode", decode)
     assert gc.isenabled()
     assert [encode_line(e) for e in decode_history(data)] == [encode_line(e) for e in events]
     assert gc.isenabled() and seen == [False]
@@ -88,7 +89,7 @@ def test_a_history_decodes_as_its_lines_do_and_leaves_the_collector_as_it_found_
         assert not gc.isenabled()
     finally:
         gc.enable()
-    monkeypatch.setattr("torchherd.engine.rundir.history.decode_lines", lambda lines: 1 / 0)
+    monkeypatch.setattr("torchherd.engine.rundir.history._decode", lambda lines: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         decode_history(data)
     assert gc.isenabled()  # on again after a decode that raised
@@ -198,7 +199,7 @@ def test_a_torn_last_line_is_trimmed_so_the_resumes_first_event_is_not_lost(tmp_
         with open(run / name, "ab") as fh:
             fh.write(b'{"type":"step","time":1.0,"pipel')  # the writer died here
     again = RunDirectory(run)
-    again.write(m.RunStarted(run_id="run", run_dir=str(run), config_path=None, pipelines=("a",)))
+    again.write(m.RunStarted(run_id="run", run_dir=str(run), config_path="", pipelines=("a",)))
     again.write(m.StepMetrics(pipeline="a", epoch=0, step=7, loss=0.5, lr=0.1, samples_per_s=1.0))
     again.close()
     assert [type(e).__name__ for e in read_events(run)] == ["PipelineFinished", "RunStarted", "StepMetrics"]

@@ -181,13 +181,16 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
 def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int:
     """A run nobody supervises any more: its history (with `from_start`), how it ended, and the status that
     following it to its end would have given; EXIT_FAILED when it was cut short."""
-    from ..engine import read_history, summarize
+    from ..engine import Unreadable, read_history, summarize
     from .verbs import state_of
 
     if from_start:
         printer.by_event_time()
-        for event in read_history(run_dir):
+        unreadable = Unreadable()
+        for event in read_history(run_dir, unreadable=unreadable):
             printer.handle(event)
+        for line in unreadable.lines():
+            printer.write(f"torchherd: {line}\n")
     summary = summarize(run_dir)
     state = state_of(summary) if summary is not None else "never started"
     printer.write(f"torchherd: {run_dir} is not live: {state}"

@@ -293,16 +293,19 @@ def _attach(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..engine import export_run, export_schedules
+    from ..engine import Unreadable, export_run, export_schedules
     from .verbs import BadRun, resolve_run
 
+    unreadable = Unreadable()
     try:
         run_dir = resolve_run(args.run, Path(args.runs_dir))
-        count = export_run(run_dir, Path(args.tensorboard))
+        count = export_run(run_dir, Path(args.tensorboard), unreadable)
         schedules = export_schedules(run_dir, Path(args.tensorboard))
     except (BadRun, OSError, ValueError) as exc:
         print(f"torchherd: {exc}", file=sys.stderr)
         return 2
+    for line in unreadable.lines():
+        print(f"torchherd: {line}", file=sys.stderr)
     print(f"{run_dir}: TensorBoard files of {count} pipeline(s) in {args.tensorboard} "
           f"(tensorboard --logdir {args.tensorboard}; TensorBoard itself: pip install tensorboard)")
     if schedules is not None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Mapping
 from multiprocessing.connection import Connection
 
+from ..protocol.nolinks import make_dirs, open_file
 from ..protocol.spec import CHILD_MODULE, Transport, write_spec
 from .backend import Backend, LaunchSpec
 from .channel_handle import ChannelHandle
@@ -174,10 +175,16 @@ class ProcessLauncher(Backend):
         control_r, control_w = os.pipe()
         child = spec.child
         transport = Transport(status_fd=status_w, control_fd=control_r, supervisor_pid=os.getpid())
-        spec_path = write_spec(spec.log_path.parent / f"{child.stem}.json", child, transport)
+        folder = spec.log_path.parent  # the pipeline's (or the validator's) folder in the run folder
+        try:
+            make_dirs(folder, folder.parent)
+            spec_path = write_spec(folder / f"{child.stem}.json", child, transport)
+            log = open_file(spec.log_path, "ab")
+        except BaseException:
+            for fd in (status_r, status_w, control_r, control_w):
+                os.close(fd)
+            raise
         env = local_env(spec, os.environ)
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(spec.log_path, "ab")
         log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} attempt {child.attempt} ====\n".encode())
         log.flush()
         try:

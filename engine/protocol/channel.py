@@ -16,7 +16,6 @@ part of the same protocol.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import socket
 import threading
@@ -28,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from .messages import Command, Event, Message, StepMetrics
-from .records import _hints, message_types, to_record
+from .records import RecordError, message_types, to_record, typed
 
 M = TypeVar("M", bound=Message)
 
@@ -208,26 +207,11 @@ def decode_record(record: object) -> Message:
 
 
 def _typed(cls: type[M], fields: object) -> M:
-    """`cls` from a dict of its fields, each of its declared type; a null where a float belongs is NaN, as
-    events.jsonl writes NaN as null."""
-    if not isinstance(fields, dict):
-        raise ChannelError(f"{cls.type}: not a record")
-    hints = _hints(cls)  # type: ignore[arg-type]  # mypy reads a dataclass's __hash__ = None as its class's
-    fields = {k: _lenient(hints.get(k), v) for k, v in fields.items()}
+    """`records.typed`, its refusal a ChannelError."""
     try:
-        return msgspec.convert(fields, cls, strict=False)
-    except (msgspec.ValidationError, RecursionError, TypeError) as exc:
-        raise ChannelError(f"{cls.type}: {exc}") from None
-
-
-def _lenient(hint: object, value: object) -> object:
-    """A field's value as a sender may have meant it: null for a float is NaN, and a metric that is not a
-    number (a path, a string) is left out of its dict rather than losing the whole report."""
-    if value is None and hint is float:
-        return math.nan
-    if hint == dict[str, float] and isinstance(value, dict):
-        return {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    return value
+        return typed(cls, fields)
+    except RecordError as exc:
+        raise ChannelError(str(exc)) from None
 
 
 def encode_command(command: Command) -> bytes:

@@ -1,15 +1,18 @@
 """Messages as the JSON records of `events.jsonl` and `telemetry.jsonl`, and back.
 
 `to_record` flattens a message into JSON-ready primitives with its `type` first;
-`from_record` rebuilds it by that tag, turning lists back into tuples by the annotations.
+`from_record` rebuilds it by that tag, every field checked against its declared type (`typed`): a file or a
+peer may hold anything, and a record that does not fit is a RecordError, never a message of wrong fields.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import types
+import math
 import typing
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from . import control, health, telemetry  # noqa: F401  (their events are in events.jsonl too)
 from .jsonvalue import JsonObject
@@ -17,6 +20,11 @@ from .messages import Message
 from .old_records import upgraded
 
 _TYPES: dict[str, type[Message]] = {}
+M = TypeVar("M", bound=Message)
+
+
+class RecordError(ValueError):
+    """A record that is no message of this version: an unknown type, or fields not of their declared types."""
 
 
 def _register(cls: type[Message]) -> None:
@@ -47,35 +55,43 @@ def _plain(value: object) -> object:
 
 def from_record(record: JsonObject) -> Message:
     """Rebuild a message from `to_record` output (or an older version's, brought up to date); unknown fields are
-    ignored."""
+    ignored, and a field not of its declared type is a RecordError."""
     record = upgraded(record)
-    cls = _TYPES.get(typing.cast(str, record.get("type", "")))  # not a string: no type (a list raises TypeError)
+    kind = record.get("type")
+    cls = _TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ValueError(f"unknown message type {record.get('type')!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
+        raise RecordError(f"unknown message type {str(kind)[:80]!r}")
+    return typed(cls, record)
+
+
+def typed(cls: type[M], fields: object) -> M:
+    """`cls` from a dict of its fields (a `type` key and fields it does not have are ignored), each of its declared
+    type; a null where a float belongs is NaN, as events.jsonl writes NaN as null. RecordError if they do not fit."""
+    if not isinstance(fields, dict):
+        raise RecordError(f"{cls.type}: not a record")
     hints = _hints(cls)  # type: ignore[arg-type]  # mypy reads a dataclass's __hash__ = None as its class's
-    kwargs: dict[str, Any] = {k: _decode(hints.get(k), v) for k, v in record.items() if k in names}  # cls's fields
-    return cls(**kwargs)
+    fields = {k: _lenient(hints.get(k), v) for k, v in fields.items() if k != "type"}
+    try:
+        return msgspec.convert(fields, cls, strict=False)
+    except (msgspec.ValidationError, RecursionError, TypeError) as exc:
+        raise RecordError(f"{cls.type}: {exc}") from None
 
 
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)
-    except Exception:  # an annotation that does not resolve: lists still become tuples
+    except Exception:  # an annotation that does not resolve: msgspec reads it, or refuses the record
         return {}
 
 
-def _decode(hint: object, value: object) -> object:
-    """Undo `_plain` by the field's annotation: lists become tuples, dicts dataclasses."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`
-        hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
-    if isinstance(value, list):
-        args = typing.get_args(hint)  # tuple[X, ...] -> (X, Ellipsis)
-        return tuple(_decode(args[0] if args else None, v) for v in value)
-    if isinstance(value, dict) and isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        hints = _hints(hint)
-        return hint(**{k: _decode(hints.get(k), v) for k, v in value.items() if k in hints})
+def _lenient(hint: object, value: object) -> object:
+    """A field's value as a writer may have meant it: null for a float is NaN, and a metric that is not a
+    number (a path, a string) is left out of its dict rather than losing the whole report."""
+    if value is None and hint is float:
+        return math.nan
+    if hint == dict[str, float] and isinstance(value, dict):
+        return {k: v for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return value
 
 

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
+from .nolinks import open_fd  # standard library only, as this module is
+
 CHILD_MODULE = "torchherd.engine.launch.child"  # `python -P -m` this, with the spec file's path
 
 
@@ -83,11 +85,12 @@ class Transport:
 def write_spec(path: Path, spec: ChildSpec, transport: Transport) -> Path:
     """Write the file a child reads at start; returns its path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Private: on a shared filesystem the transport's token must be readable by us alone.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Private: on a shared filesystem the transport's token must be readable by us alone. Never through a link
+    # planted in the run folder: the token would land, and the mode change apply, wherever it points.
+    fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
+        os.fchmod(fd, 0o600)  # a spec left by an earlier attempt keeps its mode through O_TRUNC
         fh.write(json.dumps({"role": spec.role, "spec": asdict(spec), "transport": asdict(transport)}))
-    os.chmod(path, 0o600)  # a spec left by an earlier attempt keeps its mode through O_TRUNC
     return path
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..protocol.nolinks import open_fd
 from .lines import trim_torn_line
 
 HOLD = 1 << 20  # bytes a file holds back before writing them out
@@ -22,7 +23,7 @@ class AppendFile:
     def __init__(self, path: Path, hold: int = HOLD):
         trim_torn_line(path)  # a resume: the last run may have died mid-line
         self.path, self.hold = Path(path), hold
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.fd = open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # never through a planted link
         self.error: OSError | None = None
         self._buf = bytearray()
         self._end = self.whole = os.fstat(self.fd).st_size  # bytes on disk; of those, up to the last newline

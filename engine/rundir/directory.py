@@ -31,11 +31,12 @@ from ..protocol.messages import (
     StepMetrics,
     ValResult,
 )
+from ..protocol.nolinks import LinkRefused, find_link, make_dirs, open_fd, open_file, write_text
 from ..protocol.old_records import upgraded
-from ..protocol.records import from_record
+from ..protocol.records import RecordError, from_record, message_types
 from ..protocol.states import SUCCESS_STATES, WorkerState, ended_label
 from .appending import AppendFile
-from .lines import encode_line
+from .lines import Unreadable, encode_line
 from .snapshots import (  # noqa: F401
     PID_FILE,
     SNAPSHOT_MARKER,
@@ -85,7 +86,7 @@ class RunTaken(RuntimeError):
 def _hold(pid_file: Path) -> int:
     """Lock `pid_file` (flock, exclusive) for as long as this process writes the run, and write our pid in
     it. The kernel drops the lock when the process dies however it dies, so a held lock means a live owner."""
-    fd = os.open(pid_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_fd(pid_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -128,6 +129,9 @@ class RunDirectory:
                                "made itself; start the run again for a fresh run id") from None
         else:
             path.mkdir(parents=True, exist_ok=True)
+            link = find_link(path)  # a copied or downloaded run: torchherd makes no link in a run folder
+            if link is not None:
+                raise LinkRefused(link)
         self._owner = _hold(path / PID_FILE)
         self._events = AppendFile(path / "events.jsonl")
         self._metrics: dict[str, AppendFile] = {}
@@ -147,11 +151,12 @@ class RunDirectory:
         if source is not None and source.is_file():
             if target.exists():  # a config added to a running session
                 target = self.path / f"config-{config.name}.toml"
-            shutil.copyfile(source, target)
+            with open(source, "rb") as src, open_file(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
         resolved = self.path / "config.json"
         existing = json.loads(resolved.read_text()) if resolved.exists() else []
         existing.append(config.model_dump(mode="json"))
-        resolved.write_text(json.dumps(existing, indent=2))
+        write_text(resolved, json.dumps(existing, indent=2))
 
     def write(self, event: Message, line: bytes | None = None) -> None:
         """Append `event` (`line`: its encode_line bytes, when the caller has them) to events.jsonl, and a
@@ -183,7 +188,7 @@ class RunDirectory:
     def _metrics_file(self, pipeline: str) -> AppendFile | _Unwritable:
         """The pipeline's metrics.jsonl, opened for appending on its first metric."""
         try:
-            (self.path / pipeline).mkdir(parents=True, exist_ok=True)
+            make_dirs(self.path / pipeline, self.path)
             fh = self._metrics[pipeline] = AppendFile(self.path / pipeline / "metrics.jsonl")
         except OSError as exc:  # a full disk: no room for the folder; events.jsonl has the same lines
             return _Unwritable(exc)
@@ -272,18 +277,23 @@ class RunSummary:
         return bool(self.to_resume) and not self.live
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path, unreadable: Unreadable | None = None) -> list[dict[str, Any]]:
     """Every JSON object of a .jsonl file; a line that is not one (torn by a crash mid-write, not UTF-8, not
-    an object) is skipped: a run folder's files are data anyone may have written."""
+    an object) is skipped, and counted in `unreadable`: a run folder's files are data anyone may have written."""
     out: list[dict[str, Any]] = []
     try:
         data = path.read_bytes()
     except OSError:
         return out
+    bad = 0
     for line in data.split(b"\n"):
         record = _record(line)
         if record is not None:
             out.append(record)
+        elif line.strip():
+            bad += 1
+    if unreadable is not None:
+        unreadable.add(path, bad)
     return out
 
 
@@ -298,20 +308,26 @@ def _record(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def read_events(run_dir: Path) -> list[Event]:
-    """The events of a run, in order; types this version does not know are skipped."""
-    events = []
-    for record in read_records(Path(run_dir) / "events.jsonl"):
-        for k, v in list(record.items()):
-            if v is None and k in ("loss", "train_loss"):
-                record[k] = float("nan")
+def read_events(run_dir: Path, unreadable: Unreadable | None = None) -> list[Event]:
+    """The events of a run, in order, each field of its declared type; types this version does not know are
+    skipped, and a line that is no record or whose fields do not fit is skipped and counted in `unreadable`."""
+    path = Path(run_dir) / "events.jsonl"
+    events, bad = [], 0
+    for record in read_records(path, unreadable):
         try:
             event = from_record(record)
-        except (ValueError, TypeError, RecursionError):
+        except RecordError:
+            kind = record.get("type")
+            bad += isinstance(kind, str) and kind in _KNOWN
             continue
         if isinstance(event, Event):  # a command's record in the file is no event of the run
             events.append(event)
+    if unreadable is not None:
+        unreadable.add(path, bad)
     return events
+
+
+_KNOWN = frozenset(message_types())
 
 
 def _records_but_steps(path: Path) -> list[dict[str, Any]]:

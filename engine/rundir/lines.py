@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import msgspec
 
 from ..protocol.messages import Message
+from ..protocol.nolinks import open_fd
 
 
 def _fallback(value: object) -> object:
@@ -28,7 +29,7 @@ def trim_torn_line(path: os.PathLike | str) -> int:
     filled, mid-write): a line appended after the fragment would be glued to it and lost to every reader.
     Returns the bytes cut; a missing file is nothing to trim."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = open_fd(path, os.O_RDWR)  # never through a link planted in the run folder
     except FileNotFoundError:
         return 0
     try:
@@ -74,3 +75,20 @@ def encode_lines(messages: Sequence[Message]) -> list[bytes]:
     escapes a newline in a string, so the only newlines are those between the messages."""
     head = _head(type(messages[0]))
     return [head + body[1:] + b"\n" for body in _encoder.encode_lines(messages).split(b"\n")[:-1]]
+
+
+class Unreadable:
+    """A tally of the lines a reader of a run's files skipped, by file: not a JSON object, or a record of a known
+    type whose fields are not of their types (a torn write, another tool's line, a hand edit). Said once, after
+    the reading, rather than line by line; a type this version does not know is no fault of the file."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, path: os.PathLike | str, n: int = 1) -> None:
+        if n:
+            self.counts[os.fspath(path)] = self.counts.get(os.fspath(path), 0) + n
+
+    def lines(self) -> list[str]:
+        """One line a file that had some: 'skipped 3 unreadable lines in RUN/events.jsonl'."""
+        return [f"skipped {n} unreadable line{'s' if n != 1 else ''} in {path}" for path, n in self.counts.items()]

@@ -21,9 +21,10 @@ from ..config.schema import RunConfig
 from ..protocol.health import Alert
 from ..protocol.messages import EpochEnd, Event, PipelineFinished, RunFinished, StepMetrics, ValResult, WorkerStarted
 from ..protocol.progress import better, metric_value
-from ..protocol.records import from_record
+from ..protocol.records import RecordError, from_record
 from ..protocol.telemetry import TelemetrySnapshot
 from .directory import load_resolved_configs, read_events, read_records
+from .lines import Unreadable
 from .tfrecord import EventFile
 
 FOLDER = "tensorboard"  # under the run directory: `tensorboard --logdir runs/` shows every run
@@ -271,9 +272,10 @@ class TensorBoardTap:
                 self.errors += 1
 
 
-def export_run(run_dir: Path, logdir: Path) -> int:
+def export_run(run_dir: Path, logdir: Path, unreadable: Unreadable | None = None) -> int:
     """Write a past run's TensorBoard files into `logdir` from its events.jsonl and telemetry.jsonl
-    (the telemetry in its time order among the events); returns the pipelines written."""
+    (the telemetry in its time order among the events); returns the pipelines written. Lines that are no
+    record, or whose fields do not fit, are skipped and counted in `unreadable`."""
     run_dir = Path(run_dir)
     configs = load_resolved_configs(run_dir)
     for name in (p.name for config in configs for p in config.pipelines):
@@ -281,14 +283,18 @@ def export_run(run_dir: Path, logdir: Path) -> int:
             raise ValueError(f"{Path(logdir) / name} already holds TensorBoard files (an earlier export, or the "
                              "run's own): export to another folder, or remove them first")
     export = TensorBoardExport(logdir, configs[0])
-    events: list[Event] = read_events(run_dir)
-    for record in read_records(run_dir / "telemetry.jsonl"):
+    events: list[Event] = read_events(run_dir, unreadable)
+    telemetry, bad = run_dir / "telemetry.jsonl", 0
+    for record in read_records(telemetry, unreadable):
         try:
             found = from_record(record)
-        except (ValueError, TypeError):
+        except RecordError:
+            bad += 1
             continue
         if isinstance(found, Event):  # telemetry.jsonl holds nothing else
             events.append(found)
+    if unreadable is not None:
+        unreadable.add(telemetry, bad)
     events.sort(key=lambda e: e.time)
     thinning = StepThinning()  # the same points a live run's files have
     for event in events:

@@ -15,6 +15,8 @@ from typing import Protocol
 
 from crc32c import crc32c
 
+from ..protocol.nolinks import open_file
+
 _FILES = itertools.count()  # a file name of its own for each file this process opens
 _DOUBLE, _FLOAT, _LENGTH, _CRC = struct.Struct("<d"), struct.Struct("<f"), struct.Struct("<Q"), struct.Struct("<I")
 _MASK = 0xFFFFFFFF
@@ -86,7 +88,7 @@ class EventFile:
         folder.mkdir(parents=True, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILES)}"
         self.path = folder / name
-        self._fh = open(self.path, "wb", buffering=1 << 16)  # bytes: a few hundred steps per write
+        self._fh = open_file(self.path, "wb", buffering=1 << 16)  # bytes: a few hundred steps per write
         self._flushed = time.monotonic()
         self.record(event_bytes(time.time(), 0, file_version="brain.Event:2"))
 

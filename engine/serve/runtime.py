@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..protocol.nolinks import write_text
 from ..protocol.private import UnsafeRuntimeDir, runtime_dir  # the control socket's folder
 
 CONTROL_FILE = "control.json"
@@ -43,7 +44,7 @@ def publish(run_dir: Path, sock: Path) -> None:
     """Write control.json (atomically): clients find the socket through it; and, beside the socket in the
     runtime folder, which run directory it serves, so the user's live runs are found from any folder."""
     tmp = Path(run_dir) / f".{CONTROL_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps({"socket": str(sock), "pid": os.getpid()}) + "\n")
+    write_text(tmp, json.dumps({"socket": str(sock), "pid": os.getpid()}) + "\n")  # never through a link
     os.replace(tmp, Path(run_dir) / CONTROL_FILE)
     index = _index(sock)
     tmp = index.with_name(f".{index.name}.{os.getpid()}")

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..protocol.nolinks import open_fd
+
 if TYPE_CHECKING:
     from ..supervise.supervisor import Supervisor
     from .server import ControlServer
@@ -134,7 +136,7 @@ def _supervisor(args: argparse.Namespace) -> Supervisor:
 
 def _to_log(run_dir: Path) -> None:
     """From now on stdout and stderr go to the run's supervisor.log (the spawner's pipe closes)."""
-    fd = os.open(run_dir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_fd(run_dir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(fd, 1)

@@ -12,9 +12,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from ..hardware.devices import Nvml
+from ..protocol.nolinks import open_file
 from ..protocol.records import to_record
 from ..protocol.telemetry import ProcessSample, TelemetrySnapshot
 from ..rundir.lines import trim_torn_line
@@ -170,7 +171,7 @@ class TelemetrySampler:
             if self._out is None:
                 self.persist_path.parent.mkdir(parents=True, exist_ok=True)
                 trim_torn_line(self.persist_path)  # a resume after a crash mid-line
-                self._out = open(self.persist_path, "a", encoding="utf-8")
+                self._out = cast(TextIO, open_file(self.persist_path, "a", encoding="utf-8"))  # never via a link
             self._out.write(json.dumps(to_record(snapshot)) + "\n")
             self._out.flush()
         except OSError as exc:  # disk full, directory removed: telemetry goes on in memory

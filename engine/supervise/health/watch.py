@@ -17,6 +17,7 @@ from pathlib import Path
 from ...protocol.health import Alert, RankPace, Triage
 from ...protocol.messages import Event, Notice, Stalled, StepMetrics, WorkerStarted
 from ...protocol.names import NoticeTopic
+from ...protocol.nolinks import LinkRefused, make_dirs, open_file, write_text
 from ...protocol.records import to_record
 from ...protocol.states import WorkerState
 from ...protocol.telemetry import TelemetrySnapshot
@@ -123,7 +124,9 @@ class HealthWatch:
         folder = self.run_dir / pipeline / "stacks" / time.strftime("%Y%m%d-%H%M%S")
         folder = next(f for n in range(1000) if not (f := folder.with_name(f"{folder.name}-{n}" if n else
                                                                            folder.name)).exists())
-        await asyncio.to_thread(_gather, folder, dumps, verdict(places))
+        refused = await asyncio.to_thread(_gather, self.run_dir, folder, dumps, verdict(places))
+        if refused is not None:
+            self._out.send(Record(Notice(level="warning", pipeline=pipeline, text=f"stacks not written: {refused}")))
         self._out.send(Record(Triage(pipeline=pipeline, verdict=verdict(places), folder=str(folder),
                                      ranks=tuple(p.text if p is not None else "" for p in places))))
 
@@ -135,7 +138,7 @@ class HealthWatch:
                   "run": self.run_dir.name}
         argv = [part.format(**fields) for part in self.config.command]
         try:
-            with open(self.run_dir / "alerts.log", "ab") as out:
+            with open_file(self.run_dir / "alerts.log", "ab") as out:
                 out.write(f"--- {time.strftime('%H:%M:%S')} {alert.rule} {alert.pipeline}: {argv}\n".encode())
                 out.flush()
                 subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -179,13 +182,17 @@ def _read_from(logs: list[Path], starts: list[int]) -> list[str]:
     return out
 
 
-def _gather(folder: Path, dumps: list[str], line: str) -> None:
-    """Each rank's stacks and the verdict into the pipeline's stacks/ folder."""
+def _gather(run_dir: Path, folder: Path, dumps: list[str], line: str) -> LinkRefused | None:
+    """Each rank's stacks and the verdict into the pipeline's stacks/ folder (inside `run_dir`), through no
+    link: the refusal, if a part of it is one."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(folder, run_dir)
         for rank, text in enumerate(dumps):  # from its first stack on: what it printed before is in its log
             first = text.find("(most recent call first)")
-            (folder / f"rank{rank}.txt").write_text(text[text.rfind("\n", 0, first) + 1:] if first >= 0 else text)
-        (folder / "verdict.txt").write_text(line + "\n")
+            write_text(folder / f"rank{rank}.txt", text[text.rfind("\n", 0, first) + 1:] if first >= 0 else text)
+        write_text(folder / "verdict.txt", line + "\n")
+    except LinkRefused as exc:
+        return exc
     except OSError:
         pass
+    return None
