@@ -107,16 +107,49 @@ def save_sharded(directory: Path, which: str, model: torch.nn.Module, optimizer:
 def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  trusted: bool = False) -> dict[str, Any]:
     """Load the checkpoint at `path` into this rank's shards (DCP reshards when the gang that wrote it had a
-    different world size): a collective. Returns rank 0's trainer state, as every rank reads it."""
-    import torch
+    different world size): a collective. Returns rank 0's trainer state, as every rank reads it.
+
+    Unless `trusted`, every file loads as data: CheckpointRefused (on every rank alike, before any collective
+    for the metadata and trainer.pt) names a file that would import anything else."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load
 
     model_state, optim_state = get_state_dict(model, optimizer)  # the optimizer's state made up front, to load into
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
-    load(state, checkpoint_id=str(path))
+    if trusted:
+        trainer = _load_trainer(path, trusted)
+        load(state, checkpoint_id=str(path))
+    else:
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from .dcp_data import DataPlanner, MetadataReader, read_metadata, refusal_in
+
+        reader = MetadataReader(path, read_metadata(path))
+        trainer = _load_trainer(path, trusted)
+        try:
+            load(state, storage_reader=reader, planner=DataPlanner(path))
+        except CheckpointException as exc:
+            refused = refusal_in(exc)
+            if refused is None:
+                raise
+            raise refused from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=not trusted)
+    return trainer
+
+
+def _load_trainer(path: Path, trusted: bool) -> dict[str, Any]:
+    """Rank 0's trainer state in the checkpoint at `path` (CheckpointRefused, unless `trusted`, for one that
+    would import anything but torch's own state and plain values)."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=not trusted)
+    except pickle.UnpicklingError as exc:
+        if trusted or "GLOBAL" not in str(exc):
+            raise
+        raise ckpt.refusal(path / TRAINER_FILE, exc) from None
 
 
 def export_state_dict(path: Path, target: Path) -> None:
