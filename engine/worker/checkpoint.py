@@ -34,7 +34,8 @@ class CheckpointRefused(Exception):
     """A checkpoint would import (and so could run) code beyond tensors and plain values, and is not trusted."""
 
 
-def _refusal(path: Path, exc: pickle.UnpicklingError) -> CheckpointRefused:
+def refusal(path: Path, exc: pickle.UnpicklingError) -> CheckpointRefused:
+    """The refusal of `path`, which torch.load(weights_only=True) would not load: naming what it would import."""
     found = re.search(r"GLOBAL (\S+)", str(exc))
     what = found.group(1) if found else str(exc).splitlines()[0][:200]
     return CheckpointRefused(
@@ -133,7 +134,7 @@ def load_latest(directory: Path, map_location: MAP_LOCATION = "cpu", suffix: str
             except pickle.UnpicklingError as exc:
                 if trusted or "GLOBAL" not in str(exc):
                     raise
-                raise _refusal(path, exc) from None
+                raise refusal(path, exc) from None
             if not isinstance(state, dict) or required not in state:
                 raise ValueError("not a torchherd checkpoint" if required == "model" else
                                  f"not a checkpoint with {required!r}")

@@ -1,16 +1,22 @@
 """A full disk, for real and without root: a file size limit (RLIMIT_FSIZE) set on a live run's supervisor and
 workers makes every write past it fail (EFBIG; torchherd ignores SIGXFSZ), as a full disk does. The run goes
 on supervising, stops its pipelines at their last checkpoints once checkpoints fail too, says why, writes what
-it kept in memory once the limit is lifted, and `torchherd resume` carries it on."""
+it kept in memory once the limit is lifted, and `torchherd resume` carries it on. A sharded (`fsdp`) gang's
+checkpoints, written by every rank through DCP, stop it the same way."""
 from __future__ import annotations
 
 import resource
+import uuid
+from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
-from tests.faults.support import is_alive, poll_until, records, tree, wait_gone
+from tests.conftest import TASKS
+from tests.faults.support import is_alive, poll_until, records, tree, wait_gone, write_toml
 from tests.test_service import LONG, long_config, of_type, stop_service
+from torchherd.engine.runners.task import sharded_checkpoint as sharded
 from torchherd.engine.serve.service import spawn
 from torchherd.engine.worker import checkpoint as ckpt
 
@@ -68,3 +74,58 @@ def test_a_full_disk_stops_the_run_at_its_last_checkpoints_and_resume_carries_it
     finally:
         stop_service(run_dir)
     assert not wait_gone(procs, LONG)  # no process is left
+
+
+def fsdp_config(path: Path) -> Path:
+    """A sharded gang of 2 ranks that would train for hours, checkpointing (through DCP) every epoch."""
+    return write_toml(path, f"""name = "svc-{uuid.uuid4().hex[:8]}"
+[defaults]
+max_epochs = 100000
+batch_size = 32
+[[pipelines]]
+name = "f"
+task = "{(TASKS / 'layered.py').as_posix()}:build"
+ranks = 2
+strategy = "fsdp"
+params = {{ samples = 256, delay = 0.002 }}
+[validation]
+mode = "off"
+[devices]
+placement = "cpu"
+cpu_slots = 2
+[telemetry]
+enabled = false
+""")
+
+
+@pytest.mark.timeout(900)
+def test_a_full_disk_under_a_sharded_gangs_checkpoint_stops_the_run_rather_than_failing_it(tmp_path):
+    # Regression: DCP raises CheckpointException, a BaseException, which the trainer's CheckpointError missed:
+    # rank 0 exited 1, its restarts failed too, and the pipeline ended `failed` rather than stopping.
+    started = spawn(config=fsdp_config(tmp_path / "full.toml"), runs_dir=tmp_path / "runs")
+    run_dir = started.run_dir
+    checkpoints = run_dir / "f" / "checkpoints"
+    try:
+        poll_until(lambda: of_type(records(run_dir), "checkpoint_saved") and (run_dir / "events.jsonl")
+                   .stat().st_size > 3 * LIMIT, LONG, "a checkpoint, and events.jsonl past the limit")
+        assert (checkpoints / "last.dcp" / ".metadata").stat().st_size > LIMIT  # so the next one cannot be written
+        service = psutil.Process(started.pid)
+        ranks = [p for p in tree(started.pid) if p.pid != started.pid]
+        assert len(ranks) >= 2
+        limit_files([service, *ranks], LIMIT)
+        assert not wait_gone(ranks, LONG)  # the gang stops at its last checkpoint
+        limit_files([service], resource.RLIM_INFINITY)
+        assert not wait_gone([service], LONG)
+    finally:
+        stop_service(run_dir)
+    recs = records(run_dir)
+    [finished] = of_type(recs, "pipeline_finished")
+    assert finished["status"] == "stopped" and finished["reason"].startswith("disk full"), recs[-6:]
+    assert len(of_type(recs, "worker_started")) == 1  # no rank crashed, so nothing was restarted
+    failed = [r for r in of_type(recs, "notice", pipeline="f") if "checkpoint failed" in r["text"]]
+    assert failed and "File too large" in failed[0]["text"] and "\n" not in failed[0]["text"]
+    saved = [r for r in of_type(recs, "checkpoint_saved") if r["path"].endswith("last.dcp")][-1]
+    last = checkpoints / "last.dcp"  # the last one written whole, as it was
+    assert sharded.complete(last) and torch.load(last / sharded.TRAINER_FILE, weights_only=True)["step"] == \
+        saved["step"]
+    assert not list(checkpoints.glob(".*.tmp"))  # the shards of the failed writes took no room afterwards

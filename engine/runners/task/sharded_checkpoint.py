@@ -67,12 +67,24 @@ def _publish(tmp: Path, directory: Path, stem: str) -> Path:
     return final
 
 
+def _reason(exc: BaseException) -> str:
+    """Why a DCP save failed, in a few words: the first rank's error (DCP's own exception, a BaseException, holds
+    every failed rank's with its traceback), its OS error's own words where it is one ("No space left on device")."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        exc = next(iter(failures.values()))[0]
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
 def save_sharded(directory: Path, which: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  extra: dict[str, Any], lead: bool, world: int) -> Path:
     """Write checkpoint `which` ("last", "best") from every rank: a collective, every rank calls it at the same
     step. Rank 0 adds `extra` and publishes the folder once all shards are written. CheckpointError on any
     failure; the previous checkpoint is then untouched."""
     import torch.distributed as dist
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.checkpoint.state_dict_saver import save
 
@@ -85,8 +97,10 @@ def save_sharded(directory: Path, which: str, model: torch.nn.Module, optimizer:
     model_state, optim_state = get_state_dict(model, optimizer)
     try:
         save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
-    except Exception as exc:  # DCP raises on every rank when any rank's write failed
-        raise ckpt.CheckpointError(f"could not write {tmp}: {str(exc).splitlines()[0][:200]}") from exc
+    except (Exception, CheckpointException) as exc:  # DCP raises on every rank when any rank's write failed
+        if lead:  # what the ranks wrote before the failure (on a full disk, the room a next try needs)
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise ckpt.CheckpointError(f"could not write {tmp}: {_reason(exc)}") from exc
     final = directory / f"{stem}{SUFFIX}"
     failure = None
     if lead:
@@ -98,6 +112,7 @@ def save_sharded(directory: Path, which: str, model: torch.nn.Module, optimizer:
             final = _publish(tmp, directory, stem)
         except (OSError, ckpt.CheckpointError) as exc:
             failure = exc
+            shutil.rmtree(tmp, ignore_errors=True)  # every rank's shards: never published, they only take room
     dist.barrier()  # the checkpoint is in place (or not) for every rank alike
     if failure is not None:
         raise ckpt.CheckpointError(f"could not write {final}: {failure}") from failure
@@ -107,16 +122,49 @@ def save_sharded(directory: Path, which: str, model: torch.nn.Module, optimizer:
 def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  trusted: bool = False) -> dict[str, Any]:
     """Load the checkpoint at `path` into this rank's shards (DCP reshards when the gang that wrote it had a
-    different world size): a collective. Returns rank 0's trainer state, as every rank reads it."""
-    import torch
+    different world size): a collective. Returns rank 0's trainer state, as every rank reads it.
+
+    Unless `trusted`, every file loads as data: CheckpointRefused (on every rank alike, before any collective
+    for the metadata and trainer.pt) names a file that would import anything else."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load
 
     model_state, optim_state = get_state_dict(model, optimizer)  # the optimizer's state made up front, to load into
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
-    load(state, checkpoint_id=str(path))
+    if trusted:
+        trainer = _load_trainer(path, trusted)
+        load(state, checkpoint_id=str(path))
+    else:
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from .dcp_data import DataPlanner, MetadataReader, read_metadata, refusal_in
+
+        reader = MetadataReader(path, read_metadata(path))
+        trainer = _load_trainer(path, trusted)
+        try:
+            load(state, storage_reader=reader, planner=DataPlanner(path))
+        except CheckpointException as exc:
+            refused = refusal_in(exc)
+            if refused is None:
+                raise
+            raise refused from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    return torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=not trusted)
+    return trainer
+
+
+def _load_trainer(path: Path, trusted: bool) -> dict[str, Any]:
+    """Rank 0's trainer state in the checkpoint at `path` (CheckpointRefused, unless `trusted`, for one that
+    would import anything but torch's own state and plain values)."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=not trusted)
+    except pickle.UnpicklingError as exc:
+        if trusted or "GLOBAL" not in str(exc):
+            raise
+        raise ckpt.refusal(path / TRAINER_FILE, exc) from None
 
 
 def export_state_dict(path: Path, target: Path) -> None:
