@@ -183,7 +183,10 @@ class ValidationService:
                 self._launch(self.validators[""])
 
     def on_snapshot(self, name: str, event: SnapshotTaken) -> list[Event]:
-        """The events a worker's hand-off report becomes."""
+        """The events a worker's hand-off report becomes; the validators' results waiting unread are read first,
+        so that a hand-off is never counted as unscored while its score waits in a channel (as it does for a
+        while after this process was stopped: the worker and the validator both ran on meanwhile)."""
+        self.read_results()
         if self.ledger(name).taken(event):
             return [event]
         self.ledger(name).skipped += 1
