@@ -127,6 +127,11 @@ class Handle(ABC):
     def drain(self) -> list[Event]:
         """Whatever the child sent that was not delivered yet (called after it exited)."""
 
+    def read_waiting(self) -> None:
+        """Deliver now, through `attach`'s callback, what the live child sent that waits unread (before its
+        silence is judged). Default: nothing waits (a handle whose events arrive otherwise)."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Release its channels and reap stragglers of its process group."""

@@ -136,6 +136,10 @@ class ChannelHandle(Handle):
             self._loop.add_reader(self._status.fileno(), self._readable)
             self._reading = True
 
+    def read_waiting(self) -> None:
+        if self._reading:  # not while reading is paused: what waits stays there
+            self._readable()
+
     def _readable(self) -> None:
         batches, eof = self._read_available()
         if eof:

@@ -141,6 +141,10 @@ class GangHandle(Handle):
         for rank, h in enumerate(self.ranks):
             h.attach(partial(self._deliver, rank, on_events=on_events))
 
+    def read_waiting(self) -> None:
+        for h in self.ranks:
+            h.read_waiting()
+
     def _deliver(self, rank: int, events: list[Event], on_events: Callable[[list[Event]], None]) -> None:
         events = self._from_rank(rank, events)
         if events:

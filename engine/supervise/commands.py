@@ -6,7 +6,6 @@ then looks at the session as a whole (is it finished, is there something to sche
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -56,7 +55,7 @@ def pause(lifecycle: Lifecycle, pipe: SupervisedPipeline) -> None:
 def unpause(lifecycle: Lifecycle, pipe: SupervisedPipeline) -> None:
     if pipe.state != S.PAUSED:
         raise ValueError(f"{pipe.name} is {pipe.state.value}, not paused: nothing to unpause")
-    pipe.live.last_progress = time.monotonic()
+    pipe.live.last_progress = lifecycle.states.clock()  # its silence is counted from now
     pipe.live_handle.send(Unpause())
     lifecycle.set_state(pipe, S.RUNNING)  # PAUSED -> RUNNING
 

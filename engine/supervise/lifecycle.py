@@ -30,6 +30,7 @@ from ..protocol.names import ExitReason, Intent
 from ..protocol.states import WorkerState, check_transition
 from .pipeline import Attempt, SupervisedPipeline
 from .scheduler import Scheduler
+from .watched import WatchedClock
 
 S = WorkerState
 R = ExitReason
@@ -72,10 +73,11 @@ class Intake(Protocol):
 
 class States:
     """Moves a pipeline from state to state through the guard, keeping the scheduler's queue and the events in
-    step with it; and hears a live attempt's news (a stalled one is no longer)."""
+    step with it; and hears a live attempt's news (a stalled one is no longer) on the watched clock, which its
+    silence is judged on."""
 
-    def __init__(self, *, scheduler: Scheduler, publish: Callable[[Event], None]):
-        self._scheduler, self._publish = scheduler, publish
+    def __init__(self, *, scheduler: Scheduler, publish: Callable[[Event], None], clock: WatchedClock):
+        self._scheduler, self._publish, self.clock = scheduler, publish, clock
 
     def set_state(self, pipe: SupervisedPipeline, state: WorkerState) -> None:
         check_transition(pipe.state, state)
@@ -91,7 +93,7 @@ class States:
         """News from the running attempt: it made progress (and is no longer stalled, if it was). One that is
         being stopped or killed is not said to be training again: its last words are not steps."""
         attempt = pipe.live
-        if attempt.heard(time.monotonic()) and pipe.state in (S.STARTING, S.RUNNING):
+        if attempt.heard(self.clock()) and pipe.state in (S.STARTING, S.RUNNING):
             self._publish(Stalled(pipeline=pipe.name, quiet=0.0, first_step=not attempt.stepped))
 
 
@@ -149,7 +151,7 @@ class Lifecycle:
             self._failed_to_start(pipe, exc)
             return
         attempt.handle = handle
-        attempt.started_mono = attempt.last_progress = time.monotonic()
+        attempt.started_mono, attempt.last_progress = time.monotonic(), self.states.clock()
         attempt.started_at = time.time()
         handle.attach(partial(self._on_events, pipe, handle))
         self.set_state(pipe, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
@@ -213,7 +215,7 @@ class Lifecycle:
             elif pipe.state == S.STOPPING:
                 pipe.stop_reason = f"did not stop within {pipe.plan.run_config.restart.stop_timeout:g}s; killed"
                 self.terminate(pipe)
-        elif self._is_hung(pipe, now):
+        elif self._judge_silence(pipe, attempt, handle):
             attempt.intent = Intent.HUNG
             handle.dump_stacks()
             attempt.deadline = now + HANG_DUMP_WAIT
@@ -222,31 +224,40 @@ class Lifecycle:
                 self._gpu_note(pipe)
             self.set_state(pipe, S.HUNG)  # STARTING/RUNNING -> HUNG
             self._publish(Notice(pipeline=pipe.name, level="error", text=pipe.last_error))
-        else:
-            self._watch_stall(pipe, now)
 
-    def _watch_stall(self, pipe: SupervisedPipeline, now: float) -> None:
+    def _judge_silence(self, pipe: SupervisedPipeline, attempt: Attempt, handle: Handle) -> bool:
+        """Whether the live attempt is hung; else flag it once if it stalls. Judged on all it sent: its reports
+        may wait unread in its channel (the loop was busy, or this process was stopped and the tick came first
+        on waking), so they are read first, and its silence is counted in watched seconds (watched.py)."""
+        handle.read_waiting()  # delivered through the intake: a report heard restarts its silence
+        if pipe.current is not attempt or pipe.state not in (S.STARTING, S.RUNNING):
+            return False  # what it sent moved it on (a stop, say)
+        quiet = self.states.clock() - attempt.last_progress
+        if self._is_hung(pipe, attempt, quiet):
+            return True
+        self._watch_stall(pipe, attempt, quiet)
+        return False
+
+    def _watch_stall(self, pipe: SupervisedPipeline, attempt: Attempt, quiet: float) -> None:
         """Flag, once, a live worker that has made no step for a while; nothing is killed (`hang_timeout` does)."""
-        attempt = pipe.current
-        if pipe.state not in (S.STARTING, S.RUNNING) or attempt is None or attempt.stalled:
+        if attempt.stalled:
             return
         warn = pipe.plan.run_config.restart.stall_warning
         limit = max(warn, STALL_FACTOR * attempt.slowest) if attempt.stepped else STALL_FACTOR * warn
-        quiet = now - attempt.last_progress
         if quiet > limit:
             attempt.stalled = True
             self._publish(Stalled(pipeline=pipe.name, quiet=quiet, first_step=not attempt.stepped))
 
-    def _is_hung(self, pipe: SupervisedPipeline, now: float) -> bool:
+    @staticmethod
+    def _is_hung(pipe: SupervisedPipeline, attempt: Attempt, quiet: float) -> bool:
         timeout = pipe.plan.run_config.restart.hang_timeout
-        attempt = pipe.current
-        if timeout is None or attempt is None:
+        if timeout is None:
             return False
         if pipe.state == S.STARTING or (pipe.state == S.RUNNING and not attempt.stepped):
             # building the task and the first step (a gang's first collective, compilation, autotuning)
             start = pipe.plan.run_config.restart.start_timeout
-            return now - attempt.last_progress > (start if start is not None else max(3 * timeout, 60.0))
-        return pipe.state == S.RUNNING and now - attempt.last_progress > timeout
+            return quiet > (start if start is not None else max(3 * timeout, 60.0))
+        return pipe.state == S.RUNNING and quiet > timeout
 
     def exited(self, pipe: SupervisedPipeline, code: int) -> None:
         """The worker is gone: say why, then finish, relaunch or back off."""

@@ -54,6 +54,7 @@ from .scheduler import Scheduler
 from .telemetry_feed import TelemetryFeed, gpu_note
 from .validation_service import SESSION_ENDED, ValidationService
 from .validator_gpu import start_validator
+from .watched import WatchedClock
 
 __all__ = ["EventStream", "PipelineView", "Supervisor"]
 S = WorkerState
@@ -92,6 +93,7 @@ class Supervisor:
         self.snapshot_root = snapshot_root(self.run_id, self.run_dir)
         self.telemetry: TelemetrySnapshot | None = None  # the newest sample
         self._tick_interval = tick
+        self._watched = WatchedClock(tick)  # the silence of workers and validators is judged on it, not wall time
         # Built in dependency order; what needs the run directory is made as start() opens it (`_Opened`).
         self._pipelines: dict[str, SupervisedPipeline] = {}
         self._publish = Publisher(self._pipelines)  # the one door onto the session's bus
@@ -99,8 +101,8 @@ class Supervisor:
         self._nodes = NodeFollower(self._backend, config, self._scheduler, inventory)  # a cluster's, as they change
         self._validation = ValidationService(backend=self._backend, publish=self._publish.validation,
                                              run_dir=self.run_dir, snapshot_root=self.snapshot_root,
-                                             on_early_stop=self._on_early_stop)
-        states = States(scheduler=self._scheduler, publish=self._publish.event)
+                                             on_early_stop=self._on_early_stop, clock=self._watched)
+        states = States(scheduler=self._scheduler, publish=self._publish.event, clock=self._watched)
         intake = WorkerIntake(states=states, publish=self._publish, validation=self._validation,
                               early_stop=self._on_early_stop)
         self._lifecycle = Lifecycle(start=self._start_attempt, scheduler=self._scheduler, states=states,
@@ -404,6 +406,7 @@ class Supervisor:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        self._watched()  # looked at every tick: a look much later than that is a pause of this process
         for pipe in list(self._pipelines.values()):
             self._lifecycle.tick(pipe, now)
         self.task_check.settle(self._pipelines, self._lifecycle, self._publish.event)

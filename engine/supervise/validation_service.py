@@ -127,8 +127,9 @@ class ValidationService:
     """Runs the validators of a session and keeps the snapshot ledgers of its pipelines."""
 
     def __init__(self, *, backend: Backend, publish: Callable[[Event], None], run_dir: Path, snapshot_root: Path,
-                 on_early_stop: Callable[[str, EarlyStop], None]):
+                 on_early_stop: Callable[[str, EarlyStop], None], clock: Callable[[], float] = time.monotonic):
         self._backend, self._publish = backend, publish  # publish: results, skips, the validator's own news
+        self._clock = clock  # the supervisor's watched clock (watched.py): the validators' silence is judged on it
         self._policy = RestartPolicy(VALIDATOR_RESTARTS)
         self.run_dir, self.snapshot_root = run_dir, snapshot_root
         self._on_early_stop = on_early_stop
@@ -136,7 +137,7 @@ class ValidationService:
         self.plan: ValidationPlan | None = None
         self.validators: dict[str, Validator] = {}  # by node id; "" is this machine
         self.node_of: dict[str, str] = {}  # pipeline -> the node whose validator scores its snapshots
-        self.last_result = time.monotonic()  # when a validator last reported
+        self.last_result = clock()  # when a validator last reported
         self.drain_start: float | None = None  # when training ended with results still to come
         self.stopping = False  # stop() is delivering the validators' last results
         self.closed = False  # stopped for good: never restarted
@@ -182,12 +183,21 @@ class ValidationService:
                 self._launch(self.validators[""])
 
     def on_snapshot(self, name: str, event: SnapshotTaken) -> list[Event]:
-        """The events a worker's hand-off report becomes."""
+        """The events a worker's hand-off report becomes; the validators' results waiting unread are read first,
+        so that a hand-off is never counted as unscored while its score waits in a channel (as it does for a
+        while after this process was stopped: the worker and the validator both ran on meanwhile)."""
+        self.read_results()
         if self.ledger(name).taken(event):
             return [event]
         self.ledger(name).skipped += 1
         return [event, SnapshotSkipped(pipeline=name, seq=event.seq, epoch=event.epoch, step=event.step,
                                        reason=SKIPPED_NEWER)]
+
+    def read_results(self) -> None:
+        """Deliver now what the running validators sent that waits unread."""
+        for v in list(self.validators.values()):
+            if v.handle is not None:
+                v.handle.read_waiting()
 
     @property
     def handle(self) -> Handle | None:
@@ -207,15 +217,17 @@ class ValidationService:
         waiting = {n: led for n, led in self.ledgers.items() if led.waiting and self.node_of.get(n, "") not in given_up}
         if not waiting:
             return False
-        now = time.monotonic()
+        now = self._clock()
         if not training_done:
             self.drain_start = None
             return True
         if self.drain_start is None:
             self.drain_start = now
         if now - max(self.last_result, self.drain_start) > DRAIN:
-            self.abandon(f"no validation result within {DRAIN:g}s")
-            return False
+            self.read_results()  # judged on all they sent: a result waiting unread is no silence
+            if self._clock() - max(self.last_result, self.drain_start) > DRAIN:
+                self.abandon(f"no validation result within {DRAIN:g}s")
+                return False
         return True
 
     async def drain(self, deadline: float, interval: float) -> None:
@@ -368,7 +380,7 @@ class ValidationService:
             name = pipeline_of(event)
             known = name in self.ledgers
             if isinstance(event, ValResult):
-                self.last_result = time.monotonic()
+                self.last_result = self._clock()
                 if known:
                     ledger = self.ledger(name)
                     if event.seq == 0 and event.error:

@@ -75,8 +75,9 @@ class AlertRules:
         self.last: dict[tuple[str, str], float] = {}  # (rule, pipeline) -> when its last alert went out
         self.held: dict[tuple[str, str], int] = {}  # (rule, pipeline) -> alerts held back since then
         self.idle_since: dict[str, float] = {}  # pipeline -> when its GPUs last went idle
-        self.unscored: dict[str, int] = {}  # pipeline -> snapshots handed off since its last background result
-        self.first_unscored: dict[str, float] = {}  # pipeline -> when the first of those was handed off
+        # pipeline -> seq -> when it was handed off, of the snapshots newer than the newest the validator scored
+        self.unscored: dict[str, dict[int, float]] = {}
+        self.scored_seq: dict[str, int] = {}  # pipeline -> the newest snapshot the validator scored
         self.scored: set[str] = set()  # pipelines the validator has scored: it is up and reading theirs
 
     def take(self, event: Event) -> list[Alert]:
@@ -145,17 +146,26 @@ class AlertRules:
         """The validator-behind alert once `validator_behind` snapshots wait since the pipeline's last score.
 
         Before its first score of a pipeline the validator is starting (torch, CUDA, the model): short epochs
-        hand off several snapshots meanwhile, which is no lag, so they count only after STARTUP_GRACE seconds."""
+        hand off several snapshots meanwhile, which is no lag, so they count only after STARTUP_GRACE seconds.
+
+        A score settles its snapshot and every older one, whichever report is read first: after a pause of the
+        supervisor both wait in their channels, and a hand-off read after the score that overtook it is no lag."""
         name = event.pipeline
+        unscored = self.unscored.setdefault(name, {})
         if isinstance(event, ValResult):
             if event.mode == ValidationMode.BACKGROUND:
-                self.unscored[name] = 0
                 self.scored.add(name)
+                if event.seq:
+                    self.scored_seq[name] = last = max(self.scored_seq.get(name, 0), event.seq)
+                    self.unscored[name] = {seq: at for seq, at in unscored.items() if seq > last}
+                else:  # which snapshot it scored is not said: every one waiting is settled
+                    unscored.clear()
             return []
-        self.unscored[name] = waiting = self.unscored.get(name, 0) + 1
-        if waiting == 1:
-            self.first_unscored[name] = event.time
-        starting = name not in self.scored and event.time - self.first_unscored[name] < STARTUP_GRACE
+        if event.seq <= self.scored_seq.get(name, 0):
+            return []  # a newer one (or this one) was scored already
+        unscored[event.seq] = event.time
+        waiting = len(unscored)
+        starting = name not in self.scored and event.time - next(iter(unscored.values())) < STARTUP_GRACE
         if not self.config.validator_behind or waiting < self.config.validator_behind or starting:
             return []
         return [self._alert("validator", name, f"{name}: validator behind", (
