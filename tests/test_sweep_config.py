@@ -183,3 +183,8 @@ def test_a_key_set_for_a_pipeline_it_does_nothing_for_is_refused(tmp_path):
         make_config(tmp_path, [{**SCRIPT, "precision": "bf16-mixed"}])
     assert [p.key for p in err.value.problems] == ["pipelines[0].precision"]
     assert "the script runs its own loop" in err.value.problems[0].message
+    # Regression: `compile = true` on a Lightning pipeline was silently ignored (scores equal to the uncompiled run's).
+    with pytest.raises(ConfigError) as err:
+        make_config(tmp_path, [{**LIT, "compile": True}])
+    assert [p.key for p in err.value.problems] == ["pipelines[0].compile"]
+    assert "self.net = torch.compile(net)" in err.value.problems[0].message

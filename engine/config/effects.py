@@ -1,7 +1,7 @@
 """Pipeline keys that do nothing for a pipeline of some kind, so that sweeping one is refused.
 
 A Lightning pipeline's batches come from its DataModule (or the module's own *_dataloader): a sweep
-over `batch_size` trains identical trials. A script runs its own loop: torchherd's loop settings are
+over `batch_size` trains identical trials; its module compiles itself. A script runs its own loop: torchherd's loop settings are
 its own business. Sweeping or setting such a key is a config error that says what to do instead.
 """
 from __future__ import annotations
@@ -14,9 +14,12 @@ if TYPE_CHECKING:
     from .schema import Pipeline
 
 LOADER = "the DataModule (or the module's own *_dataloader) makes its batches: {verb} datamodule_params.{key}"
+COMPILE_OWN = ("torchherd does not compile a LightningModule: compile its parts in the module itself, e.g. "
+               "self.net = torch.compile(net) in its __init__")
 OWN_LOOP = "the script runs its own loop: pass the value in args, e.g. \"--{key}\", {example}"
 NO_EFFECT: dict[PipelineKind, dict[str, str]] = {
-    PipelineKind.LIGHTNING: {key: LOADER for key in ("batch_size", "num_workers", "pin_memory")},
+    PipelineKind.LIGHTNING: {**{key: LOADER for key in ("batch_size", "num_workers", "pin_memory")},
+                             "compile": COMPILE_OWN},
     PipelineKind.SCRIPT: {key: OWN_LOOP for key in (
         "precision", "compile", "float32_matmul_precision", "num_workers", "pin_memory", "accumulate_grad_batches",
         "checkpoint_every_n_epochs")},
