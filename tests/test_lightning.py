@@ -59,7 +59,8 @@ def background(tmp_path_factory):
     config = lit_config(tmp, [{"name": "tiny", "task": f"{TINY}:LitTiny", "params": {"val_file": str(val_file)}},
                               {"name": "novalstep", "task": f"{TINY}:NoValidation"},
                               {"name": "boring", "task": BORING},
-                              {"name": "factory", "task": FACTORY, "params": {"val_file": str(val_file)}}],
+                              {"name": "factory", "task": FACTORY, "params": {"val_file": str(val_file)}},
+                              {"name": "logs", "task": f"{TINY}:LogsToItsLogger"}],
                         "background")
     statuses, run_dir = session(config)
     return statuses, run_dir, read_events(run_dir), val_file
@@ -68,7 +69,7 @@ def background(tmp_path_factory):
 @pytest.mark.parametrize("name", ["tiny", "factory"])
 def test_background_run_reports_steps_epochs_and_validator_results(background, name):
     statuses, _, events, _ = background
-    assert statuses == {"tiny": "completed", "novalstep": "completed", "boring": "completed", "factory": "completed"}
+    assert set(statuses.values()) == {"completed"} and len(statuses) == 5
     mine = [e for e in events if getattr(e, "pipeline", "") == name]
     assert [e.epoch for e in mine if isinstance(e, EpochEnd)] == [0, 1]
     assert any(isinstance(e, StepMetrics) and e.loss > 0 for e in mine)
@@ -105,6 +106,15 @@ def test_module_without_validation_step_gets_a_notice_not_a_crash(background):
     notices = [e.text for e in events if isinstance(e, Notice) and e.pipeline == "novalstep"]
     assert any("has no validation_step" in text for text in notices)
     assert not [e for e in events if isinstance(e, ValResult) and e.pipeline == "novalstep" and e.error]
+
+
+# Regression: a validation_step using self.logger failed every background score ('NoneType' object has no
+# attribute 'experiment'), and the run still ended completed, with no results.
+def test_a_validation_step_that_writes_to_its_logger_is_scored_and_its_writes_kept(background):
+    _, run_dir, events, _ = background
+    vals = [e for e in events if isinstance(e, ValResult) and e.pipeline == "logs"]
+    assert vals and all("val_loss" in e.metrics and not e.error for e in vals), vals
+    assert list((run_dir / "logs" / "validator").rglob("events.out.tfevents.*"))
 
 
 def lr_trace(every: int):

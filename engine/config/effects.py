@@ -1,8 +1,9 @@
 """Pipeline keys that do nothing for a pipeline of some kind, so that sweeping one is refused.
 
 A Lightning pipeline's batches come from its DataModule (or the module's own *_dataloader): a sweep
-over `batch_size` trains identical trials; its module compiles itself. A script runs its own loop: torchherd's loop settings are
-its own business. Sweeping or setting such a key is a config error that says what to do instead.
+over `batch_size` trains identical trials; its module compiles itself. A script runs its own loop:
+torchherd's loop settings are its own business. Sweeping or setting such a key is a config error that
+says what to do instead.
 """
 from __future__ import annotations
 

@@ -109,6 +109,15 @@ class NoValidation(LitTiny):
     validation_step = pl.LightningModule.validation_step
 
 
+class LogsToItsLogger(LitTiny):
+    """A validation_step that writes to `self.logger` as Lightning users do (an image, a scalar)."""
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        if batch_idx == 0:
+            self.logger.experiment.add_image("val/sample", torch.rand(3, 4, 4), self.global_step)
+
+
 def with_early_stopping(params):
     """A factory whose EarlyStopping watches val_loss: impossible inside the worker in background mode."""
     from lightning.pytorch.callbacks import EarlyStopping

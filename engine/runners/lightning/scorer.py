@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 BEST = LightningRunner.checkpoint_name("best")
 
 
+def validator_logger(pipeline_dir: Path) -> Any:
+    """A TensorBoard logger into the pipeline's validator/ folder: a validation_step that writes to `self.logger`
+    (images, text, as Lightning users do) works as under plain Lightning, and what it writes is kept there."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    return TensorBoardLogger(save_dir=str(pipeline_dir / "validator"), name="", version="", default_hp_metric=False)
+
+
 class LightningScorer(PipelineScoring):
     """One Lightning pipeline as the validator sees it (the same interface as PipelineScorer)."""
 
@@ -45,7 +53,8 @@ class LightningScorer(PipelineScoring):
         self.module = self.task.module
         self.has_step = is_overridden("validation_step", self.module)
         self.trainer = pl.Trainer(
-            accelerator="gpu" if device.startswith("cuda") else "cpu", devices=1, logger=False,
+            accelerator="gpu" if device.startswith("cuda") else "cpu", devices=1,
+            logger=validator_logger(self.pipeline_dir),
             precision=PRECISION[self.pipe.precision], enable_progress_bar=False, enable_model_summary=False,
             enable_checkpointing=False, default_root_dir=str(self.pipeline_dir / "validator"))
 
