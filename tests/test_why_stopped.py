@@ -27,6 +27,8 @@ from tests.test_headless_lines import printed
     ("stopped", "requested", "stopped"),
     ("killed", "killed on request", "killed"),
     ("completed", "trained to its limits", "completed"),
+    ("", "", "unknown"),  # a damaged line's state: read as it is, never a crash (regression: ValueError)
+    ("a_newer_state", "", "a_newer_state"),
     ("failed", "restart budget of 3 used up", "failed"),
 ])
 def test_each_way_of_ending_reads_as_itself(status, reason, label):

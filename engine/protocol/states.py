@@ -118,8 +118,12 @@ TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
 def ended_label(state: WorkerState | str, rung: float | None = None, never_ran: bool = False) -> str:
     """A state as people read it: 'never ran' for a stop or kill before any attempt ran (the state itself stays
     'stopped' or 'killed'), 'early stop', 'waiting at rung 2' (`rung`: where it waits), 'exploiting',
-    'yielding'; any other state is its own name."""
-    value = WorkerState(state)
+    'yielding'; any other state is its own name (one this version does not know, from a newer or a damaged
+    file, too: 'unknown' when it is empty)."""
+    try:
+        value = WorkerState(state)
+    except ValueError:
+        return str(state) or "unknown"
     if value in (_S.STOPPED, _S.KILLED) and never_ran:
         return "never ran"
     if value == _S.EARLY_STOPPED:
