@@ -197,8 +197,8 @@ class PromotingAsha(Asha):
                 del self.paused[name]
                 self.promoted[rung].add(name)
                 value, n = self.recorded[rung][name], len(self.recorded[rung])
-                return [(name, Verdict(False, rung, value, value, f"{self.said(rung, name)}, the best of the {n} "
-                                       "that reached the rung, and no other can: promoted", at=self.at[rung].get(name)))]
+                said = f"{self.said(rung, name)}, the best of the {n} that reached the rung, and no other can"
+                return [(name, Verdict(False, rung, value, value, f"{said}: promoted", at=self.at[rung].get(name)))]
         return []
 
     def forget(self, trial: str) -> None:
