@@ -102,3 +102,86 @@ async def test_a_promoted_script_is_judged_at_rung_2_on_its_second_epochs_result
     # it trained its second epoch after its promotion, and that epoch's result is the one judged
     assert [(r.epoch, r.step) for r in of(events, ValResult, a)][:2] == [(0, 3), (1, 6)]
     assert [e.epoch for e in of(events, EpochEnd, a)][:2] == [0, 1]
+
+
+# ------------------------------------------------------------ what ranks a sweep of scripts with no validation
+
+
+def loss_sweep(tmp_path: Path, metrics: bool) -> Supervisor:
+    """Four trials of rung_loop.py (its loss is quality / step) that report no validation metric: with a
+    `metrics` pattern for its loss lines, or, as the scripts guide's sweep example, with none."""
+    pipe = {"name": "r", "script": RUNG, "args": ["--quality", "{params.q}", "--out", "{checkpoint_dir}",
+                                                  "--epochs", "2", "--delay", "0"]}
+    if metrics:
+        pipe["metrics"] = [r"step (?P<step>\d+) loss (?P<loss>[\d.]+)", r"saved epoch (?P<epoch>\d+)"]
+    return Supervisor(make_config(tmp_path, [pipe], sweep={"space": {"params": {"q": [0.3, 0.1, 0.4, 0.2]}}},
+                                  defaults={"max_epochs": 2}, telemetry={"enabled": False}, tensorboard=False))
+
+
+@pytest.mark.slow
+async def test_a_script_sweep_with_no_validation_metric_is_ranked_by_its_last_train_loss(tmp_path):
+    # Regression (issue 52): four {params.lr} trials of a script that prints only its training loss were ranked
+    # by nothing: `best loss -` on every row, headless `ranked by val_loss` with `-` for each, and check claimed
+    # `validation: inline ..., best by val_loss (min)`.
+    from torchherd.tui.bridge import replay_run
+    from torchherd.tui.ranking import sweep_ranking
+
+    sup = loss_sweep(tmp_path, metrics=True)
+    statuses = await run_to_end(sup)
+    assert set(statuses.values()) == {"completed"}, statuses
+    lines = sweep_ranking(sup.run_dir, statuses)
+    assert lines[0].startswith("sweep: 4 trials ranked by last train loss (no validation metric: a script reports "
+                               "one with `val_metrics`"), lines
+    assert [line.split()[1] for line in lines[2:6]] == ["r-q0.1", "r-q0.2", "r-q0.3", "r-q0.4"], lines
+    # its last epoch's mean loss: of steps 4 to 6, each q / step as printed
+    last = {q: sum(round(q / step, 4) for step in (4, 5, 6)) / 3 for q in (0.1, 0.2, 0.3, 0.4)}
+    assert lines[1].split()[3] == "train_loss" and lines[2].split()[3] == f"{last[0.1]:.4g}", lines
+    assert lines[-1].startswith(f"best: r-q0.1 (params.q = 0.1): last train loss {last[0.1]:.4g}, checkpoint "), lines
+    state = replay_run(sup.run_dir)  # what the app's sweep view draws: the same order, each with its loss
+    assert [(r.name, r.best) for r in state.ranked()] == [(f"r-q{q}", pytest.approx(v)) for q, v in last.items()]
+
+
+def test_check_says_what_ranks_a_script_sweep_with_no_validation_metric(tmp_path):
+    from torchherd.engine.hardware.devices import Inventory
+    from torchherd.engine.preflight.check import check_config
+
+    def check(metrics: str, scheduler: str = "none") -> str:
+        (tmp_path / "train.py").write_text("print('step 1 loss 0.5')\n")
+        (tmp_path / "s.toml").write_text(f"""
+[[pipelines]]
+name = "mlp"
+script = "train.py"
+args = ["--lr", "{{params.lr}}"]
+{metrics}
+[sweep]
+space = {{ params.lr = [0.1, 0.03, 0.01, 0.003] }}
+scheduler = "{scheduler}"
+[devices]
+cpu_slots = 2
+""")
+        return check_config(tmp_path / "s.toml", inventory=Inventory(cpu_count=2, note="no GPU (test)")).render()
+
+    ranked = check("metrics = 'step (?P<step>\\d+) loss (?P<loss>[\\d.]+)'")
+    assert "validation: none: no pipeline reports val_loss (a script reports one with `val_metrics`" in ranked
+    assert "best by val_loss" not in ranked
+    assert "  ranked by last train loss (no validation metric: a script reports one with" in ranked, ranked
+    unranked = check("", scheduler="asha")  # the scripts guide's sweep example: no metrics, no client
+    assert "  nothing ranks its trials: they report no validation metric and no train loss (give the script " \
+           "`metrics`, a pattern for its loss lines" in unranked, unranked
+    assert "; ASHA judges validation results, so with none it judges no trial: each trains to its end" in unranked
+
+
+@pytest.mark.slow
+async def test_a_script_sweep_that_reports_nothing_says_plainly_that_nothing_ranks_it(tmp_path):
+    from torchherd.tui.ranking import sweep_ranking
+
+    sup = loss_sweep(tmp_path, metrics=False)
+    statuses = await run_to_end(sup)
+    assert set(statuses.values()) == {"completed"}, statuses
+    lines = sweep_ranking(sup.run_dir, statuses)
+    assert lines[0] == (
+        "sweep: 4 trials, none ranked: they reported no validation metric and no train loss (give the script "
+        "`metrics`, a pattern for its loss lines, to rank them by their last train loss; a script reports one "
+        "with `val_metrics` (a pattern for the lines where it validates itself) or a `validate` factory to rank "
+        "them by it)"), lines
+    assert not any(line.startswith("best:") for line in lines)
