@@ -14,6 +14,8 @@ _WHERE = {  # name -> the module that defines it
     # configs: read, checked, labelled
     "ConfigError": ".config.problems", "Problem": ".config.problems",
     "RunConfig": ".config.schema", "load_config": ".config.load", "labelled": ".config.labels",
+    "reports_validation": ".config.validated", "TRAIN_LOSS": ".config.validated",
+    "TRAIN_LOSS_SAID": ".config.validated", "TO_VALIDATE": ".config.validated",
     "CheckReport": ".preflight.check", "check_config": ".preflight.check",
     "ProbeCancelled": ".preflight.probe", "pending_jobs": ".preflight.probe", "plan_jobs": ".preflight.probe",
     "probe_tasks": ".preflight.probe",
@@ -42,6 +44,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers (kept equal t
     from .config.problems import ConfigError as ConfigError
     from .config.problems import Problem as Problem
     from .config.schema import RunConfig as RunConfig
+    from .config.validated import TO_VALIDATE as TO_VALIDATE
+    from .config.validated import TRAIN_LOSS as TRAIN_LOSS
+    from .config.validated import TRAIN_LOSS_SAID as TRAIN_LOSS_SAID
+    from .config.validated import reports_validation as reports_validation
     from .hardware.ledger import Ledger as Ledger
     from .live import LiveRun as LiveRun
     from .preflight.check import CheckReport as CheckReport

@@ -233,6 +233,7 @@ def test_check_says_no_validator_starts_for_scripts_with_nothing_to_score(projec
     """)
     (project / "train.py").write_text("print('training')\n")
     text = check_config(config, inventory=NO_GPU, probe=False).render()
-    assert "validation: no validator: no pipeline has weights to score in the background" in text, text
+    # issue 52: worded alike for one script and for several (once "inline ..., best by val_loss (min)")
+    assert "validation: none: no pipeline reports val_loss (a script reports one with `val_metrics`" in text, text
     scored = write(project / "task.toml", '[[pipelines]]\nname = "a"\ntask = "task.py:build"\n')
     assert "validation: background on cpu" in check_config(scored, inventory=NO_GPU, probe=False).render()

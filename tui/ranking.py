@@ -1,17 +1,27 @@
-"""A sweep's trials ranked by their best validation metric, folded from events: one `TrialRow` per trial
-(its values, state, best metric, the highest rung it was judged at and why), and the table headless prints
-at the end. Plain data: the app's run state folds the same rows event by event for its sweep view.
+"""A sweep's trials ranked by their best validation metric (trials that report none: by their last train loss),
+folded from events: one `TrialRow` per trial (its values, state, best metric, the highest rung it was judged at
+and why), and the table headless prints at the end. Plain data: the app's run state folds the same rows.
 """
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..engine import TO_VALIDATE, TRAIN_LOSS, TRAIN_LOSS_SAID, reports_validation
 from ..engine.protocol.control import Action, ClientCommand
-from ..engine.protocol.messages import Event, PipelineFinished, TrialDecision, ValResult, pipeline_of
+from ..engine.protocol.messages import (
+    EpochEnd,
+    Event,
+    PipelineFinished,
+    StepMetrics,
+    TrialDecision,
+    ValResult,
+    pipeline_of,
+)
 from ..engine.protocol.progress import better, metric_value
 from ..engine.protocol.states import ended_label
 
@@ -30,7 +40,7 @@ class TrialRow:
     name: str
     values: dict[str, Any]  # the [sweep] space's values it trains with
     state: str = "queued"  # as people read it ('pruned', 'early stop', 'running', ...)
-    best: float | None = None  # its best `metric` so far
+    best: float | None = None  # its best `metric` so far (ranked by TRAIN_LOSS: its last train loss)
     rung: float | None = None  # the highest rung its scheduler judged it at
     epoch: int = 0  # the newest validated epoch, from 1
     reasons: list[str] = field(default_factory=list)  # its scheduler's decisions and promotions, oldest first
@@ -38,8 +48,16 @@ class TrialRow:
 
 
 def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
-    """Take one of `row`'s trial's events into it; True when the row changed."""
-    if isinstance(ev, ValResult) and not ev.error:
+    """Take one of `row`'s trial's events into it (`metric` TRAIN_LOSS: its step and epoch losses); True when the
+    row changed."""
+    if metric == TRAIN_LOSS and isinstance(ev, (StepMetrics, EpochEnd)):
+        loss = ev.loss if isinstance(ev, StepMetrics) else ev.train_loss
+        if isinstance(ev, EpochEnd):  # an epoch's mean; NaN when it reported no loss: its steps' stands
+            row.epoch = max(row.epoch, ev.epoch + 1)
+            if not math.isfinite(loss):
+                return True
+        row.best = loss
+    elif isinstance(ev, ValResult) and not ev.error:
         value = metric_value(ev.metrics, metric)
         if value is not None and better(value, row.best, mode):
             row.best = value
@@ -71,17 +89,18 @@ def fold_trials(config: RunConfig, events: Iterable[Event], states: dict[str, st
     result last, in config order). `states`: final or live states by name, over those the events say."""
     from ..engine import labelled
 
-    v = config.validation
+    sweep = SavedSweep.of(config)
+    assert sweep is not None, "a sweep's trials"
     rows = {name: TrialRow(name, values) for name, values in labelled({p.name: dict(p.trial)
                                                                        for p in config.pipelines}).items()}
     for ev in events:
         row = rows.get(pipeline_of(ev))
         if row is not None:
-            fold_trial(row, ev, v.metric, v.metric_mode)
+            fold_trial(row, ev, sweep.ranks_by, sweep.ranks_mode)
     for name, state in (states or {}).items():
         if name in rows:
             rows[name].state = state
-    return rank(list(rows.values()), v.metric_mode)
+    return rank(list(rows.values()), sweep.ranks_mode)
 
 
 PROMOTING = ("asha", "median")  # the sweep schedulers whose trials reach rungs and can be promoted
@@ -89,15 +108,31 @@ PROMOTING = ("asha", "median")  # the sweep schedulers whose trials reach rungs 
 
 @dataclass(frozen=True)
 class SavedSweep:
-    """One sweep of a session: each trial's values (by the name the session gave it), the metric ranked on, and
-    how many of its best trials the sweep view's chart overlays, and its scheduler (PBT's and a plain grid's
-    trials have nothing to promote)."""
+    """One sweep of a session: each trial's values (by the name the session gave it), its [validation] metric,
+    how many of its best trials the sweep view's chart overlays, its scheduler (PBT's and a plain grid's
+    trials have nothing to promote), and whether any trial reports a validation result (else its trials are
+    ranked by their last train loss)."""
 
     trials: dict[str, dict[str, Any]]
     metric: str
     metric_mode: str
     overlay: int = 4
     scheduler: str = "asha"
+    validated: bool = True
+
+    @property
+    def ranks_by(self) -> str:
+        """What ranks its trials: its metric, or TRAIN_LOSS when none of them reports a validation result."""
+        return self.metric if self.validated else TRAIN_LOSS
+
+    @property
+    def ranks_mode(self) -> str:
+        return self.metric_mode if self.validated else "min"
+
+    @property
+    def ranking(self) -> str:
+        """What ranks its trials, as its tables say it: 'val_loss', 'last train loss (no validation metric)'."""
+        return self.metric if self.validated else TRAIN_LOSS_SAID
 
     @property
     def promotes(self) -> bool:
@@ -121,7 +156,7 @@ class SavedSweep:
         names = names or [p.name for p in config.pipelines]
         v = config.validation
         return cls(labelled({n: dict(p.trial) for n, p in zip(names, config.pipelines)}), v.metric, v.metric_mode,
-                   config.sweep.overlay, config.sweep.scheduler)
+                   config.sweep.overlay, config.sweep.scheduler, reports_validation(config.pipelines, v.mode))
 
 
 def saved_sweeps(run_dir: Path) -> list[SavedSweep]:
@@ -134,16 +169,17 @@ def saved_sweeps(run_dir: Path) -> list[SavedSweep]:
         return [SavedSweep(labelled({p["name"]: dict(p.get("trial") or {}) for p in c["pipelines"]}),
                            c.get("validation", {}).get("metric", "val_loss"),
                            c.get("validation", {}).get("metric_mode", "min"), int(c["sweep"].get("overlay", 4)),
-                           str(c["sweep"].get("scheduler", "none")))
+                           str(c["sweep"].get("scheduler", "none")),
+                           reports_validation(c["pipelines"], c.get("validation", {}).get("mode", "auto")))
                 for c in configs if c.get("sweep")]
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return []
 
 
 def rank(rows: list[TrialRow], mode: str) -> list[TrialRow]:
-    """`rows` best first; those with no result keep their order, after the rest."""
+    """`rows` best first (NaN after every number); those with no result keep their order, after the rest."""
     scored = [(r.best, r) for r in rows if r.best is not None]
-    scored.sort(key=lambda pair: pair[0] if mode == "min" else -pair[0])
+    scored.sort(key=lambda pair: (not math.isfinite(pair[0]), pair[0] if mode == "min" else -pair[0]))
     return [r for _, r in scored] + [r for r in rows if r.best is None]
 
 
@@ -168,9 +204,10 @@ def short_value(v: object) -> str:
 
 def ranked_table(rows: list[TrialRow], metric: str, run_dir: Path, limit: int = 20) -> list[str]:
     """The lines headless prints at the end of a sweep: a ranked table, then the best trial's values, metric
-    and checkpoint."""
+    and checkpoint (`metric` TRAIN_LOSS: ranked by the trials' last train loss)."""
     if not rows:
         return []
+    by_loss = metric == TRAIN_LOSS
     keys = list(rows[0].values)
     pbt = any(r.lineage for r in rows)  # its lineage where a rung would be: PBT has none
     head = ["#", "trial", *(k.rsplit(".", 1)[-1] for k in keys), metric, "state", "lineage" if pbt else "rung"]
@@ -179,7 +216,7 @@ def ranked_table(rows: list[TrialRow], metric: str, run_dir: Path, limit: int = 
              (r.lineage or "-") if pbt else "-" if r.rung is None else f"{r.rung:g}"]
             for i, r in enumerate(rows[:limit])]
     widths = [max(len(line[c]) for line in [head, *body]) for c in range(len(head))]
-    out = [f"sweep: {len(rows)} trials ranked by {metric}"]
+    out = [ranked_by_line(len(rows), metric, any(r.best is not None for r in rows))]
     out += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [head, *body]]
     if len(rows) > limit:
         out.append(f"  ... and {len(rows) - limit} more")
@@ -187,9 +224,24 @@ def ranked_table(rows: list[TrialRow], metric: str, run_dir: Path, limit: int = 
     if best.best is not None:
         values = ", ".join(f"{k} = {short_value(v)}" for k, v in best.values.items())
         ckpt = checkpoint_of(run_dir, best.name)
-        out.append(f"best: {best.name} ({values}): {metric} {best.best:.4g}, checkpoint "
+        said = "last train loss" if by_loss else metric
+        out.append(f"best: {best.name} ({values}): {said} {best.best:.4g}, checkpoint "
                    f"{ckpt if ckpt is not None else 'none written'}")
     return out
+
+
+def ranked_by_line(trials: int, metric: str, any_ranked: bool) -> str:
+    """'sweep: 4 trials ranked by val_loss'; by their last train loss, or by nothing, said as such with what to
+    add to the config."""
+    if metric != TRAIN_LOSS and any_ranked:
+        return f"sweep: {trials} trials ranked by {metric}"
+    if metric != TRAIN_LOSS:
+        return f"sweep: {trials} trials, none ranked: no trial reported {metric}"
+    if any_ranked:
+        return f"sweep: {trials} trials ranked by last train loss (no validation metric: {TO_VALIDATE})"
+    return (f"sweep: {trials} trials, none ranked: they reported no validation metric and no train loss (give the "
+            f"script `metrics`, a pattern for its loss lines, to rank them by their last train loss; {TO_VALIDATE} "
+            "to rank them by it)")
 
 
 def sweep_ranking(run_dir: Path, states: dict[str, str], more: Iterable[Event] = ()) -> list[str]:
@@ -203,5 +255,6 @@ def sweep_ranking(run_dir: Path, states: dict[str, str], more: Iterable[Event] =
     except (OSError, ValueError, IndexError):
         return []
     events = [*read_events(run_dir), *more] if configs else []
-    return [line for config in configs
-            for line in ranked_table(fold_trials(config, events, states), config.validation.metric, run_dir)]
+    sweeps = [SavedSweep.of(config) for config in configs]
+    return [line for config, sweep in zip(configs, sweeps) if sweep is not None
+            for line in ranked_table(fold_trials(config, events, states), sweep.ranks_by, run_dir)]

@@ -144,7 +144,7 @@ class RunState:
         if sweep is None:
             return []
         return rank([row for trial, row in self.trials.items() if self.sweeps[self.sweep_of[trial]] is sweep],
-                    sweep.metric_mode)
+                    sweep.ranks_mode)
 
     @property
     def metric_is_loss(self) -> bool:
@@ -172,6 +172,7 @@ class RunState:
             self._steps[name] = ev
             self.rows_version += 1
             self._step(ev, None)
+            self._fold_trial(name, ev)  # a sweep of trials with no validation metric ranks them by it
             return
         before = None
         if name:
@@ -180,14 +181,17 @@ class RunState:
             if after is not before:
                 self._rows[name] = after
                 self.rows_version += 1
-            trial = self.trials.get(name)
-            if trial is not None:
-                sweep = self.sweeps[self.sweep_of[name]]
-                if fold_trial(trial, ev, sweep.metric, sweep.metric_mode):
-                    self.trials_version += 1
+            self._fold_trial(name, ev)
         handler = _HANDLERS.get(type(ev))
         if handler is not None:
             handler(self, ev, before)
+
+    def _fold_trial(self, name: str, ev: m.Event) -> None:
+        trial = self.trials.get(name)
+        if trial is not None:
+            sweep = self.sweeps[self.sweep_of[name]]
+            if fold_trial(trial, ev, sweep.ranks_by, sweep.ranks_mode):
+                self.trials_version += 1
 
     def _epoch(self, name: str, epoch: int) -> str:
         return epoch_label(epoch, self.rows[name].epochs_total)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from ..config.load import load_config
 from ..config.problems import ConfigError, Problem, display_path
-from ..config.schema import RunConfig
+from ..config.schema import Pipeline, RunConfig
+from ..config.validated import reports_validation, unranked_line
 from ..hardware.devices import Inventory, discover_devices
 from ..hardware.grants import Holdings
 from ..hardware.ledger import Ledger, UnsafeLedger
@@ -120,11 +121,21 @@ def sweep_lines(config: RunConfig) -> list[str]:
     first = config.pipelines[0]
     limit = first.max_epochs if sweep.rung_unit == "epoch" else first.max_steps
     lines = [sweep.describe(len(config.pipelines), limit)]
+    if not reports_validation(config.pipelines, config.validation.mode):
+        lines.append("  " + unranked_line(any(reports_loss(p) for p in config.pipelines), sweep.scheduler))
     for pipe in config.pipelines[:SHOWN_TRIALS]:
         lines.append(f"  {pipe.name}: " + ", ".join(f"{k} = {v!r}" for k, v in pipe.trial.items()))
     if len(config.pipelines) > SHOWN_TRIALS:
         lines.append(f"  ... and {len(config.pipelines) - SHOWN_TRIALS} more")
     return lines
+
+
+def reports_loss(pipe: Pipeline) -> bool:
+    """Whether a pipeline reports a train loss: a task's or Lightning module's does, a script's through its
+    `metrics` lines or torchherd.client."""
+    from ..runners.script import uses_client
+
+    return pipe.script is None or bool(pipe.metrics) or uses_client(Path(pipe.script_ref))
 
 
 def runs_dir_problems(config: RunConfig, runs_dir: str | Path | None = None) -> list[Problem]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..config.problems import Problem, display_path
 from ..config.schema import RunConfig
+from ..config.validated import TO_VALIDATE, reports_validation
 from ..hardware.devices import Inventory
 from ..hardware.grants import THIS_RUN, Holdings, Policy, grant, held_lines, leases_for, request_of
 from ..hardware.placement import order_pipelines, plan_validation, request_problem, validation_line
@@ -63,7 +64,9 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory,
             where = f"queued (#{waiting}), " + (got.why if got is not None else "behind the pipelines above")
         lines.append(f"{name}: {runner_for(p.kind).describe(p)} -> {where}")
     plan = plan_validation(config, slots, inventory, held.gpus_taken())
-    if plan.mode == ValidationMode.BACKGROUND and \
+    if plan.mode != ValidationMode.OFF and not reports_validation(config.pipelines, plan.mode):
+        lines.append(f"validation: none: no pipeline reports {config.validation.metric} ({TO_VALIDATE})")
+    elif plan.mode == ValidationMode.BACKGROUND and \
             not any(runner_for(p.kind).scored_in_background(p) for p in config.pipelines):
         lines.append("validation: no validator: no pipeline has weights to score in the background (a script "
                      "without a validate factory reports its own val_metrics)")

@@ -283,6 +283,7 @@ class TrialDecision(PipelineEvent):
     value: float  # the trial's `metric` there
     cutoff: float | None = None  # the rung's cut (None: the first at its rung); PBT: the bottom quantile's edge
     reason: str = ""  # "val_loss 0.31 at epoch 4, rung cut 0.27"
+    at: float | None = None  # how far the weights judged had trained (rung_unit: 2.25 past rung 2); None: at the rung
     exploit: dict[str, Any] = field(default_factory=dict)  # PBT: donor, step and epoch taken, new values, checksum
 
 

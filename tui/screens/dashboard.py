@@ -167,7 +167,7 @@ class DashboardScreen(Screen[None]):
         top = [r.name for r in ranked if r.best is not None][:min(sweep.overlay, len(GLYPHS))]
         marks = {name: GLYPHS[i] for i, name in enumerate(top)}
         self.query_one(SweepTable).scheduler = sweep.scheduler
-        self.query_one(SweepTable).update_trials(ranked, state.rows, self.clock(), self.size.width, sweep.metric,
+        self.query_one(SweepTable).update_trials(ranked, state.rows, self.clock(), self.size.width, sweep.ranks_by,
                                                  marks)
         chart = self.query_one(LossChart)
         if chart.only != top:

@@ -12,6 +12,7 @@ from typing import Any, Unpack
 
 from rich.cells import cell_len
 
+from ...engine import TRAIN_LOSS, TRAIN_LOSS_SAID
 from ...engine.protocol.progress import PipelineProgress
 from ...engine.protocol.states import WorkerState
 from ..formats import fmt_num, metric_label
@@ -79,13 +80,15 @@ class SweepTable(PipelineTable):
 
     def update_trials(self, rows: list[TrialRow], progress: dict[str, PipelineProgress], now: float,
                       terminal_width: int, metric: str, marks: dict[str, str] | None = None) -> None:
-        """Take the ranked rows (`progress`: each trial's live figures, for its state and epoch; `marks`: the
-        chart's glyph of the trials it overlays); keep the cursor on the trial it was on."""
+        """Take the ranked rows (`progress`: each trial's live figures, for its state and epoch; `metric`: what
+        ranks them, TRAIN_LOSS for trials with no validation metric; `marks`: the chart's glyph of the trials it
+        overlays); keep the cursor on the trial it was on."""
         marks = marks or {}
         states = {r.name: state_text(progress[r.name], now) if r.name in progress else r.state for r in rows}
         state_width = min(max([STATE_WIDTH[0], *map(cell_len, states.values())]), STATE_WIDTH[1])
         columns = [_column("rank", "#", 3), *value_columns(rows), _column("state", "state", state_width),
-                   _column("best", f"best {metric_label(metric)}", 10), _column("rung", "rung", 4),
+                   _column("best", "train loss" if metric == TRAIN_LOSS else f"best {metric_label(metric)}", 10),
+                   _column("rung", "rung", 4),
                    _column("epoch", "epoch", 5)]
         lineage = min(max((cell_len(r.lineage) for r in rows), default=0), LINEAGE_WIDTH)
         if lineage or self.scheduler == "pbt":  # whose checkpoint each trains on from, in place of rungs
@@ -96,7 +99,8 @@ class SweepTable(PipelineTable):
         name_width = min(NAME_WIDTH, max((cell_len(r.name) for r in rows), default=0))
         if rows and used + name_width + 1 <= terminal_width - BORDER:  # room for the names too
             columns.insert(1, _column("name", "trial", name_width))
-        self.border_title = f"sweep: {len(rows)} trials, best {metric_label(metric)} first"
+        self.border_title = (f"sweep: {len(rows)} trials by {TRAIN_LOSS_SAID}" if metric == TRAIN_LOSS else
+                             f"sweep: {len(rows)} trials, best {metric_label(metric)} first")
         selected = self.selected
         names = [r.name for r in rows]
         cells: dict[str, dict[str, Any]] = {}

@@ -40,6 +40,7 @@ class ScriptEvents:
         self.epoch_base = epoch_base  # how the script's printed epochs count: from 0 or 1; None until seen
         self.epoch = 0  # the epoch in progress, 0-based
         self.step = 0
+        self.ended: dict[int, int] = {}  # epoch (0-based) -> the step it ended at, in this attempt
         self._lock = threading.Lock()
         self._epoch_start: float | None = None  # monotonic time the epoch in progress began
         self._epoch_first_step = 0
@@ -134,6 +135,7 @@ class ScriptEvents:
                              # unknown stays unknown (0); a script that runs past max_epochs says so
                              epochs_total=max(self.epochs_total, epoch + 1) if self.epochs_total else 0,
                              steps_per_epoch=max(self.step - self._epoch_first_step, 0), metrics=metrics or {})
+            self.ended[epoch] = self.step
             self.epoch = epoch + 1
             self._epoch_start, self._epoch_first_step = now, self.step
             self._loss_sum = self._samples = 0.0
@@ -142,12 +144,19 @@ class ScriptEvents:
 
 
     def val_from_match(self, groups: Mapping[str, str | None]) -> ValResult | None:
-        """A `val_metrics` match: the script's own validation of its weights at `step` (else the step it has
-        reached), as a val_result; None when it captured no number."""
+        """A `val_metrics` match: the script's own validation of its weights at `step`, as a val_result; None when
+        it captured no number. Without `step`, of the epoch it names (at the step that epoch ended, where seen),
+        else of the weights it has now: those of the epoch that just ended when no step came since."""
         values = {k: v for k, v in ((k, parse_number(v)) for k, v in groups.items()) if v is not None}
         with self._lock:
-            step = int(values.pop("step")) if "step" in values else self.step
-            epoch = self.printed_epoch(values.pop("epoch")) if "epoch" in values else self.epoch
+            given = int(values.pop("step")) if "step" in values else None
+            if "epoch" in values:
+                epoch = self.printed_epoch(values.pop("epoch"))
+            elif given is None and self.ended.get(self.epoch - 1) == self.step:  # printed after its epoch's end
+                epoch = self.epoch - 1
+            else:
+                epoch = self.epoch
+            step = given if given is not None else self.ended.get(epoch, self.step)
         metrics = {"val_loss" if k == "loss" else k if k.startswith("val_") else f"val_{k}": v
                    for k, v in values.items() if k != "lr"}
         if not metrics:

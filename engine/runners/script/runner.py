@@ -155,6 +155,8 @@ class ScriptAttempt(ClientFrames):
             code = self._supervise()
             for thread in threads:  # the last lines and frames it sent, before the exit is reported
                 thread.join(OUTPUT_JOIN)
+            if (notice := self.unmatched.ended()) is not None:  # a short script: fewer lines than the watch waits for
+                self.sender.send(Notice(pipeline=self.name, level="warning", text=notice))
             print(f"torchherd: the script exited with code {code}", flush=True)
             return self._exit_code(code)
         finally:

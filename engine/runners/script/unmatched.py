@@ -2,7 +2,8 @@
 
 A pattern that never matches is otherwise silent: the chart waits for data and the pipeline
 completes with no steps. `UnmatchedWatch` counts the lines no pattern matched since the attempt
-began and, before any line matched, says so once after `LINES` of them or `SECONDS` after the first.
+began and, before any line matched, says so once after `LINES` of them or `SECONDS` after the first,
+or when the attempt ends (a short script prints fewer).
 """
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ SHOWN = 120  # characters of the unmatched line quoted in the notice
 
 
 class UnmatchedWatch:
-    """Counts lines the `metrics` patterns did not match until one does; `line` returns the notice, once."""
+    """Counts lines the `metrics` patterns did not match until one does; `line` returns the notice once it is
+    due, `ended` when the attempt ends before it was."""
 
     def __init__(self, patterns: list[str], clock: Callable[[], float] = time.monotonic) -> None:
         self.patterns = patterns
         self.clock = clock
         self.unmatched = 0
         self.first: float | None = None  # when the first unmatched line came (clock seconds)
+        self.missed = ""  # the newest line no pattern matched
         self.done = not patterns  # a match was seen, or the notice went out: nothing more to say
 
     def line(self, text: str, matched: bool) -> str | None:
@@ -32,13 +35,24 @@ class UnmatchedWatch:
             self.done = True
             return None
         self.unmatched += 1
+        self.missed = text
         now = self.clock()
         self.first = now if self.first is None else self.first
         if self.unmatched < LINES and now - self.first < SECONDS:
             return None
+        return self._notice("so far, so no step or epoch is reported")
+
+    def ended(self) -> str | None:
+        """The attempt has ended: the notice if lines were printed, none matched and nothing was said yet."""
+        if self.done or not self.unmatched:
+            return None
+        return self._notice("before it ended, so it reported no step or epoch")
+
+    def _notice(self, outcome: str) -> str:
         self.done = True
         which = " or ".join(repr(p) for p in self.patterns)
-        shown = text if len(text) <= SHOWN else text[:SHOWN] + "…"
-        return (f"`metrics` {which} matched none of the {self.unmatched} lines the script printed so far, so no "
-                f"step or epoch is reported; one it did not match: {shown!r}. Fix the pattern (named groups "
-                "step, epoch, loss) or report through torchherd.client")
+        shown = self.missed if len(self.missed) <= SHOWN else self.missed[:SHOWN] + "…"
+        lines = f"{self.unmatched} line{'s' if self.unmatched != 1 else ''}"
+        return (f"`metrics` {which} matched none of the {lines} the script printed {outcome}; one it did not "
+                f"match: {shown!r}. Fix the pattern (named groups step, epoch, loss) or report through "
+                "torchherd.client")

@@ -24,6 +24,7 @@ class Verdict:
     cutoff: float | None  # the value it had to match; None when there was nothing to compare with
     reason: str
     pause: bool = False  # promoting ASHA: it waits at the rung (checkpointed, its slot freed) to be promoted
+    at: float | None = None  # how far the weights scored had trained (the rung unit); None: at the rung
 
 
 def worse(value: float, than: float, mode: str) -> bool:
@@ -58,6 +59,12 @@ class Asha:
         self.reduction_factor = reduction_factor
         self.metric, self.mode, self.unit = metric, mode, unit
         self.recorded: dict[int, dict[str, float]] = {r: {} for r in self.rungs}
+        # how far each recorded result had trained, so every later word on it names the same epoch (or step)
+        self.at: dict[int, dict[str, float]] = {r: {} for r in self.rungs}
+
+    def said(self, rung: int, trial: str) -> str:
+        """'val_loss 0.31 at epoch 2': `trial`'s result recorded at `rung`, as its first verdict there said it."""
+        return _at(self.metric, self.recorded[rung][trial], self.unit, self.at[rung].get(trial, rung))
 
     def cutoff(self, rung: int) -> float | None:
         """The value a trial must match at `rung` now: the edge of the best 1/reduction_factor so far."""
@@ -75,13 +82,13 @@ class Asha:
                 continue
             cut = self.cutoff(rung)
             prune = (cut is not None and worse(value, cut, self.mode)) or not math.isfinite(value)
-            self.recorded[rung][trial] = value
-            said = _at(self.metric, value, self.unit, t)
+            self.recorded[rung][trial], self.at[rung][trial] = value, t
+            said = self.said(rung, trial)
             if cut is None:
                 reason = f"{said}, first at rung {rung}"
             else:
                 reason = f"{said}, rung cut {cut:.4g}" + ("" if prune else f" (kept: best 1/{self.reduction_factor})")
-            return Verdict(prune, rung, value, cut, reason)
+            return Verdict(prune, rung, value, cut, reason, at=t)
         return None
 
 
@@ -152,16 +159,16 @@ class PromotingAsha(Asha):
         for rung in reversed(self.rungs):
             if t + EPS < rung or trial in self.recorded[rung]:
                 continue
-            self.recorded[rung][trial] = value
-            n, said = len(self.recorded[rung]), _at(self.metric, value, self.unit, t)
+            self.recorded[rung][trial], self.at[rung][trial] = value, t
+            n, said = len(self.recorded[rung]), self.said(rung, trial)
             best = n // self.reduction_factor
             if trial in self.top(rung):
                 self.promoted[rung].add(trial)
-                return Verdict(False, rung, value, self._edge(rung), f"{said}, among the best {best} of {n}")
+                return Verdict(False, rung, value, self._edge(rung), f"{said}, among the best {best} of {n}", at=t)
             self.paused[trial] = rung
             where = (f"waits for more trials at rung {rung:g} (the best 1 of every {self.reduction_factor:g} "
                      f"go on; {n} so far)" if best == 0 else f"not among the best {best} of {n} at rung {rung:g}")
-            return Verdict(False, rung, value, self._edge(rung), f"{said}, {where}", pause=True)
+            return Verdict(False, rung, value, self._edge(rung), f"{said}, {where}", pause=True, at=t)
         return None
 
     def promotions(self) -> list[tuple[str, Verdict]]:
@@ -175,8 +182,8 @@ class PromotingAsha(Asha):
                     self.promoted[rung].add(name)
                     value, n = self.recorded[rung][name], len(self.recorded[rung])
                     out.append((name, Verdict(False, rung, value, self._edge(rung),
-                                       f"{_at(self.metric, value, self.unit, rung)}, now among the best "
-                                       f"{len(top)} of {n}: promoted")))
+                                              f"{self.said(rung, name)}, now among the best {len(top)} of {n}: "
+                                              "promoted", at=self.at[rung].get(name))))
         return out
 
     def last_promotion(self) -> list[tuple[str, Verdict]]:
@@ -190,8 +197,8 @@ class PromotingAsha(Asha):
                 del self.paused[name]
                 self.promoted[rung].add(name)
                 value, n = self.recorded[rung][name], len(self.recorded[rung])
-                return [(name, Verdict(False, rung, value, value, f"{_at(self.metric, value, self.unit, rung)}, "
-                                       f"the best of the {n} that reached the rung, and no other can: promoted"))]
+                said = f"{self.said(rung, name)}, the best of the {n} that reached the rung, and no other can"
+                return [(name, Verdict(False, rung, value, value, f"{said}: promoted", at=self.at[rung].get(name)))]
         return []
 
     def forget(self, trial: str) -> None:
@@ -207,7 +214,7 @@ class PromotingAsha(Asha):
             n, value = len(self.recorded[rung]), self.recorded[rung][name]
             best = n // self.reduction_factor
             out.append((name, Verdict(True, rung, value, self._edge(rung),
-                                      f"{_at(self.metric, value, self.unit, rung)}, never among the best {best} "
-                                      f"of the {n} trials that reached rung {rung}")))
+                                      f"{self.said(rung, name)}, never among the best {best} of the {n} trials "
+                                      f"that reached rung {rung}", at=self.at[rung].get(name))))
         self.paused.clear()
         return out

@@ -45,6 +45,7 @@ class SweepPruner:
         self._unit = sweep.rung_unit
         self._metric = session.config.validation.metric
         self.exempt: set[str] = set()  # trials a person promoted: never pruned again this session
+        self.epoch_ends: dict[str, dict[int, int]] = {}  # trial -> epoch (from 0) -> the step it ended at
         self.waking: set[str] = set()  # promoted from a pause, queued again once their pause has ended
 
     @classmethod
@@ -61,6 +62,8 @@ class SweepPruner:
         for event in read_events(run_dir):  # the rungs as they stood when the run was cut short
             if isinstance(event, (TrainingStarted, EpochEnd)):
                 per_epoch[event.pipeline] = event.steps_per_epoch
+                if isinstance(event, EpochEnd):
+                    pruner._ended(event)
             elif isinstance(event, ValResult) and not isinstance(rule, PromotingAsha):
                 pruner._judge(event, per_epoch.get(event.pipeline, 0))
             elif isinstance(event, TrialDecision):
@@ -91,6 +94,7 @@ class SweepPruner:
             rung = int(d.rung)
             if d.action in ("continue", "pause") and rung in self._promoting.recorded:  # a result judged at its rung
                 self._promoting.recorded[rung][d.pipeline] = d.value
+                self._promoting.at[rung][d.pipeline] = d.at if d.at is not None else d.rung
             if d.action in ("continue", "promote") and rung in self._promoting.promoted:
                 self._promoting.promoted[rung].add(d.pipeline)
             last[d.pipeline] = d
@@ -121,10 +125,18 @@ class SweepPruner:
         if state in (S.PRUNED, S.WAITING_AT_RUNG):
             self._out.send(Requeue(name))  # PRUNED/WAITING_AT_RUNG -> QUEUED: it trains on from its checkpoint
 
+    def _ended(self, event: EpochEnd) -> None:
+        self.epoch_ends.setdefault(event.pipeline, {})[event.epoch] = event.step
+
     def progress(self, event: ValResult, steps_per_epoch: int) -> float:
-        """How far the weights scored had trained, in the sweep's unit (epochs from steps where known)."""
+        """How far the weights scored had trained, in the sweep's unit: the end of the epoch the result is of
+        when it scored the weights that epoch ended with, else epochs from steps where known."""
         if self._unit == "step":
             return float(event.step)
+        # Not steps / steps_per_epoch there: a script resumed mid-sweep counts its first epoch's steps from 0
+        # (an epoch of 60 steps, not 30), and its second epoch's result read as a first one's (issue 52).
+        if self.epoch_ends.get(event.pipeline, {}).get(event.epoch) == event.step:
+            return float(event.epoch + 1)
         return event.step / steps_per_epoch if steps_per_epoch else float(event.epoch + 1)
 
     def _judge(self, event: ValResult, steps_per_epoch: int) -> Verdict | None:
@@ -136,6 +148,8 @@ class SweepPruner:
     def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
         if isinstance(event, PipelineFinished) and event.pipeline in self.waking:
             self._out.later(self._wake)  # a promoted trial's pause has ended: it trains on
+        if isinstance(event, EpochEnd):
+            self._ended(event)
         if not isinstance(event, ValResult):
             return
         try:
@@ -157,7 +171,7 @@ class SweepPruner:
             reason += " (promoted: never pruned)"
         self._out.send(Record(TrialDecision(pipeline=name, action="prune" if prune else "continue",
                                             rung=verdict.rung, value=verdict.value, cutoff=verdict.cutoff,
-                                            reason=reason)))
+                                            reason=reason, at=verdict.at)))
         if prune:
             self._out.send(Stop(name, verdict.reason, S.PRUNED))
 
@@ -174,7 +188,7 @@ class SweepPruner:
         elif verdict.pause:
             action = "pause"
         self._out.send(Record(TrialDecision(pipeline=name, action=action, rung=verdict.rung, value=verdict.value,
-                                            cutoff=verdict.cutoff, reason=reason)))
+                                            cutoff=verdict.cutoff, reason=reason, at=verdict.at)))
         if action == "pause":
             self._out.send(Stop(name, verdict.reason, S.WAITING_AT_RUNG, rung=verdict.rung))
         self._promote()
@@ -185,7 +199,8 @@ class SweepPruner:
         promoted = self._promoting.promotions() or (self._promoting.last_promotion() if last else [])
         for name, verdict in promoted:
             self._out.send(Record(TrialDecision(pipeline=name, action="promote", rung=verdict.rung,
-                                                value=verdict.value, cutoff=verdict.cutoff, reason=verdict.reason)))
+                                                value=verdict.value, cutoff=verdict.cutoff, reason=verdict.reason,
+                                                at=verdict.at)))
             self.waking.add(name)
         self._wake()
         return len(promoted)
@@ -207,6 +222,6 @@ class SweepPruner:
             return True
         for name, verdict in self.rule.unpromoted():
             self._out.send(Record(TrialDecision(pipeline=name, action="prune", rung=verdict.rung, value=verdict.value,
-                                                cutoff=verdict.cutoff, reason=verdict.reason)),
+                                                cutoff=verdict.cutoff, reason=verdict.reason, at=verdict.at)),
                            Stop(name, verdict.reason, S.PRUNED))  # WAITING_AT_RUNG -> PRUNED, for good
         return False
