@@ -174,9 +174,8 @@ class TensorBoardExport:
             self._taking_over.discard(event.pipeline)
         elif isinstance(event, Alert):
             self._alert(event)
-        elif isinstance(event, RunFinished):
-            if self.live:
-                self.sessions(event.statuses)
+        elif isinstance(event, RunFinished) and self.live:  # (an export writes on, into the same files, to its end)
+            self.sessions(event.statuses)
             self.close()
 
     def _telemetry(self, snap: TelemetrySnapshot) -> None:
