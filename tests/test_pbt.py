@@ -173,17 +173,23 @@ def test_a_staged_copy_is_the_donors_newest_checkpoint_and_replaces_the_trials_o
 
 def test_the_ranking_shows_an_exploited_trials_new_values_and_lineage(tmp_path):
     from torchherd.tui.ranking import fold_trials, ranked_table
-    from torchherd.engine.protocol.messages import ValResult
+    from torchherd.engine.protocol.messages import TrainingStarted, ValResult
 
     config = make_config(tmp_path, [{"name": "t"}], sweep={"space": {"params": {"lr": [0.1, 0.01]}},
                                                            "scheduler": "pbt"})
     events = [ValResult(pipeline="t-lr0.1", epoch=1, step=8, metrics={"val_loss": 0.3}),
+              ValResult(pipeline="t-lr0.01", epoch=1, step=4, metrics={"val_loss": 0.1}),
               ValResult(pipeline="t-lr0.01", epoch=1, step=8, metrics={"val_loss": 0.9}),
               _exploit("t-lr0.01", "t-lr0.1", 2, 0.08),
+              ValResult(pipeline="t-lr0.01", epoch=1, step=8, metrics={"val_loss": 0.05}),  # its old weights'
+              TrainingStarted(pipeline="t-lr0.01", epoch=2, step=8, epochs_total=4, steps_per_epoch=4, device="cpu",
+                              parameters=1),
               ValResult(pipeline="t-lr0.01", epoch=3, step=16, metrics={"val_loss": 0.2})]
     rows = fold_trials(config, events)
-    assert [(r.name, r.values["params.lr"], r.lineage) for r in rows] == [
-        ("t-lr0.01", 0.08, "from lr0.1@e2"), ("t-lr0.1", 0.1, "")]
+    # Its best is of the weights it trains from the copy on (issue 52 item 12: its best before, or its old
+    # weights' scored after the exploit, are not the trial's best.ckpt)
+    assert [(r.name, r.values["params.lr"], r.lineage, r.best) for r in rows] == [
+        ("t-lr0.01", 0.08, "from lr0.1@e2", 0.2), ("t-lr0.1", 0.1, "", 0.3)]
     lines = ranked_table(rows, "val_loss", tmp_path)
     assert lines[1].split() == ["#", "trial", "lr", "val_loss", "state", "lineage"]
     assert lines[2].split() == ["1", "t-lr0.01", "0.08", "0.2", "queued", "from", "lr0.1@e2"]
@@ -255,3 +261,45 @@ async def test_an_exploit_decided_as_the_trials_yield_ends_applies_its_copy_befo
     assert session.requeued == [trial] and session.retuned == {trial: {"params.lr": 0.12}}
     assert (session.run_dir / trial / "checkpoints" / "last.pt").read_bytes() == b"donor at step 4"
     assert trial not in controller.staged  # its next TrainingStarted ends the exploit: its results count again
+
+
+# Regression (issue 52 item 12): a Lightning trial took its donor's best.ckpt over with its checkpoint, so its
+# "best" was another trial's weights and score.
+def test_a_staged_copy_leaves_the_donors_best_checkpoint_behind_and_the_trials_own_goes(tmp_path):
+    donor, mine = tmp_path / "d" / "checkpoints", tmp_path / "r" / "checkpoints"
+    donor.mkdir(parents=True)
+    mine.mkdir(parents=True)
+    (donor / "last.ckpt").write_bytes(b"donor at step 8")
+    (donor / "best.ckpt").write_bytes(b"donor's best")
+    (mine / "best.ckpt").write_bytes(b"mine, before it took the donor's weights")
+    stage(donor, tmp_path / "r" / STAGED, task=False, best="best.ckpt")
+    unstage(tmp_path / "r" / STAGED, mine, task=False)
+    assert sorted(p.name for p in mine.iterdir()) == ["last.ckpt"]  # the validator writes its best afresh
+
+
+# Issue 52 item 9: the explored lr reaches every rate a restored optimizer and its schedule hold.
+def test_scaling_the_lr_scales_every_param_groups_rates_and_the_schedulers_bases():
+    import torch
+
+    from torchherd.engine.worker.retune import lr_scale, scale_lrs
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    sgd = torch.optim.SGD(params, lr=0.2)
+    step = torch.optim.lr_scheduler.StepLR(sgd, step_size=1, gamma=0.25)
+    sgd.step()
+    step.step()  # lr 0.05 of base 0.2: the donor's schedule, one step on
+    adam = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    cycle = torch.optim.lr_scheduler.OneCycleLR(adam, max_lr=0.1, total_steps=10)
+    assert lr_scale(0.2, 0.2) is None and lr_scale(None, 0.24) is None and lr_scale(0.2, True) is None
+    scale = lr_scale(0.2, 0.24)
+    scale_lrs([sgd, adam], [step, cycle], scale)
+    assert sgd.param_groups[0]["lr"] == pytest.approx(0.06) and step.base_lrs == [pytest.approx(0.24)]
+    step.step()
+    assert sgd.param_groups[0]["lr"] == pytest.approx(0.24 * 0.25 ** 2)  # the schedule goes on, at the new rate
+    assert adam.param_groups[0]["max_lr"] == pytest.approx(0.12)
+    same = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))], lr=0.12)  # a cycle planned at 0.12 throughout
+    planned = torch.optim.lr_scheduler.OneCycleLR(same, max_lr=0.12, total_steps=10)
+    for opt, sched in ((adam, cycle), (same, planned)):
+        opt.step()
+        sched.step()
+    assert adam.param_groups[0]["lr"] == pytest.approx(same.param_groups[0]["lr"])

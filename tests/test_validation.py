@@ -182,3 +182,30 @@ async def test_the_validator_ends_with_the_run_and_comes_back_for_a_restart(tmp_
         assert not await asyncio.to_thread(still_alive, [second.pid], 30)
     finally:
         await sup.shutdown(graceful=False)
+
+
+# Regression (issue 52 item 8): a PBT trial that took over a wider donor's checkpoint handed off weights of another
+# layout into the folder the validator had opened for its first attempt; the validator copied them, byte for
+# byte, into the narrow model it had built then and scored that: chance, with no error.
+def test_a_later_attempts_snapshots_of_another_shape_are_reopened_or_refused_never_scored(tmp_path):
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from torchherd.engine.runners.scoring import Reopened, load_newest
+    from torchherd.engine.worker.snapshot import SnapshotMismatch, SnapshotReader, SnapshotWriter
+
+    narrow, wide = nn.Linear(4, 4), nn.Linear(4, 64)
+    SnapshotWriter(tmp_path / "p", narrow, 2, "latest", False, {}).hand_off(epoch=0, step=8)
+    scorer = SimpleNamespace(name="p", reader=SnapshotReader(tmp_path / "p"), last_seq=0,
+                             validation=SimpleNamespace(policy="latest"))
+    assert load_newest(scorer, narrow).step == 8
+    later = SnapshotWriter(tmp_path / "p", wide, 2, "latest", False, {})  # the trial's next attempt, wider
+    later.seq = 1
+    later.hand_off(epoch=2, step=24)
+    with pytest.raises(Reopened):  # the validator builds its model again from the new meta.json
+        load_newest(scorer, narrow)
+    reader = SnapshotReader(tmp_path / "p")
+    assert reader.current() and reader.load_into(wide, reader.newest()[0]).step == 24
+    with pytest.raises(SnapshotMismatch, match=r"weight \(1024 bytes\) in the snapshot, weight \(4, 4\)"):
+        reader.load_into(narrow, reader.newest()[0])  # a model of the wrong shape is an error, not a score

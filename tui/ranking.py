@@ -18,6 +18,7 @@ from ..engine.protocol.messages import (
     Event,
     PipelineFinished,
     StepMetrics,
+    TrainingStarted,
     TrialDecision,
     ValResult,
     pipeline_of,
@@ -45,6 +46,7 @@ class TrialRow:
     epoch: int = 0  # the newest validated epoch, from 1
     reasons: list[str] = field(default_factory=list)  # its scheduler's decisions and promotions, oldest first
     lineage: str = ""  # PBT: whose checkpoint it trains on from, and from which epoch ('from lr0.03@e4')
+    taking_over: bool = False  # PBT: exploited, not training from the copy yet (a result now is of the old weights)
 
 
 def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
@@ -59,11 +61,16 @@ def fold_trial(row: TrialRow, ev: Event, metric: str, mode: str) -> bool:
         row.best = loss
     elif isinstance(ev, ValResult) and not ev.error:
         value = metric_value(ev.metrics, metric)
-        if value is not None and better(value, row.best, mode):
+        if value is not None and better(value, row.best, mode) and not row.taking_over:
             row.best = value
         row.epoch = max(row.epoch, ev.epoch + 1)
+    elif isinstance(ev, TrainingStarted) and row.taking_over:
+        row.taking_over = False
+        return False
     elif isinstance(ev, TrialDecision) and ev.action == "exploit":
         row.values = {**row.values, **{k: v for k, v in ev.exploit.get("values", {}).items() if k in row.values}}
+        # It trains on from another's checkpoint: its best (and best.ckpt) is of the weights it trains from then on
+        row.best, row.taking_over = None, True
         row.lineage = lineage(ev)
         row.reasons.append(f"{lineage(ev)}: {ev.reason}")
     elif isinstance(ev, TrialDecision):

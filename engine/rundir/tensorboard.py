@@ -1,6 +1,7 @@
 """TensorBoard event files of a run, written in the supervisor from its events (never in a worker) by
 `tfrecord.py`: per pipeline its training loss, lr, every reported metric, validation results, samples/s, and
-its GPUs' utilisation and memory; a sweep's trials also get the HParams summary (tensorboardX builds that one).
+its GPUs' utilisation and memory; a sweep's trials also get one HParams session each, with the values they end
+with, once the run has ended (tensorboardX builds that one).
 
 `TensorBoardTap` writes a live session's on a thread of its own; `export_run` writes a past run's from its files.
 Both thin the training curves (`StepThinning`: at most one point every STEP_EVERY seconds of the worker's clock,
@@ -13,13 +14,24 @@ import math
 import queue
 import re
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeGuard
 
 from ..config.schema import RunConfig
 from ..protocol.health import Alert
-from ..protocol.messages import EpochEnd, Event, PipelineFinished, RunFinished, StepMetrics, ValResult, WorkerStarted
+from ..protocol.messages import (
+    EpochEnd,
+    Event,
+    PipelineFinished,
+    RunFinished,
+    StepMetrics,
+    TrainingStarted,
+    TrialDecision,
+    ValResult,
+    WorkerStarted,
+)
 from ..protocol.progress import better, metric_value
 from ..protocol.records import RecordError, from_record
 from ..protocol.telemetry import TelemetrySnapshot
@@ -31,7 +43,11 @@ FOLDER = "tensorboard"  # under the run directory: `tensorboard --logdir runs/` 
 DRAIN_WAIT = 10.0  # seconds run_finished may wait for the files to be written and closed
 FLUSH_SECS = 5.0  # seconds an event may wait in the file's buffer
 HAND_OVER = 0.5  # seconds the loop collects events before it wakes the writer thread (it takes the GIL each time)
-WRITTEN = (StepMetrics, EpochEnd, ValResult, WorkerStarted, TelemetrySnapshot, PipelineFinished, Alert, RunFinished)
+WRITTEN = (StepMetrics, EpochEnd, ValResult, WorkerStarted, TelemetrySnapshot, PipelineFinished, TrialDecision,
+           TrainingStarted, Alert, RunFinished)
+SESSION_WRITTEN = ".hparams-written"  # in a trial's folder: its HParams session is there (TensorBoard shows a
+# run's first session only, so a resumed run writes none again)
+RESUMABLE = ("stopped", "killed")  # a trial that ended so is resumed later: its session waits for its real end
 # Seconds of a worker's own clock between two training points of a pipeline in the files (20 a second at most).
 # TensorBoard shows 1,000 points of a chart, sampled evenly from all written, so a steady rate keeps the sample
 # even along the run; a run shorter than 50 s that reports faster than this shows fewer, 20 a second.
@@ -88,10 +104,13 @@ def _finite(value: object) -> TypeGuard[float]:
 class TensorBoardExport:
     """One event file per pipeline under `logdir`, fed the run's events in order."""
 
-    def __init__(self, logdir: Path, config: RunConfig):
+    def __init__(self, logdir: Path, config: RunConfig, live: bool = True):
         self.logdir = Path(logdir)
+        self.live = live  # a live session writes the HParams at its run_finished; an export once it has read all
         self.metric, self.mode = config.validation.metric, config.validation.metric_mode
         self.trials = {p.name: dict(p.trial) for p in config.pipelines} if config.sweep is not None else {}
+        self._ended: dict[str, PipelineFinished] = {}  # each trial's newest attempt end
+        self._taking_over: set[str] = set()  # PBT trials exploited, not training from the copy yet
         self._writers: dict[str, EventFile] = {}
         self._steps: dict[str, int] = {}  # each pipeline's newest step: where telemetry is plotted
         self._gpus: dict[str, set[int]] = {}  # NVML indices of each pipeline's GPUs (from its device names)
@@ -134,7 +153,7 @@ class TensorBoardExport:
         elif isinstance(event, ValResult) and not event.error:
             self._scalars(event.pipeline, ((f"val/{k}", v) for k, v in event.metrics.items()), event.step, event.time)
             value = metric_value(event.metrics, self.metric)
-            if value is not None:
+            if value is not None and event.pipeline not in self._taking_over:  # (else the old weights' result)
                 self._last[event.pipeline] = value
                 if better(value, self._best.get(event.pipeline), self.mode):
                     self._best[event.pipeline] = value
@@ -143,10 +162,21 @@ class TensorBoardExport:
         elif isinstance(event, TelemetrySnapshot):
             self._telemetry(event)
         elif isinstance(event, PipelineFinished):
-            self._finished(event)
+            self._ended[event.pipeline] = event
+            if event.pipeline in self._writers:
+                self._writers[event.pipeline].flush()
+        elif isinstance(event, TrialDecision) and event.action == "exploit" and event.pipeline in self.trials:
+            # It trains on from another trial's checkpoint with new values: its best is of its own weights since
+            trial = self.trials[event.pipeline]
+            trial.update({k: v for k, v in event.exploit.get("values", {}).items() if k in trial})
+            self._best.pop(event.pipeline, None)
+            self._taking_over.add(event.pipeline)
+        elif isinstance(event, TrainingStarted):
+            self._taking_over.discard(event.pipeline)
         elif isinstance(event, Alert):
             self._alert(event)
-        elif isinstance(event, RunFinished):
+        elif isinstance(event, RunFinished) and self.live:  # (an export writes on, into the same files, to its end)
+            self.sessions(event.statuses)
             self.close()
 
     def _telemetry(self, snap: TelemetrySnapshot) -> None:
@@ -171,23 +201,32 @@ class TensorBoardExport:
                       alert.time)
             w.flush()
 
-    def _finished(self, event: PipelineFinished) -> None:
-        """A trial's HParams session: its values with its best and last metric (TensorBoard's HParams tab)."""
-        values = self.trials.get(event.pipeline)
-        if values is None:
-            if event.pipeline in self._writers:
-                self._writers[event.pipeline].flush()
-            return
+    def sessions(self, statuses: dict[str, str] | None = None) -> None:
+        """Each trial's one HParams session (TensorBoard's HParams tab): the values it ended with, its status, its
+        best and last metric. `statuses`: how the run ended each (a trial stopped or killed is resumed later, and
+        written then); none: as its newest attempt ended, every trial (an export). A trial whose folder holds its
+        session already gets none again."""
+        for name, values in self.trials.items():
+            ended = self._ended.get(name)
+            status = (statuses or {}).get(name) or (ended.status if ended else "")
+            folder = self.logdir / name
+            if not status or (statuses is not None and status in RESUMABLE) or (folder / SESSION_WRITTEN).exists():
+                continue
+            self._session(name, values, status, ended)
+            (folder / SESSION_WRITTEN).touch()
+
+    def _session(self, name: str, values: dict, status: str, ended: PipelineFinished | None) -> None:
         from tensorboardX.summary import hparams
 
-        metrics = {f"hparams/best_{self.metric}": self._best.get(event.pipeline, math.nan),
-                   f"hparams/last_{self.metric}": self._last.get(event.pipeline, math.nan)}
+        metrics = {f"hparams/best_{self.metric}": self._best.get(name, math.nan),
+                   f"hparams/last_{self.metric}": self._last.get(name, math.nan)}
         plain = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
-        plain["status"] = event.status
-        w = self.writer(event.pipeline)
+        plain["status"] = status
+        step, wall = (ended.step, ended.time) if ended else (self._steps.get(name, 0), time.time())
+        w = self.writer(name)
         for summary in hparams(plain, metrics):
-            w.summary(summary, event.step, event.time)
-        self._scalars(event.pipeline, metrics.items(), event.step, event.time)
+            w.summary(summary, step, wall)
+        self._scalars(name, metrics.items(), step, wall)
         w.flush()
 
     def close(self) -> None:
@@ -282,7 +321,7 @@ def export_run(run_dir: Path, logdir: Path, unreadable: Unreadable | None = None
         if any((Path(logdir) / name).glob("events.out.tfevents.*")):  # TensorBoard would draw each curve twice
             raise ValueError(f"{Path(logdir) / name} already holds TensorBoard files (an earlier export, or the "
                              "run's own): export to another folder, or remove them first")
-    export = TensorBoardExport(logdir, configs[0])
+    export = TensorBoardExport(logdir, configs[0], live=False)
     events: list[Event] = read_events(run_dir, unreadable)
     telemetry, bad = run_dir / "telemetry.jsonl", 0
     for record in read_records(telemetry, unreadable):
@@ -305,5 +344,6 @@ def export_run(run_dir: Path, logdir: Path, unreadable: Unreadable | None = None
         for held in thinning.release(event):
             export.on_event(held)
         export.on_event(event)
+    export.sessions()
     export.close()
     return len(export.written)

@@ -48,18 +48,45 @@ def open_pipeline(scorer: PipelineScoring, name: str, directory: Path) -> None:
     scorer.since_best = 0
 
 
+class Reopened(Exception):
+    """A later attempt of the pipeline opened its snapshot folder anew (meta.json replaced): the scorer must be
+    made again from it (`reopen`) before it scores another snapshot, which may have another layout or values."""
+
+
 def load_newest(scorer: PipelineScoring, model: torch.nn.Module) -> Loaded | None:
     """The snapshot a scorer takes next (the newest unseen, or the oldest under policy 'all') loaded into
-    `model`, or None; it becomes the scorer's `last_seq`. Shared by every kind of scorer."""
+    `model`, or None; it becomes the scorer's `last_seq`. Shared by every kind of scorer. Raises Reopened (the
+    folder is a later attempt's) and SnapshotMismatch (weights of another shape: skipped, not scored)."""
+    from ..worker.snapshot import SnapshotMismatch
+
     for _ in range(5):  # a torn read means a newer snapshot just landed: take that one
+        if not scorer.reader.current():
+            raise Reopened(scorer.name)
         found = scorer.reader.newest(after=scorer.last_seq, oldest=scorer.validation.policy == "all")
         if found is None:
             return None
-        loaded = scorer.reader.load_into(model, found[0])
+        try:
+            loaded = scorer.reader.load_into(model, found[0])
+        except SnapshotMismatch as exc:
+            scorer.last_seq = max(scorer.last_seq, exc.seq)
+            raise
+        if not scorer.reader.current():  # the slot may hold a later attempt's weights, read with this layout
+            raise Reopened(scorer.name)
         if loaded is not None:
             scorer.last_seq = loaded.seq
             return loaded
     return None
+
+
+def reopen(old: PipelineScoring, new: PipelineScoring) -> None:
+    """`new`, made from a later attempt's snapshot folder, goes on from where `old` scored: snapshot numbers only
+    rise; its best score is `old`'s when the pipeline trains with the same values, and starts afresh when they
+    changed (a PBT trial that took over another's checkpoint: its best is of its own weights since)."""
+    new.last_seq = max(new.last_seq, old.last_seq)
+    if new.pipe == old.pipe:
+        new.best, new.since_best = old.best, old.since_best
+    else:
+        new.best, new.since_best = None, 0
 
 
 def keep_best(scorer: PipelineScoring, sender: EventSink, value: float, save: Callable[[], object]) -> None:

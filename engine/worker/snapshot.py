@@ -81,8 +81,12 @@ def _map(path: Path, count: int, dtype: torch.dtype, create: bool) -> tuple[torc
     nbytes = count * torch.empty((), dtype=dtype).element_size()
     fresh = False
     if create and not (path.exists() and path.stat().st_size == nbytes):
-        with open(path, "wb") as fh:
+        # A new file in its place, not this one cut to size: a validator still mapping the old one (an earlier
+        # attempt's weights of another layout) must not fault on pages the cut took away.
+        tmp = path.with_name(f".{path.name}.new")
+        with open(tmp, "wb") as fh:
             fh.truncate(nbytes)
+        os.replace(tmp, path)
         fresh = True
     return torch.from_file(str(path), shared=True, size=count, dtype=dtype), fresh
 
@@ -263,11 +267,27 @@ class Loaded:
     handoff: float  # seconds since the epoch
 
 
+class SnapshotMismatch(ValueError):
+    """A snapshot's weights are not the model's shape (names or sizes differ): loading them would score other
+    weights than those it names."""
+
+    def __init__(self, text: str, seq: int, epoch: int, step: int):
+        super().__init__(text)
+        self.seq, self.epoch, self.step = seq, epoch, step
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    """What tells one meta.json from the next a later writer puts in its place (os.replace: a new inode)."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns
+
+
 class SnapshotReader:
     """Validator side: finds the newest published snapshot of one pipeline and loads it into a model."""
 
     def __init__(self, directory: Path):
         self.dir = directory
+        self.opened = _identity(directory / "meta.json")  # read before the meta: a newer one reads as a change
         self.meta = json.loads((directory / "meta.json").read_text())
         slots = self.meta["slots"]
         self.entries = [Entry(**e) for e in self.meta["entries"]]
@@ -276,6 +296,24 @@ class SnapshotReader:
         self._keep = header
         self.slots = [_map(directory / f"slot-{i}", self.meta["nbytes"], torch.uint8, create=False)[0]
                       for i in range(slots)]
+
+    def current(self) -> bool:
+        """Whether the folder is still the one this reader opened: a later attempt's writer replaces meta.json
+        (its weights may have another layout, its pipeline other values), and its snapshots are read anew."""
+        try:
+            return _identity(self.dir / "meta.json") == self.opened
+        except FileNotFoundError:
+            return False
+
+    def _fits(self, model: torch.nn.Module) -> str:
+        """"" when the snapshots' layout is `model`'s state dict, tensor by tensor; else what differs."""
+        state = model.state_dict()
+        if len(state) != len(self.entries):
+            return f"{len(self.entries)} tensors in the snapshot, {len(state)} in the model"
+        for entry, (name, t) in zip(self.entries, state.items()):
+            if entry.name != name or entry.nbytes != t.numel() * t.element_size():
+                return f"{entry.name} ({entry.nbytes} bytes) in the snapshot, {name} {tuple(t.shape)} in the model"
+        return ""
 
     def newest(self, after: int = 0, oldest: bool = False) -> tuple[int, int] | None:
         """(slot, seq) of the newest (or, with `oldest`, the oldest) published snapshot with seq > `after`."""
@@ -288,12 +326,17 @@ class SnapshotReader:
         return best
 
     def load_into(self, model: torch.nn.Module, slot: int) -> Loaded | None:
-        """Copy `slot` into `model`; None if the writer overwrote it meanwhile (try the newest again)."""
+        """Copy `slot` into `model`; None if the writer overwrote it meanwhile (try the newest again). Raises
+        SnapshotMismatch when the weights are not the model's shape (nothing is copied)."""
         h = self.header[slot]
         before = int(h[VERSION])
         if before % 2:
             return None
         seq, epoch, step, handoff = int(h[SEQ]), int(h[EPOCH]), int(h[STEP]), int(h[HANDOFF_NS])
+        unfit = self._fits(model)
+        if unfit:
+            raise SnapshotMismatch(f"the snapshot's weights do not fit the validator's model: {unfit}", seq, epoch,
+                                   step)
         buf = self.slots[slot]
         with torch.no_grad():
             for entry, t in zip(self.entries, model.state_dict().values()):

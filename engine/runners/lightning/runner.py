@@ -39,6 +39,7 @@ from ...protocol.progress import judge
 from ...worker import checkpoint as ckpt
 from ...worker.handoff import HandOff, snapshot_meta
 from ...worker.reporting import ReportWindow
+from ...worker.retune import lr_scale, number, scale_lrs
 from ..base import error_text
 from . import LightningRunner
 from .data import ResumableDistributedSampler, ResumableSampler, resumable
@@ -81,24 +82,47 @@ class HerdHooks:
         self._epoch_start = 0.0
         self._val_before: dict[str, Any] = {}
         self._val_start = 0.0
+        self._saved_lr: object = None  # the params.lr the checkpoint resumed from was written under
 
     # ----------------------------------------------------- checkpoint state
 
     def state_dict(self) -> dict[str, Any]:
         s = self.r.sampler
         return {"batches": self.batches, "epoch_seed": s.seed if s else 0, "best": self.best,
-                "snapshot_seq": self.r.handoff.seq}
+                "snapshot_seq": self.r.handoff.seq,
+                "params_lr": number(self.r.pipe.params.get("lr"))}  # what a PBT trial taking it over rescales from
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # A file an older torchherd wrote says its lr only in the module's hyperparameters (load_state_dict,
+        # called after this, reads the callback's own record where there is one).
+        self._saved_lr = (checkpoint.get("hyper_parameters") or {}).get("lr")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.batches = state.get("batches", 0)
         self.best = state.get("best")
         self.r.handoff.resumed(state.get("snapshot_seq", 0))
         self.r.resume_order = (state.get("epoch_seed", 0), self.batches)
+        if "params_lr" in state:
+            self._saved_lr = state["params_lr"]
+
+    def _retune_lr(self, trainer: pl.Trainer) -> None:
+        """A checkpoint written under another `params.lr` (a PBT trial took over a better one's), its optimizers
+        and schedulers restored: every rate scaled by the new over the old, so training goes on at the new rate
+        with the optimizers' state and the schedules otherwise as saved."""
+        new = number(self.r.pipe.params.get("lr"))
+        scale = lr_scale(self._saved_lr, new)
+        if scale is None:
+            return
+        scale_lrs(trainer.optimizers, [c.scheduler for c in trainer.lr_scheduler_configs], scale)
+        if trainer.is_global_zero:
+            self.r.send(Notice(pipeline=self.r.name, level="info", text=(
+                f"checkpoint written with params.lr {self._saved_lr:g}: learning rate scaled to params.lr {new:g}")))
 
     # ------------------------------------------------------------- hooks
 
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         r = self.r
+        self._retune_lr(trainer)  # Lightning has restored the optimizers and schedulers by now
         (r.dir / PREPARED).touch()  # fit has run prepare_data: later processes of this run skip it
         if r.sampler is not None and r.resume_order is not None:
             seed, batches = r.resume_order
@@ -226,7 +250,7 @@ class HerdHooks:
                         metrics=logged_on_epoch(trainer)))
         self.batches = 0  # the checkpoint below starts the next epoch from its first batch
         if (epoch + 1) % r.pipe.checkpoint_every_n_epochs == 0 or epoch + 1 >= r.pipe.max_epochs:
-            r.save(trainer, "epoch")
+            r.save(trainer, "epoch", epoch=epoch + 1)  # (Lightning counts this epoch done once the hook returns)
 
 
 class LightningAttempt:
@@ -262,8 +286,10 @@ class LightningAttempt:
         else:
             self.control.beat(step)
 
-    def save(self, trainer: pl.Trainer, reason: str, name: str = LAST) -> None:
-        """Checkpoint (a gang's rank 0 writes what every rank holds; FSDP's ranks gather it together)."""
+    def save(self, trainer: pl.Trainer, reason: str, name: str = LAST, epoch: int | None = None) -> None:
+        """Checkpoint (a gang's rank 0 writes what every rank holds; FSDP's ranks gather it together). `epoch`:
+        the epochs it has trained, as its CheckpointSaved says (as a Task's does: PBT judges by it whether the
+        checkpoint has training left in it); Lightning's current epoch unless an epoch is ending."""
         if name == LAST:
             self.saved_step = trainer.global_step
         if not trainer.is_global_zero and self.pipe.strategy not in ("fsdp", "deepspeed"):  # theirs is a collective
@@ -277,8 +303,9 @@ class LightningAttempt:
             self.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}",
                              topic=NoticeTopic.CHECKPOINT_FAILED))
             return
-        self.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=trainer.current_epoch,
-                                  step=trainer.global_step, reason=reason))
+        self.send(CheckpointSaved(pipeline=self.name, path=str(path),
+                                  epoch=trainer.current_epoch if epoch is None else epoch, step=trainer.global_step,
+                                  reason=reason))
 
     def _wrap_train_loader(self, task: LightningTask) -> None:
         """Give the training DataLoader a ResumableSampler, wherever it comes from."""

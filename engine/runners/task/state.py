@@ -17,6 +17,7 @@ import torch
 from ...protocol.messages import CheckpointSaved, Notice, Resumed
 from ...protocol.names import NoticeTopic
 from ...worker import checkpoint as ckpt
+from ...worker.retune import lr_scale, number, scale_lrs
 
 if TYPE_CHECKING:
     from ...config.schema import Pipeline
@@ -24,10 +25,6 @@ if TYPE_CHECKING:
     from ...worker.handoff import HandOff
     from .api import Task
     from .distributed import Gang
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _unfit(exc: RuntimeError, path: Path | None, saved: dict[str, Any], mine: dict[str, Any]) -> str:
@@ -84,7 +81,7 @@ class TrainerCheckpoints:
                     # its own GPU's only: a gang's rank sees its peers' GPUs too, and must not touch them
                     "cuda": [torch.cuda.get_rng_state(self.device)] if self.device.type == "cuda" else None},
             "pipeline": self.name,
-            "params_lr": _number(self.pipe.params.get("lr")),  # what a PBT trial taking this file over rescales from
+            "params_lr": number(self.pipe.params.get("lr")),  # what a PBT trial taking this file over rescales from
             "trial": dict(self.pipe.trial),  # a sweep trial's values, named when another trial's cannot load it
         }
 
@@ -160,16 +157,11 @@ class TrainerCheckpoints:
         """A checkpoint written under another `params.lr` (a PBT trial took over a better one's): the loaded
         param groups' lr (and a scheduler's base lrs) scaled by the new over the old, so the optimizer trains on
         at the new rate with its state otherwise as saved."""
-        new = _number(self.pipe.params.get("lr"))
-        if saved is None or new is None or saved == new or saved == 0:
+        new = number(self.pipe.params.get("lr"))
+        scale = lr_scale(saved, new)
+        if scale is None:
             return
-        scale = new / saved
-        for group in self.optimizer.param_groups:
-            for key in ("lr", "initial_lr"):
-                if key in group:
-                    group[key] = group[key] * scale
-        if self.task.scheduler is not None and getattr(self.task.scheduler, "base_lrs", None):
-            self.task.scheduler.base_lrs = [b * scale for b in self.task.scheduler.base_lrs]
+        scale_lrs([self.optimizer], [self.task.scheduler] if self.task.scheduler is not None else [], scale)
         if self.lead:
             self.sender.send(Notice(pipeline=self.name, level="info", text=(
                 f"checkpoint written with params.lr {saved:g}: learning rate scaled to params.lr {new:g}")))
