@@ -151,7 +151,7 @@ class AlertRules:
             loss = event.loss
             if not isfinite(loss):
                 continue  # the NaN policy's notice or error says it
-            rise = rises.get(name)
+            rise = rises.get(name) if rises else None  # rarely any: no lookup per report
             if rise is not None and not loss >= rise.level:
                 del rises[name]  # back under: that rise is over (an outlier, if it alerted not)
                 rise = None
