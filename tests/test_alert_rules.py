@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 
@@ -25,37 +26,71 @@ def rules(**kw) -> AlertRules:
     return AlertRules(AlertsConfig(**kw))
 
 
-def test_a_loss_spike_is_one_alert_and_noise_is_none():
-    r = rules(spike=10.0)
+def test_a_loss_that_jumps_and_stays_up_is_one_alert_and_noise_is_none():
+    r = rules(spike=10.0, interval=0.0)
     noisy = [1.0 - 0.001 * i + (0.02 if i % 2 else -0.02) for i in range(40)]
     assert [a for i, loss in enumerate(noisy) for a in r.take(step(loss, i))] == []
-    [alert] = r.take(step(5.0, 41))
+    assert r.take(step(5.0, 41)) == [] and r.take(step(4.0, 42)) == []  # up, and still up: not yet
+    [alert] = r.take(step(6.0, 43))  # the third report in a row up there: a spike
     assert alert.rule == "spike" and alert.pipeline == "a" and "loss 5 at step 41" in alert.message
+    assert "to step 43" in alert.message
+    assert [a for i in range(44, 80) for a in r.take(step(5.0, i))] == []  # it stays up: still the one alert
+
+
+def test_one_outlier_batch_is_no_spike_however_far_out_and_is_one_with_spike_persist_1():
+    """The same hard batch every 30 reports, 100 times the loss: healthy, so no alert (each alerted before)."""
+    losses = [(100.0 if i % 30 == 29 else 1.0) * (0.5 + 0.5 / (1 + i / 50)) * (1.01 if i % 2 else 0.99)
+              for i in range(300)]
+    quiet, loud = rules(interval=0.0), rules(interval=0.0, spike_persist=1)
+    assert [a for i, loss in enumerate(losses) for a in quiet.take(step(loss, i))] == []
+    assert len([a for i, loss in enumerate(losses) for a in loud.take(step(loss, i))]) == 10
+    # Two hard batches in a row: still under spike_persist; a third would be a spike.
+    r = rules(interval=0.0)
+    assert [a for i in range(30) for a in r.take(step(1.0 + 0.01 * (i % 3), i))] == []
+    assert r.take(step(50.0, 30)) == [] and r.take(step(50.0, 31)) == [] and r.take(step(1.0, 32)) == []
+    assert r.take(step(50.0, 33)) == [] and r.take(step(50.0, 34)) == [] and r.take(step(1.01, 35)) == []
 
 
 def test_a_robust_z_score_ignores_one_outlier_in_the_window():
     assert robust_z(1.1, [1.0, 1.1, 0.9, 1.0, 50.0]) < 2
 
 
+def expected_spikes(losses: list[float], size: int, spike: float, persist: int) -> list[int]:
+    """The rule's meaning, written plainly: robust_z on every report, a rise that must last `persist` reports."""
+    from torchherd.engine.supervise.health.alert_rules import spread
+
+    window: list[float] = []
+    rise: list[float] | None = None  # [level, reports]
+    found = []
+    for i, loss in enumerate(losses):
+        if not math.isfinite(loss):
+            continue
+        if rise is not None and not loss >= rise[0]:
+            rise = None
+        if rise is not None:
+            rise[1] += 1
+        elif len(window) >= 10 and robust_z(loss, window[-size:]) >= spike:
+            median, scale = spread(window[-size:])
+            rise = [median + spike * scale, 1]
+        if rise is not None and rise[1] == persist:
+            found.append(i)
+        window.append(loss)
+    return found
+
+
 def test_the_spike_rule_over_a_batch_alerts_where_robust_z_on_every_report_would():
     """take_steps rules most reports out from the sorted window without robust_z: never one robust_z flags."""
     rng = random.Random(7)
     for trial in range(300):
-        size, spike = rng.choice([10, 11, 50]), rng.choice([1.0, 3.0, 10.0])
+        size, spike, persist = rng.choice([10, 11, 50]), rng.choice([1.0, 3.0, 10.0]), rng.choice([1, 2, 3])
         losses = [rng.choice([0.5, 0.5, 1.0, 0.0, -0.0, 1.0 + 2 ** -52, rng.gauss(1, 0.1), rng.expovariate(0.1),
                               math.nan, math.inf]) for _ in range(rng.randrange(10, 120))]
-        window: list[float] = []
-        expected = []
-        for i, loss in enumerate(losses):
-            if math.isfinite(loss):
-                if len(window) >= 10 and robust_z(loss, window[-size:]) >= spike:
-                    expected.append(i)
-                window.append(loss)
-        r = rules(spike=spike, spike_window=size, interval=0.0)
+        r = rules(spike=spike, spike_window=size, spike_persist=persist, interval=0.0)
         batch = [step(loss, i, t=float(i)) for i, loss in enumerate(losses)]
         half = rng.randrange(len(batch))
         got = r.take_steps(batch[:half]) + r.take_steps(batch[half:])
-        assert [int(a.message.split(" at step ")[1].split()[0]) for a in got] == expected, trial
+        steps = [int(re.findall(r"step (\d+)", a.message)[-1]) for a in got]
+        assert steps == expected_spikes(losses, size, spike, persist), trial
 
 
 def test_nan_stall_straggler_and_oom_each_raise_their_rule():

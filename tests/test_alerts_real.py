@@ -9,6 +9,7 @@ import json
 import socket
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,27 @@ async def test_a_scripts_nan_names_its_epoch_as_the_table_counts_it(tmp_path):
         await finish(sup)
     said = {e.text for e in read_events(sup.run_dir) if isinstance(e, Notice) and "training loss is" in e.text}
     assert said == {"training loss is nan at epoch 1 step 1"}, said
+
+
+SPIKY = str(Path(__file__).parent / "tasks" / "scripts" / "spiky_loop.py")
+
+
+# Regression: the same hard batch at step 100 of each epoch of a healthy script raised a loss spike alert, with the
+# bell, in every run; a loss that jumped and stayed up alerted on each report (interval 0).
+async def test_a_recurring_outlier_batch_raises_no_spike_and_a_diverging_loss_raises_one(tmp_path):
+    from tests.conftest import make_config
+
+    metrics = r"epoch (?P<epoch>\d+) step (?P<step>\d+) loss (?P<loss>\S+)"
+    cfg = make_config(tmp_path, [
+        {"name": "outlier", "script": SPIKY, "metrics": metrics, "args": ["--epochs", "3", "--outlier-at", "100"]},
+        {"name": "diverging", "script": SPIKY, "metrics": metrics, "args": ["--epochs", "3", "--diverge-at", "200"]}],
+        validation={"mode": "off"}, alerts={"interval": 0.0})
+    sup = Supervisor(cfg)
+    async with supervised(sup):
+        assert await finish(sup) == {"outlier": "completed", "diverging": "completed"}
+    events = read_events(sup.run_dir)
+    hard = [e.step for e in events if isinstance(e, StepMetrics) and e.pipeline == "outlier" and e.loss > 4]
+    assert hard == [100, 250, 400]  # the hard batch was seen, each epoch
+    alerts = [e for e in events if isinstance(e, Alert)]
+    assert [(a.rule, a.pipeline) for a in alerts] == [("spike", "diverging")], [a.message for a in alerts]
+    assert " at step 200 " in alerts[0].message and "to step 202" in alerts[0].message, alerts[0].message

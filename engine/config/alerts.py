@@ -30,7 +30,11 @@ class AlertsConfig(BaseModel):
         "running, is a straggler (flagged in the table, the event log and headless)."))
     spike: float = Field(10.0, gt=0, description=(
         "A step's loss this many robust z-scores (median and MAD of the recent window) above the window's "
-        "median is a loss spike."))
+        "median starts a loss spike."))
+    spike_persist: int = Field(3, ge=1, description=(
+        "Step reports in a row, the first included, whose loss must stay at or above the level the first "
+        "crossed before the loss spike alerts (one alert, until the loss falls under it): a single outlier "
+        "batch is no spike; 1 alerts on the first report."))
     spike_window: int = Field(50, ge=10, description="Step reports in the loss spike rule's window.")
     idle_gpu: float = Field(5.0, ge=0, le=100, description=(
         "Alert when a running pipeline's GPUs ran kernels less than this percent of the time for "

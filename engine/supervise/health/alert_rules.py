@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from dataclasses import dataclass
 from math import isfinite
 
 from ...config.alerts import AlertsConfig
@@ -34,11 +35,26 @@ MIN_SPREAD = 1e-6  # a window of identical losses: a spike must still exceed the
 STARTUP_GRACE = 60.0  # seconds: snapshots before the validator's first score of a pipeline count only after this
 
 
-def robust_z(value: float, window: list[float]) -> float:
-    """How many robust standard deviations `value` lies above the window's median (MAD, floored)."""
+def spread(window: list[float]) -> tuple[float, float]:
+    """The window's median and its robust standard deviation (the MAD scaled, floored)."""
     median = statistics.median(window)
     mad = statistics.median(abs(x - median) for x in window) * MAD_SCALE
-    return (value - median) / max(mad, abs(median) * MIN_SPREAD, 1e-12)
+    return median, max(mad, abs(median) * MIN_SPREAD, 1e-12)
+
+
+def robust_z(value: float, window: list[float]) -> float:
+    """How many robust standard deviations `value` lies above the window's median (MAD, floored)."""
+    median, scale = spread(window)
+    return (value - median) / scale
+
+
+@dataclass(slots=True)
+class Rise:
+    """A pipeline's loss that lay `spike` robust z-scores above its window: it is a spike once it stays there."""
+
+    level: float  # the window's median plus `spike` robust standard deviations, when it was judged
+    reports: int  # reports in a row at or above the level, the first included
+    first: str  # what the first one was: its loss and step, how far above which median
 
 
 def may_spike(value: float, ordered: list[float], spike: float) -> bool:
@@ -72,6 +88,7 @@ class AlertRules:
         self.config = config
         self.losses: dict[str, deque[float]] = {}  # pipeline -> its recent step losses
         self.ordered: dict[str, list[float]] = {}  # pipeline -> the same losses, sorted
+        self.rises: dict[str, Rise] = {}  # pipeline -> its loss's rise above its window, while it lasts
         self.last: dict[tuple[str, str], float] = {}  # (rule, pipeline) -> when its last alert went out
         self.held: dict[tuple[str, str], int] = {}  # (rule, pipeline) -> alerts held back since then
         self.idle_since: dict[str, float] = {}  # pipeline -> when its GPUs last went idle
@@ -115,12 +132,16 @@ class AlertRules:
 
     def _spikes(self, events: list[StepMetrics]) -> list[tuple[Alert, float]]:
         """The loss spike rule over a run of step reports (the time of each alert's report beside it): each judged
-        against the window before it, then added to it. The window is kept sorted as well, so that may_spike
-        rules out all but a near-outlier in O(log n) before robust_z's two sorts; a flood of reports costs
-        little each."""
+        against the window before it, then added to it. A report `spike` robust z-scores above its window starts
+        a rise; the rise alerts once `spike_persist` reports in a row (that one first) stayed at or above the
+        level it crossed, and ends at the first report under it: one outlier batch, however far out, is no spike,
+        and a loss that jumped and stays up is one alert. The window is kept sorted as well, so that may_spike
+        rules out all but a near-outlier in O(log n) before the median and MAD's two sorts; a flood of reports
+        costs little each."""
         found = []
-        spike, size, name = self.config.spike, self.config.spike_window, None
+        spike, size, persist, name = self.config.spike, self.config.spike_window, self.config.spike_persist, None
         least = min(10, size)  # reports in the window before the rule judges
+        rises = self.rises
         for event in events:
             if event.pipeline != name:
                 name = event.pipeline
@@ -130,13 +151,24 @@ class AlertRules:
             loss = event.loss
             if not isfinite(loss):
                 continue  # the NaN policy's notice or error says it
-            n = len(ordered)
-            if (n >= least and loss > ordered[(n - 1) >> 1] and may_spike(loss, ordered, spike)  # over the median
-                    and (z := robust_z(loss, list(window))) >= spike):
-                found.append((self._alert("spike", name, f"{name}: loss spike", (
-                    f"loss {loss:.4g} at step {event.step} is {z:.0f} robust z-scores above the last "
-                    f"{n} reports' median {statistics.median(window):.4g}")), event.time))
-            if n == size:  # the deque's maxlen
+            rise = rises.get(name) if rises else None  # rarely any: no lookup per report
+            if rise is not None and not loss >= rise.level:
+                del rises[name]  # back under: that rise is over (an outlier, if it alerted not)
+                rise = None
+            if rise is not None:
+                rise.reports += 1
+            elif ((n := len(ordered)) >= least and loss > ordered[(n - 1) >> 1]  # over the median
+                  and may_spike(loss, ordered, spike)):
+                median, scale = spread(list(window))
+                if (z := (loss - median) / scale) >= spike:
+                    rises[name] = rise = Rise(median + spike * scale, 1, (
+                        f"loss {loss:.4g} at step {event.step} is {z:.0f} robust z-scores above the last "
+                        f"{n} reports' median {median:.4g}"))
+            if rise is not None and rise.reports == persist:
+                stayed = "" if persist == 1 else (
+                    f", and stayed above {rise.level:.4g} for {persist} reports, to step {event.step}")
+                found.append((self._alert("spike", name, f"{name}: loss spike", rise.first + stayed), event.time))
+            if len(ordered) == size:  # the deque's maxlen
                 del ordered[bisect_left(ordered, window[0])]  # the one the append drops
             window.append(loss)
             insort(ordered, loss)
