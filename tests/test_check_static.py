@@ -237,3 +237,16 @@ def test_check_says_no_validator_starts_for_scripts_with_nothing_to_score(projec
     assert "validation: none: no pipeline reports val_loss (a script reports one with `val_metrics`" in text, text
     scored = write(project / "task.toml", '[[pipelines]]\nname = "a"\ntask = "task.py:build"\n')
     assert "validation: background on cpu" in check_config(scored, inventory=NO_GPU, probe=False).render()
+
+
+def test_scripts_that_validate_themselves_are_worded_alike_one_or_several(project: Path):
+    # Regression (issue 52): one such script read "no validator: ...", two read "inline (no spare core ...)".
+    (project / "train.py").write_text("print('training')\n")
+    pipeline = ('[[pipelines]]\nname = "{}"\nscript = "train.py"\nmetrics = \'loss (?P<loss>\\S+)\'\n'
+                'val_metrics = \'val (?P<val_loss>\\S+)\'\n')
+    said = []
+    for names in (["a"], ["a", "b"]):
+        config = write(project / f"{len(names)}.toml", "".join(pipeline.format(n) for n in names))
+        text = check_config(config, inventory=NO_GPU, probe=False).render()
+        said += [line.strip() for line in text.splitlines() if line.strip().startswith("validation:")]
+    assert said == ["validation: each script's own (its val_metrics lines; no validator), best by val_loss (min)"] * 2

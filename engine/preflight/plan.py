@@ -66,10 +66,12 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory,
     plan = plan_validation(config, slots, inventory, held.gpus_taken())
     if plan.mode != ValidationMode.OFF and not reports_validation(config.pipelines, plan.mode):
         lines.append(f"validation: none: no pipeline reports {config.validation.metric} ({TO_VALIDATE})")
-    elif plan.mode == ValidationMode.BACKGROUND and \
+    elif plan.mode != ValidationMode.OFF and \
             not any(runner_for(p.kind).scored_in_background(p) for p in config.pipelines):
-        lines.append("validation: no validator: no pipeline has weights to score in the background (a script "
-                     "without a validate factory reports its own val_metrics)")
+        # Worded the same for one script or several (one was 'no validator', two 'inline (no spare core)').
+        v = config.validation
+        lines.append(f"validation: each script's own (its val_metrics lines; no validator), best by {v.metric} "
+                     f"({v.metric_mode})")
     else:
         lines.append(validation_line(config, plan))
     r = config.restart
