@@ -3,6 +3,7 @@ pipeline that never ran read differently; inline validation's `patience` stops a
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 
 import pytest
 
@@ -119,3 +120,23 @@ async def test_a_stalled_pipeline_that_is_stopped_is_not_said_to_step_again(tmp_
         await sup.shutdown(graceful=False)
     stalls = [e for e in read_events(sup.run_dir) if isinstance(e, Stalled)]
     assert [e.quiet > 0 for e in stalls] == [True], stalls
+
+
+# Regression: Lightning's own EarlyStopping (inline) stopping at 25 of 30 epochs read "completed (trained to its
+# limits)".
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="Lightning is not installed")
+async def test_lightnings_own_early_stopping_reads_as_an_early_stop(tmp_path):
+    from tests.conftest import TASKS
+
+    config = make_config(tmp_path, [{"name": "lit", "task": f"{TASKS / 'lit_tiny.py'}:with_impatient_early_stopping"}],
+                         defaults={"max_epochs": 6}, validation={"mode": "inline"}, telemetry={"enabled": False})
+    sup = Supervisor(config)
+    await sup.start()
+    try:
+        assert await asyncio.wait_for(sup.wait(), 180) == {"lit": "early_stopped"}
+    finally:
+        await sup.shutdown(graceful=False)
+    [end] = [e for e in read_events(sup.run_dir) if isinstance(e, PipelineFinished)]
+    assert end.reason.startswith("Lightning's EarlyStopping: val_loss did not improve in 1 checks (stopped after "
+                                 "epoch 2 of 6)"), end.reason

@@ -127,6 +127,16 @@ def with_early_stopping(params):
     return LightningTask(module=LitTiny(**params), callbacks=[EarlyStopping(monitor="val_loss")])
 
 
+def with_impatient_early_stopping(params):
+    """A factory whose EarlyStopping stops after one check with no improvement of 10 (never, on this data)."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    from torchherd import LightningTask
+
+    return LightningTask(module=LitTiny(**params),
+                         callbacks=[EarlyStopping(monitor="val_loss", patience=1, min_delta=10.0)])
+
+
 def build(params):
     """A plain `task = "lit_tiny.py:build"` (no `lightning:` prefix) whose factory returns a LightningTask."""
     from torchherd import LightningTask

@@ -415,7 +415,24 @@ class LightningAttempt:
             self.save(trainer, "final")
         if self.gang is not None:  # stopped or done, every rank at the same step
             self.gang.finish(task.module, trainer.global_step)
+        if not callback.stopping and (why := stopped_by_its_own_early_stopping(trainer)) is not None:
+            # An early stop, not "trained to its limits": said before this exit, which the supervisor reads after it.
+            self.send(EarlyStop(pipeline=self.name, reason=why))
+            return WorkerExit.STOPPED
         return WorkerExit.STOPPED if callback.stopping else WorkerExit.COMPLETED
+
+
+def stopped_by_its_own_early_stopping(trainer: pl.Trainer) -> str | None:
+    """Why the module's own EarlyStopping callback ended the fit before its epochs ran out, for people; None when
+    none did."""
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    for cb in trainer.callbacks:  # type: ignore[attr-defined]  # Trainer.callbacks is a list of Callback
+        if isinstance(cb, EarlyStopping) and cb.stopped_epoch > 0:
+            of = f" of {trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+            return (f"Lightning's EarlyStopping: {cb.monitor} did not improve in {cb.patience} checks "
+                    f"(stopped after epoch {cb.stopped_epoch + 1}{of})")
+    return None
 
 
 def herd_callback(runner: LightningAttempt) -> HerdHooks:
