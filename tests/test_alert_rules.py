@@ -151,6 +151,29 @@ def test_one_slow_window_or_a_tiny_absolute_gap_is_no_straggler():
     assert [e for e in out if e is not None] == []
 
 
+# Regression (issue 52): on 2 cores a CPU gang's ranks were flagged as stragglers again and again because the
+# validator shared their cores; telemetry showed every core busy.
+async def test_a_cpu_gangs_rank_slowed_while_every_core_is_busy_is_no_straggler(tmp_path):
+    from torchherd.engine.protocol.messages import WorkerStarted
+    from torchherd.engine.protocol.telemetry import TelemetrySnapshot
+    from torchherd.engine.supervise.health.watch import HealthWatch
+    from tests.scripted import PolicySession
+
+    session = PolicySession(make_config(tmp_path, [{"name": "g", "ranks": 2}]), tmp_path)
+    watch = HealthWatch(session.view, session.out)
+    watch.on_event(WorkerStarted(pipeline="g", pid=1, device="cpu0 + cpu1", attempt=1, pids=(1, 2)))
+
+    def slow_reports(host_cpu_percent: float) -> list:
+        watch.on_event(TelemetrySnapshot(host_cpu_percent=host_cpu_percent, load1=0.5))
+        for _ in range(4):
+            watch.on_event(pace(0, 0.010))
+            watch.on_event(pace(1, 0.050))
+        return [e for e in session.recorded if isinstance(e, Straggler)]
+
+    assert slow_reports(100.0) == []  # a neighbour's load: not the rank's
+    assert [e.rank for e in slow_reports(20.0)] == [1]  # the cores have room: the rank itself is slow
+
+
 DUMP0 = '''Thread 0x00007f5f79afe6c0 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 331 in wait
   File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -23,7 +24,7 @@ from ...protocol.states import WorkerState
 from ...protocol.telemetry import TelemetrySnapshot
 from ..decisions import DumpStacks, Outbox, Record, SessionView
 from .alert_rules import AlertRules
-from .stragglers import StragglerWatch
+from .stragglers import StragglerWatch, crowded
 from .triage import read_places, verdict
 
 DISK_EVERY = 30.0  # seconds between looks at the runs folder's free space
@@ -44,6 +45,8 @@ class HealthWatch:
         self.rules = AlertRules(self.config)
         self.stragglers = StragglerWatch(self.config.straggler)
         self.gangs: dict[str, tuple[int, int]] = {}  # pipeline -> (attempt, ranks) of its newest start
+        self.cpu_gangs: set[str] = set()  # pipelines whose newest start trains on CPU cores, no GPU
+        self.crowded = False  # every core of the host was busy at the newest telemetry
         self.asked: dict[str, list[int]] = {}  # pipeline -> its logs' sizes when this watch asked for stacks
         self._disk_at = 0.0  # monotonic time of the last disk look
         self._webhook_failed = False  # said once that the webhook does not take alerts
@@ -54,14 +57,19 @@ class HealthWatch:
             self._raise(self.rules.take(event))
             return
         if isinstance(event, TelemetrySnapshot):  # a paused pipeline's GPU is idle on purpose
+            self.crowded = crowded(event, os.cpu_count() or 1)
             paused = frozenset(v.name for v in self._session.views() if v.state == WorkerState.PAUSED)
             self._raise(self.rules.idle(event, paused))
             return
         if isinstance(event, WorkerStarted):
             self.gangs[event.pipeline] = (event.attempt, max(len(event.pids), 1))
+            (self.cpu_gangs.add if "gpu" not in event.device else self.cpu_gangs.discard)(event.pipeline)
         elif isinstance(event, RankPace):
             attempt, world = self.gangs.get(event.pipeline, (0, 2))
-            found = self.stragglers.take(event, attempt, world)
+            # A CPU gang's rank slowed while every core was busy shares its core with a neighbour (the
+            # validator, another run): that load, which telemetry shows, is not the rank's fault.
+            excused = self.crowded and event.pipeline in self.cpu_gangs
+            found = self.stragglers.take(event, attempt, world, crowded=excused)
             if found is not None:
                 self._out.send(Record(found))
         elif isinstance(event, Stalled) and event.quiet > 0:
