@@ -245,10 +245,10 @@ def trained_per_epoch(seen: Path, lost: tuple[int, int] | None = None) -> dict[s
 
 
 async def test_stop_mid_epoch_then_resume_trains_every_sample_once_per_epoch(tmp_path):
-    seen = tmp_path / "seen"
+    seen, ended = tmp_path / "seen", tmp_path / "epoch_ends"
     config = lit_config(tmp_path, [{"name": "a", "task": f"{TINY}:LitTiny",
-                                    "params": {"delay": 0.01, "seen_file": str(seen)}}], "background",
-                        max_epochs=3)
+                                    "params": {"delay": 0.01, "seen_file": str(seen), "epoch_end_file": str(ended)}}],
+                        "background", max_epochs=3)
     sup = Supervisor(config)
     stream = sup.subscribe()
     await sup.start()
@@ -262,6 +262,9 @@ async def test_stop_mid_epoch_then_resume_trains_every_sample_once_per_epoch(tmp
         await sup.shutdown(graceful=False)
     stop = [e for e in read_events(sup.run_dir) if isinstance(e, CheckpointSaved) and e.reason == "stop"]
     assert stop and stop[-1].step % 16  # saved mid-epoch
+    # Regression (issue 52): a stop mid-epoch called the module's and callbacks' on_train_epoch_end for an epoch
+    # that had not ended.
+    assert ended.read_text().split() == [str(e) for e in range(stop[-1].step // 16)]
     resumed = Supervisor.resume_run(sup.run_dir)
     await resumed.start()
     try:
@@ -273,6 +276,7 @@ async def test_stop_mid_epoch_then_resume_trains_every_sample_once_per_epoch(tmp
     assert [e.step for e in events if isinstance(e, PipelineFinished)][-1] == 48
     by_epoch = trained_per_epoch(seen)
     assert sorted(by_epoch) == ["e0", "e1", "e2"]
+    assert ended.read_text().split() == ["0", "1", "2"]  # each epoch's end once, over the stop and the resume
     for ids in by_epoch.values():
         assert sorted(ids) == list(range(256))  # every sample once: none repeated, none skipped
     seqs = [e.seq for e in events if isinstance(e, SnapshotTaken)]

@@ -179,6 +179,7 @@ class HerdHooks:
             # and a checkpoint written after fit() returns would skip the epoch's rest.
             r.save(trainer, "stop")
             self.stopping, trainer.should_stop = True, True
+            end_fit_now()
 
     def _report(self, trainer: pl.Trainer, step: int) -> bool:
         """The step report of the window; True when the NaN policy ends training instead."""
@@ -420,6 +421,17 @@ class LightningAttempt:
             self.send(EarlyStop(pipeline=self.name, reason=why))
             return WorkerExit.STOPPED
         return WorkerExit.STOPPED if callback.stopping else WorkerExit.COMPLETED
+
+
+def end_fit_now() -> None:
+    """Leave Trainer.fit at once, as Lightning's own tuner does: with should_stop alone Lightning ends the epoch,
+    and the module's and every callback's on_train_epoch_end (a ModelCheckpoint's among them) ran for an epoch that
+    had not ended. A Lightning without that exit keeps should_stop's way."""
+    try:
+        from lightning.pytorch.utilities.exceptions import _TunerExitException
+    except ImportError:
+        return
+    raise _TunerExitException()
 
 
 def stopped_by_its_own_early_stopping(trainer: pl.Trainer) -> str | None:
