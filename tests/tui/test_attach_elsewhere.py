@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import repo_env
+from tests.tui.pilots import wait_for
+from tests.tui.test_attach_app import SIZE, SLOW, dashboard_of, end_service, held, wait_for_file, write_config
 from torchherd.engine.serve.service import spawn
 from torchherd.tui.app import TorchherdApp, report_runs
 from torchherd.tui.start import Attach
 from torchherd.tui.widgets.pipeline_table import PipelineTable
-
-from tests.conftest import repo_env
-from tests.tui.pilots import wait_for
-from tests.tui.test_attach_app import GATE, SIZE, SLOW, dashboard_of, end_service, held, wait_for_file, write_config
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]  # real services and training processes
 

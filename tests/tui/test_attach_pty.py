@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-from torchherd.engine.serve.service import spawn
 from tests.conftest import repo_env
 from tests.faults.support import poll_until
 from tests.tui.test_attach_app import SLOW, held, write_config
+from torchherd.engine.serve.service import spawn
 
 pytestmark = pytest.mark.slow
 
