@@ -73,10 +73,15 @@ def unknown(arg: str, runtime: bool, loaded: Table | None) -> str | None:
 SETTING_NAMES: set[str] = set()  # the pipeline keys a sweep may vary (set by schema.py, which defines them)
 
 
+def _table(value: object) -> Table:
+    """`value` if it is a table, else an empty one: the schema reports a `params = 5` itself."""
+    return cast(Table, value) if isinstance(value, dict) else {}
+
+
 def _why(arg: str, name: str, runtime: bool, loaded: Table) -> str:
     # `params` and `trial` as written, taken for tables (the schema checks them separately)
-    params = cast(Table, loaded.get("params") or {})
-    trial = cast(Table, loaded.get("trial") or {})
+    params = _table(loaded.get("params"))
+    trial = _table(loaded.get("trial"))
     head = f"{arg!r}: {{{name}}} is never filled in"
     if name.startswith("params."):
         return f"{head}: this pipeline's params have no {name[len('params.'):]!r} (it has " \

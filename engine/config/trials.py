@@ -99,7 +99,8 @@ def space_values(spec: TomlValue) -> list[TomlValue]:
     if isinstance(spec, list):
         return spec
     # A range's ends or a choice's list; not checked here (space_problems says what is wrong with it).
-    return list(cast("Iterable[TomlValue]", next(iter(spec.values())))) if isinstance(spec, dict) and spec else []
+    inner = next(iter(spec.values())) if isinstance(spec, dict) and spec else []
+    return list(cast("Iterable[TomlValue]", inner)) if isinstance(inner, list) else []
 
 
 def draw(rng: random.Random, spec: list[TomlValue] | Table) -> TomlValue:
@@ -208,12 +209,16 @@ def expand_pipelines(raw: list[Table], sweep: SweepConfig) -> list[Table]:
     for pipe in raw:
         base = str(pipe.get("name", "trial"))
         for i, values in enumerate(all_trials):
-            # `params` as written: taken for a table here, before the schema checks it
-            table = {**pipe, "params": dict(cast(Table, pipe.get("params") or {}))}
+            # `params` as written: a table, or left as it is for the schema to refuse (`params = 5`)
+            params = pipe.get("params")
+            table = {**pipe, "params": dict(cast(Table, params)) if isinstance(params, dict) else params or {}}
             for key, value in values.items():
                 nest, _, sub = key.partition(".")
                 if sub and nest in NESTED:
-                    table[nest] = {**cast(Table, table.get(nest) or {}), sub: value}
+                    within = table.get(nest)
+                    if within is not None and not isinstance(within, dict):
+                        continue  # `params = 5`: the schema refuses it, naming the key
+                    table[nest] = {**cast(Table, within or {}), sub: value}
                 else:
                     table[key] = value
             name = trial_name(base, values, all_trials)
