@@ -211,7 +211,7 @@ def expand_pipelines(raw: list[Table], sweep: SweepConfig) -> list[Table]:
         for i, values in enumerate(all_trials):
             # `params` as written: a table, or left as it is for the schema to refuse (`params = 5`)
             params = pipe.get("params")
-            table = {**pipe, "params": dict(cast(Table, params)) if isinstance(params, dict) else params or {}}
+            table = {**pipe, "params": dict(params) if isinstance(params, dict) else params or {}}
             for key, value in values.items():
                 nest, _, sub = key.partition(".")
                 if sub and nest in NESTED:
