@@ -139,7 +139,7 @@ def runner_here(root: Path) -> float:
     config = parse_config(data, str(root / "bench.toml"), root)
     (root / "p").mkdir(parents=True)
     spec = SimpleNamespace(pipeline_dir=str(root / "p"), snapshot_dir=str(root / "p-snapshots"), snapshot_seq=0,
-                           device="cpu")
+                           device="cpu", rank=0, world_size=1)
     sender = _Sender()
     torch.set_num_threads(1)
     with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the worker's model summary
