@@ -97,8 +97,11 @@ async def kill_to_next_step(tmp: Path, backend: str) -> float:
         async for ev in stream:
             if isinstance(ev, StepMetrics):
                 break
+        pid = worker_pid(sup.run_dir / "bench")
+        if not pid:  # never os.kill(0): that is this process's own group (and whatever runs the benchmark)
+            raise RuntimeError(f"no process runs {sup.run_dir / 'bench' / 'worker.json'}")
         killed = time.perf_counter()
-        os.kill(worker_pid(sup.run_dir / "bench"), signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         restarted = False
         async for ev in stream:
             restarted = restarted or isinstance(ev, WorkerExited)
