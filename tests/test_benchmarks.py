@@ -70,6 +70,8 @@ QUICK: dict[str, tuple[list[str], dict[str, str], str, list]] = {
 }
 # The script a row runs, where it is not the row's own: ray_sweeps.py is Ray Tune's side of sweep_asha.py.
 SCRIPT = {"ray_sweeps": "sweep_asha"}
+# A module a row needs beyond its marks', imported only when it runs: torchherd[ray] brings no Ray Tune.
+NEEDS = {"ray_sweeps": ("ray.tune", 'Ray Tune is not installed: pip install "ray[tune]"')}
 
 
 def test_every_benchmark_has_a_quick_mode_here():
@@ -81,6 +83,8 @@ def test_every_benchmark_has_a_quick_mode_here():
 @pytest.mark.parametrize("name", [pytest.param(n, marks=QUICK[n][3]) for n in QUICK])
 def test_a_benchmark_runs_in_its_quick_mode(name: str, tmp_path: Path):
     args, env, ratio, _ = QUICK[name]
+    if name in NEEDS:
+        pytest.importorskip(NEEDS[name][0], reason=NEEDS[name][1], exc_type=ImportError)
     script = BENCHMARKS / f"{SCRIPT.get(name, name)}.py"
     proc = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**os.environ, **env, "TMPDIR": str(tmp_path)})
