@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -62,7 +64,8 @@ QUICK: dict[str, tuple[list[str], dict[str, str], str, list]] = {
     "script_resume": (["--kills", "1"], {}, r"no_flag / resume_args \(median steps lost\): [\d.]+x", []),
     "fsdp_memory": (["--width", "64", "--layers", "2"], {}, r"checkpoint write, DCP / gather: [\d.]+x", []),
     "gang_overhead": (["--quick"], {}, r"samples/s torchherd / torchrun: \d", []),
-    "gang_restart": (["--kills", "1"], {}, r"time to resume, torchherd / torchrun \(medians\): \d", []),
+    # torchrun's one restart may not come back in time on a loaded box: then there is no ratio, only the counts
+    "gang_restart": (["--kills", "1"], {}, r"(?s)torchherd +\d/1 restarts came back.*torchrun +\d/1 restarts", []),
     "fsdp_gang": (["--quick"], {}, r"fsdp gang / plain FSDP2 under torchrun: \d", []),
     "lightning_gang": (["--quick"], {}, r"(?s)ratio [\d.]+ \(goal >= 0.97\).*sequential/train-only \d", [LIGHTNING]),
     "lightning_overlap": (["--quick"], {}, r"torchherd runner in this process .*x plain Trainer.fit", [LIGHTNING]),
@@ -70,7 +73,8 @@ QUICK: dict[str, tuple[list[str], dict[str, str], str, list]] = {
 }
 # The script a row runs, where it is not the row's own: ray_sweeps.py is Ray Tune's side of sweep_asha.py.
 SCRIPT = {"ray_sweeps": "sweep_asha"}
-# A module a row needs beyond its marks', imported only when it runs: torchherd[ray] brings no Ray Tune.
+# A module a row needs beyond its marks', tried in a child only when the row runs (importing Ray here would
+# change this process's environment): torchherd[ray] brings no Ray Tune.
 NEEDS = {"ray_sweeps": ("ray.tune", 'Ray Tune is not installed: pip install "ray[tune]"')}
 
 
@@ -81,12 +85,17 @@ def test_every_benchmark_has_a_quick_mode_here():
 
 @pytest.mark.slow  # starts the benchmark, which starts workers, runs or an app of its own
 @pytest.mark.parametrize("name", [pytest.param(n, marks=QUICK[n][3]) for n in QUICK])
-def test_a_benchmark_runs_in_its_quick_mode(name: str, tmp_path: Path):
+def test_a_benchmark_runs_in_its_quick_mode(name: str):
     args, env, ratio, _ = QUICK[name]
-    if name in NEEDS:
-        pytest.importorskip(NEEDS[name][0], reason=NEEDS[name][1], exc_type=ImportError)
+    if name in NEEDS and subprocess.run([sys.executable, "-c", f"import {NEEDS[name][0]}"],
+                                        capture_output=True).returncode != 0:
+        pytest.skip(NEEDS[name][1])
     script = BENCHMARKS / f"{SCRIPT.get(name, name)}.py"
-    proc = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **env, "TMPDIR": str(tmp_path)})
+    tmp = tempfile.mkdtemp(prefix="thb-")  # short: Ray's sockets are made under it, and AF_UNIX paths are short
+    try:
+        proc = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, **env, "TMPDIR": tmp})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
     assert re.search(ratio, proc.stdout), proc.stdout[-2000:]
