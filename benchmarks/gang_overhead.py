@@ -46,7 +46,9 @@ async def under_torchherd(tmp: Path, n: int) -> float:
     statuses = await sup.wait()
     await sup.shutdown()
     if statuses != {f"gang{n}": "completed"}:
-        raise SystemExit(f"torchherd's gang did not complete: {statuses}")
+        logs = sorted((sup.run_dir / f"gang{n}").glob("log*.txt"))
+        raise SystemExit(f"torchherd's gang did not complete: {statuses}\n"
+                         + "\n".join(f"{log.name}: ...{log.read_text()[-1500:]}" for log in logs))
     return speed((sup.run_dir / f"gang{n}" / "log.txt").read_text())
 
 
