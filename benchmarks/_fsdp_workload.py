@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-WIDTH, LAYERS, SAMPLES, BATCH, EPOCHS = 512, 6, 4096, 32, 3
+QUICK = "TORCHHERD_BENCH_QUICK"  # "1": the least size (fsdp_gang.py --quick sets it for both ways)
+WIDTH, LAYERS, SAMPLES, BATCH, EPOCHS = (32, 2, 128, 32, 1) if os.environ.get(QUICK) == "1" else (512, 6, 4096, 32, 3)
 
 
 def model() -> nn.Module:

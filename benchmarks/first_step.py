@@ -124,7 +124,9 @@ def until_event(config: Path, cwd: Path, python: str = sys.executable) -> float:
 
 def main() -> None:
     rounds = int(os.environ.get("ROUNDS", "5"))
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    # torchrun beside this interpreter, else on PATH, else the module it runs (a venv that borrows its torch)
+    exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    torchrun = [exe] if exe else [sys.executable, "-m", "torch.distributed.run"]
     with tempfile.TemporaryDirectory(prefix="torchherd-bench-") as tmp:
         here = Path(tmp)
         (here / "train.py").write_text(TRAIN)
@@ -132,7 +134,7 @@ def main() -> None:
         (here / "task.toml").write_text(TASK_CONFIG)
         ways = {
             "bare python": lambda: until_line([sys.executable, "train.py"], here),
-            "torchrun": lambda: until_line([torchrun, "--standalone", "--nproc_per_node", "1", "train.py"], here),
+            "torchrun": lambda: until_line([*torchrun, "--standalone", "--nproc_per_node", "1", "train.py"], here),
             "script pipeline": lambda: until_event(here / "script.toml", here),
             "regression Task": lambda: until_event(here / "task.toml", here),
         }

@@ -4,7 +4,7 @@ Each round trains benchmarks/_fsdp_workload.py's model (2 ranks, gloo, Adam, FSD
 as a plain loop under `torchrun --standalone --nproc-per-node 2` and once as a torchherd Task gang with
 `strategy = "fsdp"`, alternating which goes first; both count from their first batch (torchherd's
 epochs' own durations), so start-up is left out. Prints each round, the medians with their spread,
-and the ratio (goal: at least 0.95). Run: python benchmarks/fsdp_gang.py [--rounds 3]
+and the ratio (goal: at least 0.95). Run: python benchmarks/fsdp_gang.py [--rounds 3] [--quick]
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "--quick" in sys.argv[1:]:  # read by the workload at its import, here and in every rank (inherited)
+    os.environ["TORCHHERD_BENCH_QUICK"] = "1"
 
 from benchmarks import _fsdp_workload as workload  # noqa: E402
 from benchmarks._gang_support import RANKS, torchrun_command  # noqa: E402
@@ -61,7 +63,10 @@ async def under_torchherd(tmp: Path, n: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one round at the least size (CI: it still runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds = 1
     herd: list[float] = []
     plain: list[float] = []
     with tempfile.TemporaryDirectory(prefix="torchherd-fsdp-bench-") as tmp:

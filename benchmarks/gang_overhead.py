@@ -4,7 +4,7 @@ Each round runs the script once under `torchrun --standalone --nproc-per-node 2`
 once as a torchherd script gang, alternating which goes first; the script itself
 reports its training speed (samples over the seconds from its first batch), so
 start-up is left out of both. Prints the best of the rounds for each and the ratio
-(goal: at least 0.97). Run: python benchmarks/gang_overhead.py [--rounds 3]
+(goal: at least 0.97). Run: python benchmarks/gang_overhead.py [--rounds 3] [--quick]
 """
 from __future__ import annotations
 
@@ -46,14 +46,20 @@ async def under_torchherd(tmp: Path, n: int) -> float:
     statuses = await sup.wait()
     await sup.shutdown()
     if statuses != {f"gang{n}": "completed"}:
-        raise SystemExit(f"torchherd's gang did not complete: {statuses}")
+        logs = sorted((sup.run_dir / f"gang{n}").glob("log*.txt"))
+        raise SystemExit(f"torchherd's gang did not complete: {statuses}\n"
+                         + "\n".join(f"{log.name}: ...{log.read_text()[-1500:]}" for log in logs))
     return speed((sup.run_dir / f"gang{n}" / "log.txt").read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one round at the least size (CI: it still runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds = 1
+        ARGS[:] = ["--epochs", "1", "--samples", "256", "--width", "16"]
     herd, torchrun = [], []
     with tempfile.TemporaryDirectory(prefix="torchherd-gang-bench-") as tmp:
         for i in range(args.rounds):

@@ -12,7 +12,8 @@ times; the best of each is compared.
 Prints: torchherd gang samples/s over plain DDP samples/s (goal >= 0.97), and training
 time with background validation over train-only for the gang (goal <= 1.05), beside
 plain Lightning's sequential validation over its train-only.
-Run: python benchmarks/lightning_gang.py   (EPOCHS, ROUNDS, HIDDEN to change the size)
+Run: python benchmarks/lightning_gang.py [--quick]   (EPOCHS, ROUNDS, HIDDEN to change the size; --quick: one
+round of one epoch at the least size, torchherd's ranks forked from one warm process: CI, figures meaningless)
 """
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ from torchherd.engine.rundir.directory import read_events  # noqa: E402
 from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-EPOCHS = int(os.environ.get("EPOCHS", "6"))
-ROUNDS = int(os.environ.get("ROUNDS", "3"))
-HIDDEN = int(os.environ.get("HIDDEN", "512"))
+QUICK = "--quick" in sys.argv[1:]
+EPOCHS = int(os.environ.get("EPOCHS", "1" if QUICK else "6"))
+ROUNDS = int(os.environ.get("ROUNDS", "1" if QUICK else "3"))
+HIDDEN = int(os.environ.get("HIDDEN", "32" if QUICK else "512"))
 SAMPLES = 4096  # LitOverlap's training samples an epoch (both ranks together)
 
 
@@ -71,6 +73,13 @@ async def herd(mode: str, root: Path) -> float:
 
 
 def main() -> None:
+    from _quick import warm
+
+    with warm(QUICK):
+        measure()
+
+
+def measure() -> None:
     load = os.getloadavg()[0]
     runs: dict[str, list[float]] = {"plain": [], "plain-seq": [], "herd": [], "herd-bg": []}
     with tempfile.TemporaryDirectory() as tmp:

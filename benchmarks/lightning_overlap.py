@@ -20,7 +20,8 @@ A fourth way isolates torchherd's own cost from the processes around it: its
 Lightning runner (the callback, the snapshot hand-offs) in this process, on this
 thread, with no validator reading, against the same plain train-only fit.
 
-Run: python benchmarks/lightning_overlap.py   (EPOCHS, ROUNDS, HIDDEN to change the size)
+Run: python benchmarks/lightning_overlap.py [--quick]   (EPOCHS, ROUNDS, HIDDEN to change the size; --quick: one
+round of 2 epochs at the least size, torchherd's workers forked from one warm process: CI, figures meaningless)
 """
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ from torchherd.engine.protocol.messages import EpochEnd, TrainingStarted, ValRes
 from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-EPOCHS = int(os.environ.get("EPOCHS", "20"))  # enough that the validator's one Lightning import is amortised
-ROUNDS = int(os.environ.get("ROUNDS", "3"))
-PARAMS = {"hidden": int(os.environ.get("HIDDEN", "1024"))}
+QUICK = "--quick" in sys.argv[1:]
+# 20 epochs: enough that the validator's one Lightning import is amortised
+EPOCHS = int(os.environ.get("EPOCHS", "2" if QUICK else "20"))
+ROUNDS = int(os.environ.get("ROUNDS", "1" if QUICK else "3"))
+PARAMS = {"hidden": int(os.environ.get("HIDDEN", "32" if QUICK else "1024"))}
 
 
 class Clock(pl.Callback):
@@ -139,7 +142,7 @@ def runner_here(root: Path) -> float:
     config = parse_config(data, str(root / "bench.toml"), root)
     (root / "p").mkdir(parents=True)
     spec = SimpleNamespace(pipeline_dir=str(root / "p"), snapshot_dir=str(root / "p-snapshots"), snapshot_seq=0,
-                           device="cpu")
+                           device="cpu", rank=0, world_size=1)
     sender = _Sender()
     torch.set_num_threads(1)
     with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # the worker's model summary
@@ -150,6 +153,13 @@ def runner_here(root: Path) -> float:
 
 
 def main() -> None:
+    from _quick import warm
+
+    with warm(QUICK):
+        measure()
+
+
+def measure() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)  # "GPU available: False" per fit
     warnings.filterwarnings("ignore", module="lightning")  # its per-fit advice on loggers and log intervals
     load = os.getloadavg()[0]

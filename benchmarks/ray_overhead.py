@@ -5,7 +5,8 @@ task, one thread, best of alternating rounds; goal >= 0.95), step events/s that 
 workers push into the supervisor over their dial-back connections (goal >= 30,000),
 and the time from a worker's SIGKILL to its next reported step on each backend.
 Starts a private one-machine Ray (4 logical CPUs) under a temporary RAY_TMPDIR.
-Run: python benchmarks/ray_overhead.py   (ROUNDS=3 by default)
+Run: python benchmarks/ray_overhead.py   (ROUNDS=3 by default; --quick: both parts once at the least size, for
+CI, figures meaningless)
 
 `python benchmarks/ray_overhead.py validation` measures background validation instead,
 on a local two-node cluster (ray.cluster_utils.Cluster, head and one node, 2 CPUs each)
@@ -34,9 +35,12 @@ sys.path.insert(0, str(ROOT))
 from torchherd.engine.protocol.messages import (EpochEnd, Notice, SnapshotTaken, StepMetrics, ValResult,  # noqa: E402
                                        WorkerExited, WorkerStarted)
 
-PARAMS = {"samples": 40_000, "features": 64, "hidden": 256, "lr": 0.01}
-EPOCHS = 3
+QUICK = "--quick" in sys.argv[1:]
+PARAMS = {"samples": 640 if QUICK else 40_000, "features": 64, "hidden": 256, "lr": 0.01}
+EPOCHS = 1 if QUICK else 3
 BATCH = 64
+FLOOD = 2_000 if QUICK else 200_000  # step reports per stand-in worker
+VAL_SAMPLES, VAL_EPOCHS = (640, 2) if QUICK else (8_000, 12)  # the validation part's pipelines
 
 
 def config(tmp: Path, backend: str, epochs: int = EPOCHS):
@@ -93,8 +97,11 @@ async def kill_to_next_step(tmp: Path, backend: str) -> float:
         async for ev in stream:
             if isinstance(ev, StepMetrics):
                 break
+        pid = worker_pid(sup.run_dir / "bench")
+        if not pid:  # never os.kill(0): that is this process's own group (and whatever runs the benchmark)
+            raise RuntimeError(f"no process runs {sup.run_dir / 'bench' / 'worker.json'}")
         killed = time.perf_counter()
-        os.kill(worker_pid(sup.run_dir / "bench"), signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         restarted = False
         async for ev in stream:
             restarted = restarted or isinstance(ev, WorkerExited)
@@ -105,7 +112,7 @@ async def kill_to_next_step(tmp: Path, backend: str) -> float:
         await sup.shutdown(graceful=False)
 
 
-async def ray_events_per_s(tmp: Path, workers: int = 4, count: int = 200_000) -> float:
+async def ray_events_per_s(tmp: Path, workers: int = 4, count: int = FLOOD) -> float:
     """Step events/s from `workers` Ray actors' children into this event loop, over dial-back connections."""
     from torchherd.engine.config.schema import ClusterConfig
     from torchherd.engine.launch.process import LaunchSpec
@@ -179,8 +186,8 @@ async def validation_latency(tmp: Path, backend: str, address: str = "local") ->
     from torchherd.engine.supervise.supervisor import Supervisor
 
     data = {"runs_dir": str(tmp), "name": f"val-{backend}",
-            "pipelines": [{"name": n, "task": "regression", "params": {**PARAMS, "samples": 8_000},
-                           "max_epochs": 12, "batch_size": BATCH, "log_every_n_steps": 10} for n in ("a", "b")],
+            "pipelines": [{"name": n, "task": "regression", "params": {**PARAMS, "samples": VAL_SAMPLES},
+                           "max_epochs": VAL_EPOCHS, "batch_size": BATCH, "log_every_n_steps": 10} for n in ("a", "b")],
             "devices": {"placement": "cpu", "cpu_slots": 2, "threads_per_worker": 1},
             "validation": {"mode": "background", "device": "cpu"},
             "telemetry": {"enabled": False}, "cluster": {"backend": backend, "address": address}}
@@ -252,7 +259,7 @@ def main_validation() -> None:
 def main() -> None:
     import ray
 
-    rounds = int(os.environ.get("ROUNDS", "3"))
+    rounds = 1 if QUICK else int(os.environ.get("ROUNDS", "3"))
     ray_tmp = tempfile.mkdtemp(prefix=f"thray{os.getuid()}-")  # Ray's files: never /tmp/ray on a shared box
     os.mkdir(os.path.join(ray_tmp, "ray"))
     os.environ["RAY_TMPDIR"] = ray_tmp
@@ -281,9 +288,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["validation"]:
+    argv = [a for a in sys.argv[1:] if a != "--quick"]
+    if argv == ["validation"]:
         main_validation()
-    elif len(sys.argv) > 1:
-        flood(sys.argv[1])
+    elif argv:
+        flood(argv[0])
     else:
         main()
+        if QUICK:  # every part once
+            main_validation()

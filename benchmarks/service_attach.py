@@ -52,20 +52,24 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 READY, RESULT = "bench-ready ", "bench-result "
 SECTIONS = ("attach", "fanout", "training", "cpu")
 PACED = 250  # step reports per batch a fan-out worker sends at most (0: unpaced)
+FAN = 4  # the fan-out's flood workers, and its attached clients or in-process subscribers (--fan; quick 1)
 NO_TENSORBOARD = "TORCHHERD_BENCH_NO_TENSORBOARD"  # "1": the supervise child's run writes no TensorBoard files
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, 2 rounds (the 1 s goal is for 8 x 100k)")
-    ap.add_argument("--rounds", type=int, help="alternating rounds of the fan-out (default 3, quick 2)")
-    ap.add_argument("--train-rounds", type=int, help="alternating rounds of training (default 5, quick 2)")
+    ap.add_argument("--quick", action="store_true", help="every part once at the least size, figures meaningless "
+                    "(CI: it still runs; the 1 s goal is for 8 x 100k)")
+    ap.add_argument("--rounds", type=int, help="alternating rounds of the fan-out (default 3, quick 1)")
+    ap.add_argument("--train-rounds", type=int, help="alternating rounds of training (default 5, quick 1)")
     ap.add_argument("--only", default=",".join(SECTIONS[:3]), help="sections to run: " + ",".join(SECTIONS))
     ap.add_argument("--app-only", action="store_true", help="attach: time only the app (no read_events reference)")
-    ap.add_argument("--pipelines", type=int, default=8)
+    ap.add_argument("--pipelines", type=int, help="pipelines in the attached run (default 8, quick 2)")
     ap.add_argument("--steps", type=int, help="step reports per pipeline in the attached run (default 100000)")
     ap.add_argument("--count", type=int, help="step reports per flood worker (default 25000)")
     ap.add_argument("--epochs", type=int, help="epochs of the training run (default 4)")
+    ap.add_argument("--fan", type=int, help="fan-out: flood workers, and clients attached (default 4, quick 1)")
+    ap.add_argument("--tmux", type=int, help="attach: timed `torchherd attach` commands in tmux (default 3, quick 1)")
     ap.add_argument("--baseline", type=Path, help="cpu: another torchherd checkout to compare with (it must import "
                     "its own engine: `python -c 'import torchherd.engine'` with PYTHONPATH=it)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -74,11 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gate", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=PACED, help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
-    ns.rounds = ns.rounds or (2 if ns.quick else 3)
-    ns.train_rounds = ns.train_rounds or (2 if ns.quick else 5)
-    ns.steps = ns.steps or (10_000 if ns.quick else 100_000)
-    ns.count = ns.count or (10_000 if ns.quick else 25_000)
-    ns.epochs = ns.epochs or (2 if ns.quick else 4)
+    ns.rounds = ns.rounds or (1 if ns.quick else 3)
+    ns.train_rounds = ns.train_rounds or (1 if ns.quick else 5)
+    ns.pipelines = ns.pipelines or (2 if ns.quick else 8)
+    ns.steps = ns.steps or (500 if ns.quick else 100_000)
+    ns.count = ns.count or (1_000 if ns.quick else 25_000)
+    ns.epochs = ns.epochs or (1 if ns.quick else 4)
+    ns.fan = ns.fan or (1 if ns.quick else FAN)
+    ns.tmux = ns.tmux if ns.tmux is not None else (1 if ns.quick else 3)
+    ns.samples = 2_000 if ns.quick else 40_000  # training: regression samples an epoch
     return ns
 
 
@@ -339,7 +347,8 @@ def app_attach_timed(args: argparse.Namespace, run_dir: Path) -> None:
                     "--pipelines", str(args.pipelines))
         marks = read_tagged(app, RESULT)
         app.wait()
-        in_tmux = [tmux_attach(run_dir, args.pipelines, args.steps) for _ in range(3)] if shutil.which("tmux") else []
+        tmux = args.tmux if shutil.which("tmux") else 0
+        in_tmux = [tmux_attach(run_dir, args.pipelines, args.steps) for _ in range(tmux)]
     finally:
         server.stdin.close()
         server.wait(timeout=30)
@@ -418,7 +427,7 @@ def flood_worker(spec_path: Path) -> None:
 
 
 async def supervise(args: argparse.Namespace) -> None:
-    """Child: a real Supervisor over 4 flood workers; `mode` inproc (4 in-process subscribers), served
+    """Child: a real Supervisor over FAN flood workers; `mode` inproc (FAN in-process subscribers), served
     (a ControlServer, whoever attaches). Prints its CPU and rates from the go to the last event sent."""
     import dataclasses
 
@@ -435,7 +444,7 @@ async def supervise(args: argparse.Namespace) -> None:
             return super().launch(dataclasses.replace(spec, module="benchmarks.service_attach",
                                                       env={**spec.env, "PYTHONPATH": str(ROOT)}))
 
-    workers = 4
+    workers = FAN
     gate = args.gate
     data = {"runs_dir": str(gate / "runs"),
             "pipelines": [{"name": f"w{i}", "task": "regression", "params": {"count": args.count, "gate": str(gate),
@@ -467,7 +476,7 @@ async def supervise(args: argparse.Namespace) -> None:
                 break
         return {"n": n, "first": first, "last": last}
     subs = [asyncio.ensure_future(subscriber(sup.subscribe(replay=False)))
-            for _ in range(4 if args.mode == "inproc" else 0)]
+            for _ in range(FAN if args.mode == "inproc" else 0)]
     await sup.start()
     server = sock = None
     if args.mode == "served":
@@ -526,7 +535,8 @@ def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PA
                  tensorboard: bool = True) -> dict:
     gate = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp))
     sup = child("--child", "supervise", "--mode", mode, "--count", str(count), "--gate", str(gate),
-                "--batch", str(batch), root=root, extra_env={} if tensorboard else {NO_TENSORBOARD: "1"})
+                "--batch", str(batch), *(["--fan", str(FAN)] if FAN != 4 else []),  # a --baseline may not know it
+                root=root, extra_env={} if tensorboard else {NO_TENSORBOARD: "1"})
     procs = []
     try:
         run_dir = read_tagged(sup, READY)["run_dir"]
@@ -534,7 +544,7 @@ def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PA
         for p in procs:
             read_tagged(p, READY)
         deadline = time.monotonic() + 180
-        while len(list(gate.glob("ready-*"))) < 4:
+        while len(list(gate.glob("ready-*"))) < FAN:
             if time.monotonic() > deadline or sup.poll() is not None:
                 raise RuntimeError(f"the flood workers did not start: see the logs under {gate}")
             time.sleep(0.02)
@@ -547,7 +557,7 @@ def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PA
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
-    total = 4 * count
+    total = FAN * count
     assert out["published"]["n"] == total, (out["published"], total)
     readers = out["subscribers"] + out["remote"]
     out["short"] = [r["n"] for r in readers if r["n"] != total]  # readers that missed events: dropped clients
@@ -557,21 +567,22 @@ def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PA
 
 
 def fanout_section(args: argparse.Namespace, tmp: Path) -> None:
-    total = 4 * args.count
+    total = FAN * args.count
     runs: dict[str, list[dict]] = {"inproc": [], "none": [], "clients": []}
     for i in range(args.rounds):  # alternate, so drift on a shared machine hits each alike
         runs["inproc"].append(fanout_round(tmp, "inproc", args.count, 0))
         runs["none"].append(fanout_round(tmp, "served", args.count, 0))
-        runs["clients"].append(fanout_round(tmp, "served", args.count, 4))
+        runs["clients"].append(fanout_round(tmp, "served", args.count, FAN))
         a, b, c = runs["inproc"][-1], runs["none"][-1], runs["clients"][-1]
         lost = f", {c['dropped']} client(s) DROPPED (got {c['short']})" if c["short"] else ""
         print(f"round {i + 1}: in-process subscribers {a['delivered']:,.0f} events/s each (supervisor CPU "
-              f"{a['cpu']:.2f} s); served, none attached: CPU {b['cpu']:.2f} s; served, 4 clients "
+              f"{a['cpu']:.2f} s); served, none attached: CPU {b['cpu']:.2f} s; served, {FAN} clients "
               f"{c['delivered']:,.0f} events/s each (CPU {c['cpu']:.2f} s){lost}")
     whole = [r for r in runs["clients"] if not r["short"]]  # rounds where every client got every event
     inproc = max(r["delivered"] for r in runs["inproc"])
     remote = max((r["delivered"] for r in whole), default=math.nan)
-    print(f"fan-out: 4 workers x {args.count:,} step events in batches of <= {PACED}; slowest of 4 readers, best of "
+    print(f"fan-out: {FAN} workers x {args.count:,} step events in batches of <= {PACED}; slowest of {FAN} readers, "
+          f"best of "
           f"{args.rounds}: in-process {inproc:,.0f} events/s, attached clients {remote:,.0f} events/s, "
           f"ratio clients/in-process {remote / inproc:.3f}; median of the rounds' ratios "
           f"{statistics.median(c['delivered'] / a['delivered'] for a, c in zip(runs['inproc'], runs['clients'])):.3f} "
@@ -579,8 +590,8 @@ def fanout_section(args: argparse.Namespace, tmp: Path) -> None:
           + ("" if len(whole) == len(runs["clients"]) else f"; {len(runs['clients']) - len(whole)} round(s) lost "
              "clients and are left out"))
     pushed = {k: max(r["pushed"] for r in v) for k, v in runs.items()}
-    print(f"  the supervisor published {pushed['inproc']:,.0f} (4 in-process subscribers) / {pushed['none']:,.0f} "
-          f"(served, none attached) / {pushed['clients']:,.0f} (4 attached) step events/s")
+    print(f"  the supervisor published {pushed['inproc']:,.0f} ({FAN} in-process subscribers) / {pushed['none']:,.0f} "
+          f"(served, none attached) / {pushed['clients']:,.0f} ({FAN} attached) step events/s")
     if whole:
         client_cpu = statistics.median(r["cpu"] for c in whole for r in c["remote"])
         print(f"  each client process: {1e6 * client_cpu / total:.1f} us CPU per event received (median)")
@@ -589,12 +600,13 @@ def fanout_section(args: argparse.Namespace, tmp: Path) -> None:
     base = min(r["cpu"] for r in runs["inproc"])
     paired = statistics.median(c["cpu"] / n["cpu"] for n, c in zip(runs["none"], runs["clients"]) if not c["short"])
     print(f"supervisor CPU: {1e6 * none / total:.1f} us/event served with none attached, {1e6 * four / total:.1f} "
-          f"with 4 clients ({1e6 * base / total:.1f} with 4 in-process subscribers), least of {args.rounds}; ratio "
-          f"4 clients/none {paired:.3f}, median of the rounds' ratios ({four / none:.3f} of the least) (goal <= 1.1)")
-    burst = fanout_round(tmp, "served", 2 * args.count, 4, batch=0)
-    print(f"burst: the same with 4 x {2 * args.count:,} reports unpaced (a worker's batch may hold all it has "
-          f"queued): {burst['dropped']} of 4 attached clients dropped for lag"
-          + (f" (they got {', '.join(f'{n:,}' for n in burst['short'])} of {8 * args.count:,} events, using "
+          f"with {FAN} clients ({1e6 * base / total:.1f} with {FAN} in-process subscribers), least of {args.rounds}; "
+          f"ratio {FAN} clients/none {paired:.3f}, median of the rounds' ratios ({four / none:.3f} of the least) "
+          "(goal <= 1.1)")
+    burst = fanout_round(tmp, "served", 2 * args.count, FAN, batch=0)
+    print(f"burst: the same with {FAN} x {2 * args.count:,} reports unpaced (a worker's batch may hold all it has "
+          f"queued): {burst['dropped']} of {FAN} attached clients dropped for lag"
+          + (f" (they got {', '.join(f'{n:,}' for n in burst['short'])} of {2 * FAN * args.count:,} events, using "
              f"{max(r['cpu'] for r in burst['remote']):.2f} s CPU at most)" if burst["short"] else
              f", {burst['delivered']:,.0f} events/s each") + " (goal: none dropped)")
 
@@ -603,26 +615,26 @@ def cpu_section(args: argparse.Namespace, tmp: Path) -> None:
     """The supervising process's CPU per step event, served, with none and with 4 clients attached: this tree
     against --baseline (another checkout), their rounds alternating so that the machine's load hits both; each
     also without its TensorBoard files (the run directory sink alone: what issue 26's bar counts)."""
-    total = 4 * args.count
+    total = FAN * args.count
     base = args.baseline.resolve() if args.baseline else None  # its script must know NO_TENSORBOARD for its second
     trees = {"now": (ROOT, True), "now, no TensorBoard": (ROOT, False),
              **({"baseline": (base, True), "baseline, no TensorBoard": (base, False)} if base else {})}
-    got: dict[tuple[str, int], list[float]] = {(t, n): [] for t in trees for n in (0, 4)}
+    got: dict[tuple[str, int], list[float]] = {(t, n): [] for t in trees for n in (0, FAN)}
     for i in range(args.rounds):
-        for clients in (0, 4):
+        for clients in (0, FAN):
             for tree, (root, tensorboard) in trees.items():
                 r = fanout_round(tmp, "served", args.count, clients, root=root, tensorboard=tensorboard)
                 if not r["short"]:  # a round that dropped a client is not the same work
                     got[tree, clients].append(1e6 * r["cpu"] / total)
         print(f"round {i + 1} (load {os.getloadavg()[0]:.1f}): " + "; ".join(
-            f"{tree} {n} clients {got[tree, n][-1]:.1f} us" for tree in trees for n in (0, 4) if got[tree, n]))
-    for n in (0, 4):
+            f"{tree} {n} clients {got[tree, n][-1]:.1f} us" for tree in trees for n in (0, FAN) if got[tree, n]))
+    for n in (0, FAN):
         line = {t: got[t, n] for t in trees if got[t, n]}
         text = ", ".join(f"{t} median {statistics.median(v):.1f} us (least {min(v):.1f})" for t, v in line.items())
         for was, now in (("baseline", "now"), ("baseline, no TensorBoard", "now, no TensorBoard")):
             if was in line and now in line:
                 text += f"; {was}/{now} {statistics.median(line[was]) / statistics.median(line[now]):.2f}x"
-        print(f"supervisor CPU per step event, {n} clients attached, {args.rounds} rounds of 4 x {args.count:,}: "
+        print(f"supervisor CPU per step event, {n} clients attached, {args.rounds} rounds of {FAN} x {args.count:,}: "
               f"{text} (goal <= 10 us)")
 
 
@@ -707,7 +719,7 @@ async def side_by_side(config: Path, tmp: Path, i: int) -> tuple[Path, Path]:
 
 def training_section(args: argparse.Namespace, tmp: Path) -> None:
     config = tmp / "train.toml"
-    config.write_text(TRAIN_CONFIG.format(epochs=args.epochs, samples=20_000 if args.quick else 40_000))
+    config.write_text(TRAIN_CONFIG.format(epochs=args.epochs, samples=args.samples))
     inproc, service = [], []
     for i in range(args.train_rounds):
         a, b = asyncio.run(side_by_side(config, tmp, i))
@@ -730,7 +742,9 @@ def main() -> int:
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):  # launched as a flood worker
         flood_worker(Path(sys.argv[1]))
         return 0
+    global FAN
     args = parse_args()
+    FAN = args.fan
     if args.child == "serve":
         asyncio.run(serve_held(args.run_dir))
         return 0

@@ -5,7 +5,8 @@ Prints, for 4 runs x 2 pipelines on 2 CPU slots: total wall time of the 4 runs t
 of the 8 pipelines (goal <= 1.05: queueing costs nothing), samples/s per training process of each / one run
 (goal >= 0.95; oversubscription shown beside it), the most workers alive at once, and the admission latency
 from a slot freeing in one run to the next worker of another run starting (median, goal <= 0.5 s).
-Run: python benchmarks/shared_box.py [--rounds N] [--samples N]
+Run: python benchmarks/shared_box.py [--rounds N] [--samples N] [--quick]   (--quick: the least size, the workers
+of this process's runs forked from one warm process: CI, figures meaningless)
 """
 from __future__ import annotations
 
@@ -129,7 +130,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--only", choices=["runs", "kill"], default=None)
+    parser.add_argument("--quick", action="store_true", help="the least size (CI: it still runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.samples = 1, 256
+    from _quick import warm
+
+    with warm(args.quick):
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
     if args.only != "runs":
         for r in range(args.rounds):
             with tempfile.TemporaryDirectory() as d:

@@ -94,6 +94,7 @@ async def channel_capacity(tmp: Path, workers: int = 4, count: int = 200_000) ->
                     done.set()
 
     handles = []
+    tmp.mkdir(parents=True, exist_ok=True)  # the launcher makes a worker's folder inside its run folder, not this
     start = time.perf_counter()
     for i in range(workers):
         spec = LaunchSpec(child=WorkerSpec(pipeline={"name": f"w{i}", "params": {"count": count}}, validation={},

@@ -15,6 +15,8 @@ long its trials took to start (worker started -> training started) and how long 
 its time, so the ratio measures those more than pruning (0.45-0.56x there on a quiet box).
 Usage: python benchmarks/sweep_asha.py [--trials 8] [--slots 2] [--epochs 16] [--samples 40000] [--rounds 2]
        [--grace 1] [--pbt [--interval 2]] [--no-ray]
+       python benchmarks/sweep_asha.py --quick [--no-ray]   (every sweep, PBT and Ray Tune's too, once at the least
+       size: 2 lrs x 2 batch sizes, 2 epochs; for CI, figures meaningless)
 """
 from __future__ import annotations
 
@@ -146,7 +148,10 @@ def main() -> None:
     ap.add_argument("--pbt", action="store_true", help="also population-based training on the same grid")
     ap.add_argument("--interval", type=int, default=2, help="PBT's perturbation_interval, in epochs")
     ap.add_argument("--no-ray", action="store_true", help="skip Ray Tune even where it is installed")
+    ap.add_argument("--quick", action="store_true", help="every sweep once at the least size (CI: it still runs)")
     args = ap.parse_args()
+    if args.quick:
+        args.pbt, args.interval, args.epochs, args.samples, args.rounds = True, 1, 2, 256, 1
     if args.pbt:
         MODES["pbt"] = "PBT:"
         PBT["perturbation_interval"] = args.interval
@@ -154,7 +159,7 @@ def main() -> None:
     # that waits behind them measures their length, not its scheduling.
     os.environ.setdefault("TORCHHERD_LEDGER", tempfile.mkdtemp(prefix="sweep-asha-ledger-"))
     PARAMS["samples"] = args.samples
-    LRS = LRS_16 if args.trials == 16 else LRS
+    LRS = LRS_16 if args.trials == 16 else LRS[:2] if args.quick else LRS
     trials = len(LRS) * len(BATCHES)
     print(f"{trials} trials (lr x batch_size) of {args.epochs} epochs of {args.samples} samples on {args.slots} "
           f"CPU slots; ASHA grace_period {args.grace}, reduction_factor 2; load {os.getloadavg()[0]:.2f}")

@@ -114,11 +114,11 @@ def tensorboardx_writer(folder: Path, events: list, crc: str) -> float:
         rw.crc32c = saved
 
 
-async def throughput(tmp: Path, tensorboard: bool, samples: int = 20000) -> tuple[float, float]:
+async def throughput(tmp: Path, tensorboard: bool, samples: int = 20000, epochs: int = 3) -> tuple[float, float]:
     """(median samples/s of its step reports, wall seconds) of one real 2-pipeline run over `samples` a pipeline."""
     config = parse_config({
         "runs_dir": str(tmp / "runs"), "tensorboard": tensorboard,
-        "defaults": {"task": "regression", "max_epochs": 3, "batch_size": 64, "log_every_n_steps": 5,
+        "defaults": {"task": "regression", "max_epochs": epochs, "batch_size": 64, "log_every_n_steps": 5,
                      "params": {"samples": samples, "hidden": 128}},
         "pipelines": [{"name": "a"}, {"name": "b"}],
         "devices": {"placement": "cpu", "cpu_slots": 2}, "validation": {"mode": "inline"},
@@ -142,10 +142,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="runs each way, alternating")
     ap.add_argument("--quick", action="store_true", help="every part once at the least size (CI: it still runs)")
     args = ap.parse_args()
-    samples = 20000
-    if args.quick:
-        args.events, args.rounds, samples = 500, 1, 640
-    with tempfile.TemporaryDirectory() as tmp:
+    samples, epochs = 20000, 3
+    if args.quick:  # and the runs' workers forked from one process that imported torch once
+        args.events, args.rounds, samples, epochs = 500, 1, 640, 1
+    from _quick import warm
+
+    with warm(args.quick), tempfile.TemporaryDirectory() as tmp:
         config = parse_config({"defaults": {"task": "regression"}, "pipelines": [{"name": "p"}]},
                               str(Path(tmp) / "x.toml"), Path(tmp))
         imported, base, loop, thread, thinned, points, before = per_event(args.events, config)
@@ -163,7 +165,7 @@ def main() -> None:
         on, off = [], []
         for i in range(args.rounds):
             for flag, into in ((False, off), (True, on)):
-                into.append(asyncio.run(throughput(Path(tmp) / f"{flag}-{i}", flag, samples)))
+                into.append(asyncio.run(throughput(Path(tmp) / f"{flag}-{i}", flag, samples, epochs)))
         rate_on, rate_off = statistics.median(r for r, _ in on), statistics.median(r for r, _ in off)
         wall_on, wall_off = statistics.median(w for _, w in on), statistics.median(w for _, w in off)
         print(f"worker samples/s: off {rate_off:,.0f}, on {rate_on:,.0f} (ratio on/off {rate_on / rate_off:.3f})")

@@ -51,6 +51,7 @@ def run_child(args: argparse.Namespace) -> None:
 
     from torchherd.engine.protocol import messages as m
     from torchherd.tui.app import TorchherdApp
+    from torchherd.tui.start import Launch
 
     # The real Supervisor over scripted workers: every event goes through its fold, its run directory
     # (events.jsonl) and its subscriber queue, as a real worker's would; only the training is missing.
@@ -95,7 +96,7 @@ def run_child(args: argparse.Namespace) -> None:
     class BenchApp(TorchherdApp):
         def on_mount(self) -> None:
             self.install_signal_handlers()
-            self.call_later(self._picked, ("launch", config))
+            self.call_later(self._picked, Launch(config))
             self.run_worker(stream(), exclusive=True, group="bench")
             self.ready_check = self.set_interval(0.2, self.check_ready)
 

@@ -5,7 +5,8 @@ thread (and, in the background case, one validator thread: on a 2-core machine
 one core each). Prints each way's training wall time over train-only, the
 worker's stall per hand-off against a plain copy of the same bytes, and the
 saturated case (two workers on two cores) that decides what validation.mode
-'auto' picks. Run: python benchmarks/validation_overlap.py
+'auto' picks. Run: python benchmarks/validation_overlap.py [--quick] (EPOCHS, ROUNDS, HIDDEN, TRAIN, VAL to change
+the size; --quick: every part once at the least size, workers forked from one warm process: CI, figures meaningless)
 """
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ from torchherd.engine.protocol.messages import EpochEnd, SnapshotTaken, Training
 from torchherd.engine.supervise.supervisor import Supervisor  # noqa: E402
 
 TASK = f"{Path(__file__).resolve().parent / '_overlap_task.py'}:build"
-EPOCHS = int(os.environ.get("EPOCHS", "6"))
+QUICK = "--quick" in sys.argv[1:]
+EPOCHS = int(os.environ.get("EPOCHS", "2" if QUICK else "6"))
+ROUNDS = int(os.environ.get("ROUNDS", "1" if QUICK else "2"))
 # The workload: hidden width and sample counts (validation about half an epoch's cost).
-PARAMS = {"hidden": int(os.environ.get("HIDDEN", "1536")), "train": int(os.environ.get("TRAIN", "4096")),
-          "val": int(os.environ.get("VAL", "6144"))}
+PARAMS = {"hidden": int(os.environ.get("HIDDEN", "32" if QUICK else "1536")),
+          "train": int(os.environ.get("TRAIN", "256" if QUICK else "4096")),
+          "val": int(os.environ.get("VAL", "256" if QUICK else "6144"))}
 
 
 async def one_run(tmp: Path, mode: str, pipelines: int = 1) -> dict:
@@ -79,14 +83,20 @@ def memcpy_ms(nbytes: int, repeats: int = 50) -> float:
 
 
 def main() -> None:
+    from _quick import warm
+
+    with warm(QUICK):
+        measure()
+
+
+def measure() -> None:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         print(f"machine: {os.cpu_count()} cores; worker 1 thread, validator 1 thread; {EPOCHS} epochs, "
-              f"best of {os.environ.get('ROUNDS', '2')} rounds; "
+              f"best of {ROUNDS} rounds; "
               f"MLP hidden {PARAMS['hidden']}, {PARAMS['train']} train / {PARAMS['val']} val samples")
-        rounds = int(os.environ.get("ROUNDS", "2"))
         runs: dict[str, list[dict]] = {"off": [], "inline": [], "background": []}
-        for i in range(rounds):  # alternate the three, keep each one's best: noise on a shared box only slows
+        for i in range(ROUNDS):  # alternate the three, keep each one's best: noise on a shared box only slows
             for mode in runs:
                 runs[mode].append(asyncio.run(one_run(tmp / f"{mode}-{i}", mode)))
         base, inline, back = (min(runs[m], key=lambda r: r["train"]) for m in ("off", "inline", "background"))
