@@ -408,6 +408,10 @@ class LightningAttempt:
                 self.handoff.finish(alive=lambda: self.control.beat(trainer.global_step))
         finally:
             self.handoff.close()  # the last snapshot's copy may still be running
+        return self._fitted(trainer, callback, task)
+
+    def _fitted(self, trainer: pl.Trainer, callback: HerdHooks, task: LightningTask) -> int:
+        """Once Trainer.fit has returned: what is left to save and say, and the worker's exit code."""
         if callback.exit_code is not None:
             return callback.exit_code
         if trainer.interrupted:  # a KeyboardInterrupt Lightning caught: nothing finished
