@@ -56,6 +56,7 @@ class RunState:
     run_id: str = ""
     run_dir: Path | None = None
     added: list[str] = field(default_factory=list)  # the run names of configs added to the session since it began
+    commit: str = ""  # the session's code, short: "@ab12cd3" ("*": dirty; "+1": one more repository); "" unknown
     read_only: bool = False
     live: bool = False  # events still come from a supervisor (a replayed past run: False)
     finished: bool = False
@@ -198,6 +199,7 @@ class RunState:
 
     def _run_started(self, ev: m.RunStarted, _: PipelineProgress | None) -> None:
         self.run_id = ev.run_id
+        self.commit = commit_label(ev.code)
         if self.run_dir is None:  # a client's own path to the folder comes first (the run's may be relative)
             self.run_dir = Path(ev.run_dir)
         for name in ev.pipelines:
@@ -382,3 +384,12 @@ _HANDLERS: dict[type[m.Event], Callable[[RunState, Any, PipelineProgress | None]
     m.RunFinished: RunState._run_finished,
     t.TelemetrySnapshot: RunState._telemetry,
 }
+
+
+def commit_label(code: tuple[m.SourceCommit, ...]) -> str:
+    """The first repository's commit, short, as the run header shows it: "@ab12cd3", "*" when its tree was dirty,
+    "+N" for N more repositories; "" for none."""
+    if not code:
+        return ""
+    first = code[0]
+    return f"@{first.commit[:7]}{'*' if first.dirty else ''}{f'+{len(code) - 1}' if len(code) > 1 else ''}"

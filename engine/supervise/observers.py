@@ -31,7 +31,7 @@ def observers_of(session: SessionView, out: Outbox) -> Observers:
     pruner (or PBT's controller), its state rebuilt from the run folder."""
     found = Observers()
     if session.config.tensorboard:
-        tensorboard = TensorBoardTap(session.run_dir / FOLDER, session.config)
+        tensorboard = TensorBoardTap(session.run_dir / FOLDER, session.config, session.code)
         found.taps.append((tensorboard.on_event, tensorboard.on_steps))
     watch = MetricWatch(session, out)
     found.taps.append((watch.on_event, watch.on_steps))

@@ -35,6 +35,7 @@ from ..protocol.messages import (
 from ..protocol.names import NoticeTopic
 from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..protocol.telemetry import TelemetrySnapshot
+from ..rundir import provenance
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id
 from ..rundir.snapshots import remove_root, snapshot_root
 from ..runners.registry import runner_for
@@ -156,14 +157,18 @@ class Supervisor:
             lines = ", ".join(resume_line(self.run_dir, self._pipelines[n].plan.config, kept) for n in names)
             self._publish.event(Notice(level="info", topic=NoticeTopic.RESUMING,
                                        text=f"resuming run {self.run_id}: {lines}"))
+        configs = [self.config, *(self._resume_configs or [])[1:]]
+        code = await asyncio.to_thread(provenance.record, configs, self.run_dir)  # git: a few short commands
         self._publish.event(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir),
-                                       config_path=self.config.source, pipelines=tuple(names)))
+                                       config_path=self.config.source, pipelines=tuple(names), code=code.commits))
+        if code.notice:
+            self._publish.event(Notice(level="info", text=code.notice))
         for name, status in kept.items():  # nothing to train: they keep how they had ended
             ended = done.get(name) or PipelineFinished(pipeline=name, status=status)
             commands.keep_ended(self._lifecycle, self._pipelines[name], ended)
         self._announce_queued(names)
         self.task_check.open(resuming, self._pipelines[names[0]].plan.background, self._publish)
-        observers = observers_of(SessionView(self.config, self.run_dir, self.view, self.views), outbox)
+        observers = observers_of(SessionView(self.config, self.run_dir, self.view, self.views, code.commits), outbox)
         for tap, steps in observers.taps:  # TensorBoard files, the health and metric watches, the sweep's policy
             self._publish.tap(tap, steps)
         self.sweep = observers.sweep
