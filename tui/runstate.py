@@ -324,6 +324,9 @@ class RunState:
         self.note("warning", ev.pipeline, f"triage: {ev.verdict} (stacks in {ev.folder})", at=ev.time)
 
     def _alert(self, ev: h.Alert, _: PipelineProgress | None) -> None:
+        if ev.rule == h.FINISHED and not ev.bell:  # a completed run's summary (`[alerts] on_finish`): no banner
+            self.note("info", "", f"{ev.title}: {ev.message}", at=ev.time)
+            return
         self.alerts.append(ev)
         self.rows_version += 1  # the banner is redrawn with the rows
         self.note("error", ev.pipeline, f"ALERT {ev.title}: {ev.message}", at=ev.time)

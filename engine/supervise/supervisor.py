@@ -47,7 +47,7 @@ from .disk_full import DiskWatch
 from .intake import WorkerIntake
 from .lifecycle import Lifecycle, States
 from .nodes import NodeFollower
-from .observers import PbtController, SweepPruner, observers_of
+from .observers import HealthWatch, PbtController, SweepPruner, observers_of
 from .pipeline import PipelineView, Plan, SupervisedPipeline, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
@@ -121,6 +121,7 @@ class Supervisor:
         self._resume_only: set[str] | None = None
         self.task_check = build_check.BuildCheck(config, check_builds)  # the first wave's builds check every task
         self.sweep: SweepPruner | PbtController | None = None  # a [sweep]'s pruner or PBT, from start()
+        self._health: HealthWatch | None = None  # the watch on alerts, from start(): it sums the run up at its end
 
     # ------------------------------------------------------------ session
 
@@ -172,6 +173,7 @@ class Supervisor:
         for tap, steps in observers.taps:  # TensorBoard files, the health and metric watches, the sweep's policy
             self._publish.tap(tap, steps)
         self.sweep = observers.sweep
+        self._health = observers.health
         if self.sweep is not None and self.sweep.restarts_trials:  # its restarts fork, even where trials all fit
             self._backend.expect_restarts()
         self._schedule()
@@ -292,6 +294,8 @@ class Supervisor:
         for pipe in self._pipelines.values():
             commands.settle_unreaped(self._lifecycle, pipe)
         self._check_finished()
+        if self._health is not None:  # the summary's command and POST, before this process may end
+            await asyncio.to_thread(self._health.settle)
         await asyncio.to_thread(self._feed.stop)
         if self._tick_task is not None:
             self._tick_task.cancel()
@@ -438,6 +442,9 @@ class Supervisor:
             statuses = {n: r.state.value for n, r in self._pipelines.items()}
             self._finished_sent = True
             ok = all(S(s) in SUCCESS_STATES for s in statuses.values())
+            summary = self._health.finished(statuses) if self._health is not None else None
+            if summary is not None:  # [alerts] on_finish: the run summed up, its command run and POST sent
+                self._publish.event(summary)
             self._publish.event(RunFinished(ok=ok, statuses=statuses))
             self._publish.quiet = True  # readers take run_finished to be the last event
             self._opened.rundir.flush()
