@@ -78,7 +78,7 @@ async def test_the_webhook_gets_the_alert_as_json_and_a_refusing_one_costs_the_r
     try:
         async with supervised(sup) as stream:
             if refusing:  # three tries, then one notice; training goes on meanwhile
-                await wait_for(stream, lambda e: isinstance(e, Notice) and "webhook" in e.text, 60)
+                await wait_for(stream, lambda e: isinstance(e, Notice) and "the alert webhook" in e.text, 60)
                 await wait_for(stream, lambda e: isinstance(e, StepMetrics), 60)
             else:
                 await asyncio.to_thread(poll_until, lambda: Hook.bodies, 60, "the webhook's POST")
@@ -86,7 +86,7 @@ async def test_the_webhook_gets_the_alert_as_json_and_a_refusing_one_costs_the_r
             assert await finish(sup) == {"a": "stopped"}
     finally:
         server.shutdown()
-    notices = [e for e in read_events(sup.run_dir) if isinstance(e, Notice) and "webhook" in e.text]
+    notices = [e for e in read_events(sup.run_dir) if isinstance(e, Notice) and "the alert webhook" in e.text]
     if refusing:
         assert len(notices) == 1 and Hook.bodies == []
     else:

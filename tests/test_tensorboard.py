@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from torchherd.engine.protocol.messages import EpochEnd, StepMetrics, ValResult
+from torchherd.engine.protocol.messages import EpochEnd, RunStarted, StepMetrics, ValResult
 from torchherd.engine.rundir.directory import read_events
 from torchherd.engine.supervise.supervisor import Supervisor
 from tests.conftest import make_config
@@ -50,6 +50,10 @@ def check_against_events(run_dir, logdir, names):
         assert list(scalars["hparams/best_val_loss"].values()) == [pytest.approx(best, rel=1e-6)]
         lr = float(name.rsplit("lr", 1)[1])
         assert hparams["params.lr"] == pytest.approx(lr) and hparams["status"] == "completed"
+        # The commit of the code (this checkout's, where tests/tasks is), "-dirty" after it when the tree was.
+        code = next(e for e in events if isinstance(e, RunStarted)).code
+        commit = f"{code[0].commit}{'-dirty' if code[0].dirty else ''}" if code else None
+        assert hparams.get("commit") == commit
         epochs = [e for e in events if isinstance(e, EpochEnd) and e.pipeline == name]
         assert scalars["epoch/train_loss"][epochs[-1].step] == pytest.approx(epochs[-1].train_loss, rel=1e-6)
 

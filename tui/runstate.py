@@ -56,6 +56,7 @@ class RunState:
     run_id: str = ""
     run_dir: Path | None = None
     added: list[str] = field(default_factory=list)  # the run names of configs added to the session since it began
+    commit: str = ""  # the session's code, short: "@ab12cd3" ("*": dirty; "+1": one more repository); "" unknown
     read_only: bool = False
     live: bool = False  # events still come from a supervisor (a replayed past run: False)
     finished: bool = False
@@ -198,6 +199,7 @@ class RunState:
 
     def _run_started(self, ev: m.RunStarted, _: PipelineProgress | None) -> None:
         self.run_id = ev.run_id
+        self.commit = commit_label(ev.code)
         if self.run_dir is None:  # a client's own path to the folder comes first (the run's may be relative)
             self.run_dir = Path(ev.run_dir)
         for name in ev.pipelines:
@@ -322,6 +324,9 @@ class RunState:
         self.note("warning", ev.pipeline, f"triage: {ev.verdict} (stacks in {ev.folder})", at=ev.time)
 
     def _alert(self, ev: h.Alert, _: PipelineProgress | None) -> None:
+        if ev.rule == h.FINISHED and not ev.bell:  # a completed run's summary (`[alerts] on_finish`): no banner
+            self.note("info", "", f"{ev.title}: {ev.message}", at=ev.time)
+            return
         self.alerts.append(ev)
         self.rows_version += 1  # the banner is redrawn with the rows
         self.note("error", ev.pipeline, f"ALERT {ev.title}: {ev.message}", at=ev.time)
@@ -382,3 +387,12 @@ _HANDLERS: dict[type[m.Event], Callable[[RunState, Any, PipelineProgress | None]
     m.RunFinished: RunState._run_finished,
     t.TelemetrySnapshot: RunState._telemetry,
 }
+
+
+def commit_label(code: tuple[m.SourceCommit, ...]) -> str:
+    """The first repository's commit, short, as the run header shows it: "@ab12cd3", "*" when its tree was dirty,
+    "+N" for N more repositories; "" for none."""
+    if not code:
+        return ""
+    first = code[0]
+    return f"@{first.commit[:7]}{'*' if first.dirty else ''}{f'+{len(code) - 1}' if len(code) > 1 else ''}"

@@ -89,6 +89,9 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout, err: T
         json.dump([{"run_id": r.run_id, "path": str(r.path), "state": state_of(r), "live": r.live,
                     "pid": pids.get(r.path), "resumable": r.resumable, "status": r.status, "started": r.started,
                     "statuses": r.statuses,
+                    "code": [{"repo": c.repo, "commit": c.commit, "dirty": c.dirty,
+                              "diff": str(r.path / c.diff) if c.diff else "",
+                              "diff_cut": c.diff_cut} for c in r.code],
                     "devices": [{"device": x.device, "pipeline": x.pipeline, "rank": x.rank, "memory": x.memory}
                                 for x in leases if x.run == r.run_id],
                     "waiting": {w.pipeline: w.why for s in sessions if s.run == r.run_id for w in s.waiting}}

@@ -5,7 +5,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-COMMAND_FIELDS = ("title", "message", "rule", "pipeline", "run")  # what `command` may name in braces
+COMMAND_FIELDS = ("title", "message", "rule", "pipeline", "run", "run_dir", "status")  # what `command` may name
 
 
 class AlertsConfig(BaseModel):
@@ -18,8 +18,14 @@ class AlertsConfig(BaseModel):
         "Ring the terminal bell in the app on each alert (the NO_BELL environment variable silences it too)."))
     command: list[str] = Field(default_factory=list, description=(
         "Run this for each alert, as argv (no shell), e.g. [\"notify-send\", \"{title}\", \"{message}\"]; "
-        "{title}, {message}, {rule}, {pipeline} and {run} are filled in. Its output goes to alerts.log in the "
-        "run directory, never the terminal; it is given 10 seconds."))
+        "{title}, {message}, {rule}, {pipeline}, {run} (its id), {run_dir} and {status} (the run's: running, "
+        "or how it ended in the on_finish summary) are filled in. Its output goes to alerts.log in the run "
+        "directory, never the terminal; it is given 10 seconds."))
+    on_finish: bool = Field(False, description=(
+        "When the run ends, send a `finished` alert to the command and the webhook summing it up: how it ended, "
+        "its duration and restarts, each pipeline's state and why, its best validation value and best "
+        "checkpoint; for a failure the last error and the log. A completed run's summary never rings the "
+        "bell. The session's end waits up to 20 seconds for them."))
     webhook: str = Field("", description=(
         "POST each alert as JSON (its event, with the run's id) to this http:// or https:// URL; a failing "
         "webhook costs the run nothing: three tries, then one notice."))

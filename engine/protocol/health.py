@@ -45,6 +45,9 @@ class Triage(PipelineEvent):
     folder: str = ""  # where the stacks were gathered (the pipeline's stacks/ folder)
 
 
+FINISHED = "finished"  # the rule of the alert that sums a run up as it ends (`[alerts] on_finish`)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Alert(PipelineOrRunEvent):
     """A rule on what the supervisor sees fired (supervise/health/alert_rules.py has every rule): one per rule and

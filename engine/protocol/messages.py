@@ -52,14 +52,27 @@ def pipeline_of(event: Event) -> str:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SourceCommit:
+    """The git commit a folder of the run's code was at when the session began (a part of `RunStarted`)."""
+
+    repo: str  # the repository's top folder
+    commit: str  # the full hash HEAD named
+    dirty: bool = False  # tracked files differed from the commit (untracked files do not count)
+    diff: str = ""  # when dirty: the file in the run folder holding `git diff HEAD`, relative to it
+    diff_cut: bool = False  # the diff was longer than torchherd keeps (rundir/provenance.py) and was cut
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RunStarted(Event):
-    """A run began: its id, directory and the pipelines it will train."""
+    """A run (or a resumed session of it) began: its id, directory, the pipelines it will train and the commits of
+    its code."""
 
     type: ClassVar[str] = "run_started"
     run_id: str
     run_dir: str
     config_path: str
     pipelines: tuple[str, ...]
+    code: tuple[SourceCommit, ...] = ()  # the config's repository first, then any other its tasks or scripts are in
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
+import msgspec
+
 from ..protocol.messages import (
     EpochEnd,
     Event,
@@ -28,6 +30,7 @@ from ..protocol.messages import (
     PipelineQueued,
     RunFinished,
     RunStarted,
+    SourceCommit,
     StepMetrics,
     ValResult,
 )
@@ -257,6 +260,7 @@ class RunSummary:
     reasons: dict[str, str] = field(default_factory=dict)  # why each pipeline ended
     rungs: dict[str, float] = field(default_factory=dict)  # where each trial waiting at a rung waits
     never_ran: frozenset[str] = frozenset()  # the pipelines that ended before any attempt of them ran
+    code: tuple[SourceCommit, ...] = ()  # the commits of its code at its newest session's start (rundir/provenance.py)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -392,9 +396,21 @@ def summarize(run_dir: Path) -> RunSummary | None:
     else:
         status = "unfinished"
     when = started.get("time")
+    newest = next(r for r in reversed(records) if r.get("type") == RunStarted.type)  # a resume records its own
     return RunSummary(run_id=run_dir.name, path=run_dir, started=float(when) if _number(when) else 0.0,
                       status=status, pipelines=pipelines, statuses=statuses, live=run_held(run_dir), reasons=reasons,
-                      rungs=rungs, never_ran=frozenset(never_ran))
+                      rungs=rungs, never_ran=frozenset(never_ran), code=_commits(newest.get("code")))
+
+
+def _commits(listed: object) -> tuple[SourceCommit, ...]:
+    """The commits a run_started record lists; one not of their form is left out."""
+    out = []
+    for item in listed if isinstance(listed, list) else ():
+        try:
+            out.append(msgspec.convert(item, SourceCommit, strict=False))
+        except msgspec.ValidationError:
+            continue
+    return tuple(out)
 
 
 _STATES = {s.value for s in WorkerState}

@@ -26,6 +26,8 @@ from ..protocol.messages import (
     Event,
     PipelineFinished,
     RunFinished,
+    RunStarted,
+    SourceCommit,
     StepMetrics,
     TrainingStarted,
     TrialDecision,
@@ -117,6 +119,7 @@ class TensorBoardExport:
         self._best: dict[str, float] = {}
         self._last: dict[str, float] = {}
         self.written: set[str] = set()  # pipelines with files
+        self.commit = ""  # the code's commit, in each trial's HParams ("-dirty" after it when its tree was)
 
     def writer(self, pipeline: str) -> EventFile:
         w = self._writers.get(pipeline)
@@ -175,6 +178,8 @@ class TensorBoardExport:
             self._taking_over.discard(event.pipeline)
         elif isinstance(event, Alert):
             self._alert(event)
+        elif isinstance(event, RunStarted):
+            self.commit = commit_value(event.code)
         elif isinstance(event, RunFinished) and self.live:  # (an export writes on, into the same files, to its end)
             self.sessions(event.statuses)
             self.close()
@@ -222,6 +227,8 @@ class TensorBoardExport:
                    f"hparams/last_{self.metric}": self._last.get(name, math.nan)}
         plain = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in values.items()}
         plain["status"] = status
+        if self.commit:
+            plain["commit"] = self.commit
         step, wall = (ended.step, ended.time) if ended else (self._steps.get(name, 0), time.time())
         w = self.writer(name)
         for summary in hparams(plain, metrics):
@@ -241,11 +248,13 @@ class TensorBoardTap:
     import tensorboardX, and torch with it: seconds the loop must not wait). At run_finished the loop waits
     (at most DRAIN_WAIT) until every file is written and closed, so readers find them whole."""
 
-    def __init__(self, logdir: Path, config: RunConfig):
+    def __init__(self, logdir: Path, config: RunConfig, code: tuple[SourceCommit, ...] = ()):
+        """`code`: the session's commits (its run_started came before this tap was added)."""
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._batch: list[Event] = []  # collected on the loop, not handed over yet
         self.thinning = StepThinning()
         self.export = TensorBoardExport(logdir, config)
+        self.export.commit = commit_value(code)
         self.errors = 0  # events that could not be written (a full disk, ...); the run goes on regardless
         threading.Thread(target=self._run, name="torchherd-tensorboard", daemon=True).start()
 
@@ -309,6 +318,11 @@ class TensorBoardTap:
                 self.export.flush_due()
             except OSError:
                 self.errors += 1
+
+
+def commit_value(code: tuple[SourceCommit, ...]) -> str:
+    """The first repository's commit as an HParams value: its hash, "-dirty" after it when its tree was."""
+    return f"{code[0].commit}{'-dirty' if code[0].dirty else ''}" if code else ""
 
 
 def export_run(run_dir: Path, logdir: Path, unreadable: Unreadable | None = None) -> int:

@@ -14,7 +14,7 @@ from ..protocol.states import WorkerState
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
-    from ..protocol.messages import Event
+    from ..protocol.messages import Event, SourceCommit
     from .pipeline import PipelineView
 
 
@@ -79,6 +79,7 @@ class SessionView:
     run_dir: Path
     view: Callable[[str], PipelineView]  # raises KeyError for a name the session does not have
     views: Callable[[], list[PipelineView]]
+    code: tuple[SourceCommit, ...] = ()  # the commits of its code when it began (rundir/provenance.py)
 
 
 class Outbox:

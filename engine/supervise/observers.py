@@ -16,7 +16,7 @@ from .health.watch import HealthWatch
 from .sweep.exploiting import PbtController
 from .sweep.sweeping import SweepPruner
 
-__all__ = ["Observers", "PbtController", "SweepPruner", "observers_of"]
+__all__ = ["HealthWatch", "Observers", "PbtController", "SweepPruner", "observers_of"]
 
 @dataclass
 class Observers:
@@ -24,6 +24,7 @@ class Observers:
 
     taps: list[tuple[Tap, StepsTap | None]] = field(default_factory=list)
     sweep: SweepPruner | PbtController | None = None
+    health: HealthWatch | None = None  # its summary goes out just before run_finished (`[alerts] on_finish`)
 
 
 def observers_of(session: SessionView, out: Outbox) -> Observers:
@@ -31,12 +32,13 @@ def observers_of(session: SessionView, out: Outbox) -> Observers:
     pruner (or PBT's controller), its state rebuilt from the run folder."""
     found = Observers()
     if session.config.tensorboard:
-        tensorboard = TensorBoardTap(session.run_dir / FOLDER, session.config)
+        tensorboard = TensorBoardTap(session.run_dir / FOLDER, session.config, session.code)
         found.taps.append((tensorboard.on_event, tensorboard.on_steps))
     watch = MetricWatch(session, out)
     found.taps.append((watch.on_event, watch.on_steps))
     health = HealthWatch(session, out)  # stragglers, the triage of a stall, alerts
     found.taps.append((health.on_event, health.on_steps))
+    found.health = health
     found.sweep = PbtController.attach(session, out, session.run_dir) or SweepPruner.attach(session, out,
                                                                                             session.run_dir)
     if found.sweep is not None:  # it judges results and ends, never a step report

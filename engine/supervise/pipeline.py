@@ -180,6 +180,8 @@ class PipelineView:
     last_error: str
     priority: int = 0
     node: str = ""  # the cluster node its worker runs on; "" for this machine (or none running)
+    finish_reason: str = ""  # why it reached its final (or resting) state
+    error: str = ""  # the newest error of its attempts ("" when the newest ran well), whatever its state
 
 
 def view_of(pipe: SupervisedPipeline, run_dir: Path) -> PipelineView:
@@ -193,7 +195,8 @@ def view_of(pipe: SupervisedPipeline, run_dir: Path) -> PipelineView:
         started_at=pipe.current.started_at if pipe.current is not None else None,
         log_path=run_dir / pipe.name / "log.txt",
         last_error=pipe.finish_reason if pipe.state == WorkerState.FAILED else pipe.last_error,
-        priority=pipe.plan.config.priority, node=handle.node if handle is not None else "")
+        priority=pipe.plan.config.priority, node=handle.node if handle is not None else "",
+        finish_reason=pipe.finish_reason, error=pipe.last_error)
 
 
 def unique_name(name: str, taken: Container[str]) -> str:

@@ -35,6 +35,7 @@ from ..protocol.messages import (
 from ..protocol.names import NoticeTopic
 from ..protocol.states import SUCCESS_STATES, WorkerState
 from ..protocol.telemetry import TelemetrySnapshot
+from ..rundir import provenance
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id
 from ..rundir.snapshots import remove_root, snapshot_root
 from ..runners.registry import runner_for
@@ -46,7 +47,7 @@ from .disk_full import DiskWatch
 from .intake import WorkerIntake
 from .lifecycle import Lifecycle, States
 from .nodes import NodeFollower
-from .observers import PbtController, SweepPruner, observers_of
+from .observers import HealthWatch, PbtController, SweepPruner, observers_of
 from .pipeline import PipelineView, Plan, SupervisedPipeline, unique_name, view_of
 from .policy import RestartPolicy
 from .resuming import history_before, kept_on_resume, resume_line
@@ -120,6 +121,7 @@ class Supervisor:
         self._resume_only: set[str] | None = None
         self.task_check = build_check.BuildCheck(config, check_builds)  # the first wave's builds check every task
         self.sweep: SweepPruner | PbtController | None = None  # a [sweep]'s pruner or PBT, from start()
+        self._health: HealthWatch | None = None  # the watch on alerts, from start(): it sums the run up at its end
 
     # ------------------------------------------------------------ session
 
@@ -156,17 +158,22 @@ class Supervisor:
             lines = ", ".join(resume_line(self.run_dir, self._pipelines[n].plan.config, kept) for n in names)
             self._publish.event(Notice(level="info", topic=NoticeTopic.RESUMING,
                                        text=f"resuming run {self.run_id}: {lines}"))
+        configs = [self.config, *(self._resume_configs or [])[1:]]
+        code = await asyncio.to_thread(provenance.record, configs, self.run_dir)  # git: a few short commands
         self._publish.event(RunStarted(run_id=self.run_id, run_dir=str(self.run_dir),
-                                       config_path=self.config.source, pipelines=tuple(names)))
+                                       config_path=self.config.source, pipelines=tuple(names), code=code.commits))
+        if code.notice:
+            self._publish.event(Notice(level="info", text=code.notice))
         for name, status in kept.items():  # nothing to train: they keep how they had ended
             ended = done.get(name) or PipelineFinished(pipeline=name, status=status)
             commands.keep_ended(self._lifecycle, self._pipelines[name], ended)
         self._announce_queued(names)
         self.task_check.open(resuming, self._pipelines[names[0]].plan.background, self._publish)
-        observers = observers_of(SessionView(self.config, self.run_dir, self.view, self.views), outbox)
+        observers = observers_of(SessionView(self.config, self.run_dir, self.view, self.views, code.commits), outbox)
         for tap, steps in observers.taps:  # TensorBoard files, the health and metric watches, the sweep's policy
             self._publish.tap(tap, steps)
         self.sweep = observers.sweep
+        self._health = observers.health
         if self.sweep is not None and self.sweep.restarts_trials:  # its restarts fork, even where trials all fit
             self._backend.expect_restarts()
         self._schedule()
@@ -287,6 +294,8 @@ class Supervisor:
         for pipe in self._pipelines.values():
             commands.settle_unreaped(self._lifecycle, pipe)
         self._check_finished()
+        if self._health is not None:  # the summary's command and POST, before this process may end
+            await asyncio.to_thread(self._health.settle)
         await asyncio.to_thread(self._feed.stop)
         if self._tick_task is not None:
             self._tick_task.cancel()
@@ -433,6 +442,9 @@ class Supervisor:
             statuses = {n: r.state.value for n, r in self._pipelines.items()}
             self._finished_sent = True
             ok = all(S(s) in SUCCESS_STATES for s in statuses.values())
+            summary = self._health.finished(statuses) if self._health is not None else None
+            if summary is not None:  # [alerts] on_finish: the run summed up, its command run and POST sent
+                self._publish.event(summary)
             self._publish.event(RunFinished(ok=ok, statuses=statuses))
             self._publish.quiet = True  # readers take run_finished to be the last event
             self._opened.rundir.flush()

@@ -15,6 +15,7 @@ import pytest
 import torchherd.engine.preflight.check
 from torchherd.engine.protocol import telemetry as t
 from torchherd.engine.hardware.devices import Inventory
+from torchherd.engine.rundir import provenance
 from torchherd.tui.widgets.log_views import LogTail
 from tests.tui.conftest import CONFIGS
 from tests.tui.pilots import launch, settled, wait_for
@@ -30,6 +31,8 @@ def fixed_machine(monkeypatch):
     monkeypatch.setattr(torchherd.engine.preflight.check, "discover_devices",
                         lambda: Inventory(cpu_count=2, note="no NVIDIA GPU (test machine); using CPU slots"))
     monkeypatch.chdir(CONFIGS.parent)
+    # Nor on the checkout's commit, which the header shows.
+    monkeypatch.setattr(provenance, "record", lambda configs, run_dir: provenance.Provenance(()))
 
 
 def telemetry() -> t.TelemetrySnapshot:

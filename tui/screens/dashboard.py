@@ -208,7 +208,8 @@ class DashboardScreen(Screen[None]):
         done = ("  [b]finished[/b]" if state.finished else
                 "  [b]cut short, resumable[/b]" if state.cut_short else "")
         added = f" + {', '.join(state.added)}" if state.added else ""  # the run keeps its first config's name
-        text = f"[b]{state.run_id or 'starting…'}{added}[/b]  {summary}{tag}{done}"
+        commit = f" [dim]{state.commit}[/dim]" if state.commit else ""  # the code's commit, "*" when dirty
+        text = f"[b]{state.run_id or 'starting…'}{added}[/b]{commit}  {summary}{tag}{done}"
         if text != self._status_text:  # one line either way: no layout pass
             self._status_text = text
             self.query_one("#status", Static).update(text, layout=False)

@@ -7,6 +7,7 @@ its `Outbox` as decisions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from ...protocol.records import to_record
 from ...protocol.states import WorkerState
 from ...protocol.telemetry import TelemetrySnapshot
 from ..decisions import DumpStacks, Outbox, Record, SessionView
+from . import summary
 from .alert_rules import AlertRules
 from .stragglers import StragglerWatch, crowded
 from .triage import read_places, verdict
@@ -33,10 +35,11 @@ TRIAGE_WAIT = 4.0  # seconds at most to wait for the dumps
 LOOKBACK = 64 << 10  # bytes before the request read too: a dump may land before its request is seen
 COMMAND_TIMEOUT = 10.0  # seconds an alert's command may run
 WEBHOOK_TRIES = (0.0, 1.0, 3.0)  # seconds to wait before each try of an alert's POST (5 s each at most)
+SUMMARY_WAIT = 20.0  # seconds the session's end waits for the summary's command and POST
 
 
 class HealthWatch:
-    """Taps a supervisor's bus for its stragglers, triages and alerts."""
+    """Taps a supervisor's bus for its stragglers, triages and alerts, and sums a run up as it ends."""
 
     def __init__(self, session: SessionView, out: Outbox):
         self._session, self._out = session, out
@@ -51,6 +54,9 @@ class HealthWatch:
         self._disk_at = 0.0  # monotonic time of the last disk look
         self._webhook_failed = False  # said once that the webhook does not take alerts
         self._loop = asyncio.get_running_loop()
+        self._began = time.monotonic()  # the session's start: a summary's duration
+        self._status = "running"  # the run's status, as {status} fills in: how it ended, once it has
+        self._delivering: list[threading.Thread] = []  # the summary's command and POST, waited for at shutdown
 
     def on_event(self, event: Event, line: bytes = b"", kept: bool = True) -> None:
         if isinstance(event, StepMetrics):
@@ -79,16 +85,35 @@ class HealthWatch:
             sizes = self.asked.pop(event.pipeline, None) or self._sizes(event.pipeline)
             self._loop.create_task(self._triage(event.pipeline, sizes))
         elif isinstance(event, Alert):
-            if self.config.command:
-                threading.Thread(target=self._command, args=(event,), daemon=True).start()
-            if self.config.webhook:
-                threading.Thread(target=self._post, args=(event,), daemon=True).start()
+            for target, wanted in ((self._command, self.config.command), (self._post, self.config.webhook)):
+                if wanted:
+                    thread = threading.Thread(target=target, args=(event,), daemon=True)
+                    thread.start()
+                    if event.rule == summary.RULE:
+                        self._delivering.append(thread)
             return
         self._raise(self.rules.take(event))
         self._look_at_disk()
 
     def on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
         self._raise(self.rules.take_steps(steps))
+
+    def finished(self, statuses: dict[str, str]) -> Alert | None:
+        """The run's summary for `[alerts] on_finish` (None when it is off), for the supervisor to publish just
+        before its run_finished: the watch runs the command and POSTs it as it does any alert."""
+        self._status = summary.run_status(statuses)
+        if not self.config.on_finish:
+            return None
+        return summary.finished_alert(self._session.views(), statuses, self.run_dir,
+                                      self._session.config.validation.metric, time.monotonic() - self._began,
+                                      self.config.bell)
+
+    def settle(self, timeout: float = SUMMARY_WAIT) -> None:
+        """Wait (blocking, at most `timeout` seconds) until the summary's command and POST are done: the session
+        is ending, and its process with it."""
+        deadline = time.monotonic() + timeout
+        for thread in self._delivering:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _raise(self, alerts: list[Alert]) -> None:
         if alerts:
@@ -143,7 +168,7 @@ class HealthWatch:
     def _command(self, alert: Alert) -> None:
         """Run `[alerts] command` for `alert` (a thread): argv, no shell, its output into alerts.log."""
         fields = {"title": alert.title, "message": alert.message, "rule": alert.rule, "pipeline": alert.pipeline,
-                  "run": self.run_dir.name}
+                  "run": self.run_dir.name, "run_dir": str(self.run_dir), "status": self._status}
         argv = [part.format(**fields) for part in self.config.command]
         try:
             with open_file(self.run_dir / "alerts.log", "ab") as out:
@@ -152,8 +177,13 @@ class HealthWatch:
                 subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                timeout=COMMAND_TIMEOUT, start_new_session=True, check=False)
         except (OSError, subprocess.SubprocessError) as exc:
-            self._out.send_threadsafe(Record(Notice(level="warning", pipeline=alert.pipeline, text=(
-                f"the alert command {argv[0]!r} failed: {type(exc).__name__}: {exc} (see alerts.log)"))))
+            said = f"the alert command {argv[0]!r} failed: {type(exc).__name__}: {exc}"
+            if alert.rule == summary.RULE:  # nothing is said after run_finished: alerts.log keeps it
+                with contextlib.suppress(OSError), open_file(self.run_dir / "alerts.log", "ab") as out:
+                    out.write(f"{said}\n".encode())
+                return
+            self._out.send_threadsafe(Record(Notice(level="warning", pipeline=alert.pipeline,
+                                                    text=f"{said} (see alerts.log)")))
 
 
     def _post(self, alert: Alert) -> None:
@@ -171,7 +201,7 @@ class HealthWatch:
                     return
             except Exception as exc:  # refused, timed out, an HTTP error: the run goes on either way
                 error = exc
-        if not self._webhook_failed:
+        if not self._webhook_failed and alert.rule != summary.RULE:  # nothing is said after run_finished
             self._webhook_failed = True
             self._out.send_threadsafe(Record(Notice(level="warning", text=(
                 f"the alert webhook did not take an alert ({type(error).__name__}: {error}); alerts go on in the "
