@@ -34,6 +34,7 @@ QUICK: dict[str, tuple[list[str], dict[str, str], str, list]] = {
     "telemetry_cost": (["--workers", "2", "--seconds", "1", "--passes", "5"], {}, r"finding descendants: .*x\)", []),
     "handoff_gpu": ([], {"ROUNDS": "1", "MIB": "8"}, r"ratio", [GPU]),
     "spike_alarms": (["--quick"], {}, r"spike=10 spike_persist=3 +\d+ of \d+", []),
+    "exporter_scrape": (["--quick"], {}, r"scrape of 8 live pipelines: .* ratio \d", []),
 }
 # Benchmarks with no quick mode within CI's budget yet (seconds each): each must get one and a row above;
 # listed so that none is forgotten. tensorboard_cost and supervision_overhead have --quick (about 37 s each on a
