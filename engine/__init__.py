@@ -29,6 +29,7 @@ _WHERE = {  # name -> the module that defines it
     "Supervisor": ".supervise.supervisor", "PipelineView": ".supervise.supervisor",
     "ServiceFailed": ".serve.service", "StartCancelled": ".serve.service", "spawn": ".serve.service",
     "NotLive": ".serve.remote", "RemoteRun": ".serve.remote",
+    "MetricsServer": ".serve.exporter",
     "clean_stale": ".serve.runtime", "live_runs": ".serve.runtime", "read_control": ".serve.runtime",
     "Ledger": ".hardware.ledger",
     # what training code and scripts use
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers (kept equal t
     from .rundir.tensorboard import export_run as export_run
     from .runners.script import uses_client as uses_client
     from .runners.task.api import Task as Task
+    from .serve.exporter import MetricsServer as MetricsServer
     from .serve.remote import NotLive as NotLive
     from .serve.remote import RemoteRun as RemoteRun
     from .serve.runtime import clean_stale as clean_stale

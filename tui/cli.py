@@ -25,7 +25,8 @@ USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR] [--version]
        torchherd pause|unpause|checkpoint|restart|stacks|promote RUN NAME
        torchherd resume RUN_DIR [--headless] [--detach] [--only NAME]
        torchherd check CONFIG [--probe]
-       torchherd export RUN --tensorboard DIR [--runs-dir DIR]"""
+       torchherd export RUN --tensorboard DIR [--runs-dir DIR]
+       torchherd exporter [--host 127.0.0.1] [--port 9400]"""
 
 COMMANDS = """commands:
   run CONFIG        run a config in a supervisor of its own (it outlives this terminal) and watch it:
@@ -41,6 +42,7 @@ COMMANDS = """commands:
                     (--detach: in the background, returning at once)
   check CONFIG      validate a config and say what would launch where (exit 2 if it cannot run)
   export RUN        write a past run's TensorBoard event files (--tensorboard DIR)
+  exporter          serve Prometheus metrics of your live runs on this box (http://127.0.0.1:9400/metrics)
 
 RUN is a run directory or a run id under --runs-dir (default ./runs). `torchherd COMMAND -h` shows a
 command's options."""
@@ -136,7 +138,7 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
     export.add_argument("run", metavar="RUN", help="run directory or run id")
     export.add_argument("--tensorboard", metavar="DIR", required=True, help="where the event files go")
     export.add_argument("--runs-dir", **runs_dir)
-    parsers = {"attach": attach, "ls": ls, "export": export}
+    parsers = {"attach": attach, "ls": ls, "export": export, "exporter": _exporter_parser()}
     for verb in ACTIONS:
         one = verb in NEEDS_NAME
         act = argparse.ArgumentParser(
@@ -147,6 +149,49 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
         act.add_argument("--runs-dir", **runs_dir)
         parsers[verb] = act
     return parsers
+
+
+def _exporter_parser() -> argparse.ArgumentParser:
+    exporter = argparse.ArgumentParser(
+        prog="torchherd exporter", description="Serve Prometheus metrics at http://HOST:PORT/metrics until "
+        "Ctrl-C: every live run of yours on this box (as `torchherd ls` finds them), by run and pipeline (state, "
+        "step, epoch, loss, validation, samples/s, restarts, alerts, devices), and the device ledger's leases. "
+        "A run that ends drops out; one started later comes in. Scrapes read each run's events.jsonl and never "
+        "ask its supervisor. Exit status: 0 ended by Ctrl-C or SIGTERM, 2 it cannot listen there.")
+    exporter.add_argument("--host", default="127.0.0.1", metavar="HOST",
+                          help="the address to listen on (default: 127.0.0.1, this box only; any other lets "
+                               "whoever reaches it read your run names, pipelines and run directories)")
+    exporter.add_argument("--port", default="9400", metavar="PORT",
+                          help="the port to listen on (default: 9400; 0: any free one, printed)")
+    return exporter
+
+
+def _exporter(args: argparse.Namespace) -> int:
+    import signal
+
+    if not args.port.isdigit() or int(args.port) > 65535:
+        print(f"torchherd exporter: --port {args.port!r}: not a port (a number from 0 to 65535)", file=sys.stderr)
+        return 2
+    from ..engine import MetricsServer
+
+    # Ctrl-C and SIGTERM are waited for here, not raised into whichever thread is serving a scrape: blocked
+    # before the serving threads start, which inherit the mask.
+    ending = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, ending)
+    try:
+        server = MetricsServer(args.host, int(args.port))
+    except OSError as exc:  # a port in use or not ours to take, an address that is not this box's
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, ending)
+        print(f"torchherd exporter: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    print(f"torchherd exporter: serving http://{host}:{server.port}/metrics (your live runs on this box; "
+          "Ctrl-C ends it)", flush=True)
+    signal.sigwait(ending)
+    server.close()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ending)
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -335,7 +380,7 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] in commands:
         args = commands[argv[0]].parse_args(argv[1:])
         handlers = {"run": _run, "check": _check, "resume": _resume, "attach": _attach, "ls": _ls,
-                    "export": _export}
+                    "export": _export, "exporter": _exporter}
         if argv[0] in handlers:
             return handlers[argv[0]](args)
         from .verbs import act_command
