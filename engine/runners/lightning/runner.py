@@ -43,6 +43,7 @@ from ...worker.retune import lr_scale, number, scale_lrs
 from ..base import error_text
 from . import LightningRunner
 from .data import ResumableDistributedSampler, ResumableSampler, resumable
+from .ending import end_fit_now, stopped_by_its_own_early_stopping
 from .gang import LightningGang, gang_trainer_args
 from .logged import logged_on_epoch, logged_on_step
 from .support import PREPARED, LightningTask, build_for, monitors_problem, prepare_once, val_monitors
@@ -425,30 +426,6 @@ class LightningAttempt:
             self.send(EarlyStop(pipeline=self.name, reason=why))
             return WorkerExit.STOPPED
         return WorkerExit.STOPPED if callback.stopping else WorkerExit.COMPLETED
-
-
-def end_fit_now() -> None:
-    """Leave Trainer.fit at once, as Lightning's own tuner does: with should_stop alone Lightning ends the epoch,
-    and the module's and every callback's on_train_epoch_end (a ModelCheckpoint's among them) ran for an epoch that
-    had not ended. A Lightning without that exit keeps should_stop's way."""
-    try:
-        from lightning.pytorch.utilities.exceptions import _TunerExitException
-    except ImportError:
-        return
-    raise _TunerExitException()
-
-
-def stopped_by_its_own_early_stopping(trainer: pl.Trainer) -> str | None:
-    """Why the module's own EarlyStopping callback ended the fit before its epochs ran out, for people; None when
-    none did."""
-    from lightning.pytorch.callbacks import EarlyStopping
-
-    for cb in trainer.callbacks:  # type: ignore[attr-defined]  # Trainer.callbacks is a list of Callback
-        if isinstance(cb, EarlyStopping) and cb.stopped_epoch > 0:
-            of = f" of {trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-            return (f"Lightning's EarlyStopping: {cb.monitor} did not improve in {cb.patience} checks "
-                    f"(stopped after epoch {cb.stopped_epoch + 1}{of})")
-    return None
 
 
 def herd_callback(runner: LightningAttempt) -> HerdHooks:
