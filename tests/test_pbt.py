@@ -68,6 +68,16 @@ def test_no_exploit_without_a_donor_that_can_give_or_that_is_better():
     assert alike.result("a", 2.0, 1.0, lambda n: True) is None  # a tie gives it nothing
 
 
+def test_a_point_where_no_better_trial_had_a_checkpoint_yet_is_judged_again_once_one_has():
+    # Regression: a bottom trial's result that came before its donor's checkpoint passed its perturbation point
+    # with no exploit, and a PBT run could end with none (the 'keep' test failed so on loaded machines).
+    pbt = rule()
+    pbt.result("d", 2.0, 0.2, lambda n: True)
+    assert pbt.result("a", 2.0, 0.9, lambda n: False) is None and pbt.open == {"a": 2.0}
+    again = pbt.result("a", pbt.open["a"], pbt.latest["a"], lambda n: True)  # d's checkpoint is there now
+    assert again is not None and (again.trial, again.donor, again.progress) == ("a", "d", 2.0) and pbt.open == {}
+
+
 def _exploit(trial, donor, epoch, lr) -> TrialDecision:
     return TrialDecision(pipeline=trial, action="exploit", rung=epoch, value=1.0,
                          exploit={"donor": donor, "epoch": epoch, "step": epoch * 4, "values": {"params.lr": lr}})

@@ -76,6 +76,7 @@ class Pbt:
         self.rng = random.Random(seed)
         self.latest: dict[str, float] = {}  # trial -> its newest metric
         self.last: dict[str, float] = {}  # trial -> the progress of its last perturbation point
+        self.open: dict[str, float] = {}  # trial -> a point where it is due an exploit but no donor had a checkpoint
         self.values: dict[str, dict[str, Any]] = {}  # trial -> the values it trains with now
 
     def result(self, trial: str, t: float, value: float, can_donate: Callable[[str], bool]) -> Exploit | None:
@@ -84,10 +85,17 @@ class Pbt:
         self.latest[trial] = value
         if t + EPS < self.last.get(trial, 0.0) + self.interval:
             return None
-        self.last[trial] = t
         bottom, top = quantiles(self.latest, self.fraction, self.mode)
         # a donor no better than the trial has nothing to give it (trials that all score alike stay as they are)
-        donors = [n for n in top if n != trial and can_donate(n) and worse(value, self.latest[n], self.mode)]
+        better = [n for n in top if n != trial and worse(value, self.latest[n], self.mode)]
+        donors = [n for n in better if can_donate(n)]
+        if trial in bottom and better and not donors:
+            # A better trial's result came before its checkpoint: the point stays open, judged again (`open`)
+            # once one has a checkpoint to give, rather than passed with no exploit.
+            self.open[trial] = t
+            return None
+        self.last[trial] = t
+        self.open.pop(trial, None)
         if trial not in bottom or not donors:
             return None
         donor = self.rng.choice(donors)
@@ -103,6 +111,7 @@ class Pbt:
         self.values[trial] = dict(values)
         self.last[trial] = progress
         self.latest.pop(trial, None)
+        self.open.pop(trial, None)
 
 
 def said(values: dict[str, Any]) -> str:
