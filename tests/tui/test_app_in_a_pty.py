@@ -10,15 +10,15 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import psutil
 import pytest
 
-from torchherd.engine.rundir.directory import read_records, run_held
 from tests.conftest import TASKS, repo_env
 from tests.faults.support import REPO, poll_until, wait_gone
+from tests.tui.terminal import read_screen
+from torchherd.engine.rundir.directory import read_records, run_held
 
 pytestmark = pytest.mark.slow
 
@@ -54,20 +54,7 @@ def test_sighup_to_the_apps_terminal_leaves_the_run_training(tmp_path):
     app = subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(config), "--runs-dir", str(runs)],
                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True, cwd=tmp_path, env=env)
     os.close(slave)
-    screen = bytearray()
-
-    def drain() -> None:  # a terminal reads what the app draws, or the app blocks on a full pty
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            screen.extend(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
+    read_screen(master)  # read as a terminal would, or the app blocks on a full pty
     service = None
     try:
         run_dir = poll_until(lambda: next(iter(runs.glob("*/events.jsonl")), None), 120, "the run to start").parent
@@ -161,19 +148,7 @@ def test_an_alert_rings_the_terminal_bell_of_the_app(tmp_path):
     app = subprocess.Popen([sys.executable, "-m", "torchherd", "run", str(config), "--runs-dir", str(runs)],
                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True, cwd=tmp_path, env=env)
     os.close(slave)
-    screen = bytearray()
-
-    def drain() -> None:
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            screen.extend(data)
-
-    threading.Thread(target=drain, daemon=True).start()
+    screen = read_screen(master)
     run_dir = None
     try:
         poll_until(lambda: b"\x07" in OSC.sub(b"", bytes(screen)), 120, "the bell")

@@ -7,12 +7,12 @@ import pty
 import signal
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from tests.conftest import repo_env
 from tests.faults.support import poll_until
+from tests.tui.terminal import read_screen
 from tests.tui.test_attach_app import SLOW, held, write_config
 from torchherd.engine.serve.service import spawn
 
@@ -29,19 +29,7 @@ def test_an_app_in_a_terminal_says_the_run_was_cut_short_when_its_service_dies(t
                            stdout=slave, stderr=slave, start_new_session=True, cwd=home,
                            env=repo_env(TERM="xterm-256color", COLUMNS="120", LINES="40"))
     os.close(slave)
-    screen = bytearray()
-
-    def drain() -> None:  # a terminal reads what the app draws, or the app blocks on a full pty
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            screen.extend(data)
-
-    threading.Thread(target=drain, daemon=True).start()
+    screen = read_screen(master)
     try:
         poll_until(lambda: held(started.run_dir, "long"), SLOW, "steps 1..12")
         poll_until(lambda: b"running" in screen, SLOW, "the app showing the pipeline running")
