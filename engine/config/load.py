@@ -19,6 +19,7 @@ from pydantic_core import ErrorDetails
 
 from ..protocol.names import PipelineKind
 from .effects import no_effect
+from .installed import optional_problems
 from .placeholders import FILLED_KEYS, fill_config
 from .problems import ConfigError, Problem, display_path
 from .schema import (
@@ -215,6 +216,7 @@ def parse_config(data: Table, file: str, base_dir: Path | None = None) -> RunCon
     pipelines = [_parse_pipeline(i, pipe, raw_defaults, shown, base_dir, names, problems)
                  for i, pipe in enumerate(raw_pipelines)]
     top = _parse_top(data, shown, problems)
+    problems += optional_problems(top, shown, base_dir) if top is not None else []
     if sweep is not None:
         problems += _swept_without_effect(sweep, pipelines, [_merged(p, raw_defaults) for p in raw_pipelines], shown)
     if problems:
@@ -375,8 +377,6 @@ def _parse_top(data: Table, shown: str, problems: list[Problem]) -> RunConfig | 
     except ValidationError as exc:
         problems += _problems(exc, shown, RunConfig)
         return None
-    if top.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:  # found without importing it
-        problems.append(Problem(shown, "cluster.backend", 'Ray is not installed: pip install "torchherd[ray]"'))
     return top
 
 

@@ -14,11 +14,13 @@ from .alerts import AlertsConfig
 from .metric_patterns import check_metrics_regex, patterns  # patterns: a re-export too
 from .placeholders import PLACEHOLDER, PLACEHOLDERS, SETTING_NAMES, unknown  # noqa: F401 (PLACEHOLDER*: re-export)
 from .sweep import SweepConfig
+from .tracking import TrackingConfig
 from .units import memory_bytes
 
 BUILTIN_TASKS = ("regression", "digits")
 # Run and pipeline names become folder names, so no '/', no leading '.', nothing that climbs out.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+RUN_FOLDERS = ("tensorboard", "tracking", "code", "validator")  # torchherd's own folders in a run directory
 NAME_RULE = "must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit (it names a folder)"
 
 
@@ -203,6 +205,9 @@ class Pipeline(PipelineSettings):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
+        if v in RUN_FOLDERS:
+            raise ValueError(f"{v!r} is the name of a folder torchherd keeps in every run directory; name the "
+                             "pipeline otherwise")
         return _check_name(v)
 
     @property
@@ -360,6 +365,8 @@ class RunConfig(_Strict):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig, description="Telemetry sampling.")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Local processes or a Ray cluster.")
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="Alerts: rules, bell, command.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description=(
+        "Experiment trackers (MLflow, W&B, your own sinks) that get a copy of the run's events."))
     sweep: SweepConfig | None = Field(None, description=(
         "A search: each [[pipelines]] table becomes one pipeline per trial, pruned by validation results."))
     tensorboard: bool = Field(True, description=(
@@ -378,7 +385,7 @@ RESOLVED = ("task_ref", "source", "script_ref", "validate_ref", "workdir", "tria
 TABLES: dict[str, type[BaseModel]] = {  # the model of each table below the top level, by its key in the file
     "defaults": PipelineSettings, "pipelines": Pipeline, "devices": DevicesConfig, "validation": ValidationConfig,
     "restart": RestartConfig, "telemetry": TelemetryConfig, "cluster": ClusterConfig, "sweep": SweepConfig,
-    "alerts": AlertsConfig}
+    "alerts": AlertsConfig, "tracking": TrackingConfig}
 
 
 def describe_fields() -> dict[str, dict[str, str]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+WANDB = ("tracking", "wandb")  # W&B's offline run files, in the run folder (engine/sinks/wandb_sink.py)
 OWN_FILES = "checkpoints"  # a folder whose contents a training script writes as it likes (its own links too)
 
 
@@ -69,10 +70,11 @@ def make_dirs(path: os.PathLike | str, below: os.PathLike | str) -> Path:
 
 def find_link(run_dir: os.PathLike | str) -> Path | None:
     """The first symbolic link in a run folder (not looking inside the checkpoints folders, whose contents are a
-    training script's own), or None."""
-    for top, folders, files in os.walk(os.fspath(run_dir)):
+    training script's own, nor tracking/wandb, whose are W&B's: it links its own logs there), or None."""
+    top_dir = os.fspath(run_dir)
+    for top, folders, files in os.walk(top_dir):
         for name in (*folders, *files):
             if os.path.islink(os.path.join(top, name)):
                 return Path(top, name)
-        folders[:] = [f for f in folders if f != OWN_FILES]
+        folders[:] = [f for f in folders if f != OWN_FILES and os.path.join(top, f) != os.path.join(top_dir, *WANDB)]
     return None

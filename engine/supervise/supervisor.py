@@ -39,6 +39,7 @@ from ..rundir import provenance
 from ..rundir.directory import RunDirectory, load_resolved_configs, new_run_id
 from ..rundir.snapshots import remove_root, snapshot_root
 from ..runners.registry import runner_for
+from ..sinks.feed import SinkFeed
 from . import build_check, commands
 from .attempts import AttemptLauncher
 from .bus import EventStream, Publisher, StepsTap, Tap
@@ -122,6 +123,7 @@ class Supervisor:
         self.task_check = build_check.BuildCheck(config, check_builds)  # the first wave's builds check every task
         self.sweep: SweepPruner | PbtController | None = None  # a [sweep]'s pruner or PBT, from start()
         self._health: HealthWatch | None = None  # the watch on alerts, from start(): it sums the run up at its end
+        self._sinks: SinkFeed | None = None  # the [tracking] sinks' hosts, from start()
 
     # ------------------------------------------------------------ session
 
@@ -150,6 +152,9 @@ class Supervisor:
         rundir.save_config(self.config)
         self._publish.add_writer(rundir.write, rundir.write_steps)
         self._publish.tap(opened.disk.on_event, opened.disk.on_steps)
+        self._sinks = SinkFeed.open(self.config.tracking, self.run_dir, resuming, self._tracking_notice)
+        if self._sinks is not None:  # MLflow, W&B, the user's: a copy of every event, from run_started on
+            self._publish.tap(self._sinks.on_event, self._sinks.on_steps)
         names = [n for config in [self.config, *(self._resume_configs or [])[1:]] for n in self._add(config)]
         kept = kept_on_resume({n: e.status for n, e in done.items()}, names, self._resume_only) if resuming else {}
         for name in names:
@@ -293,9 +298,13 @@ class Supervisor:
             await asyncio.sleep(0.02)
         for pipe in self._pipelines.values():
             commands.settle_unreaped(self._lifecycle, pipe)
+        if self._sinks is not None:  # the trackers have taken what came before (while they make progress)
+            await self._sinks.settle()
         self._check_finished()
         if self._health is not None:  # the summary's command and POST, before this process may end
             await asyncio.to_thread(self._health.settle)
+        if self._sinks is not None:
+            await asyncio.to_thread(self._sinks.close)
         await asyncio.to_thread(self._feed.stop)
         if self._tick_task is not None:
             self._tick_task.cancel()
@@ -398,6 +407,12 @@ class Supervisor:
         if self._pipelines[name].state in commands.LIVE:  # a completion: it ends early_stopped, not stopped
             self.stop(name, reason=event.reason, ending=S.EARLY_STOPPED)
 
+    def _tracking_notice(self, text: str, level: str) -> None:
+        if self._publish.publishing:  # said by a tap: after the event it taps has reached every other
+            asyncio.get_running_loop().call_soon(self._tracking_notice, text, level)
+        elif not self._finished_sent and not self._closed:  # (after run_finished, its log in tracking/ has it)
+            self._publish.event(Notice(level=level, text=text))
+
     def on_telemetry(self, snapshot: TelemetrySnapshot) -> None:
         """Take a telemetry sample (the sampler thread hands each one over on the event loop)."""
         if self._closed:
@@ -435,6 +450,8 @@ class Supervisor:
             return
         training_done = all(r.state.ended for r in self._pipelines.values())  # a resting trial waits for its sweep
         if training_done and (self._closing or not self._validation.pending(training_done=True)):
+            if not self._closing and self._sinks is not None and not self._sinks.caught_up():
+                return  # a tracker still takes the run's events (never longer than it makes progress)
             if not self._closing and self.sweep is not None and self.sweep.settle():
                 return  # a trial paused at a rung was promoted: the sweep goes on
             if self._closing:
