@@ -18,6 +18,7 @@ from .cli_parsers import parsers
 
 if TYPE_CHECKING:
     from .app import AppOptions, TorchherdApp
+    from .headless import LinePrinter
 
 
 def _exporter(args: argparse.Namespace) -> int:
@@ -52,14 +53,31 @@ def _check(args: argparse.Namespace) -> int:
     from ..engine import check_config
 
     report = check_config(args.config, probe=args.probe)
-    print(report.render())
+    if args.json:
+        from .json_output import check_json, emit
+
+        emit(check_json(args.config, report))
+    else:
+        print(report.render())
     return 0 if report.ok else 2
+
+
+def _refuse(args: argparse.Namespace, text: str, code: int = 2, stream: bool = False) -> int:
+    """A command that cannot do what it was asked: `text` on stderr (after 'torchherd: '), and with --json the
+    object saying so on stdout (`stream`: a followed run's `end` object)."""
+    print(f"torchherd: {text}", file=sys.stderr)
+    if getattr(args, "json", False):
+        from .json_output import emit, refusal
+
+        emit(refusal(text, code, stream))
+    return code
 
 
 def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()  # headless lines count from here, not from when the run starts
-    if not args.headless and not args.detach:  # the app opens at once and checks in its picker, before the
-        return run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)  # engine loads
+    # On screen the app opens at once and checks in its picker, before the engine loads (--json has no screen).
+    if not args.headless and not args.detach and not args.json:
+        return run_app_checked(Path(args.config), Path(args.runs_dir) if args.runs_dir else None)
     from ..engine import check_config
     from .attach import check_and_run
     from .headless import EXIT_CONFIG
@@ -69,9 +87,14 @@ def _run(args: argparse.Namespace) -> int:
     report = check_config(args.config, runs_dir=args.runs_dir)
     if not report.ok:
         print(report.render(), file=sys.stderr)
+        if args.json:  # each problem as check prints it: `torchherd check --json` splits them into fields
+            from .json_output import emit
+
+            emit({"type": "end", "ok": False, "exit": EXIT_CONFIG, "message": "", "how": "refused",
+                  "problems": [str(p) for p in report.problems]})
         return EXIT_CONFIG
     assert report.config is not None
-    return check_and_run(report.config, args.runs_dir, start=started, detach=args.detach)
+    return check_and_run(report.config, args.runs_dir, start=started, detach=args.detach, as_json=args.json)
 
 
 def check_then_launch_app(config: Path, runs_dir: Path | None = None,
@@ -127,48 +150,58 @@ def _resume(args: argparse.Namespace) -> int:
     try:
         run_dir = resolve_run(args.run_dir, Path(args.runs_dir))
     except BadRun as exc:
-        print(f"torchherd: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(args, str(exc), stream=True)
     summary = summarize(run_dir) if (run_dir / "events.jsonl").exists() else None
     if summary is None or not (run_dir / "config.json").exists():
-        print(f"torchherd: {run_dir}: not a torchherd run directory", file=sys.stderr)
-        return 2
+        return _refuse(args, f"{run_dir}: not a torchherd run directory", stream=True)
     if summary.live:
-        print(f"torchherd: {run_dir}: another torchherd process is still running it", file=sys.stderr)
-        return 2
+        return _refuse(args, f"{run_dir}: another torchherd process is still running it", stream=True)
     only = [n for part in args.only or [] for n in part.split(",") if n]
     unknown = [n for n in only if n not in summary.pipelines]
     if unknown:
-        print(f"torchherd: {run_dir}: --only {', '.join(unknown)}: no such pipeline (it has "
-              f"{', '.join(summary.pipelines)})", file=sys.stderr)
-        return 2
+        return _refuse(args, f"{run_dir}: --only {', '.join(unknown)}: no such pipeline (it has "
+                       f"{', '.join(summary.pipelines)})", stream=True)
     # By default early-stopped and pruned pipelines are done; naming one with --only carries it on.
     to_resume = [n for n in only if summary.statuses.get(n) != "completed"] if only else summary.to_resume
     if not to_resume:
-        print(f"torchherd: {run_dir}: every pipeline {'named ' if only else ''}ended well (completed, "
-              "early-stopped or pruned); nothing to resume",
-              file=sys.stderr)
-        return 0  # nothing to do is no mistake (2 is for bad input)
-    if not args.headless and not args.detach:
+        text = (f"{run_dir}: every pipeline {'named ' if only else ''}ended well (completed, early-stopped or "
+                "pruned); nothing to resume")
+        print(f"torchherd: {text}", file=sys.stderr)
+        return _printer(args).end("", 0, how="nothing to resume", run_dir=str(run_dir),
+                                  statuses=dict(summary.statuses), message=text)  # no mistake (2: bad input)
+    if not args.headless and not args.detach and not args.json:
         from .app import run_app
         from .start import Resume
 
         return run_app(None, None, start=Resume(run_dir, tuple(only or ())))
     from ..engine import ServiceFailed, StartCancelled, spawn
     from .attach import follow_run, say_detached
-    from .headless import EXIT_STOPPED, LinePrinter
+    from .headless import EXIT_STOPPED
 
+    printer = _printer(args)
     try:
         started = spawn(resume=run_dir, only=only or None)
     except ServiceFailed as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return printer.close(2, str(exc))
     except StartCancelled as exc:  # the run directory is as it was
-        print(f"\ntorchherd: {exc}".replace("no run is kept", f"{run_dir} is as it was"), file=sys.stderr)
-        return EXIT_STOPPED
+        text = str(exc).replace("no run is kept", f"{run_dir} is as it was")
+        print(f"\ntorchherd: {text}", file=sys.stderr)
+        return printer.close(EXIT_STOPPED, text)
     if args.detach:
-        return say_detached(started, f"resuming {', '.join(to_resume)}")
-    return asyncio.run(follow_run(started.run_dir, LinePrinter(sys.stdout), from_start=True, owner=True))
+        return say_detached(started, f"resuming {', '.join(to_resume)}", printer)
+    return asyncio.run(follow_run(started.run_dir, printer, from_start=True, owner=True))
+
+
+def _printer(args: argparse.Namespace) -> LinePrinter:
+    """What a followed run's events become: lines for a person, or with --json events.jsonl lines on stdout."""
+    from .headless import LinePrinter
+
+    if not args.json:
+        return LinePrinter(sys.stdout)
+    from .json_output import EventLines
+
+    return EventLines(sys.stdout, sys.stderr)
 
 
 def _attach(args: argparse.Namespace) -> int:
@@ -177,13 +210,11 @@ def _attach(args: argparse.Namespace) -> int:
     try:
         run_dir = resolve_run(args.run, Path(args.runs_dir))
     except BadRun as exc:
-        print(f"torchherd: {exc}", file=sys.stderr)
-        return 2
-    if args.headless:
+        return _refuse(args, str(exc), stream=True)
+    if args.headless or args.json:
         from .attach import follow_run
-        from .headless import LinePrinter
 
-        return asyncio.run(follow_run(run_dir, LinePrinter(sys.stdout), from_start=args.from_start,
+        return asyncio.run(follow_run(run_dir, _printer(args), from_start=args.from_start,
                                       read_only=args.read_only))
     from .app import run_app
     from .start import Attach
@@ -195,16 +226,24 @@ def _export(args: argparse.Namespace) -> int:
     from ..engine import Unreadable, export_run, export_schedules
     from .verbs import BadRun, resolve_run
 
-    unreadable = Unreadable()
+    unreadable, folder = Unreadable(), Path(args.tensorboard)
+    before = set(folder.rglob("*")) if folder.is_dir() else set()
     try:
         run_dir = resolve_run(args.run, Path(args.runs_dir))
-        count = export_run(run_dir, Path(args.tensorboard), unreadable)
-        schedules = export_schedules(run_dir, Path(args.tensorboard))
+        count = export_run(run_dir, folder, unreadable)
+        schedules = export_schedules(run_dir, folder)
     except (BadRun, OSError, ValueError) as exc:
-        print(f"torchherd: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(args, str(exc))
     for line in unreadable.lines():
         print(f"torchherd: {line}", file=sys.stderr)
+    if args.json:
+        from .json_output import emit
+
+        written = sorted(str(p) for p in set(folder.rglob("*")) - before if p.is_file() and p != schedules)
+        emit({"ok": True, "run_dir": str(run_dir), "tensorboard": str(folder), "pipelines": count,
+              "files": written, "schedules": str(schedules) if schedules is not None else None,
+              "skipped": unreadable.counts})
+        return 0
     print(f"{run_dir}: TensorBoard files of {count} pipeline(s) in {args.tensorboard} "
           f"(tensorboard --logdir {args.tensorboard}; TensorBoard itself: pip install tensorboard)")
     if schedules is not None:
@@ -239,7 +278,7 @@ def _main(argv: list[str]) -> int:
             return handlers[argv[0]](args)
         from .verbs import act_command
 
-        return act_command(argv[0], args.run, args.name, Path(args.runs_dir))
+        return act_command(argv[0], args.run, args.name, Path(args.runs_dir), sys.stdout, sys.stderr, args.json)
     args = app_parser.parse_args(argv)
     from .app import run_app
 

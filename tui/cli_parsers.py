@@ -7,14 +7,14 @@ import sys
 from typing import Any
 
 USAGE = """torchherd [DIR|CONFIG] [--runs-dir DIR] [--version]
-       torchherd run CONFIG [--headless] [--detach] [--runs-dir DIR]
-       torchherd attach [RUN] [--headless] [--read-only] [--from-start] [--runs-dir DIR]
+       torchherd run CONFIG [--headless] [--detach] [--runs-dir DIR] [--json]
+       torchherd attach [RUN] [--headless] [--read-only] [--from-start] [--runs-dir DIR] [--json]
        torchherd ls [--runs-dir DIR] [--json]
-       torchherd stop|kill RUN [NAME]
-       torchherd pause|unpause|checkpoint|restart|stacks|promote RUN NAME
-       torchherd resume RUN_DIR [--headless] [--detach] [--only NAME]
-       torchherd check CONFIG [--probe]
-       torchherd export RUN --tensorboard DIR [--runs-dir DIR]
+       torchherd stop|kill RUN [NAME] [--json]
+       torchherd pause|unpause|checkpoint|restart|stacks|promote RUN NAME [--json]
+       torchherd resume RUN_DIR [--headless] [--detach] [--only NAME] [--json]
+       torchherd check CONFIG [--probe] [--json]
+       torchherd export RUN --tensorboard DIR [--runs-dir DIR] [--json]
        torchherd exporter [--host 127.0.0.1] [--port 9400]"""
 
 COMMANDS = """commands:
@@ -34,7 +34,11 @@ COMMANDS = """commands:
   exporter          serve Prometheus metrics of your live runs on this box (http://127.0.0.1:9400/metrics)
 
 RUN is a run directory or a run id under --runs-dir (default ./runs). `torchherd COMMAND -h` shows a
-command's options."""
+command's options. --json: stdout holds JSON only, for scripts (notices go to stderr)."""
+
+
+JSON_LINES = ("no screen: each event as its events.jsonl line, then one object saying how it ended (for scripts "
+              "and jq)")
 
 
 def _version() -> str:
@@ -76,6 +80,7 @@ def parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                      help="start the run and return at once (exit 0), printing how to attach and stop it")
     run.add_argument("--runs-dir", metavar="DIR",
                      help="where the run directory goes (overrides the config's runs_dir)")
+    run.add_argument("--json", action="store_true", help=JSON_LINES)
 
     resume = argparse.ArgumentParser(
         prog="torchherd resume", description="Carry on every pipeline of a run that did not complete "
@@ -91,6 +96,7 @@ def parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                         help="carry it on in the background and return at once (exit 0), printing how to attach")
     resume.add_argument("--only", action="append", metavar="NAME",
                         help="resume only these pipelines (repeat, or separate with commas)")
+    resume.add_argument("--json", action="store_true", help=JSON_LINES)
 
     check = argparse.ArgumentParser(
         prog="torchherd check", description="Validate a config: 'ok' and what would launch where, or every "
@@ -98,6 +104,7 @@ def parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         "builds every task in a fresh process, as `torchherd run` does.")
     check.add_argument("config", metavar="CONFIG", help="the TOML config to check")
     check.add_argument("--probe", action="store_true", help="also build every task in a fresh process")
+    check.add_argument("--json", action="store_true", help="one JSON object: ok, the problems, the plan")
     return app, {"run": run, "resume": resume, "check": check, **_client_parsers()}
 
 
@@ -115,6 +122,7 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
     attach.add_argument("--from-start", action="store_true", help="with --headless: from the run's beginning")
     attach.add_argument("--read-only", action="store_true", help="watch only: commands are refused")
     attach.add_argument("--runs-dir", **runs_dir)
+    attach.add_argument("--json", action="store_true", help=JSON_LINES)
     ls = argparse.ArgumentParser(prog="torchherd ls", description="List runs, newest first: live, finished, "
                                  "or cut short and resumable.")
     ls.add_argument("--runs-dir", **runs_dir)
@@ -127,6 +135,7 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
     export.add_argument("run", metavar="RUN", help="run directory or run id")
     export.add_argument("--tensorboard", metavar="DIR", required=True, help="where the event files go")
     export.add_argument("--runs-dir", **runs_dir)
+    export.add_argument("--json", action="store_true", help="one JSON object: what was written")
     parsers = {"attach": attach, "ls": ls, "export": export, "exporter": _exporter_parser()}
     for verb in ACTIONS:
         one = verb in NEEDS_NAME
@@ -136,6 +145,7 @@ def _client_parsers() -> dict[str, argparse.ArgumentParser]:
         act.add_argument("run", metavar="RUN", help="run directory or run id")
         act.add_argument("name", nargs=None if one else "?", metavar="NAME", help="the pipeline")
         act.add_argument("--runs-dir", **runs_dir)
+        act.add_argument("--json", action="store_true", help="one JSON object: what the run answered")
         parsers[verb] = act
     return parsers
 
