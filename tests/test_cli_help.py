@@ -27,13 +27,13 @@ def help_text(capsys, *argv: str) -> str:
 
 # Regression: `torchherd run --help` ran the app's four-line usage into argparse's own.
 @pytest.mark.parametrize("command, usage", [
-    ("run", "usage: torchherd run [-h] [--headless] [--detach] [--runs-dir DIR] CONFIG"),
-    ("attach", "usage: torchherd attach [-h] [--headless] [--from-start] [--read-only] [--runs-dir DIR] [RUN]"),
+    ("run", "usage: torchherd run [-h] [--headless] [--detach] [--runs-dir DIR] [--json] CONFIG"),
+    ("attach", "usage: torchherd attach [-h] [--headless] [--from-start] [--read-only] [--runs-dir DIR] [--json] [RUN]"),
     ("ls", "usage: torchherd ls [-h] [--runs-dir DIR] [--json]"),
-    ("kill", "usage: torchherd kill [-h] [--runs-dir DIR] RUN [NAME]"),
-    ("pause", "usage: torchherd pause [-h] [--runs-dir DIR] RUN NAME"),
-    ("resume", "usage: torchherd resume [-h] [--runs-dir DIR] [--headless] [--detach] [--only NAME] RUN"),
-    ("check", "usage: torchherd check [-h] [--probe] CONFIG"),
+    ("kill", "usage: torchherd kill [-h] [--runs-dir DIR] [--json] RUN [NAME]"),
+    ("pause", "usage: torchherd pause [-h] [--runs-dir DIR] [--json] RUN NAME"),
+    ("resume", "usage: torchherd resume [-h] [--runs-dir DIR] [--headless] [--detach] [--only NAME] [--json] RUN"),
+    ("check", "usage: torchherd check [-h] [--probe] [--json] CONFIG"),
 ])
 def test_each_command_has_its_own_clean_help(capsys, command: str, usage: str):
     text = help_text(capsys, command, "--help")

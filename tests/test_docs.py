@@ -11,7 +11,7 @@ import torchherd.tui
 from torchherd.engine.config.schema import describe_fields
 from torchherd.engine.protocol.messages import Event
 from torchherd.engine.protocol.records import message_types
-from torchherd.tui.cli import _parsers
+from torchherd.tui.cli_parsers import parsers as _parsers
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

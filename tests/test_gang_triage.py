@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -88,8 +89,14 @@ async def test_torchherd_stacks_answers_with_where_each_rank_of_a_hung_gang_is(t
             await wait_for(stream, lambda e: isinstance(e, Triage), 90)  # stuck for good: the stall's own triage
             out, err = io.StringIO(), io.StringIO()
             assert await _ask(sup.run_dir, Action.STACKS, "g", out, err) == 0, err.getvalue()
+            as_json = io.StringIO()  # `torchherd stacks RUN g --json`
+            assert await _ask(sup.run_dir, Action.STACKS, "g", as_json, err, as_json=True) == 0, err.getvalue()
     finally:
         shutil.rmtree(sock.parent, ignore_errors=True)
     lines = out.getvalue().splitlines()
     assert lines[1].startswith("triage: rank 1 is in `time.sleep(args.hang_for)`"), lines
     assert "rank 0 waits in all_reduce" in lines[1] and lines[2].startswith("stacks in ")
+    said = json.loads(as_json.getvalue())
+    assert (said["ok"], said["action"], said["pipeline"], said["run"]) == (True, "stacks", "g", sup.run_dir.name)
+    assert said["triage"]["verdict"].startswith("rank 1 is in `time.sleep(args.hang_for)`"), said
+    assert len(said["triage"]["ranks"]) == 2 and Path(said["triage"]["folder"]).parent == sup.run_dir / "g" / "stacks"

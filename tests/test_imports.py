@@ -79,7 +79,7 @@ def test_the_app_up_to_its_first_screen_loads_no_engine_past_the_protocol():
     # What `torchherd` imports before the picker draws: the command line, the app, the picker. The config
     # schema (pydantic), the check, the run directory and the supervisor load after the first frame, in the
     # picker's thread workers or when a run is shown.
-    mods = modules_after("from torchherd.tui import cli\ncli._parsers()\n"
+    mods = modules_after("from torchherd.tui import cli\ncli.parsers()\n"
                          "import torchherd.tui.app, torchherd.tui.screens.picker")
     assert loaded(mods, ("pydantic", "torch", "psutil", "pygments", "torchherd.engine.config",
                          "torchherd.engine.preflight", "torchherd.engine.rundir", "torchherd.engine.supervise",

@@ -61,20 +61,20 @@ def start_service(config: Path, runs_dir: Path | None, err: TextIO = sys.stderr,
         return EXIT_STOPPED
 
 
-def run_detached(config: Path, runs_dir: Path | None, out: TextIO = sys.stdout) -> int:
+def run_detached(config: Path, runs_dir: Path | None, printer: LinePrinter, err: TextIO = sys.stderr) -> int:
     """`torchherd run CONFIG --detach`: start the service and return at once, saying where to find it."""
-    started = start_service(config, runs_dir)
+    started = start_service(config, runs_dir, err)
     if started is None or isinstance(started, int):  # EXIT_STOPPED, the only int it returns
         return EXIT_CONFIG if started is None else EXIT_STOPPED
-    return say_detached(started, "run started", out)
+    return say_detached(started, "run started", printer)
 
 
-def say_detached(started: Spawned, what: str, out: TextIO = sys.stdout) -> int:
+def say_detached(started: Spawned, what: str, printer: LinePrinter) -> int:
     """A detached start's last words: the service's pid, where its run is, how to watch and stop it."""
-    out.write(f"torchherd: {what} in the background (supervisor pid {started.pid})\n"
-              f"  run directory: {started.run_dir}\n  watch it: {attach_command(started.run_dir)}\n"
-              f"  stop it: torchherd stop {started.run_dir}\n")
-    return EXIT_OK
+    run_dir, watch, stop = started.run_dir, attach_command(started.run_dir), f"torchherd stop {started.run_dir}"
+    return printer.end(f"torchherd: {what} in the background (supervisor pid {started.pid})\n"
+                       f"  run directory: {run_dir}\n  watch it: {watch}\n  stop it: {stop}\n", EXIT_OK,
+                       how="detached", run_dir=str(run_dir), pid=started.pid, attach=watch, stop=stop)
 
 
 def run_service_headless(config: Path, runs_dir: Path | None, printer: LinePrinter, check_builds: bool = False,
@@ -137,8 +137,7 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
     except NotLive as exc:
         if not run_held(run_dir) and (run_dir / "events.jsonl").is_file():
             return print_ended(run_dir, printer, from_start=from_start)
-        printer.write(f"torchherd: {exc}\n")
-        return EXIT_FAILED
+        return printer.end(f"torchherd: {exc}\n", EXIT_FAILED, how="not live", run_dir=str(run_dir), error=str(exc))
     if not owner:  # which run this is, and what the keys do to it, before its lines
         keys = ("read-only: Ctrl-C leaves it going" if read_only else
                 "Ctrl-C stops every pipeline (twice: kills them); closing this terminal leaves it going")
@@ -168,14 +167,18 @@ async def follow_run(run_dir: Path, printer: LinePrinter, *, from_start: bool, o
         for sig in SIGNALS:
             loop.remove_signal_handler(sig)
         await (run.close() if finished else run.detach())
+    facts = {"run_dir": str(run.run_dir), "statuses": dict(run.statuses)}
     if finished:
-        if not printer.refused:  # a task that did not build: nothing trained, and no run directory is kept
-            printer.write(f"run directory: {shown_path(run.run_dir)}\n")
-        return exit_status(run.statuses)
-    if hung_up.is_set():
-        return EXIT_OK
-    printer.write(f"torchherd: {await run.why_ended()}\n")
-    return EXIT_FAILED
+        # A task that did not build: nothing trained, and no run directory is kept.
+        if printer.refused:
+            return printer.end("", EXIT_CONFIG if owner else exit_status(run.statuses), how="refused", **facts,
+                               problems=printer.refused)
+        return printer.end(f"run directory: {shown_path(run.run_dir)}\n", exit_status(run.statuses),
+                           how="finished", **facts)
+    if hung_up.is_set():  # the run goes on
+        return printer.end("", EXIT_OK, how="left", **facts)
+    why = await run.why_ended()
+    return printer.end(f"torchherd: {why}\n", EXIT_FAILED, how="cut short", **facts, error=why)
 
 
 def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int:
@@ -193,11 +196,10 @@ def print_ended(run_dir: Path, printer: LinePrinter, *, from_start: bool) -> int
             printer.write(f"torchherd: {line}\n")
     summary = summarize(run_dir)
     state = state_of(summary) if summary is not None else "never started"
-    printer.write(f"torchherd: {run_dir} is not live: {state}"
-                  + ("" if from_start else " (--from-start prints its history)") + "\n")
-    if summary is None or summary.status == "unfinished":
-        return EXIT_FAILED
-    return exit_status(summary.statuses)
+    text = f"torchherd: {run_dir} is not live: {state}" + ("" if from_start else " (--from-start prints its history)")
+    code = EXIT_FAILED if summary is None or summary.status == "unfinished" else exit_status(summary.statuses)
+    return printer.end(text + "\n", code, how="ended", run_dir=str(run_dir), state=state,
+                       statuses=dict(summary.statuses) if summary is not None else {})
 
 
 def session_start(history: list[Event]) -> int:
@@ -227,17 +229,29 @@ async def _print(stream: EventStream, printer: LinePrinter, old: int = 0, skip: 
 
 
 def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = sys.stdout,
-                  err: TextIO = sys.stderr, start: float | None = None, detach: bool = False) -> int:
+                  err: TextIO = sys.stderr, start: float | None = None, detach: bool = False,
+                  as_json: bool = False) -> int:
     """Run `config` and follow it (unless `detach`); returns the exit status.
 
     A task that does not build trains nothing: the problems go to `err` and the status is EXIT_CONFIG.
     Followed, the workers' first builds are the check (engine/supervise/build_check.py); detached,
     nobody stays to hear their verdict, so every task is first built once in a fresh process.
     Lines show seconds since `start` (time.monotonic(); default now), when the command began.
+    `as_json`: JSON lines on `out` (tui/json_output.py), the lines a person reads on `err`.
     """
+    if not as_json:
+        return _check_and_run(config, runs_dir, LinePrinter(out, config.validation.metric, start), err, detach)
+    from .json_output import EventLines, Noted
+
+    noted = Noted(err)
+    printer = EventLines(out, err, config.validation.metric, start)
+    return printer.close(_check_and_run(config, runs_dir, printer, noted, detach), noted.said)
+
+
+def _check_and_run(config: RunConfig, runs_dir: str | None, printer: LinePrinter, err: TextIO,
+                   detach: bool) -> int:
     from ..engine import plan_jobs, probe_tasks
 
-    printer = LinePrinter(out, config.validation.metric, start)
     tasks = len(plan_jobs(config))
     noun = f"{tasks} task{'s' if tasks != 1 else ''}"
     # Scripts only: nothing to build (their files were checked with the config). A script or a Lightning
@@ -250,17 +264,17 @@ def check_and_run(config: RunConfig, runs_dir: str | None = None, out: TextIO = 
         try:
             problems = probe_tasks(config)
         except KeyboardInterrupt:  # the probe's process is gone already
-            printer.write("\ninterrupted while checking the tasks; nothing launched\n")
-            return EXIT_STOPPED
+            return printer.end("\ninterrupted while checking the tasks; nothing launched\n", EXIT_STOPPED,
+                               how="not started")
         took = time.monotonic() - printer.start
         if problems:
             printer.line(f"checking failed after {took:.1f}s: nothing launched")
             count = len(problems)
             err.write(f"{count} problem{'s' if count != 1 else ''}:\n" + "".join(f"{p}\n" for p in problems))
             err.flush()
-            return EXIT_CONFIG
+            return printer.end("", EXIT_CONFIG, how="refused", problems=[str(p) for p in problems])
         printer.line(f"{noun} built in {took:.1f}s")
     if detach:
-        return run_detached(Path(config.source), Path(runs_dir) if runs_dir else None, out)
+        return run_detached(Path(config.source), Path(runs_dir) if runs_dir else None, printer, err)
     return run_service_headless(Path(config.source), Path(runs_dir) if runs_dir else None, printer,
                                 check_builds=held, err=err)

@@ -115,6 +115,17 @@ class LinePrinter:
         except (OSError, ValueError):  # EIO, EPIPE, or a closed stream
             self.gone = True
 
+    def end(self, text: str, code: int, **facts: Any) -> int:
+        """The client's last words on how the run ended: `text` for a person (--json: one `end` object with its
+        exit status, `facts` and `text`); returns `code`."""
+        self.write(text)
+        return code
+
+    def close(self, code: int, why: str = "") -> int:
+        """The exit status `code` of a command whose run never got to an end (a config refused, a start that
+        failed): a person has read `why` on stderr already; --json says it in an `end` object."""
+        return code
+
     def handle(self, ev: Event) -> None:
         """Print what `ev` is worth to a person watching (often nothing)."""
         method = _LINES.get(type(ev))

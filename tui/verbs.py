@@ -11,6 +11,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TextIO
 
@@ -203,49 +204,91 @@ def ledger_lines(leases: Sequence[HeldDevice], sessions: Sequence[LedgerSession]
 
 
 def act_command(verb: str, run: str, name: str | None, runs_dir: Path, out: TextIO = sys.stdout,
-                err: TextIO = sys.stderr) -> int:
-    """`torchherd VERB RUN [NAME]`: ask the live run; say what it answered."""
+                err: TextIO = sys.stderr, as_json: bool = False) -> int:
+    """`torchherd VERB RUN [NAME]`: ask the live run; say what it answered (`as_json`: one JSON object)."""
     if verb in NEEDS_NAME and not name:
-        err.write(f"torchherd {verb}: name the pipeline (torchherd {verb} RUN NAME)\n")
-        return EXIT_BAD
+        return _say(Answer(EXIT_BAD, error=f"torchherd {verb}: name the pipeline (torchherd {verb} RUN NAME)",
+                           prefix=False), verb, out, err, as_json)
     try:
         run_dir = resolve_run(run, runs_dir)
     except BadRun as exc:
-        err.write(f"torchherd: {exc}\n")
-        return EXIT_BAD
+        return _say(Answer(EXIT_BAD, error=str(exc)), verb, out, err, as_json)
     from ..engine.protocol.control import Action
 
-    return asyncio.run(_ask(run_dir, Action(ACTIONS[verb]), name or "", out, err))
+    return asyncio.run(_ask(run_dir, Action(ACTIONS[verb]), name or "", out, err, as_json))
 
 
-async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextIO) -> int:
+@dataclass(frozen=True)
+class Answer:
+    """What a live run answered a request (`reply`, and for stacks the triage), or why it was not asked."""
+
+    code: int
+    run_dir: Path | None = None
+    pipeline: str = ""
+    reply: str = ""
+    error: str = ""
+    prefix: bool = True  # the error is said after 'torchherd: '
+    hint: str = ""  # a line on what to do instead
+    triage: Triage | None = None
+
+
+def _say(answer: Answer, verb: str, out: TextIO, err: TextIO, as_json: bool) -> int:
+    """`answer` for a person (the reply on `out`, a refusal on `err`) or as one JSON object on `out`."""
+    if as_json:
+        run_dir = answer.run_dir
+        said: dict[str, object] = {"ok": not answer.error, "action": verb, "pipeline": answer.pipeline or None,
+                                   "run": run_dir.name if run_dir else None,
+                                   "run_dir": str(run_dir) if run_dir else None}
+        if answer.error:
+            said["error"] = answer.error
+        else:
+            said["reply"] = answer.reply
+            triage = answer.triage
+            said["triage"] = None if triage is None else {"verdict": triage.verdict, "ranks": list(triage.ranks),
+                                                          "folder": triage.folder}
+        out.write(json.dumps(said) + "\n")
+        if answer.error:  # for a person too, as without --json (stdout holds the JSON only)
+            err.write(f"torchherd: {answer.error}\n" if answer.prefix else f"{answer.error}\n")
+        if answer.hint:
+            err.write(f"torchherd: {answer.hint}\n")
+    elif answer.error:
+        err.write(f"torchherd: {answer.error}\n" if answer.prefix else f"{answer.error}\n")
+        if answer.hint:
+            err.write(f"  {answer.hint}\n")
+    else:
+        out.write(f"{answer.run_dir.name if answer.run_dir else ''}: {answer.reply}\n")
+        if answer.triage is not None:
+            out.write(f"triage: {answer.triage.verdict}\nstacks in {answer.triage.folder}\n")
+    return answer.code
+
+
+async def _ask(run_dir: Path, action: Action, name: str, out: TextIO, err: TextIO, as_json: bool = False) -> int:
+    return _say(await _answer(run_dir, action, name), str(action), out, err, as_json)
+
+
+async def _answer(run_dir: Path, action: Action, name: str) -> Answer:
     from ..engine import NotLive, RemoteRun
 
     live = action == "stacks"  # where its ranks are comes back as a triage event, once their stacks are in
     try:
         run = await RemoteRun.connect(run_dir, live=live, history=False)
     except NotLive as exc:
-        err.write(f"torchherd: {exc}\n")
-        if action == "restart" and name:  # the run ended (a kill of its last pipeline): resume starts it
-            err.write(f"  to start {name} again: torchherd resume {run_dir} --only {name}\n")
-        return EXIT_REFUSED
+        # the run ended (a kill of its last pipeline): resume starts it
+        hint = f"to start {name} again: torchherd resume {run_dir} --only {name}" \
+            if action == "restart" and name else ""
+        return Answer(EXIT_REFUSED, run_dir, name, error=str(exc), hint=hint)
     try:
         if name and name not in run.welcome.pipelines:
-            err.write(f"torchherd: {run_dir}: no pipeline named {name!r} (it has "
-                      f"{', '.join(run.welcome.pipelines)})\n")
-            return EXIT_BAD
+            return Answer(EXIT_BAD, run_dir, name, error=f"{run_dir}: no pipeline named {name!r} (it has "
+                          f"{', '.join(run.welcome.pipelines)})")
         stream = run.subscribe(replay=False) if live else None
         reply = await run.request(action, name)
         triage = await _triage_of(stream, name) if stream is not None and reply.ok else None
     finally:
         await run.close()
     if not reply.ok:
-        err.write(f"torchherd: {run_dir}: refused: {reply.text}\n")
-        return EXIT_REFUSED
-    out.write(f"{run_dir.name}: {reply.text}\n")
-    if triage is not None:
-        out.write(f"triage: {triage.verdict}\nstacks in {triage.folder}\n")
-    return EXIT_TOOK
+        return Answer(EXIT_REFUSED, run_dir, name, error=f"{run_dir}: refused: {reply.text}")
+    return Answer(EXIT_TOOK, run_dir, name, reply=reply.text, triage=triage)
 
 
 async def _triage_of(stream: EventStream, name: str, timeout: float = TRIAGE_WAIT) -> Triage | None:
