@@ -23,11 +23,12 @@ to attached clients, and training under it.
 
 5. CPU (only when asked: --only cpu). The supervising process's CPU per step event of 3, served with none and
    with 4 clients attached, with and without the TensorBoard files (the run directory sink alone), against
-   --baseline DIR (an earlier checkout) the same two ways, rounds alternating. Goal <= 10 us.
+   --baseline DIR (an earlier checkout) the same two ways, rounds alternating. Goal <= 10 us. With --trackers,
+   also with the MLflow and W&B sinks fed: over the same without them, goal <= 1.1x.
 
 Absolute times on a shared machine are noise: read the ratios (and the CPU seconds next to the wall ones).
 Usage: python benchmarks/service_attach.py [--quick] [--rounds 3] [--train-rounds 5] [--only attach,fanout,training]
-       python benchmarks/service_attach.py --only cpu [--baseline DIR] [--count 25000] [--rounds 3]
+       python benchmarks/service_attach.py --only cpu [--baseline DIR] [--trackers] [--count 25000] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ SECTIONS = ("attach", "fanout", "training", "cpu")
 PACED = 250  # step reports per batch a fan-out worker sends at most (0: unpaced)
 FAN = 4  # the fan-out's flood workers, and its attached clients or in-process subscribers (--fan; quick 1)
 NO_TENSORBOARD = "TORCHHERD_BENCH_NO_TENSORBOARD"  # "1": the supervise child's run writes no TensorBoard files
+TRACKERS = "TORCHHERD_BENCH_TRACKERS"  # "1": the supervise child's run feeds MLflow and W&B ([tracking])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -70,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--epochs", type=int, help="epochs of the training run (default 4)")
     ap.add_argument("--fan", type=int, help="fan-out: flood workers, and clients attached (default 4, quick 1)")
     ap.add_argument("--tmux", type=int, help="attach: timed `torchherd attach` commands in tmux (default 3, quick 1)")
+    ap.add_argument("--trackers", action="store_true", help="cpu: also a round with MLflow and W&B fed ([tracking])")
     ap.add_argument("--baseline", type=Path, help="cpu: another torchherd checkout to compare with (it must import "
                     "its own engine: `python -c 'import torchherd.engine'` with PYTHONPATH=it)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -453,6 +456,8 @@ async def supervise(args: argparse.Namespace) -> None:
             "devices": {"placement": "cpu", "cpu_slots": workers, "threads_per_worker": 1},
             "validation": {"mode": "off"}, "telemetry": {"enabled": False}, "restart": {"max_restarts": 0},
             "tensorboard": os.environ.get(NO_TENSORBOARD) != "1"}
+    if os.environ.get(TRACKERS) == "1":  # MLflow and W&B fed from the run's events (their hosts: other processes)
+        data["tracking"] = {"mlflow": f"sqlite:///{gate / 'mlflow.db'}", "wandb": "offline"}
     config = parse_config(data, str(gate / "flood.toml"), gate)
     sup = Supervisor(config, launcher=FloodLauncher(), inventory=Inventory(cpu_count=workers))
     published = {"n": 0, "first": 0.0, "last": 0.0}
@@ -532,11 +537,12 @@ def rate(r: dict) -> float:
 
 
 def fanout_round(tmp: Path, mode: str, count: int, clients: int, batch: int = PACED, root: Path = ROOT,
-                 tensorboard: bool = True) -> dict:
+                 tensorboard: bool = True, trackers: bool = False) -> dict:
     gate = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=tmp))
     sup = child("--child", "supervise", "--mode", mode, "--count", str(count), "--gate", str(gate),
                 "--batch", str(batch), *(["--fan", str(FAN)] if FAN != 4 else []),  # a --baseline may not know it
-                root=root, extra_env={} if tensorboard else {NO_TENSORBOARD: "1"})
+                root=root, extra_env={**({} if tensorboard else {NO_TENSORBOARD: "1"}),
+                                      **({TRACKERS: "1"} if trackers else {})})
     procs = []
     try:
         run_dir = read_tagged(sup, READY)["run_dir"]
@@ -617,13 +623,15 @@ def cpu_section(args: argparse.Namespace, tmp: Path) -> None:
     also without its TensorBoard files (the run directory sink alone: what issue 26's bar counts)."""
     total = FAN * args.count
     base = args.baseline.resolve() if args.baseline else None  # its script must know NO_TENSORBOARD for its second
-    trees = {"now": (ROOT, True), "now, no TensorBoard": (ROOT, False),
-             **({"baseline": (base, True), "baseline, no TensorBoard": (base, False)} if base else {})}
+    trees = {"now": (ROOT, True, False), "now, no TensorBoard": (ROOT, False, False),
+             **({"now, MLflow + W&B": (ROOT, True, True)} if args.trackers else {}),
+             **({"baseline": (base, True, False), "baseline, no TensorBoard": (base, False, False)} if base else {})}
     got: dict[tuple[str, int], list[float]] = {(t, n): [] for t in trees for n in (0, FAN)}
     for i in range(args.rounds):
         for clients in (0, FAN):
-            for tree, (root, tensorboard) in trees.items():
-                r = fanout_round(tmp, "served", args.count, clients, root=root, tensorboard=tensorboard)
+            for tree, (root, tensorboard, trackers) in trees.items():
+                r = fanout_round(tmp, "served", args.count, clients, root=root, tensorboard=tensorboard,
+                                 trackers=trackers)
                 if not r["short"]:  # a round that dropped a client is not the same work
                     got[tree, clients].append(1e6 * r["cpu"] / total)
         print(f"round {i + 1} (load {os.getloadavg()[0]:.1f}): " + "; ".join(
@@ -631,7 +639,8 @@ def cpu_section(args: argparse.Namespace, tmp: Path) -> None:
     for n in (0, FAN):
         line = {t: got[t, n] for t in trees if got[t, n]}
         text = ", ".join(f"{t} median {statistics.median(v):.1f} us (least {min(v):.1f})" for t, v in line.items())
-        for was, now in (("baseline", "now"), ("baseline, no TensorBoard", "now, no TensorBoard")):
+        for was, now in (("baseline", "now"), ("baseline, no TensorBoard", "now, no TensorBoard"),
+                         ("now, MLflow + W&B", "now")):
             if was in line and now in line:
                 text += f"; {was}/{now} {statistics.median(line[was]) / statistics.median(line[now]):.2f}x"
         print(f"supervisor CPU per step event, {n} clients attached, {args.rounds} rounds of {FAN} x {args.count:,}: "

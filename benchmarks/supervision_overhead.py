@@ -8,7 +8,10 @@ the worker-side CPU per reported step, and the CPU per step event of publishing 
 supervisor's bus into a RunDirectory (now: one msgspec encoding, buffered writes, a worker's batch of step
 reports published at once; before: JSON encoded per record by to_record + json.dumps, each line written to
 events.jsonl and metrics.jsonl), with none and with 4 client fan-out taps.
-Run: python benchmarks/supervision_overhead.py [--only sink] [--quick] (--quick: every part once at the least size)
+and the same with the MLflow and W&B sinks' feed tapped on the bus (their hosts are processes of their own; what
+counts is this process's CPU, their feed's writer threads included).
+Run: python benchmarks/supervision_overhead.py [--only sink|trackers] [--quick] (--quick: every part once at the
+least size)
 """
 from __future__ import annotations
 
@@ -220,6 +223,57 @@ def sink_cost(tmp: Path, events: int = 200_000, rounds: int = 3) -> None:
               f"one by one/a batch at a time {now / batch:.2f}x ({events:,} events, best of {rounds})")
 
 
+async def _publish_with_trackers(path: Path, runs: list, trackers: bool) -> float:
+    """CPU of this process (every thread: the writer threads of the sinks' feed too) to publish `runs` on a bus
+    into a RunDirectory, with the MLflow and W&B sinks' feed tapped on it or not, until every line is in the
+    hosts' pipes. The hosts are started and have imported their trackers before the clock starts; they are ended
+    without waiting after it stops."""
+    from torchherd.engine.rundir.directory import RunDirectory
+    from torchherd.engine.sinks.feed import SinkFeed
+    from torchherd.engine.supervise.bus import EventBus
+
+    config = parse_config({"runs_dir": str(path.parent), "pipelines": [{"name": f"p{i}", "task": "regression"}
+                                                                        for i in range(4)],
+                           "tracking": {"mlflow": f"sqlite:///{path.parent / 'mlflow.db'}", "wandb": "offline",
+                                        "buffer": 10_000_000}}, str(path.parent / "bench.toml"), path.parent)
+    bus, out = EventBus(history=1), RunDirectory(path)
+    out.save_config(config)
+    bus.add_writer(out.write, out.write_steps)
+    feed = None
+    if trackers:
+        feed = SinkFeed(config.tracking.specs(), path, False, config.tracking.buffer, lambda text, level: None)
+        while not all(h.ready or h.gone for h in feed.hosts):  # imported and connected: not the supervisor's CPU
+            await asyncio.sleep(0.05)
+        bus.add_tap(feed.on_event, feed.on_steps)
+    c = time.process_time()
+    for run in runs:
+        bus.publish_steps(run)
+        await asyncio.sleep(0)  # the loop turns between a worker's batches, as in the supervisor: hand-overs run
+    while feed is not None and any(host.flush() for host in feed.hosts):  # every line into the pipes, counted
+        await asyncio.sleep(0.01)
+    used = time.process_time() - c
+    out.close()
+    if feed is not None:
+        for host in feed.hosts:
+            host.close(0.0)
+    return used
+
+
+def trackers_cost(tmp: Path, events: int, rounds: int) -> None:
+    """The supervisor's CPU per step event with the MLflow and W&B sinks on vs off (goal <= 1.1x)."""
+    steps = [StepMetrics(pipeline=f"p{i % 4}", epoch=0, step=i, loss=0.5 + 1e-6 * i, lr=0.01, samples_per_s=1280.0)
+             for i in range(events)]
+    runs = [steps[k::4][j:j + 250] for j in range(0, events // 4, 250) for k in range(4)]
+    off, on = [], []
+    for r in range(rounds):  # alternate, so drift on a shared machine hits both alike
+        off.append(asyncio.run(_publish_with_trackers(tmp / f"off-{r}" / "run", runs, False)))
+        on.append(asyncio.run(_publish_with_trackers(tmp / f"on-{r}" / "run", runs, True)))
+    a, b = min(off), min(on)
+    print(f"tracking sinks (MLflow + W&B offline): {1e6 * a / events:.2f} us supervisor CPU per step event off, "
+          f"{1e6 * b / events:.2f} us on; on/off {b / a:.2f}x (goal <= 1.1; {events:,} events, best of {rounds} "
+          "alternating)")
+
+
 def main() -> None:
     global EPOCHS
     quick = "--quick" in sys.argv[1:]
@@ -229,8 +283,12 @@ def main() -> None:
         PARAMS["samples"] = 640
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        sink_cost(tmp / "sink", 2_000 if quick else 200_000, rounds)
-        if [a for a in sys.argv[1:] if a != "--quick"] == ["--only", "sink"]:
+        only = [a for a in sys.argv[1:] if a != "--quick"]
+        if only != ["--only", "trackers"]:
+            sink_cost(tmp / "sink", 2_000 if quick else 200_000, rounds)
+        if only != ["--only", "sink"]:
+            trackers_cost(tmp / "trackers", 2_000 if quick else 200_000, rounds)
+        if only:
             return
         bare, supervised = [], []
         for i in range(rounds):  # alternate, so drift on a shared machine hits both alike

@@ -48,7 +48,7 @@ QUICK: dict[str, tuple[list[str], dict[str, str], str, list]] = {
     "handoff_gpu": ([], {"ROUNDS": "1", "MIB": "8"}, r"ratio", [GPU]),
     "spike_alarms": (["--quick"], {}, r"spike=10 spike_persist=3 +\d+ of \d+", []),
     "tensorboard_cost": (["--quick"], {}, r"run wall time: .*ratio on/off \d", []),
-    "supervision_overhead": (["--quick"], {}, r"(?s)ratio supervised/bare \d.*worker CPU per reported step", []),
+    "supervision_overhead": (["--quick"], {}, r"(?s)tracking sinks .*on/off.*ratio supervised/bare \d.*worker CPU per reported step", []),
     "service_attach": (["--quick", "--only", "attach,fanout,training,cpu"], {},
                        r"(?s)full screen after attach: .*ratio clients/in-process .*ratio detached/in-process \d.*"
                        r"\d clients attached, 1 rounds", []),

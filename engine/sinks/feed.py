@@ -4,14 +4,16 @@ the host; a host that falls behind loses step reports (counted, said once), neve
 waited for at the run's end only while it makes progress."""
 from __future__ import annotations
 
+import fcntl
+import itertools
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -36,6 +38,9 @@ SETTLE_MAX = 60.0  # seconds the run's end waits, at most, for hosts that are st
 CLOSE_WAIT = 30.0  # seconds a host may take to finish its sink once its input has ended
 SKIPPED = (Heartbeat, SnapshotTaken, SnapshotSkipped)  # nothing a tracker shows
 URGENT = (PipelineFinished, RunFinished)  # handed over at once
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+PIPE_SIZE = 1 << 20
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # buffers in one writev
 Say = Callable[[str, str], None]  # (text, level): a notice of the run
 
 
@@ -56,35 +61,55 @@ class SinkHost:
         self.gone = False  # its process has ended (or its input broke)
         self.stalled = False
         self.ready = False  # it has answered once: its sink is built
-        self._pending: list[bytes] = []
-        self._chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._out: deque[bytes | memoryview] = deque()  # events' lines handed on, not in the pipe yet
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        threading.Thread(target=self._write, args=(self.proc.stdin,), name=f"torchherd-sink-{self.name}",
-                         daemon=True).start()
+        self._fd = self.proc.stdin.fileno()
+        os.set_blocking(self._fd, False)  # written from the loop as far as the pipe takes, never waited on
+        try:  # a MiB in the pipe: what a hand-over every HAND_OVER seconds writes at once
+            fcntl.fcntl(self._fd, F_SETPIPE_SZ, PIPE_SIZE)
+        except OSError:  # not Linux, or above /proc/sys/fs/pipe-max-size: the default stands
+            pass
         threading.Thread(target=self._answers, args=(self.proc.stdout,), name=f"torchherd-sink-{self.name}-answers",
                          daemon=True).start()
 
-    def add(self, lines: list[bytes], droppable: bool) -> None:
+    def send(self, lines: list[bytes], kept: Callable[[], list[bytes]]) -> None:
+        """Hand on `lines`, one event each; when that would take it past its backlog, only `kept()`'s (every event
+        but step reports), the rest counted as dropped."""
         if self.gone:
             return
-        room = self.buffer - (self.sent - self.done)
-        if droppable and room < len(lines):
+        if self.buffer - (self.sent - self.done) < len(lines):
             if not self.dropped:
                 self._say(f"tracking ({self.name}) is {self.buffer} events behind: step reports are dropped for it "
                           "until it catches up (training goes on; the count comes at the end)", "warning")
-            self.dropped += len(lines) - max(room, 0)
-            lines = lines[:max(room, 0)]
+            few = kept()
+            self.dropped += len(lines) - len(few)
+            lines = few
             if not lines:
                 return
         if self.sent == self.done:  # it was caught up: its clock of progress starts now
             self.progress_at = time.monotonic()
-        self._pending.extend(lines)
         self.sent += len(lines)
+        self._out.extend(lines)
 
-    def hand_over(self) -> None:
-        if self._pending:
-            chunk, self._pending = b"".join(self._pending), []
-            self._chunks.put(chunk)
+    def flush(self) -> bool:
+        """Write what the pipe takes now, without waiting (the lines as they are, IOV_MAX at a time: nothing is
+        joined or copied here); True when something is still to write."""
+        out = self._out
+        while out and not self.gone:
+            try:
+                n = os.writev(self._fd, list(itertools.islice(out, IOV_MAX)))
+            except BlockingIOError:
+                return True
+            except OSError:  # the host ended: its answers say why
+                self.gone = True
+                out.clear()
+                return False
+            while n and n >= len(out[0]):
+                n -= len(out.popleft())
+            if n:  # a line written in part: its rest goes first next time
+                out[0] = memoryview(out[0])[n:]
+                return True
+        return False
 
     def caught_up(self) -> bool:
         """It has taken every event handed on, or it is gone or stalled (said once): nothing to wait for."""
@@ -97,19 +122,6 @@ class SinkHost:
                           f"({self.sent - self.done} events not taken; its log: {FOLDER}/{self.name}.log)", "warning")
             return True
         return False
-
-    def _write(self, stdin: IO[bytes]) -> None:
-        while (chunk := self._chunks.get()) is not None:
-            try:
-                stdin.write(chunk)
-                stdin.flush()
-            except (OSError, ValueError):  # the host ended: its answers say why
-                self.gone = True
-                return
-        try:
-            stdin.close()
-        except OSError:
-            pass
 
     def _answers(self, stdout: IO[bytes]) -> None:
         for line in stdout:
@@ -129,8 +141,12 @@ class SinkHost:
         self.gone = True
 
     def close(self, wait: float) -> None:
-        """End its input, give it `wait` seconds to finish (none when stalled), then end its process group."""
-        self._chunks.put(None)
+        """Write the rest and end its input, give it `wait` seconds to finish (none when stalled), then end its
+        process group."""
+        if not self.stalled:
+            threading.Thread(target=self._last_write, name=f"torchherd-sink-{self.name}", daemon=True).start()
+        else:
+            self._end_input()
         try:
             self.proc.wait(0.0 if self.stalled else wait)
         except subprocess.TimeoutExpired:
@@ -139,6 +155,21 @@ class SinkHost:
             except OSError:
                 pass
             self.proc.wait()
+
+    def _last_write(self) -> None:
+        """What is still to write, waited on (a thread of its own: ended by the host's end at the latest)."""
+        try:
+            os.set_blocking(self._fd, True)
+            self.flush()
+        except OSError:
+            pass
+        self._end_input()
+
+    def _end_input(self) -> None:
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
 
 
 class SinkFeed:
@@ -167,20 +198,21 @@ class SinkFeed:
         self.hosts = [SinkHost(spec, run_dir, resuming, buffer, say) for spec in specs]
         self._say = say
         self._due = False  # a hand-over is scheduled
+        self._lines: list[bytes] = []  # published since the last hand-over, in order
+        self._kept: list[bytes] = []  # the same but step reports: what a host behind still gets
 
     def on_event(self, event: Event, line: bytes, kept: bool) -> None:
         if not kept or isinstance(event, SKIPPED):
             return
-        for host in self.hosts:
-            host.add([line], False)
+        self._lines.append(line)
+        self._kept.append(line)
         if isinstance(event, URGENT):
             self.hand_over()
         else:
             self._soon()
 
     def on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
-        for host in self.hosts:
-            host.add(lines, True)
+        self._lines += lines
         self._soon()
 
     def _soon(self) -> None:
@@ -195,9 +227,19 @@ class SinkFeed:
             self.hand_over()
 
     def hand_over(self) -> None:
+        """What was published since the last hand-over, to every host; what a pipe did not take goes on at the
+        next (one is due while anything is left)."""
         self._due = False
+        if not self._lines:
+            if any([host.flush() for host in self.hosts]):
+                self._soon()
+            return
+        lines, kept = self._lines, self._kept
+        self._lines, self._kept = [], []
         for host in self.hosts:
-            host.hand_over()
+            host.send(lines, lambda: kept)
+        if any([host.flush() for host in self.hosts]):
+            self._soon()
 
     def caught_up(self) -> bool:
         """Every host has taken what it was handed (or is gone, or stalled): the run may end. Once they all have,
