@@ -17,6 +17,7 @@ from ..rundir.directory import load_resolved_configs
 from .api import Sink, SinkRun, sink_name
 
 BATCH = 2000  # events handed to the sink at once, at most
+NICE = 10  # added to the host's niceness
 GRACE = 60.0  # seconds a sink may take to finish once its input has ended, before its process group is killed
 
 
@@ -127,6 +128,10 @@ def feed(sink: Sink, run: SinkRun, events: queue.SimpleQueue[Event | None], answ
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    try:  # a tracker is background work: the cores go to training and supervision first
+        os.nice(NICE)
+    except OSError:
+        pass
     run_dir, spec = Path(args[0]).resolve(), args[1]
     answers = Answers(os.fdopen(os.dup(1), "w", buffering=1), sink_name(spec))
     os.dup2(2, 1)  # what the sink or its library prints goes to its log, never into the answers
