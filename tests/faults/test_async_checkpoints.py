@@ -19,8 +19,15 @@ import torch
 
 from tests.conftest import wait_for
 from tests.faults.support import faulty_config, finish, of, run_events, supervised
-from torchherd.engine.protocol.messages import (CheckpointSaved, Notice, Resumed, StepMetrics, TrainingStarted,
-                                                WorkerExited, WorkerStarted)
+from torchherd.engine.protocol.messages import (
+    CheckpointSaved,
+    Notice,
+    Resumed,
+    StepMetrics,
+    TrainingStarted,
+    WorkerExited,
+    WorkerStarted,
+)
 from torchherd.engine.supervise.supervisor import Supervisor
 from torchherd.engine.worker import checkpoint as ckpt
 from torchherd.tui.verbs import list_command
