@@ -20,6 +20,7 @@ _WHERE = {  # name -> the module that defines it
     "ProbeCancelled": ".preflight.probe", "pending_jobs": ".preflight.probe", "plan_jobs": ".preflight.probe",
     "probe_tasks": ".preflight.probe",
     # run directories: what a run left, live or ended
+    "checkpoint_bytes": ".rundir.directory",
     "RunSummary": ".rundir.directory", "list_runs": ".rundir.directory", "load_resolved_configs": ".rundir.directory",
     "read_events": ".rundir.directory", "run_held": ".rundir.directory", "summarize": ".rundir.directory",
     "read_history": ".rundir.history", "export_run": ".rundir.tensorboard", "Unreadable": ".rundir.lines",
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers (kept equal t
     from .protocol.messages import Event as Event
     from .protocol.states import WorkerState as WorkerState
     from .rundir.directory import RunSummary as RunSummary
+    from .rundir.directory import checkpoint_bytes as checkpoint_bytes
     from .rundir.directory import list_runs as list_runs
     from .rundir.directory import load_resolved_configs as load_resolved_configs
     from .rundir.directory import read_events as read_events

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ..engine.protocol.health import Straggler
+from ..engine.protocol.messages import CheckpointSaved
 from ..engine.protocol.progress import PipelineProgress
 
 SHORT_METRICS = {"accuracy": "acc", "val_loss": "loss", "loss": "loss", "val_accuracy": "acc"}
@@ -152,3 +153,20 @@ def gang_text(row: PipelineProgress) -> str:
     if row.verdict and row.stalled_since is not None:
         parts.append(f"triage: {row.verdict}")
     return " · ".join(parts)
+
+
+def checkpoint_cost(ev: CheckpointSaved) -> str:
+    """", training held 0.012 s, written in 1.3 s" for a checkpoint that says so (older records do not)."""
+    if not ev.write_s and not ev.blocked_s:
+        return ""
+    return f", training held {ev.blocked_s:.2g} s, written in {ev.write_s:.2g} s"
+
+
+def fmt_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'; 0 -> '0 B'."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

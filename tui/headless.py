@@ -38,7 +38,7 @@ from ..engine.protocol.messages import (
 )
 from ..engine.protocol.names import ExitReason, ValidationMode
 from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
-from .formats import quiet_text, shown_path, straggler_text
+from .formats import checkpoint_cost, quiet_text, shown_path, straggler_text
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # some pipeline failed or was killed
@@ -223,7 +223,8 @@ class LinePrinter:
 
     def _checkpoint(self, ev: CheckpointSaved) -> None:
         if ev.reason in ("stop", "request"):  # the others come every epoch: not worth a line
-            self.line(f"{ev.pipeline}: checkpoint {ev.path} ({self.where(ev.pipeline, ev.epoch, ev.step)})")
+            self.line(f"{ev.pipeline}: checkpoint {ev.path} ({self.where(ev.pipeline, ev.epoch, ev.step)})"
+                      f"{checkpoint_cost(ev)}")
 
     def _worker_error(self, ev: WorkerError) -> None:
         self.line(f"{ev.pipeline}: error during {ev.where}: {ev.error}")

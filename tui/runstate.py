@@ -23,7 +23,7 @@ from ..engine.protocol.names import ExitReason
 from ..engine.protocol.progress import PipelineProgress
 from ..engine.protocol.progress import apply as fold
 from ..engine.protocol.states import WorkerState, ended_label
-from .formats import epoch_label, finish_text, fmt_num, is_loss_metric, quiet_text, straggler_text
+from .formats import checkpoint_cost, epoch_label, finish_text, fmt_num, is_loss_metric, quiet_text, straggler_text
 from .ranking import SavedSweep, TrialRow, fold_trial, rank
 from .series import LossSeries
 
@@ -268,7 +268,7 @@ class RunState:
             where = f"after epoch {ev.epoch}" + (f"/{total}" if total else "")
         else:
             where = f"in {epoch_label(ev.epoch, total)}, step {ev.step:,}"
-        self.note("info", ev.pipeline, f"checkpoint ({ev.reason}) {where}", at=ev.time)
+        self.note("info", ev.pipeline, f"checkpoint ({ev.reason}) {where}{checkpoint_cost(ev)}", at=ev.time)
 
     def _resumed(self, ev: m.Resumed, _: PipelineProgress | None) -> None:
         text = f"resumed from its checkpoint: {self._epoch(ev.pipeline, ev.epoch)}, step {ev.step:,}"

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from ..engine.protocol.control import Action
     from ..engine.protocol.health import Triage
 
+from .formats import fmt_bytes
+
 EXIT_TOOK, EXIT_REFUSED, EXIT_BAD = 0, 1, 2
 # verb -> the Action's value: plain strings, so that the command line (and the app's first screen, which builds
 # its parsers) knows the verbs without loading the control protocol.
@@ -75,7 +77,7 @@ def state_of(summary: RunSummary) -> str:
 def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """`torchherd ls`: every run under `runs_dir` and every live run of the user's wherever it was started,
     newest first, with its state; stale sockets cleaned. What cannot be read of the device ledger goes to `err`."""
-    from ..engine import clean_stale, read_control
+    from ..engine import checkpoint_bytes, clean_stale, read_control
 
     runs = all_runs(runs_dir)
     pids: dict[Path, int | None] = {}
@@ -86,10 +88,11 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout, err: T
             control = read_control(r.path)
             pids[r.path] = control.pid if control is not None else None
     leases, sessions = machine_ledger(err)
+    sizes = {r.path: checkpoint_bytes(r.path) for r in runs}
     if as_json:
         json.dump([{"run_id": r.run_id, "path": str(r.path), "state": state_of(r), "live": r.live,
                     "pid": pids.get(r.path), "resumable": r.resumable, "status": r.status, "started": r.started,
-                    "statuses": r.statuses,
+                    "statuses": r.statuses, "checkpoint_bytes": sizes[r.path],
                     "code": [{"repo": c.repo, "commit": c.commit, "dirty": c.dirty,
                               "diff": str(r.path / c.diff) if c.diff else "",
                               "diff_cut": c.diff_cut} for c in r.code],
@@ -107,7 +110,7 @@ def list_command(runs_dir: Path, as_json: bool, out: TextIO = sys.stdout, err: T
     for r in runs:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started))
         state = f"live (pid {pids[r.path]})" if pids.get(r.path) else state_of(r)
-        head = f"{r.run_id:<{width}}  {started}  {state:<24} "
+        head = f"{r.run_id:<{width}}  {started}  {state:<24} {fmt_bytes(sizes[r.path]):>10}  "
         out.write(head + fit_names(r.pipelines, columns - len(head)) + "\n")
     for line in ledger_lines(leases, sessions):
         out.write(line + "\n")

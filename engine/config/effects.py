@@ -23,7 +23,7 @@ NO_EFFECT: dict[PipelineKind, dict[str, str]] = {
                              "compile": COMPILE_OWN},
     PipelineKind.SCRIPT: {key: OWN_LOOP for key in (
         "precision", "compile", "float32_matmul_precision", "num_workers", "pin_memory", "accumulate_grad_batches",
-        "checkpoint_every_n_epochs")},
+        "checkpoint_every_n_epochs", "keep_last", "async_checkpoints")},
 }
 
 

@@ -66,6 +66,13 @@ class PipelineSettings(_Strict):
     accumulate_grad_batches: int = Field(1, ge=1, description="Batches whose gradients add up per optimizer step.")
     log_every_n_steps: int = Field(10, ge=1, description="Report the mean loss every this many optimizer steps.")
     checkpoint_every_n_epochs: int = Field(1, ge=1, description="Write the 'last' checkpoint every this many epochs.")
+    keep_last: int = Field(2, ge=1, description=(
+        "'last' checkpoints kept: 2 keeps last and prev (a fallback when last cannot be read), 1 only last, more "
+        "keeps older ones too (prev2, prev3, ...). The best checkpoint is kept besides, never deleted."))
+    async_checkpoints: bool = Field(True, description=(
+        "A Task's checkpoint is copied into memory of its own (on a GPU, pinned host memory) and written by a "
+        "background thread, so training waits only for the copy; false writes it on the training thread, "
+        "training waiting for the disk. Sharded (fsdp) gangs write through DCP on the training thread either way."))
     trust_checkpoints: bool = Field(False, description=(
         "Load this pipeline's checkpoints even when they hold objects other than tensors and plain values "
         "(torch.load with weights_only=False), which can run any code as they load: only for files you wrote "

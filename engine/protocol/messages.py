@@ -194,6 +194,8 @@ class CheckpointSaved(PipelineEvent):
     epoch: int
     step: int
     reason: str  # "epoch", "stop", "request", "best"
+    blocked_s: float = 0.0  # seconds training was held by it (the staging copy; a synchronous save, all of it)
+    write_s: float = 0.0  # seconds its write, fsync and rename took (on a background thread, for a Task's)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

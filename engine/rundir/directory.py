@@ -281,6 +281,20 @@ class RunSummary:
         return bool(self.to_resume) and not self.live
 
 
+def checkpoint_bytes(run_dir: Path) -> int:
+    """Bytes the checkpoints of the run at `run_dir` take: every file under each pipeline's checkpoints/ folder
+    (a sharded checkpoint's folders included; links not followed)."""
+    total = 0
+    for folder in run_dir.glob("*/checkpoints"):
+        for root, _, files in os.walk(folder):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except OSError:  # gone since it was listed (a rename by a live run)
+                    pass
+    return total
+
+
 def read_records(path: Path, unreadable: Unreadable | None = None) -> list[dict[str, Any]]:
     """Every JSON object of a .jsonl file; a line that is not one (torn by a crash mid-write, not UTF-8, not
     an object) is skipped, and counted in `unreadable`: a run folder's files are data anyone may have written."""

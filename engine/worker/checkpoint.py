@@ -1,8 +1,8 @@
 """Atomic checkpoints: write to a temporary file, fsync, then rename; keep the previous one.
 
-`save_checkpoint` never leaves a half-written file under a checkpoint's name, and
-`load_latest` falls back to the previous checkpoint when the newest cannot be read,
-saying why.
+`save_checkpoint` never leaves a half-written file under a checkpoint's name and keeps `keep` of them (last.pt,
+prev.pt, prev2.pt, ...); `load_latest` falls back to the older ones, newest first, when the newest cannot be
+read, saying why.
 
 A checkpoint is data, not code: it loads with `torch.load(weights_only=True)`, which builds tensors, plain
 values and torch's own state (optimizers, schedulers, scalers, RNG states) but imports nothing else. One that
@@ -97,17 +97,47 @@ def write_atomic(path: Path, state: Mapping[str, object]) -> None:
     _fsync_dir(path.parent)
 
 
-def save_checkpoint(directory: Path, state: Mapping[str, object], name: str = LAST) -> Path:
-    """Write `name` in `directory`; for 'last' (last.pt, or a Lightning pipeline's last.ckpt), the one it
-    replaces becomes 'prev'."""
+def older_name(index: int, suffix: str = ".pt") -> str:
+    """The name of the `index`-th checkpoint before 'last': prev.pt, then prev2.pt, prev3.pt, ..."""
+    return f"prev{index if index > 1 else ''}{suffix}"
+
+
+def older_checkpoints(directory: Path, suffix: str = ".pt") -> list[tuple[int, Path]]:
+    """The checkpoints before 'last' in `directory`, newest first: (index, path) of prev.pt, prev2.pt, ..."""
+    found = []
+    for path in directory.glob(f"prev*{suffix}"):
+        digits = path.name[len("prev"):-len(suffix)]
+        if digits == "" or (digits.isdigit() and int(digits) > 1):
+            found.append((int(digits or 1), path))
+    return sorted(found)
+
+
+def _rotate(directory: Path, suffix: str, keep: int) -> None:
+    """Make room for a new 'last': the one there becomes prev, prev becomes prev2, ...; beyond `keep` in all
+    (the new last included), the oldest go."""
+    olds = older_checkpoints(directory, suffix)
+    for index, path in olds:
+        if index > keep - 2:  # it would be shifted past the last one kept
+            path.unlink(missing_ok=True)
+    for index, path in reversed(olds):
+        if index <= keep - 2:
+            os.replace(path, directory / older_name(index + 1, suffix))
+    last = directory / f"last{suffix}"
+    if keep > 1 and last.exists():
+        os.replace(last, directory / older_name(1, suffix))
+
+
+def save_checkpoint(directory: Path, state: Mapping[str, object], name: str = LAST, keep: int = 2) -> Path:
+    """Write `name` in `directory`; for 'last' (last.pt, or a Lightning pipeline's last.ckpt), the ones it
+    replaces become 'prev', 'prev2', ..., `keep` of them in all with the new one (2: last and prev; 1: last
+    alone). best.pt is never touched by a 'last'."""
     path = directory / name
     if not name.startswith("last."):
         write_atomic(path, state)
         return path
     tmp_new = directory / f".last.new{path.suffix}"
     write_atomic(tmp_new, state)  # fails here on a full disk, before anything is moved
-    if path.exists():
-        os.replace(path, directory / f"prev{path.suffix}")
+    _rotate(directory, path.suffix, keep)
     os.replace(tmp_new, path)
     _fsync_dir(directory)
     return path
@@ -124,7 +154,8 @@ def load_latest(directory: Path, map_location: MAP_LOCATION = "cpu", suffix: str
     import torch
 
     notes = []
-    for name in (f"last{suffix}", f".last.new{suffix}", f"prev{suffix}"):
+    olds = [path.name for _, path in older_checkpoints(directory, suffix)]
+    for name in (f"last{suffix}", f".last.new{suffix}", *olds):
         path = directory / name
         if not path.exists():
             continue

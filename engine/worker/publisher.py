@@ -43,14 +43,15 @@ class Flight:
 class Publisher:
     """A daemon thread that finishes flights one at a time, started with the first one."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "torchherd-snapshot-publisher") -> None:
+        self.name = name  # the thread's
         self._flights: queue.SimpleQueue[Flight | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._current: Flight | None = None
 
     def submit(self, flight: Flight) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="torchherd-snapshot-publisher", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
             # A script that ends normally with a copy in flight still publishes it: daemon threads run on
             # while atexit handlers do. (A worker process ends with os._exit; its runner closes the writer.)

@@ -9,6 +9,9 @@ Params (all optional):
   ignore_sigterm              set SIGTERM to SIG_IGN in the worker and in its DataLoader workers
   ballast_mb                  a buffer of this many MiB in the state dict: big, slow checkpoints
   disk_full_file              while this path exists, torch.save writes a little and fails with ENOSPC
+  save_gate_file, save_gate_after
+                              after `save_gate_after` (default 0) 'last' checkpoints, each one's torch.save waits
+                              (its temporary file open, a little written) until `save_gate_file` exists: a slow disk
   gate_file, gate_at_call     at forward call `gate_at_call` the worker waits until `gate_file` exists, so a
                               test can keep a pipeline running until it has done its part
 """
@@ -110,6 +113,26 @@ def _fail_saves_while(marker: str) -> None:
     torch.save = save
 
 
+def _gate_saves(gate: str, after: int) -> None:
+    """Make every 'last' checkpoint's write after the first `after` wait until `gate` exists."""
+    real_save = torch.save
+    passed = [0]
+
+    def save(obj, f, *args, **kwargs):
+        if "last.new" in str(getattr(f, "name", "")):
+            passed[0] += 1
+            if passed[0] > after:
+                f.write(b"\0" * 4096)  # written in part, as a slow disk is mid-way
+                f.flush()
+                f.seek(0)
+                deadline = time.monotonic() + 300.0  # bounded: a test that never opens it fails, it does not hang
+                while not os.path.exists(gate) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        return real_save(obj, f, *args, **kwargs)
+
+    torch.save = save
+
+
 def build(params):
     torch.manual_seed(0)
     ignore = bool(params.get("ignore_sigterm", False))
@@ -117,6 +140,8 @@ def build(params):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if params.get("disk_full_file"):
         _fail_saves_while(params["disk_full_file"])
+    if params.get("save_gate_file"):
+        _gate_saves(params["save_gate_file"], int(params.get("save_gate_after", 0)))
     model = Faulty(params.get("fault"), params.get("fault_at_call"), params.get("once_file"),
                    float(params.get("ballast_mb", 0)),
                    gate=(params.get("gate_file"), params.get("gate_at_call")))

@@ -300,7 +300,7 @@ class LightningAttempt:
             state = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             if not trainer.is_global_zero:
                 return
-            path = ckpt.save_checkpoint(self.ckpt_dir, state, name)
+            path = ckpt.save_checkpoint(self.ckpt_dir, state, name, self.pipe.keep_last)
         except ckpt.CheckpointError as exc:
             self.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}",
                              topic=NoticeTopic.CHECKPOINT_FAILED))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,7 @@ import torch
 from ...protocol.messages import CheckpointSaved, Notice, Resumed
 from ...protocol.names import NoticeTopic
 from ...worker import checkpoint as ckpt
+from ...worker.checkpoint_writer import CheckpointWriter
 from ...worker.retune import lr_scale, number, scale_lrs
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ class TrainerCheckpoints:
     scaler: torch.amp.GradScaler | None
     epoch_loss: torch.Tensor
     handoff: HandOff
+    writer: CheckpointWriter | None = None  # open_writer makes it
     _elapsed: Callable[[], float]
 
     @property
@@ -167,10 +171,16 @@ class TrainerCheckpoints:
                 f"checkpoint written with params.lr {saved:g}: learning rate scaled to params.lr {new:g}")))
 
     def save(self, reason: str, name: str = ckpt.LAST) -> None:
-        """Write checkpoint `name`: rank 0 alone (every rank holds the same weights), or, sharded, every rank its
-        shards (a collective: every rank calls it at the same step)."""
+        """Write checkpoint `name`: rank 0 alone (every rank holds the same weights), staged and written by a
+        background thread unless `async_checkpoints = false`; or, sharded, every rank its shards (a collective:
+        every rank calls it at the same step)."""
         if not self.lead and not self.sharded:
             return
+        landed = partial(self._saved, reason, self.epoch, self.step)
+        if self.writer is not None:
+            self.writer.save(self._state(), name, landed, self._save_failed)
+            return
+        start = time.monotonic()
         try:
             if self.sharded:
                 from .sharded_checkpoint import save_sharded
@@ -178,13 +188,40 @@ class TrainerCheckpoints:
                 path = save_sharded(self.ckpt_dir, name, self.model, self.optimizer, self._progress(), self.lead,
                                     self._world)
             else:
-                path = ckpt.save_checkpoint(self.ckpt_dir, self._state(), name)
+                path = ckpt.save_checkpoint(self.ckpt_dir, self._state(), name, self.pipe.keep_last)
         except ckpt.CheckpointError as exc:
-            # Training goes on; the previous checkpoint is still there.
-            if self.lead:
-                self.sender.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}",
-                                        topic=NoticeTopic.CHECKPOINT_FAILED))
+            self._save_failed(exc)
             return
+        took = time.monotonic() - start
         if self.lead:
-            self.sender.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=self.epoch,
-                                             step=self.step, reason=reason))
+            landed(path, took, took)
+
+    def _saved(self, reason: str, epoch: int, step: int, path: Path, blocked_s: float, write_s: float) -> None:
+        """Tell the supervisor a checkpoint is in place (from the writer thread, for a background write)."""
+        self.sender.send(CheckpointSaved(pipeline=self.name, path=str(path), epoch=epoch, step=step, reason=reason,
+                                         blocked_s=blocked_s, write_s=write_s))
+
+    def _save_failed(self, exc: ckpt.CheckpointError) -> None:
+        # Training goes on; the previous checkpoint is still there.
+        if self.lead:
+            self.sender.send(Notice(pipeline=self.name, level="error", text=f"checkpoint failed: {exc}",
+                                    topic=NoticeTopic.CHECKPOINT_FAILED))
+
+    def open_writer(self) -> None:
+        """The background writer of rank 0's checkpoints, where they are written so (not a sharded gang's)."""
+        if self.lead and not self.sharded and self.pipe.async_checkpoints:
+            self.writer = CheckpointWriter(self.ckpt_dir, self.pipe.keep_last, self._say)
+
+    def _say(self, text: str) -> None:
+        print(f"torchherd: {text}", file=sys.stderr, flush=True)
+        self.sender.send(Notice(pipeline=self.name, level="info", text=f"checkpoint: {text}"))
+
+    def wait_for_checkpoint(self) -> None:
+        """Hold until the checkpoint being written is in place (a stop, a pause, the end of training)."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def close_writer(self) -> None:
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            writer.close()

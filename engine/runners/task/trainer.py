@@ -174,8 +174,13 @@ class Trainer(TrainerCheckpoints):
 
     def run(self) -> int:
         try:
-            return self._run()
+            code = self._run()
+            self.close_writer()  # the worker ends once its last checkpoint is in place, not before
+            return code
         finally:
+            if self.writer is not None:  # an error ends training: what was being written still lands
+                with contextlib.suppress(Exception):
+                    self.close_writer()
             self.handoff.close()  # the last snapshot's copy may still be running
 
     def _run(self) -> int:
@@ -196,6 +201,7 @@ class Trainer(TrainerCheckpoints):
         return self._finish()
 
     def _start_training(self, steps_per_epoch: int) -> None:
+        self.open_writer()
         # The slots are set up before training starts: allocated once, not at a hand-off.
         if self.sharded and self.validation.mode == ValidationMode.BACKGROUND:  # every rank: a collective
             self.full = FullWeights(self.model)
@@ -288,6 +294,7 @@ class Trainer(TrainerCheckpoints):
         self.save("stop" if stopped else "final")
         if not stopped:
             self.handoff.finish(alive=lambda: self.control.beat(self.step))
+        self.wait_for_checkpoint()  # before a gang's barrier: its ranks ending would start the linger clock
         if self.gang is not None:
             # No rank ends while rank 0 still validates or saves: an early exit would start the gang's
             # linger clock, and rank 0 could be ended before its last checkpoint.
