@@ -77,4 +77,8 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory,
     r = config.restart
     lines.append(f"restarts: up to {r.max_restarts}, backoff {r.backoff:g}s..{r.backoff_max:g}s, "
                  f"min uptime {r.min_uptime:g}s")
+    t = config.tracking
+    trackers = ([f"MLflow {t.mlflow}"] if t.mlflow else []) + ([f"W&B {t.wandb}"] if t.wandb else []) + t.sinks
+    if trackers:
+        lines.append("tracking: " + ", ".join(trackers) + " (logs in the run's tracking/ folder)")
     return lines
