@@ -24,6 +24,7 @@ _WHERE = {  # name -> the module that defines it
     "RunSummary": ".rundir.directory", "list_runs": ".rundir.directory", "load_resolved_configs": ".rundir.directory",
     "read_events": ".rundir.directory", "run_held": ".rundir.directory", "summarize": ".rundir.directory",
     "read_history": ".rundir.history", "export_run": ".rundir.tensorboard", "Unreadable": ".rundir.lines",
+    "encode_line": ".rundir.lines",
     "export_schedules": ".supervise.sweep.exploiting",
     # live runs: started as a service, found, reached
     "LiveRun": ".live", "EventStream": ".supervise.bus",
@@ -69,6 +70,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and readers (kept equal t
     from .rundir.directory import summarize as summarize
     from .rundir.history import read_history as read_history
     from .rundir.lines import Unreadable as Unreadable
+    from .rundir.lines import encode_line as encode_line
     from .rundir.tensorboard import export_run as export_run
     from .runners.script import uses_client as uses_client
     from .runners.task.api import Task as Task

@@ -112,7 +112,7 @@ def test_engine_subpackages_import_each_other_without_loops():
 # The device layer asks no runner: what a pipeline's runner can run as a gang is preflight's question
 # (preflight/plan.py), and a runner never asks where it runs (its environment says).
 LAYERS = ["protocol", "config", "worker", "rundir", "hardware", "runners", "validation", "telemetry", "launch",
-          "preflight", "supervise", "serve"]
+          "preflight", "sinks", "supervise", "serve"]
 
 
 def test_engine_subpackages_import_only_the_layers_below():

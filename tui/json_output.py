@@ -12,13 +12,12 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ..engine import encode_line
 from ..engine.protocol.messages import Event, RunFinished
-from ..engine.rundir.lines import encode_line
 from .headless import LinePrinter
 
 if TYPE_CHECKING:
-    from ..engine import CheckReport
-    from ..engine.config.problems import Problem
+    from ..engine import CheckReport, Problem
 
 
 def emit(obj: dict[str, Any], out: TextIO | None = None) -> None:
