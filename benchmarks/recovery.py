@@ -1,9 +1,10 @@
 """Time to recover: a rank of a 2-rank DDP gang SIGKILLed mid-epoch, under torchherd and under torchrun.
 
 Each round trains benchmarks/_recovery_torchrun.py's model (gloo, CPU, Adam) as a plain DDP loop under
-`torchrun --nproc-per-node=2 --max-restarts=1`, as a torchherd Task gang with one restart allowed, and as the same
-gang with torchherd's forking process kept (restarted ranks forked from a process that imported torch), in an
-order that alternates; all checkpoint every epoch, and rank 1 is SIGKILLed once half an epoch past the first
+`torchrun --nproc-per-node=2 --max-restarts=1`, as a torchherd Task gang with one restart allowed (its restarted
+ranks forked from the session's forking process, which has imported torch), and as the same gang with
+`warm_start = false` (each restarted rank a fresh Python), in an order that alternates; all checkpoint every
+epoch, and rank 1 is SIGKILLed once half an epoch past the first
 checkpoint is reported. Figures: seconds from the kill to the gang's next step (step times as each records them:
 events.jsonl, the plain loop's step lines), steps lost (the highest step reported before the kill minus the step
 training resumed at) and when each phase between them ended; medians with their spread, and the ratios to
@@ -66,8 +67,8 @@ class Recovery:
 # ------------------------------------------------------------ torchherd
 
 
-def herd_config(tmp: Path, n: int) -> RunConfig:
-    data = {"runs_dir": str(tmp / "runs"), "name": f"recovery{n}",
+def herd_config(tmp: Path, n: int, warm: bool = True) -> RunConfig:
+    data = {"cluster": {"warm_start": warm}, "runs_dir": str(tmp / "runs"), "name": f"recovery{n}",
             "pipelines": [{"name": "g", "task": f"{workload.__file__}:build", "ranks": workload.RANKS,
                            "max_epochs": EPOCHS, "batch_size": workload.BATCH, "log_every_n_steps": 1,
                            "checkpoint_every_n_epochs": 1}],
@@ -77,9 +78,10 @@ def herd_config(tmp: Path, n: int) -> RunConfig:
     return parse_config(data, str(tmp / "recovery.toml"), tmp)
 
 
-async def under_torchherd(tmp: Path, n: int) -> Recovery:
-    """torchherd as `torchherd run` runs it: a restarted rank is a fresh Python that imports torch."""
-    sup = Supervisor(herd_config(tmp, n), inventory=Inventory(cpu_count=workload.RANKS, note="benchmark"))
+async def under_torchherd(tmp: Path, n: int, warm: bool = True) -> Recovery:
+    """torchherd as `torchherd run` runs it; `warm` false is `[cluster] warm_start = false`: each restarted rank
+    a fresh Python that imports torch."""
+    sup = Supervisor(herd_config(tmp, n, warm), inventory=Inventory(cpu_count=workload.RANKS, note="benchmark"))
     stream = sup.subscribe(replay=False)
     await sup.start()
     try:
@@ -90,12 +92,14 @@ async def under_torchherd(tmp: Path, n: int) -> Recovery:
 
 
 def warm_torchherd(tmp: Path, n: int) -> Recovery:
-    """torchherd with its forking process kept (`keep_warm`, as a sweep's `expect_restarts` starts one): the
-    restarted ranks are forked from a process that has imported torch, instead of starting Python afresh."""
+    """torchherd as `torchherd run` runs a gang that may restart: its restarted ranks are forked from the session's
+    forking process, which has imported torch. That process starts with the session, beside the gang's first
+    (cold) ranks, and is ready seconds later; so that the kill finds it ready in a run this short, it is started
+    and made ready first (`keep_warm`, which the session then uses as its own)."""
     forker = keep_warm()
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not forker.ready():  # its imports done, so the restart forks (a start before would go cold)
+        while not forker.ready():
             if forker.gone or time.monotonic() > deadline:
                 raise SystemExit("torchherd's forking process did not get ready")
             time.sleep(0.05)
@@ -239,8 +243,8 @@ def report(name: str, runs: list[Recovery]) -> None:
 
 
 WAYS = {"torchrun": under_torchrun,
-        "torchherd": lambda tmp, n: asyncio.run(under_torchherd(tmp, n)),
-        "torchherd, warm restarts": warm_torchherd}
+        "torchherd": warm_torchherd,
+        "torchherd, cold restarts": lambda tmp, n: asyncio.run(under_torchherd(tmp, n, warm=False))}
 
 
 def main() -> None:

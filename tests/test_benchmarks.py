@@ -73,7 +73,7 @@ QUICK: dict[str, tuple[list[str], dict[str, str], str, list]] = {
     "ray_overhead": (["--quick"], {}, r"(?s)SIGKILL of the training process to its next step, ray: .*ray +node", RAY),
     "exporter_scrape": (["--quick"], {}, r"scrape of 8 live pipelines: .* ratio \d", []),
     "checkpoint_stall": (["--quick"], {}, r"ratio async/bare [\d.]+x .*ratio async/sync [\d.]+x", []),
-    "recovery": (["--quick"], {}, r"(?s)kill to next step, torchherd / torchrun: [\d.]+.*warm restarts / torchrun: "
+    "recovery": (["--quick"], {}, r"(?s)kill to next step, torchherd / torchrun: [\d.]+.*cold restarts / torchrun: "
                  r"[\d.]+", []),
 }
 # The script a row runs, where it is not the row's own: ray_sweeps.py is Ray Tune's side of sweep_asha.py.

@@ -344,9 +344,9 @@ class ClusterConfig(_Strict):
         "With backend 'ray': 'auto' (the cluster `ray start` made here, or RAY_ADDRESS), 'host:port' of a "
         "cluster's head, or 'local' for a private one-machine cluster torchherd starts and ends."))
     warm_start: bool = Field(True, description=(
-        "With backend 'local': when more pipelines wait than there are free slots, start them from a process "
-        "that has imported torch once (a fork), so each trains about 0.1 s after it gets its slot; false "
-        "starts every pipeline as a fresh interpreter."))
+        "With backend 'local': when more pipelines wait than there are free slots, or a sweep or gang will "
+        "restart its processes, start them from a process that has imported torch once (a fork), so each trains "
+        "about 0.1 s after it gets its slot; false starts every pipeline as a fresh interpreter."))
 
     @field_validator("address")
     @classmethod

@@ -148,9 +148,11 @@ class ProcessLauncher(Backend):
         return warm is not None and not warm.ready() and not warm.gone and warm.age() < WARM_HOLD
 
     def expect_restarts(self) -> None:
-        """A sweep that restarts its trials is starting: start the forking process now, if there is none (trials
-        that all fit their slots start none otherwise). Its first wave is not held for it (a trial queued
-        while a slot is free would read to PBT as one waiting for a slot); its restarts skip the imports."""
+        """A sweep that restarts its trials, or a gang that may restart, is starting: start the forking process
+        now, if there is none (pipelines that all fit their slots start none otherwise). Its first wave is not
+        held for it (a trial queued while a slot is free would read to PBT as one waiting for a slot); its
+        restarts skip the imports: a gang's ranks come back in a fraction of a second, not a cold import each
+        (benchmarks/recovery.py)."""
         self._start_forker()
 
     def _start_forker(self) -> None:
