@@ -100,7 +100,7 @@ class Write:
     skeleton: Any
     staged: list[torch.Tensor]
     flat: list[bool]
-    blocked_s: float  # seconds the training thread spent staging it
+    blocked_s: float  # seconds the training thread spent on it: waiting for the write before it, and staging
     landed: Callable[[Path, float, float], None]  # (path, blocked_s, write_s), once the file is in place
     failed: Callable[[ckpt.CheckpointError], None]
     flight: Flight | None = None
@@ -117,18 +117,21 @@ class CheckpointWriter:
         self._signature: tuple[Any, ...] = ()
         self._current: Write | None = None
         self._told_wait = False
+        self._step = -1  # the step of the checkpoint staged last
 
     def save(self, state: dict[str, Any], name: str, landed: Callable[[Path, float, float], None],
-             failed: Callable[[ckpt.CheckpointError], None]) -> None:
-        """Stage `state` and have it written as `name`; returns once training may change its tensors again."""
+             failed: Callable[[ckpt.CheckpointError], None], step: int = -1) -> None:
+        """Stage `state` (of optimizer step `step`) and have it written as `name`; returns once training may
+        change its tensors again."""
         busy = self._current is not None and self._current.flight is not None and \
             not self._current.flight.landed.is_set()
-        if busy and not self._told_wait:
+        if busy and step != self._step and not self._told_wait:  # (one step's epoch and best come back to back)
             self._told_wait = True
             self.say("a checkpoint waits for the previous one's write to finish before it is staged "
                      "(said once; checkpoints are due faster than the disk writes them)")
-        self.wait()
+        self._step = step
         start = time.monotonic()
+        self.wait()  # at most one write in flight
         tensors: list[torch.Tensor] = []
         skeleton = split(state, tensors)
         self._prepare(tensors)

@@ -178,7 +178,7 @@ class TrainerCheckpoints:
             return
         landed = partial(self._saved, reason, self.epoch, self.step)
         if self.writer is not None:
-            self.writer.save(self._state(), name, landed, self._save_failed)
+            self.writer.save(self._state(), name, landed, self._save_failed, self.step)
             return
         start = time.monotonic()
         try:
