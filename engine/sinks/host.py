@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import IO
 
 from ..protocol.messages import ConfigAdded, Event
-from ..protocol.records import RecordError, from_record
 from ..rundir.directory import load_resolved_configs
+from ..rundir.history import decode_lines
 from .api import Sink, SinkRun, sink_name
 
+READ = 1 << 20  # bytes read from the feed at once
 BATCH = 2000  # events handed to the sink at once, at most
 NICE = 10  # added to the host's niceness
 GRACE = 60.0  # seconds a sink may take to finish once its input has ended, before its process group is killed
@@ -70,17 +71,18 @@ def build(spec: str, run: SinkRun) -> Sink:
     return cls(run)
 
 
-def _read(stdin: IO[bytes], events: queue.SimpleQueue[Event | None]) -> None:
-    """Decode each line into the queue; at the end of the input, None, and the watchdog starts."""
-    for line in stdin:
-        try:
-            record = json.loads(line)
-            event = from_record(record) if isinstance(record, dict) else None
-        except (ValueError, RecordError):
-            continue
-        if isinstance(event, Event):
-            events.put(event)
-    events.put(None)
+def _read(stdin: int, chunks: queue.SimpleQueue[tuple[list[Event], int] | None]) -> None:
+    """Decode what comes in, whole lines at a time (rundir/history.py's decoding: a run of step reports in one
+    msgspec call), into the queue as (events, lines read): a line that holds no event of this version counts as
+    taken. At the end of the input, None, and the watchdog starts."""
+    rest = b""
+    while chunk := os.read(stdin, READ):
+        data = rest + chunk
+        cut = data.rfind(b"\n") + 1
+        rest = data[cut:]
+        if cut:
+            chunks.put((decode_lines(data[:cut]), data.count(b"\n", 0, cut)))
+    chunks.put(None)
     timer = threading.Timer(GRACE, _give_up)
     timer.daemon = True
     timer.start()
@@ -94,31 +96,36 @@ def _give_up() -> None:
     kill_own_group()
 
 
-def feed(sink: Sink, run: SinkRun, events: queue.SimpleQueue[Event | None], answers: Answers) -> None:
+def feed(sink: Sink, run: SinkRun, chunks: queue.SimpleQueue[tuple[list[Event], int] | None],
+         answers: Answers) -> None:
     """Hand the sink its events in order, a batch at a time, until the input ends; then close it."""
     done, ended = 0, False
     while not ended:
         batch: list[Event] = []
-        item = events.get()
+        lines = 0
+        item = chunks.get()
         while item is not None:
-            batch.append(item)
-            run.observe(item)
-            if isinstance(item, ConfigAdded):  # its pipelines are in config.json now
-                run.configs = load_resolved_configs(run.run_dir)
+            batch += item[0]
+            lines += item[1]
             if len(batch) >= BATCH:
                 break
             try:
-                item = events.get_nowait()
+                item = chunks.get_nowait()
             except queue.Empty:
                 break
         ended = item is None
+        for event in batch:
+            run.observe(event)
+            if isinstance(event, ConfigAdded):  # its pipelines are in config.json now
+                run.configs = load_resolved_configs(run.run_dir)
         if batch:
             try:
                 sink.write(batch)
             except Exception as exc:  # noqa: BLE001 (a tracker's failure is said, never the run's)
                 answers.say(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": "),
                             key=f"write:{type(exc).__name__}")
-            done += len(batch)
+        if lines:
+            done += lines
             answers.done(done)
     try:
         sink.close()
@@ -135,20 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, spec = Path(args[0]).resolve(), args[1]
     answers = Answers(os.fdopen(os.dup(1), "w", buffering=1), sink_name(spec))
     os.dup2(2, 1)  # what the sink or its library prints goes to its log, never into the answers
-    events: queue.SimpleQueue[Event | None] = queue.SimpleQueue()
-    stdin = os.fdopen(os.dup(0), "rb")
+    chunks: queue.SimpleQueue[tuple[list[Event], int] | None] = queue.SimpleQueue()
+    stdin = os.dup(0)
     with open(os.devnull, "rb") as null:
         os.dup2(null.fileno(), 0)
     configs = load_resolved_configs(run_dir)
     run = SinkRun(run_dir, run_dir.name, configs, "--resuming" in args, configs[0].tracking)
-    threading.Thread(target=_read, args=(stdin, events), name="torchherd-sink-input", daemon=True).start()
+    threading.Thread(target=_read, args=(stdin, chunks), name="torchherd-sink-input", daemon=True).start()
     try:
         sink = build(spec, run)
     except Exception as exc:  # noqa: BLE001
         answers.say(f"could not start: {type(exc).__name__}: {exc}", level="error")
         return 1
     answers.done(0)  # ready: its imports and first connection are behind it
-    feed(sink, run, events, answers)
+    feed(sink, run, chunks, answers)
     return 0
 
 
