@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from ..engine.protocol.health import Straggler
-from ..engine.protocol.messages import CheckpointSaved
+from ..engine.protocol.messages import CheckpointSaved, GangResized
 from ..engine.protocol.progress import PipelineProgress
 
 SHORT_METRICS = {"accuracy": "acc", "val_loss": "loss", "loss": "loss", "val_accuracy": "acc"}
@@ -153,6 +153,18 @@ def gang_text(row: PipelineProgress) -> str:
     if row.verdict and row.stalled_since is not None:
         parts.append(f"triage: {row.verdict}")
     return " · ".join(parts)
+
+
+def resized_text(ev: GangResized) -> str:
+    """A `gang_resized` event as the event log and headless say it: the sizes, why, and what became of the batch."""
+    ranks = f"{ev.to_ranks} rank{'s' if ev.to_ranks != 1 else ''}"
+    text = f"gang resized from {ev.from_ranks} to {ranks}" + (f" ({ev.why})" if ev.why else "")
+    batch = f"batch_size {ev.batch_size} x accumulate_grad_batches {ev.accumulate_grad_batches} a rank"
+    if ev.samples_per_step == ev.samples_per_step_before:
+        return f"{text}: {batch}, {ev.samples_per_step} samples an optimizer step as before"
+    how = "keep = per_rank_batch" if ev.keep == "per_rank_batch" else \
+        f"the global batch does not divide between {ranks}"
+    return f"{text}: {batch}, {ev.samples_per_step_before} -> {ev.samples_per_step} samples an optimizer step ({how})"
 
 
 def checkpoint_cost(ev: CheckpointSaved) -> str:

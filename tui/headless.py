@@ -17,6 +17,7 @@ from ..engine.protocol.messages import (
     EarlyStop,
     EpochEnd,
     Event,
+    GangResized,
     Notice,
     PipelineFinished,
     PipelineWaiting,
@@ -38,7 +39,7 @@ from ..engine.protocol.messages import (
 )
 from ..engine.protocol.names import ExitReason, ValidationMode
 from ..engine.protocol.states import SUCCESS_STATES, WorkerState, ended_label
-from .formats import checkpoint_cost, quiet_text, shown_path, straggler_text
+from .formats import checkpoint_cost, quiet_text, resized_text, shown_path, straggler_text
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # some pipeline failed or was killed
@@ -247,6 +248,9 @@ class LinePrinter:
         self.line(f"{ev.pipeline}: restarting in {ev.delay:.1f}s (attempt {ev.attempt}, "
                   f"{ev.restarts_left} restart(s) left): {ev.reason}")
 
+    def _resized(self, ev: GangResized) -> None:
+        self.line(f"{ev.pipeline}: {resized_text(ev)}")
+
     def _waiting(self, ev: PipelineWaiting) -> None:
         if ev.why:  # "" : nothing outside the run holds it up any more
             self.line(f"{ev.pipeline}: {ev.why}")
@@ -320,6 +324,7 @@ _LINES: dict[type[Event], Callable[[LinePrinter, Any], None]] = {
     WorkerError: LinePrinter._worker_error,
     WorkerExited: LinePrinter._worker_exited,
     WorkerRestarting: LinePrinter._restarting,
+    GangResized: LinePrinter._resized,
     Notice: LinePrinter._notice,
     PipelineWaiting: LinePrinter._waiting,
     PipelineFinished: LinePrinter._pipeline_finished,

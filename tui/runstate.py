@@ -23,7 +23,16 @@ from ..engine.protocol.names import ExitReason
 from ..engine.protocol.progress import PipelineProgress
 from ..engine.protocol.progress import apply as fold
 from ..engine.protocol.states import WorkerState, ended_label
-from .formats import checkpoint_cost, epoch_label, finish_text, fmt_num, is_loss_metric, quiet_text, straggler_text
+from .formats import (
+    checkpoint_cost,
+    epoch_label,
+    finish_text,
+    fmt_num,
+    is_loss_metric,
+    quiet_text,
+    resized_text,
+    straggler_text,
+)
 from .ranking import SavedSweep, TrialRow, fold_trial, rank
 from .series import LossSeries
 
@@ -303,6 +312,9 @@ class RunState:
         self.note("warning", ev.pipeline, f"restarting in {ev.delay:.1f} s ({left})"
                                           + (f": {ev.reason}" if ev.reason else ""), at=ev.time)
 
+    def _resized(self, ev: m.GangResized, _: PipelineProgress | None) -> None:
+        self.note("warning" if ev.to_ranks < ev.from_ranks else "info", ev.pipeline, resized_text(ev), at=ev.time)
+
     def _finished(self, ev: m.PipelineFinished, _: PipelineProgress | None) -> None:
         level = "error" if ev.status == WorkerState.FAILED else "info"
         self.note(level, ev.pipeline, "finished " + finish_text(ev.status, ev.reason), at=ev.time)
@@ -377,6 +389,7 @@ _HANDLERS: dict[type[m.Event], Callable[[RunState, Any, PipelineProgress | None]
     m.WorkerError: RunState._error,
     m.WorkerExited: RunState._exited,
     m.WorkerRestarting: RunState._restarting,
+    m.GangResized: RunState._resized,
     m.PipelineFinished: RunState._finished,
     m.EarlyStop: RunState._early_stop,
     m.Stalled: RunState._stalled,

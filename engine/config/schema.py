@@ -86,9 +86,17 @@ class PipelineSettings(_Strict):
     gpu_memory: str | float | None = Field(None, description=(
         "A share of one GPU instead of a whole one: bytes ('6GiB'), or a fraction of the smallest GPU (0-1], "
         "the only form on Ray (num_gpus). Shares pack on a GPU while they fit; a gang's ranks never share one."))
-    ranks: int = Field(1, ge=1, description=(
+    ranks: int | str = Field(1, description=(
         "Processes of one DistributedDataParallel gang, one per device slot, started and restarted as a unit "
-        "(torchrun's --nproc-per-node); 1 trains in one process."))
+        "(torchrun's --nproc-per-node); 1 trains in one process. A Task's gang may be elastic, 'MIN:MAX' like "
+        "'1:2': it starts with as many ranks as the slots granted (at least MIN; it waits for MIN), and when a rank "
+        "fails and fewer slots are free than it had (another pipeline or run took one), it restarts from its "
+        "checkpoint at the size it can get, down to MIN, instead of waiting."))
+    keep: Literal["global_batch", "per_rank_batch"] = Field("global_batch", description=(
+        "An elastic gang (ranks = 'MIN:MAX') at fewer ranks than MAX: 'global_batch' keeps the samples of one "
+        "optimizer step as at MAX ranks (accumulate_grad_batches, else batch_size, scaled up; said in the "
+        "gang_resized event, and so when neither divides evenly); 'per_rank_batch' keeps both, so a step trains "
+        "fewer samples."))
     nan_policy: Literal["warn", "stop", "restart"] = Field("stop", description=(
         "When the training loss is NaN or infinite: warn and carry on, stop the pipeline as failed, "
         "or restart it from its last checkpoint."))
@@ -148,6 +156,36 @@ class PipelineSettings(_Strict):
     shard_group: int | None = Field(None, ge=1, description=(
         "A Task's 'fsdp' gang: ranks that shard one copy of the model between them, the copies replicated between "
         "groups (HSDP, a 2-D device mesh), e.g. the ranks of one node; must divide ranks. Default: all ranks."))
+
+    @field_validator("ranks")
+    @classmethod
+    def _ranks(cls, v: int | str) -> int | str:
+        if isinstance(v, int):
+            if v < 1:
+                raise ValueError(f"must be at least 1 (got {v})")
+            return v
+        m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", v)
+        if m is None:
+            raise ValueError(f"must be a whole number of ranks or 'MIN:MAX' like '2:4' (got {v!r})")
+        low, high = int(m[1]), int(m[2])
+        if not 1 <= low <= high:
+            raise ValueError(f"'MIN:MAX' needs 1 <= MIN <= MAX (got {v!r})")
+        return v
+
+    @property
+    def max_ranks(self) -> int:
+        """The most ranks its gang runs at: `ranks`, or MAX of 'MIN:MAX'."""
+        return self.ranks if isinstance(self.ranks, int) else int(self.ranks.split(":")[1])
+
+    @property
+    def min_ranks(self) -> int:
+        """The fewest ranks its gang runs at: `ranks`, or MIN of 'MIN:MAX'."""
+        return self.ranks if isinstance(self.ranks, int) else int(self.ranks.split(":")[0])
+
+    @property
+    def elastic(self) -> bool:
+        """Its gang's size may change between attempts (ranks = 'MIN:MAX' with MIN < MAX)."""
+        return self.min_ranks < self.max_ranks
 
     @field_validator("gpu_memory")
     @classmethod

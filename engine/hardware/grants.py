@@ -34,6 +34,12 @@ class Request:
     gpus: int = 1  # whole GPUs per rank (GPU pools only)
     memory: int | None = None  # bytes of one GPU per rank, shared with others; None: whole GPUs
     share: float | None = None  # a fraction of one GPU per rank where GPU memory is not known (a Ray cluster)
+    min_ranks: int | None = None  # an elastic gang: any size from this to `ranks` will do; None: `ranks` exactly
+
+    def sizes(self) -> list[Request]:
+        """The fixed requests it may be granted as, largest first (itself alone when it is not elastic)."""
+        low = self.ranks if self.min_ranks is None else self.min_ranks
+        return [replace(self, ranks=n, min_ranks=None) for n in range(self.ranks, low - 1, -1)]
 
     def label(self, gpu_pool: bool) -> str:
         """"2 GPUs", "a 6.0 GiB share of a GPU", "2 CPU slots"... for what a pipeline waits for."""
@@ -60,6 +66,7 @@ class Wait:
 
     why: str
     outside: bool = True  # something outside this run holds it up (another run, another program, keep_free)
+    held: str = ""  # what holds the devices: "cpu1 held by this run (urgent)"; "" when not said
 
 
 @dataclass(frozen=True)
@@ -167,13 +174,22 @@ class _Books:
 def grant(request: Request, pool: list[Slot], leases: list[Lease], run: str,
           occupancy: dict[int, GpuOccupancy] | None = None, links: dict[tuple[int, int], int] | None = None,
           policy: Policy = Policy()) -> list[Slot] | Wait:
-    """One slot per rank for `request` from `pool`, or why it waits (see the module docstring)."""
+    """One slot per rank for `request` from `pool`, or why it waits (see the module docstring); an elastic
+    request gets as many ranks as fit, from its most down to its fewest, and waits for its fewest."""
+    if request.min_ranks is not None:
+        got: list[Slot] | Wait = Wait("")
+        for fixed in request.sizes():
+            got = grant(fixed, pool, leases, run, occupancy, links, policy)
+            if isinstance(got, list):
+                return got
+        return got
     books = _Books(pool, leases, occupancy or {}, policy)
     if not any(s.gpu is not None for s in pool):
         free = [s for s in pool if books.whole_free(s)]
         if len(free) >= request.ranks:
             return free[:request.ranks]
-        return Wait(f"waiting for {request.label(False)}: {books.busy(pool, run)}", books.outside(pool, run))
+        busy = books.busy(pool, run)
+        return Wait(f"waiting for {request.label(False)}: {busy}", books.outside(pool, run), busy)
     if request.memory is not None:
         return _shares(request, books, run)
     return _whole(request, books, run, links or {})
@@ -184,7 +200,8 @@ def _whole(request: Request, books: _Books, run: str, links: dict[tuple[int, int
     need = request.ranks * request.gpus
     label = request.label(True)
     if len(free) < need:
-        return Wait(f"waiting for {label}: {books.busy(books.pool, run)}", books.outside(books.pool, run))
+        busy = books.busy(books.pool, run)
+        return Wait(f"waiting for {label}: {busy}", books.outside(books.pool, run), busy)
     slots = []
     for _ in range(request.ranks):
         group = _nearest(free, request.gpus, links)
@@ -210,7 +227,7 @@ def _shares(request: Request, books: _Books, run: str) -> list[Slot] | Wait:
             said = ", ".join(f"{s.name} {gib(room[s.name])} free" for s in books.pool)
             busy = books.busy(books.pool, run)
             return Wait(f"waiting for {request.label(True)}: {said}" + (f" ({busy})" if busy else ""),
-                        books.outside(books.pool, run))
+                        books.outside(books.pool, run), busy)
         best = min(fits, key=lambda s: (room[s.name], s.first_gpu.index))  # the tightest fit: whole GPUs stay whole
         room[best.name] -= memory
         slots.append(replace(best, memory=memory))
@@ -246,16 +263,17 @@ def _parts(slot: Slot, pool: list[Slot]) -> list[Slot]:
 def request_of(pipe: Pipeline, pool: list[Slot]) -> Request:
     """What `pipe` asks of `pool`: a CPU slot per rank on CPU slots; on GPUs its gpus_per_rank, or its
     gpu_memory share (a fraction of the pool's smallest GPU; on a Ray cluster, which knows no GPU's memory,
-    the fraction itself: Ray's num_gpus)."""
+    the fraction itself: Ray's num_gpus); an elastic gang's ranks from its MIN to its MAX."""
+    low = pipe.min_ranks if pipe.elastic else None
     if not any(s.gpu is not None for s in pool):
-        return Request(ranks=pipe.ranks)
+        return Request(ranks=pipe.max_ranks, min_ranks=low)
     memory = pipe.gpu_memory
     if any(s.node for s in pool):
         share = float(memory) if memory is not None and not isinstance(memory, str) else None
-        return Request(ranks=pipe.ranks, gpus=pipe.gpus_per_rank, share=share)
+        return Request(ranks=pipe.max_ranks, gpus=pipe.gpus_per_rank, share=share, min_ranks=low)
     if isinstance(memory, str):
         memory = memory_bytes(memory)
     elif memory is not None:
         totals = [s.gpu.memory_total for s in pool if s.gpu is not None and s.gpu.memory_total]
         memory = int(memory * min(totals)) if totals else None
-    return Request(ranks=pipe.ranks, gpus=pipe.gpus_per_rank, memory=memory)
+    return Request(ranks=pipe.max_ranks, gpus=pipe.gpus_per_rank, memory=memory, min_ranks=low)

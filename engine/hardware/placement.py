@@ -52,8 +52,8 @@ def request_problem(p: Pipeline, slots: list[Slot], devices: DevicesConfig) -> t
         return key, f"asks for GPUs, but this run has CPU slots only ({have}): remove {key}, or run it on a GPU machine"
     if p.gpus_per_rank > 1 and p.gpu_memory is not None:
         return "gpu_memory", f"a share of one GPU cannot go with gpus_per_rank = {p.gpus_per_rank}: choose one"
-    if p.gpu_memory is not None and p.ranks > len(gpus):
-        return "ranks", (f"each of {p.ranks} ranks needs a share of a GPU of its own (NCCL puts no two ranks of a "
+    if p.gpu_memory is not None and p.max_ranks > len(gpus):
+        return "ranks", (f"each of {p.max_ranks} ranks needs a share of a GPU of its own (NCCL puts no two ranks of a "
                          f"gang on one GPU), and this run has {len(gpus)} GPU(s)")
     if asks_gpu and any(s.node for s in slots):
         problem = cluster_request_problem(p, gpus)
@@ -65,15 +65,15 @@ def request_problem(p: Pipeline, slots: list[Slot], devices: DevicesConfig) -> t
         if largest and need > largest:
             return "gpu_memory", f"{gib(need)} is more than the largest GPU here has ({gib(largest)})"
         return None
-    need = p.ranks * (p.gpus_per_rank if gpus else 1)
+    need = p.max_ranks * (p.gpus_per_rank if gpus else 1)
     usable = len(slots) - (devices.keep_free if gpus else 0)
     if need <= usable:
         return None
     if p.gpus_per_rank > 1:
-        return "gpus_per_rank", (f"{p.ranks} rank(s) x {p.gpus_per_rank} GPUs need {need} GPUs at once; this "
+        return "gpus_per_rank", (f"{p.max_ranks} rank(s) x {p.gpus_per_rank} GPUs need {need} GPUs at once; this "
                                  f"machine gives {usable} ({have}" + (f", less keep_free = {devices.keep_free}"
                                                                       if devices.keep_free else "") + ")")
-    return "ranks", (f"{p.ranks} ranks need {p.ranks} device slots at once; this machine gives {usable} "
+    return "ranks", (f"{p.max_ranks} ranks need {p.max_ranks} device slots at once; this machine gives {usable} "
                      f"({have}" + (f", less keep_free = {devices.keep_free}" if devices.keep_free and gpus else "")
                      + "): lower ranks, or add slots with [devices] cpu_slots / placement")
 
@@ -143,7 +143,7 @@ def plan_validation(config: RunConfig, slots: list[Slot], inventory: Inventory,
     # What the config occupies at once, not every slot planned: one pipeline on a box of eight GPUs (or two
     # cores) leaves the rest spare. Slots are taken in order.
     free = [s for s in slots if s.gpu is None or s.gpu.index not in taken]
-    slots = (free or slots)[:sum(p.ranks * p.gpus_per_rank for p in config.pipelines)]
+    slots = (free or slots)[:sum(p.max_ranks * p.gpus_per_rank for p in config.pipelines)]
     used = {g.index for s in slots for g in s.gpus}
     spare = [g for g in inventory.gpus if g.index not in used and g.index not in taken]
     if isinstance(v.device, int):

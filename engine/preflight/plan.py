@@ -23,10 +23,14 @@ def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
         problem = request_problem(p, slots, config.devices)
         if problem is not None:
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].{problem[0]}", problem[1]))
-        elif p.ranks > 1 and runner_for(p.kind).gang_problem:
+        elif p.max_ranks > 1 and runner_for(p.kind).gang_problem:
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks",
                                     runner_for(p.kind).gang_problem))
-        elif p.ranks > 1 and (why := runner_for(p.kind).strategy_problem(p, any(s.device == "cuda" for s in slots))):
+        elif p.elastic and runner_for(p.kind).elastic_problem:
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks",
+                                    runner_for(p.kind).elastic_problem))
+        elif p.max_ranks > 1 and (why := runner_for(p.kind).strategy_problem(p, any(s.device == "cuda"
+                                                                                     for s in slots))):
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].strategy", why))
     return problems
 
@@ -57,8 +61,10 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory,
         if isinstance(got, list):
             taken += leases_for(got, THIS_RUN, name, 0)
             where = " + ".join(s.label for s in got)
-            if p.ranks > 1:
-                where = f"a gang of {p.ranks} ranks on {where}"
+            if p.elastic:
+                where = f"an elastic gang of {len(got)} ranks ({p.min_ranks} to {p.max_ranks}) on {where}"
+            elif p.max_ranks > 1:
+                where = f"a gang of {p.max_ranks} ranks on {where}"
         else:
             waiting += 1
             where = f"queued (#{waiting}), " + (got.why if got is not None else "behind the pipelines above")

@@ -342,6 +342,21 @@ class WorkerRestarting(PipelineEvent):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class GangResized(PipelineEvent):
+    """An elastic gang (ranks = "MIN:MAX") starts an attempt at another size than its last (or, first, than MAX)."""
+
+    type: ClassVar[str] = "gang_resized"
+    from_ranks: int
+    to_ranks: int
+    why: str = ""  # "rank 1 killed by SIGKILL; 1 of 2 CPU slots free: cpu1 held by this run (urgent)"
+    batch_size: int = 0  # per rank, at `to_ranks`
+    accumulate_grad_batches: int = 1  # at `to_ranks`
+    samples_per_step: int = 0  # samples of one optimizer step at `to_ranks` (batch_size x accumulation x ranks)
+    samples_per_step_before: int = 0  # the same at `from_ranks`
+    keep: str = "global_batch"  # the pipeline's `keep`: "global_batch" or "per_rank_batch"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PipelineFinished(PipelineEvent):
     """A pipeline's attempt ended for good: it reached a final state, or a resting one (a sweep's trial that waits
     for its policy)."""

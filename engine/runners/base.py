@@ -47,6 +47,8 @@ class Runner(ABC):
     kind: ClassVar[PipelineKind]
     checkpoint_suffix: ClassVar[str] = ".pt"  # of `last`, `prev` and `best` in the pipeline's checkpoints/
     gang_problem: ClassVar[str] = ""  # why this kind cannot train as a DDP gang (ranks > 1); "" when it can
+    # why this kind's gang cannot change size between attempts (ranks = "MIN:MAX"); "" when it can
+    elastic_problem: ClassVar[str] = ""
     plan_note: ClassVar[str] = ""  # said after the task in `torchherd check`'s plan, e.g. " (Lightning ...)"
 
     def scored_in_background(self, pipe: Pipeline) -> bool:

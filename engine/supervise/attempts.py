@@ -15,6 +15,7 @@ from ..protocol.spec import WorkerSpec
 from ..rundir.directory import RunDirectory
 from ..runners.registry import runner_for
 from .pipeline import SupervisedPipeline
+from .resizing import sized
 from .validation_service import ValidationService
 
 # Seconds a gang's rank waits in a collective, at least: well below torch's 30 minutes (the hang
@@ -61,7 +62,7 @@ class AttemptLauncher:
             env = {**(env or {}), GPUS_VARIABLE: ",".join(map(str, own if gang_gpus else range(len(slot.gpus))))}
         hang = plan.run_config.restart.hang_timeout
         return LaunchSpec(
-            child=WorkerSpec(pipeline=plan.config.model_dump(mode="json"),
+            child=WorkerSpec(pipeline=sized(plan.config, len(pipe.slots)).model_dump(mode="json"),
                              validation={**plan.run_config.validation.model_dump(mode="json"),
                                          "mode": plan.validation.mode},
                              device=device, threads=slot.threads,

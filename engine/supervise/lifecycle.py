@@ -29,6 +29,7 @@ from ..protocol.messages import (
 from ..protocol.names import ExitReason, Intent
 from ..protocol.states import WorkerState, check_transition
 from .pipeline import Attempt, SupervisedPipeline
+from .resizing import resized_event
 from .scheduler import Scheduler
 from .watched import WatchedClock
 
@@ -84,7 +85,7 @@ class States:
         previous, pipe.state = pipe.state, state
         if state == S.QUEUED:
             self._scheduler.enqueue(pipe.name, pipe.plan.config.priority, pipe.plan.order, pipe.plan.request)
-        elif previous == S.QUEUED:
+        elif previous in (S.QUEUED, S.BACKOFF):  # BACKOFF: an elastic gang waits in the queue for its new grant
             self._scheduler.dequeue(pipe.name)
         if previous != state:
             self._publish(WorkerStateChanged(pipeline=pipe.name, state=state.value, previous=previous.value))
@@ -130,6 +131,8 @@ class Lifecycle:
 
     def launch(self, pipe: SupervisedPipeline) -> None:
         """Start the next attempt on the pipeline's slots (QUEUED/BACKOFF/KILLING -> STARTING)."""
+        if not pipe.slots:  # an elastic gang that gave its slots back: it starts once the scheduler grants some
+            return
         pipe.attempts += 1
         pipe.restart_at = None
         pipe.stop_as, pipe.stop_rung = S.STOPPED, None  # a new attempt: what the last stop ended in does not carry over
@@ -151,11 +154,24 @@ class Lifecycle:
             self._failed_to_start(pipe, exc)
             return
         attempt.handle = handle
+        self._say_resized(pipe)
         attempt.started_mono, attempt.last_progress = time.monotonic(), self.states.clock()
         attempt.started_at = time.time()
         handle.attach(partial(self._on_events, pipe, handle))
         self.set_state(pipe, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
         self._announce(pipe, attempt)
+
+    def _say_resized(self, pipe: SupervisedPipeline) -> None:
+        """An elastic gang starting at another size than its last attempt (or, first, than its MAX): gang_resized,
+        saying why and what became of its batch."""
+        before, now = pipe.ranks_run or pipe.plan.config.max_ranks, len(pipe.slots)
+        cause, pipe.regrant_cause = pipe.regrant_cause, ""
+        short = self._scheduler.short.pop(pipe.name, "")
+        pipe.ranks_run = now
+        if not pipe.plan.config.elastic or now == before:
+            return
+        why = "; ".join(w for w in (cause, short or ("its slots were free again" if now > before else "")) if w)
+        self._publish(resized_event(pipe.plan.config, before, now, why))
 
     def _failed_to_start(self, pipe: SupervisedPipeline, exc: OSError) -> None:
         pipe.last_error = f"could not start the worker: {exc}"
@@ -353,6 +369,12 @@ class Lifecycle:
         pipe.restart_at = time.monotonic() + decision.delay
         pipe.last_error = what
         self.set_state(pipe, S.BACKOFF)  # STARTING/RUNNING/... -> BACKOFF
+        if pipe.plan.config.elastic and pipe.slots:
+            # An elastic gang gives its slots back and asks again in its place in the queue: a pipeline that
+            # outranks it may take one meanwhile, and it restarts at the size it is granted (at least MIN).
+            self._scheduler.release(pipe.slots, pipe.name)
+            pipe.slots, pipe.regrant_cause = [], what
+            self._scheduler.enqueue(pipe.name, pipe.plan.config.priority, pipe.plan.order, pipe.plan.request)
         self._publish(WorkerRestarting(pipeline=pipe.name, attempt=pipe.attempts + 1, delay=decision.delay,
                                        restarts_left=pipe.plan.run_config.restart.max_restarts - pipe.restarts,
                                        reason=f"{decision.reason}: {what}"))

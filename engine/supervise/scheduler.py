@@ -56,6 +56,7 @@ class Scheduler:
         self._held: dict[str, list[Lease]] = {}  # the ledger's leases of each allocation
         self._grants: dict[str, list[Slot]] = {}  # the slots of each allocation
         self.waits: dict[str, str] = {}  # why each waiting pipeline waits, as of the last pass
+        self.short: dict[str, str] = {}  # an elastic gang granted fewer ranks than its most: what held the rest
         self._said: dict[str, str] = {}  # the waits changed_waits last handed out
         self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
         self._announced: tuple[Waiter, ...] | None = None
@@ -117,6 +118,10 @@ class Scheduler:
                 if isinstance(got, Wait):
                     self._wait_all(key, got)
                     break  # strict order: the head waits for what it needs, nobody overtakes it
+                if len(got) < waiting.request.ranks:  # an elastic gang's smaller grant: say what held the rest
+                    whole = grant(waiting.request.sizes()[0], self.slots, leases, self._run, occupancy, links,
+                                  self._policy)
+                    self.short[key] = self._short_of(waiting.request, len(got), whole)
                 taken = leases_for(got, self._run, str(key), os.getpid(), self._run_dir)
                 self._ledger.take(taken)
                 leases = leases + taken
@@ -129,6 +134,12 @@ class Scheduler:
         self._refree_ledger(leases)
         self._announce()
         return granted
+
+    def _short_of(self, request: Request, got: int, whole: list[Slot] | Wait) -> str:
+        """"1 of 2 CPU slots free: cpu1 held by this run (urgent)": why an elastic grant is `got` ranks."""
+        gpu_pool = any(s.gpu is not None for s in self.slots)
+        held = whole.held if isinstance(whole, Wait) else ""
+        return f"{got} of {request.label(gpu_pool)} free" + (f": {held}" if held else "")
 
     def changed_waits(self) -> list[tuple[str, str]]:
         """(pipeline, why) for each whose reason to wait changed since the last call: "" once it has none
@@ -248,7 +259,14 @@ class Scheduler:
         return granted
 
     def _pool_grant(self, request: Request) -> list[Slot] | None:
-        """A cluster's slots for `request` (one per rank), taken from the pool; None when too few are free."""
+        """A cluster's slots for `request` (one per rank), taken from the pool; None when too few are free. An
+        elastic request takes as many ranks as are free, from its most down to its fewest."""
+        if request.min_ranks is not None:
+            for fixed in request.sizes():
+                taken = self._pool_grant(fixed)
+                if taken is not None:
+                    return taken
+            return None
         if request.share is not None:
             return self._pool_shares(request)
         gpu_pool = any(s.gpu is not None for s in self.slots)

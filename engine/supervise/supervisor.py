@@ -374,7 +374,8 @@ class Supervisor:
         for name, slots in granted:
             pipe = self._pipelines[name]
             pipe.slots = slots
-            self._lifecycle.launch(pipe)
+            if pipe.state != S.BACKOFF:  # an elastic gang granted again while it backs off: the tick starts it when due
+                self._lifecycle.launch(pipe)
 
     def _start_attempt(self, pipe: SupervisedPipeline) -> Handle:
         """Launch the pipeline's next attempt: one process, or a gang of one per slot (raises OSError)."""

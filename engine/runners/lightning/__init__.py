@@ -47,11 +47,16 @@ class LightningRunner(Runner):
     kind = PipelineKind.LIGHTNING
     checkpoint_suffix = ".ckpt"  # Lightning's own checkpoints: LitModel.load_from_checkpoint reads them
     plan_note = " (Lightning Trainer.fit)"
+    elastic_problem = (
+        "an elastic gang ('MIN:MAX') resumes at another size from its checkpoint, and Lightning's Trainer "
+        "restores its loops and DDP state only at the world size that wrote them (its data position and "
+        "global batch would silently change): give a whole number of ranks")
 
     def check(self, pipe: Pipeline, validation_mode: str) -> list[tuple[str, str]]:
         """FSDP shards the weights over the gang: only rank 0's whole module can be handed off, which FSDP
         would have to gather on every hand-off step; not done yet."""
-        if pipe.ranks > 1 and pipe.strategy in ("fsdp", "deepspeed") and validation_mode == ValidationMode.BACKGROUND:
+        if pipe.max_ranks > 1 and pipe.strategy in ("fsdp", "deepspeed") and \
+                validation_mode == ValidationMode.BACKGROUND:
             return [("strategy", FSDP_BACKGROUND.replace("'fsdp'", f"'{pipe.strategy}'").replace(
                 "which FSDP shards", "which it shards"))]
         return []
@@ -64,7 +69,7 @@ class LightningRunner(Runner):
         return FSDP_ON_CPU if pipe.strategy == "fsdp" and not gpus else ""
 
     def describe(self, pipe: Pipeline) -> str:
-        gang = f", {pipe.ranks} ranks by Lightning's {pipe.strategy!r} strategy" if pipe.ranks > 1 else ""
+        gang = f", {pipe.max_ranks} ranks by Lightning's {pipe.strategy!r} strategy" if pipe.max_ranks > 1 else ""
         return super().describe(pipe) + gang
 
     def probe_job(self, pipe: Pipeline) -> dict[str, Any] | None:

@@ -51,6 +51,9 @@ class ScriptRunner(Runner):
     """`script = "train.py"`: the script's own loop, steered by signals or by torchherd.client."""
 
     kind = PipelineKind.SCRIPT
+    elastic_problem = (
+        "an elastic gang ('MIN:MAX') resumes at another size from its checkpoint, and how a script reloads its "
+        "state at another WORLD_SIZE is the script's own, which torchherd cannot see: give a whole number of ranks")
 
     def scored_in_background(self, pipe: Pipeline) -> bool:
         """Only a `validate` factory gives the validator something to score; `val_metrics` are the script's own."""

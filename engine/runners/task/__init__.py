@@ -117,12 +117,16 @@ class TaskRunner(Runner):
         return trainer.run()
 
     def check(self, pipe: Pipeline, validation_mode: str) -> list[tuple[str, str]]:
-        if pipe.shard_group is None or (pipe.strategy == "fsdp" and pipe.ranks % pipe.shard_group == 0):
+        if pipe.shard_group is not None and pipe.elastic:
+            return [("shard_group", f"an elastic gang (ranks = {pipe.ranks!r}) may train at any size from "
+                                    f"{pipe.min_ranks} to {pipe.max_ranks}, and shard_group must divide each: "
+                                    "remove shard_group, or give a whole number of ranks")]
+        if pipe.shard_group is None or (pipe.strategy == "fsdp" and pipe.max_ranks % pipe.shard_group == 0):
             return []
         if pipe.strategy != "fsdp":
             return [("shard_group", f"shards a model only with strategy = \"fsdp\" (this pipeline's is "
                                     f"{pipe.strategy!r}): set it, or remove shard_group")]
-        return [("shard_group", f"{pipe.shard_group} does not divide ranks = {pipe.ranks}: every group must hold "
+        return [("shard_group", f"{pipe.shard_group} does not divide ranks = {pipe.max_ranks}: every group must hold "
                                 "a whole copy of the model, so ranks must be a multiple of shard_group")]
 
     def strategy_problem(self, pipe: Pipeline, gpus: bool) -> str:
@@ -132,12 +136,12 @@ class TaskRunner(Runner):
         return ""
 
     def describe(self, pipe: Pipeline) -> str:
-        if pipe.ranks < 2 or pipe.strategy != "fsdp":
+        if pipe.max_ranks < 2 or pipe.strategy != "fsdp":
             return super().describe(pipe)
-        groups = pipe.ranks // pipe.shard_group if pipe.shard_group else 1
+        groups = pipe.max_ranks // pipe.shard_group if pipe.shard_group else 1
         how = f"{groups} copies, each sharded over {pipe.shard_group} ranks (HSDP)" if groups > 1 else "sharded"
         return super().describe(pipe) + (
-            f", {pipe.ranks} ranks {how} by FSDP2 (fully_shard per layer; checkpoints by torch.distributed."
+            f", {pipe.max_ranks} ranks {how} by FSDP2 (fully_shard per layer; checkpoints by torch.distributed."
             "checkpoint, one shard per rank; background validation gathers the whole weights to rank 0's CPU at "
             "each hand-off, every rank taking part)")
 
@@ -149,7 +153,7 @@ class TaskRunner(Runner):
             return super().resumes_from(pipe, checkpoints)
         wrote = written_by(path)
         return "from its last sharded checkpoint" + (
-            f" (written by {wrote} ranks, resharded to {pipe.ranks})" if wrote != pipe.ranks else "")
+            f" (written by {wrote} ranks, resharded to {pipe.max_ranks})" if wrote != pipe.max_ranks else "")
 
     def scorer(self, name: str, directory: Path, device: str) -> Scorer:
         from .scorer import PipelineScorer

@@ -78,6 +78,7 @@ class TrainerCheckpoints:
             "scheduler": self.task.scheduler.state_dict() if self.task.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "epoch": self.epoch, "step": self.step, "batch_in_epoch": self.batch_in_epoch,
+            "world": self._world, "batch_size": self.pipe.batch_size,  # what batch_in_epoch counts in
             "epoch_loss": float(self.epoch_loss), "epoch_batches": self.epoch_batches,
             "trained_time": self.trained_time + self._elapsed(), "best": self.best,
             "snapshot_seq": self.handoff.seq,
@@ -95,7 +96,12 @@ class TrainerCheckpoints:
     def _load(self) -> tuple[dict[str, Any] | None, Path | None, str]:
         """(state, path, note) of the newest checkpoint; for a sharded gang its weights are loaded already."""
         if not self.sharded:
-            return ckpt.load_latest(self.ckpt_dir, map_location=self.device, trusted=self.pipe.trust_checkpoints)
+            state, path, note = ckpt.load_latest(self.ckpt_dir, map_location=self.device,
+                                                 trusted=self.pipe.trust_checkpoints)
+            if state is not None and (state.get("world", self._world), state.get("batch_size", self.pipe.batch_size)) \
+                    != (self._world, self.pipe.batch_size):  # an elastic gang resumed at another size
+                self._carry_epoch_over(state, state.get("world", self._world), state.get("batch_size"))
+            return state, path, note
         from .sharded_checkpoint import find_latest, load_sharded, written_by
 
         path = find_latest(self.ckpt_dir)
@@ -108,10 +114,12 @@ class TrainerCheckpoints:
         self._carry_epoch_over(state, wrote)
         return state, path, f"resharded: written by {wrote} ranks, loaded by {self._world}"
 
-    def _carry_epoch_over(self, state: dict[str, Any], wrote: int) -> None:
-        """A checkpoint of `wrote` ranks resumed by this gang's: the samples of the epoch trained so far,
-        counted in this gang's batches per rank, and the epoch's mean loss kept."""
-        batches = state.get("batch_in_epoch", 0) * wrote // self._world
+    def _carry_epoch_over(self, state: dict[str, Any], wrote: int, batch_size: int | None = None) -> None:
+        """A checkpoint of `wrote` ranks (of `batch_size` samples a batch; None: this pipeline's) resumed by this
+        gang's: the samples of the epoch trained so far, counted in this gang's batches per rank, and the epoch's
+        mean loss kept."""
+        samples = state.get("batch_in_epoch", 0) * wrote * (batch_size or self.pipe.batch_size)
+        batches = samples // (self._world * self.pipe.batch_size)
         mean = state.get("epoch_loss", 0.0) / max(state.get("epoch_batches", 0), 1)
         state.update(batch_in_epoch=batches, epoch_batches=batches, epoch_loss=mean * batches)
 
