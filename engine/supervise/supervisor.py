@@ -179,7 +179,7 @@ class Supervisor:
             self._publish.tap(tap, steps)
         self.sweep = observers.sweep
         self._health = observers.health
-        gang_restarts = self.config.restart.max_restarts > 0 and any(p.ranks != 1 for p in self.config.pipelines)
+        gang_restarts = self.config.restart.max_restarts > 0 and any(p.max_ranks > 1 for p in self.config.pipelines)
         if gang_restarts or (self.sweep is not None and self.sweep.restarts_trials):  # restarts fork, warm
             self._backend.expect_restarts()
         self._schedule()
