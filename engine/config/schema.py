@@ -72,7 +72,8 @@ class PipelineSettings(_Strict):
     async_checkpoints: bool = Field(True, description=(
         "A Task's checkpoint is copied into memory of its own (on a GPU, pinned host memory) and written by a "
         "background thread, so training waits only for the copy; false writes it on the training thread, "
-        "training waiting for the disk. Sharded (fsdp) gangs write through DCP on the training thread either way."))
+        "training waiting for the disk. A sharded (fsdp) gang's ranks stage their shards and write them through DCP's "
+        "async_save alike."))
     trust_checkpoints: bool = Field(False, description=(
         "Load this pipeline's checkpoints even when they hold objects other than tensors and plain values "
         "(torch.load with weights_only=False), which can run any code as they load: only for files you wrote "

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from ...worker.control import WorkerControl
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
     from torch.nn.parallel import DistributedDataParallel
 
     from ...config.schema import Pipeline
@@ -32,8 +33,9 @@ class Gang:
     """This process's rank in a gang of `world`: rank 0 decides, every rank does the same."""
 
     def __init__(self, rank: int, world: int, device: torch.device, strategy: str = "ddp",
-                 shard_group: int | None = None):
+                 shard_group: int | None = None, timeout: timedelta | None = None):
         self.rank, self.world, self.device = rank, world, device
+        self.timeout = timeout  # the process group's collective timeout (None: torch's default)
         self.shard_group = shard_group or world  # fsdp: ranks sharding one copy of the model (fewer: HSDP)
         self.strategy = strategy  # the pipeline's `strategy`: "ddp", "ddp_find_unused_parameters_true", "fsdp"
         self.sharded = strategy == "fsdp"  # each rank holds a shard of the weights, so saving is a collective
@@ -48,7 +50,7 @@ class Gang:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout))
-        return cls(rank, world, device, strategy, shard_group)
+        return cls(rank, world, device, strategy, shard_group, timedelta(seconds=timeout))
 
     @property
     def lead(self) -> bool:
@@ -111,6 +113,12 @@ class Gang:
         if save is not None and self.sharded and control.take_checkpoint_request():
             save("request")  # paused, sharded: every rank writes its shards, together
         return flags
+
+    def checkpoint_group(self) -> ProcessGroup:
+        """A gloo group of every rank for checkpoints written in the background (DCP's async save): their
+        collectives run on a thread of their own, never mixed into training's on the default group. A
+        collective: every rank calls it, once."""
+        return dist.new_group(backend="gloo", timeout=self.timeout)
 
     def barrier(self) -> None:
         """Every rank waits here for the others (the last: none ends while rank 0 still saves)."""

@@ -78,44 +78,69 @@ def _reason(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
+def begin(directory: Path, which: str, step: int, lead: bool) -> tuple[str, Path]:
+    """(stem, temporary folder) of checkpoint `which` ("last", "best") at `step`, which every rank writes its
+    shards into: a collective (rank 0 clears what writes that never finished left, the others wait for it)."""
+    import torch.distributed as dist
+
+    stem = which.split(".")[0]
+    tmp = directory / f".{stem}{SUFFIX}.{step}.tmp"
+    if lead:
+        directory.mkdir(parents=True, exist_ok=True)
+        _clear_temps(directory, stem)
+    dist.barrier()  # no rank writes into a folder rank 0 is still clearing
+    return stem, tmp
+
+
+def write_failed(tmp: Path, exc: BaseException, lead: bool) -> ckpt.CheckpointError:
+    """The CheckpointError of a DCP write that failed (DCP raises on every rank when any rank's did); rank 0
+    removes what the ranks wrote before the failure (on a full disk, the room a next try needs)."""
+    if lead:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ckpt.CheckpointError(f"could not write {tmp}: {_reason(exc)}")
+
+
+def finish(tmp: Path, directory: Path, stem: str, extra: dict[str, Any], world: int) -> Path:
+    """Rank 0's part once every rank's shards are in `tmp`: `extra` and the world size added, the folder
+    published. CheckpointError when that fails, `tmp` removed (never published, its shards only take room)."""
+    final = directory / f"{stem}{SUFFIX}"
+    try:
+        ckpt.write_atomic(tmp / TRAINER_FILE, extra)
+        info = {"world_size": world, "step": extra["step"], "epoch": extra["epoch"],
+                "format": "torch.distributed.checkpoint"}
+        (tmp / INFO_FILE).write_text(json.dumps(info))
+        return _publish(tmp, directory, stem)
+    except (OSError, ckpt.CheckpointError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ckpt.CheckpointError(f"could not write {final}: {exc}") from exc
+
+
 def save_sharded(directory: Path, which: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  extra: dict[str, Any], lead: bool, world: int) -> Path:
-    """Write checkpoint `which` ("last", "best") from every rank: a collective, every rank calls it at the same
-    step. Rank 0 adds `extra` and publishes the folder once all shards are written. CheckpointError on any
-    failure; the previous checkpoint is then untouched."""
+    """Write checkpoint `which` ("last", "best") from every rank, on the training thread: a collective, every
+    rank calls it at the same step. Rank 0 adds `extra` and publishes the folder once all shards are written.
+    CheckpointError on any failure; the previous checkpoint is then untouched. (sharded_writer.py writes one
+    in the background.)"""
     import torch.distributed as dist
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.checkpoint.state_dict_saver import save
 
-    stem = which.split(".")[0]
-    tmp = directory / f".{stem}{SUFFIX}.{extra['step']}.tmp"
-    if lead:
-        directory.mkdir(parents=True, exist_ok=True)
-        _clear_temps(directory, stem)
-    dist.barrier()  # no rank writes into a folder rank 0 is still clearing
+    stem, tmp = begin(directory, which, extra["step"], lead)
     model_state, optim_state = get_state_dict(model, optimizer)
     try:
         save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
-    except (Exception, CheckpointException) as exc:  # DCP raises on every rank when any rank's write failed
-        if lead:  # what the ranks wrote before the failure (on a full disk, the room a next try needs)
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise ckpt.CheckpointError(f"could not write {tmp}: {_reason(exc)}") from exc
-    final = directory / f"{stem}{SUFFIX}"
-    failure = None
+    except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
+        raise write_failed(tmp, exc, lead) from exc
+    final, failure = directory / f"{stem}{SUFFIX}", None
     if lead:
         try:
-            ckpt.write_atomic(tmp / TRAINER_FILE, extra)
-            info = {"world_size": world, "step": extra["step"], "epoch": extra["epoch"],
-                    "format": "torch.distributed.checkpoint"}
-            (tmp / INFO_FILE).write_text(json.dumps(info))
-            final = _publish(tmp, directory, stem)
-        except (OSError, ckpt.CheckpointError) as exc:
+            final = finish(tmp, directory, stem, extra, world)
+        except ckpt.CheckpointError as exc:
             failure = exc
-            shutil.rmtree(tmp, ignore_errors=True)  # every rank's shards: never published, they only take room
     dist.barrier()  # the checkpoint is in place (or not) for every rank alike
     if failure is not None:
-        raise ckpt.CheckpointError(f"could not write {final}: {failure}") from failure
+        raise failure
     return final
 
 

@@ -21,6 +21,7 @@ from ...protocol.names import NoticeTopic
 from ...worker import checkpoint as ckpt
 from ...worker.checkpoint_writer import CheckpointWriter
 from ...worker.retune import lr_scale, number, scale_lrs
+from .sharded_writer import ShardedWriter
 
 if TYPE_CHECKING:
     from ...config.schema import Pipeline
@@ -65,7 +66,7 @@ class TrainerCheckpoints:
     scaler: torch.amp.GradScaler | None
     epoch_loss: torch.Tensor
     handoff: HandOff
-    writer: CheckpointWriter | None = None  # open_writer makes it
+    writer: CheckpointWriter | ShardedWriter | None = None  # open_writer makes it
     _elapsed: Callable[[], float]
 
     @property
@@ -179,12 +180,15 @@ class TrainerCheckpoints:
                 f"checkpoint written with params.lr {saved:g}: learning rate scaled to params.lr {new:g}")))
 
     def save(self, reason: str, name: str = ckpt.LAST) -> None:
-        """Write checkpoint `name`: rank 0 alone (every rank holds the same weights), staged and written by a
-        background thread unless `async_checkpoints = false`; or, sharded, every rank its shards (a collective:
-        every rank calls it at the same step)."""
+        """Write checkpoint `name`: rank 0 alone (every rank holds the same weights); or, sharded, every rank its
+        shards (a collective: every rank calls it at the same step). Staged and written by a background thread
+        unless `async_checkpoints = false`."""
         if not self.lead and not self.sharded:
             return
         landed = partial(self._saved, reason, self.epoch, self.step)
+        if isinstance(self.writer, ShardedWriter):
+            self.writer.save(name, self.model, self.optimizer, self._progress(), landed, self._save_failed)
+            return
         if self.writer is not None:
             self.writer.save(self._state(), name, landed, self._save_failed, self.step)
             return
@@ -216,8 +220,14 @@ class TrainerCheckpoints:
                                     topic=NoticeTopic.CHECKPOINT_FAILED))
 
     def open_writer(self) -> None:
-        """The background writer of rank 0's checkpoints, where they are written so (not a sharded gang's)."""
-        if self.lead and not self.sharded and self.pipe.async_checkpoints:
+        """The background writer of rank 0's checkpoints, or of every rank's shards (a collective: it makes the
+        gang's checkpoint group), unless `async_checkpoints = false`."""
+        if not self.pipe.async_checkpoints:
+            return
+        if self.sharded and self.gang is not None:
+            self.writer = ShardedWriter(self.ckpt_dir, self.lead, self._world, self.gang.checkpoint_group(),
+                                        self.device.type == "cuda", self._say)
+        elif self.lead:
             self.writer = CheckpointWriter(self.ckpt_dir, self.pipe.keep_last, self._say)
 
     def _say(self, text: str) -> None:
