@@ -13,6 +13,7 @@ from typing import Any
 from ..config.schema import Pipeline, RunConfig
 from ..config.tracking import TrackingConfig
 from ..protocol.messages import Event, RunStarted, SourceCommit
+from ..protocol.nolinks import make_dirs, write_text
 from ..protocol.states import SUCCESS_STATES, WorkerState
 
 FOLDER = "tracking"  # under the run directory: each sink's log and state, W&B's offline run files
@@ -67,10 +68,10 @@ class SinkRun:
 
     def keep(self, sink: str, data: dict[str, Any]) -> None:
         """Keep `data` as sink `sink`'s state of this run (written whole or not at all)."""
-        self.state.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.state, self.run_dir)
         path = self.state / f"{sink}.json"
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        write_text(tmp, json.dumps(data, indent=1, sort_keys=True), 0o600)  # never through a link in the run
         os.replace(tmp, path)
 
     def observe(self, event: Event) -> None:

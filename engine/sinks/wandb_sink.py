@@ -19,6 +19,7 @@ from ..protocol.messages import (
     TrialDecision,
     ValResult,
 )
+from ..protocol.nolinks import make_dirs
 from ..protocol.progress import better, metric_value
 from ..protocol.states import RESTING_STATES
 from .api import Sink, SinkRun, params_of, tracker_status
@@ -59,7 +60,7 @@ class WandbSink(Sink):
         config.update({"torchherd.run_id": self.run.run_id, "torchherd.run_dir": str(self.run.run_dir)})
         if self.run.code:
             config["torchherd.commit"] = self.run.commit()
-        self.run.state.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.run.state, self.run.run_dir)
         live = wandb.init(project=self.project, group=self.run.run_id, name=pipeline, id=run_id,
                           resume="allow" if known else None, dir=str(self.run.state), mode=self.run.tracking.wandb,
                           config=config, job_type="trial" if self.run.sweep else "train", reinit="create_new",
