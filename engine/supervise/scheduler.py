@@ -135,6 +135,21 @@ class Scheduler:
         self._announce()
         return granted
 
+    def room(self, key: str, request: Request) -> int:
+        """The ranks `request` (an elastic gang's) would be granted now were `key` to give its slots back; 0 while
+        any pipeline waits for slots of this pool, of this run or another (what is free is theirs), and on a
+        cluster (its gangs grow only at a restart)."""
+        if self._waiting or self.cluster:
+            return 0
+        with self._ledger.locked() as leases:
+            if self._rivals():
+                return 0
+            own = self._held.get(key, [])
+            occupancy, links = self._readings()
+            got = grant(request, self.slots, [lease for lease in leases if lease not in own], self._run, occupancy,
+                        links, self._policy)
+        return 0 if isinstance(got, Wait) else len(got)
+
     def _short_of(self, request: Request, got: int, whole: list[Slot] | Wait) -> str:
         """"1 of 2 CPU slots free: cpu1 held by this run (urgent)": why an elastic grant is `got` ranks."""
         gpu_pool = any(s.gpu is not None for s in self.slots)
@@ -201,9 +216,7 @@ class Scheduler:
     def _ahead_elsewhere(self) -> Callable[[_Waiting], str]:
         """A test of a waiting pipeline: the first pipeline of another of the user's runs that waits ahead of
         it (higher priority, or the same and waiting longer), or ""."""
-        pool = {s.name for s in self.slots}
-        others = [(entry, s.run) for s in self._ledger.presences() if s.run != self._run for entry in s.waiting
-                  if entry.devices is None or pool & set(entry.devices)]  # one that waits for none of ours is no rival
+        others = self._rivals()
 
         def ahead(w: _Waiting) -> str:
             for entry, run in others:
@@ -211,6 +224,12 @@ class Scheduler:
                     return f"{entry.pipeline} of run {run} (you, priority {entry.priority})"
             return ""
         return ahead
+
+    def _rivals(self) -> list[tuple[Waiter, str]]:
+        """(pipeline, run) of every other run's pipeline that waits for slots of this pool."""
+        pool = {s.name for s in self.slots}
+        return [(entry, s.run) for s in self._ledger.presences() if s.run != self._run for entry in s.waiting
+                if entry.devices is None or pool & set(entry.devices)]  # one that waits for none of ours is no rival
 
     def _wait_all(self, head: str, wait: Wait) -> None:
         """Why the head of the queue waits, when something outside this run holds it up; the others wait
