@@ -33,6 +33,7 @@ class Intent(StrEnum):
     RESTART = "restart"  # killed to be started again at once, spending no budget
     HUNG = "hung"  # no heartbeat within hang_timeout: stacks dumped, then killed
     NODE_LEFT = "node left"  # its cluster node left (a launcher's cause, not a request)
+    RESIZE = "resize"  # an elastic gang stopped at its checkpoint to start again at another size, spending no budget
 
 
 class ExitReason(StrEnum):

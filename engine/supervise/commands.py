@@ -43,6 +43,10 @@ def stop(lifecycle: Lifecycle, pipe: SupervisedPipeline, reason: str, ending: Wo
     elif pipe.state in (S.KILLING, S.HUNG) and pipe.intent in (Intent.RESTART, Intent.HUNG):
         # Already on its way out to be started again: let it end there instead.
         pipe.live.intent, pipe.stop_reason = Intent.STOP, reason
+    elif pipe.state in (S.STOPPING, S.KILLING) and pipe.intent == Intent.RESIZE:
+        # Stopping to start again at another size: it stops for good instead (STOPPING keeps its deadline).
+        pipe.stop_as, pipe.stop_rung = ending, rung
+        pipe.live.intent, pipe.stop_reason = Intent.STOP, reason
 
 
 def pause(lifecycle: Lifecycle, pipe: SupervisedPipeline) -> None:

@@ -68,7 +68,17 @@ class DumpStacks:
     name: str
 
 
-Decision = Stop | StopRun | Requeue | Retune | Record | DumpStacks
+@dataclass(frozen=True)
+class Resize:
+    """Stop an elastic gang at its next checkpoint and start it again from there at the size it is granted then
+    (`ranks`, what was free when this was sent), spending no restart; `why` is its gang_resized event's."""
+
+    name: str
+    ranks: int
+    why: str
+
+
+Decision = Stop | StopRun | Requeue | Retune | Record | DumpStacks | Resize
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ def classify(intent: Intent | None, code: int) -> ExitReason:
         return BY_INTENT[intent]
     if intent == Intent.STOP and code != WorkerExit.COMPLETED:
         return R.STOPPED  # asked to stop; however it went, it is not a crash
+    if intent == Intent.RESIZE and code != WorkerExit.COMPLETED:
+        return R.RESTARTED  # asked to stop to start again at another size: no crash either
     return BY_CODE.get(code, R.CRASHED)
 
 
@@ -154,23 +156,26 @@ class Lifecycle:
             self._failed_to_start(pipe, exc)
             return
         attempt.handle = handle
-        self._say_resized(pipe)
+        self._say_resized(pipe, previous)
         attempt.started_mono, attempt.last_progress = time.monotonic(), self.states.clock()
         attempt.started_at = time.time()
         handle.attach(partial(self._on_events, pipe, handle))
         self.set_state(pipe, S.STARTING)  # QUEUED/BACKOFF/KILLING -> STARTING
         self._announce(pipe, attempt)
 
-    def _say_resized(self, pipe: SupervisedPipeline) -> None:
+    def _say_resized(self, pipe: SupervisedPipeline, previous: Attempt | None) -> None:
         """An elastic gang starting at another size than its last attempt (or, first, than its MAX): gang_resized,
-        saying why and what became of its batch."""
+        saying why (the `Resize` asked of `previous`, if that is how it ended) and what became of its batch."""
         before, now = pipe.ranks_run or pipe.plan.config.max_ranks, len(pipe.slots)
         cause, pipe.regrant_cause = pipe.regrant_cause, ""
+        grown = pipe.resize_why if previous is not None and previous.intent == Intent.RESIZE else ""
+        pipe.resize_why = ""
         short = self._scheduler.short.pop(pipe.name, "")
         pipe.ranks_run = now
         if not pipe.plan.config.elastic or now == before:
             return
-        why = "; ".join(w for w in (cause, short or ("its slots were free again" if now > before else "")) if w)
+        again = "its slots were free again" if now > before and not grown else ""
+        why = "; ".join(w for w in (grown or cause, short or again) if w)
         self._publish(resized_event(pipe.plan.config, before, now, why))
 
     def _failed_to_start(self, pipe: SupervisedPipeline, exc: OSError) -> None:
@@ -202,6 +207,12 @@ class Lifecycle:
         pipe.current.deadline = time.monotonic() + pipe.plan.run_config.restart.stop_timeout
         pipe.handle.send(Stop(reason=reason))
         self.set_state(pipe, S.STOPPING)  # STARTING/RUNNING/PAUSED -> STOPPING
+
+    def request_resize(self, pipe: SupervisedPipeline, why: str) -> None:
+        """Ask an elastic gang to checkpoint and exit, to start again from there at the size it is granted then
+        (-> STOPPING; on its exit -> BACKOFF, its slots given back, no restart spent)."""
+        self.request_stop(pipe, f"to resize: {why}")
+        pipe.live.intent, pipe.resize_why = Intent.RESIZE, why
 
     def terminate(self, pipe: SupervisedPipeline) -> None:
         """The polite signal now, the hard one after the grace period (-> KILLING)."""
@@ -319,7 +330,11 @@ class Lifecycle:
 
     def _relaunch(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
         pipe.last_error = pipe.last_traceback = ""
-        if pipe.state == S.KILLING:
+        if pipe.intent == Intent.RESIZE:  # it stopped at its checkpoint to be granted again at another size
+            pipe.restart_at = time.monotonic()
+            self.set_state(pipe, S.BACKOFF)  # STOPPING/KILLING -> BACKOFF
+            self._regrant(pipe)
+        elif pipe.state == S.KILLING:
             self.launch(pipe)  # KILLING -> STARTING, same slots, no budget spent
         else:  # it ended for a cause that costs nothing (its node left): start again on the next tick
             pipe.restart_at = time.monotonic()
@@ -370,14 +385,18 @@ class Lifecycle:
         pipe.last_error = what
         self.set_state(pipe, S.BACKOFF)  # STARTING/RUNNING/... -> BACKOFF
         if pipe.plan.config.elastic and pipe.slots:
-            # An elastic gang gives its slots back and asks again in its place in the queue: a pipeline that
-            # outranks it may take one meanwhile, and it restarts at the size it is granted (at least MIN).
-            self._scheduler.release(pipe.slots, pipe.name)
-            pipe.slots, pipe.regrant_cause = [], what
-            self._scheduler.enqueue(pipe.name, pipe.plan.config.priority, pipe.plan.order, pipe.plan.request)
+            self._regrant(pipe)
+            pipe.regrant_cause = what
         self._publish(WorkerRestarting(pipeline=pipe.name, attempt=pipe.attempts + 1, delay=decision.delay,
                                        restarts_left=pipe.plan.run_config.restart.max_restarts - pipe.restarts,
                                        reason=f"{decision.reason}: {what}"))
+
+    def _regrant(self, pipe: SupervisedPipeline) -> None:
+        """An elastic gang in BACKOFF gives its slots back and asks again in its place in the queue: a pipeline
+        that outranks it may take one meanwhile, and it starts again at the size it is granted (at least MIN)."""
+        self._scheduler.release(pipe.slots, pipe.name)
+        pipe.slots = []
+        self._scheduler.enqueue(pipe.name, pipe.plan.config.priority, pipe.plan.order, pipe.plan.request)
 
 
 OUTCOMES: dict[ExitReason, Callable[[Lifecycle, SupervisedPipeline, float, str], None]] = {

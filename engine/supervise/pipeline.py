@@ -107,6 +107,7 @@ class SupervisedPipeline:
     last_failure: tuple[str, int] | None = None  # (error, step) the previous crashed attempt reported
     ranks_run: int = 0  # ranks its last attempt ran with; 0 before its first
     regrant_cause: str = ""  # an elastic gang that gave its slots back to restart: the failure that ended it
+    resize_why: str = ""  # an elastic gang asked to stop and start again bigger: why (its gang_resized says it)
     progress: PipelineProgress = field(init=False)  # folded from every event of this pipeline the session emits
     pending_step: StepMetrics | None = None  # the newest step report, not folded yet
 
