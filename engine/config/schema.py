@@ -92,12 +92,17 @@ class PipelineSettings(_Strict):
         "(torchrun's --nproc-per-node); 1 trains in one process. A Task's gang may be elastic, 'MIN:MAX' like "
         "'1:2': it starts with as many ranks as the slots granted (at least MIN; it waits for MIN), and when a rank "
         "fails and fewer slots are free than it had (another pipeline or run took one), it restarts from its "
-        "checkpoint at the size it can get, down to MIN, instead of waiting."))
+        "checkpoint at the size it can get, down to MIN, instead of waiting; below MAX, it grows back while it "
+        "trains once slots nobody waits for have been free for `grow_after`."))
     keep: Literal["global_batch", "per_rank_batch"] = Field("global_batch", description=(
         "An elastic gang (ranks = 'MIN:MAX') at fewer ranks than MAX: 'global_batch' keeps the samples of one "
         "optimizer step as at MAX ranks (accumulate_grad_batches, else batch_size, scaled up; said in the "
         "gang_resized event, and so when neither divides evenly); 'per_rank_batch' keeps both, so a step trains "
         "fewer samples."))
+    grow_after: float = Field(30.0, ge=0, description=(
+        "Seconds an elastic gang (ranks = 'MIN:MAX') running below MAX waits while enough slots for more ranks stay "
+        "free (slots no queued pipeline of any run waits for) before it stops at a checkpoint and starts again "
+        "from it at the larger size (gang_resized; no restart spent)."))
     nan_policy: Literal["warn", "stop", "restart"] = Field("stop", description=(
         "When the training loss is NaN or infinite: warn and carry on, stop the pipeline as failed, "
         "or restart it from its last checkpoint."))

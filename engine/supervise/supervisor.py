@@ -43,8 +43,9 @@ from ..sinks.feed import SinkFeed
 from . import build_check, commands
 from .attempts import AttemptLauncher
 from .bus import EventStream, Publisher, StepsTap, Tap
-from .decisions import Decision, DumpStacks, Outbox, Record, Requeue, Retune, SessionView, Stop, StopRun
+from .decisions import Decision, DumpStacks, Outbox, Record, Requeue, Resize, Retune, SessionView, Stop, StopRun
 from .disk_full import DiskWatch
+from .growing import Gang, GrowWatch
 from .intake import WorkerIntake
 from .lifecycle import Lifecycle, States
 from .nodes import NodeFollower
@@ -124,6 +125,7 @@ class Supervisor:
         self.sweep: SweepPruner | PbtController | None = None  # a [sweep]'s pruner or PBT, from start()
         self._health: HealthWatch | None = None  # the watch on alerts, from start(): it sums the run up at its end
         self._sinks: SinkFeed | None = None  # the [tracking] sinks' hosts, from start()
+        self._grow: GrowWatch | None = None  # the policy that grows elastic gangs while they train, from start()
 
     # ------------------------------------------------------------ session
 
@@ -179,6 +181,7 @@ class Supervisor:
             self._publish.tap(tap, steps)
         self.sweep = observers.sweep
         self._health = observers.health
+        self._grow = GrowWatch(outbox, self._growable)
         gang_restarts = self.config.restart.max_restarts > 0 and any(p.max_ranks > 1 for p in self.config.pipelines)
         if gang_restarts or (self.sweep is not None and self.sweep.restarts_trials):  # restarts fork, warm
             self._backend.expect_restarts()
@@ -403,6 +406,16 @@ class Supervisor:
             commands.retune(pipe, decision.values)
         elif isinstance(decision, DumpStacks) and pipe.handle is not None:
             commands.stacks(pipe, self._publish.event)
+        elif isinstance(decision, Resize) and pipe.state == S.RUNNING and not self._closing:
+            self._lifecycle.request_resize(pipe, decision.why)  # RUNNING -> STOPPING
+
+    def _growable(self) -> list[Gang]:
+        """The running elastic gangs below their MAX, and the ranks each could be granted now (the grow policy's
+        view of the session)."""
+        return [Gang(p.name, len(p.slots), self._scheduler.room(p.name, p.plan.request), p.plan.config.grow_after)
+                for p in self._pipelines.values()
+                if p.plan.config.elastic and p.state == S.RUNNING
+                and 0 < len(p.slots) < p.plan.config.max_ranks]
 
     def _on_early_stop(self, name: str, event: EarlyStop) -> None:
         self._publish.validation(event)
@@ -438,6 +451,8 @@ class Supervisor:
         self.task_check.settle(self._pipelines, self._lifecycle, self._publish.event)
         if not self._closing:
             self._validation.tick(now)
+            if self._grow is not None:
+                self._grow.tick(now)
         self._nodes.follow()
         self._schedule()
         self._feed.update(self._pipelines, self._validation.handle)
