@@ -4,6 +4,7 @@ the host; a host that falls behind loses step reports (counted, said once), neve
 waited for at the run's end only while it makes progress."""
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import itertools
 import json
@@ -183,8 +184,6 @@ class SinkFeed:
         specs = tracking.specs()
         if not specs:
             return None
-        import asyncio
-
         loop, own = asyncio.get_running_loop(), threading.get_ident()
 
         def say(text: str, level: str) -> None:
@@ -220,8 +219,6 @@ class SinkFeed:
             return
         self._due = True
         try:
-            import asyncio
-
             asyncio.get_running_loop().call_later(HAND_OVER, self.hand_over)
         except RuntimeError:  # no loop: at once
             self.hand_over()
@@ -256,8 +253,6 @@ class SinkFeed:
 
     async def settle(self, limit: float = SETTLE_MAX) -> None:
         """Wait while a host is still taking events (at most `limit` seconds)."""
-        import asyncio
-
         deadline = time.monotonic() + limit
         while not self.caught_up() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
