@@ -501,6 +501,7 @@ async def supervise(args: argparse.Namespace) -> None:
         while server.pending or any(backlog(c) for c in server.clients):
             await asyncio.sleep(0.01)  # a poll every 2 ms would be this process's CPU, not serving
     used = cpu() - c0
+    published["tail_s"] = time.time() - published["last"]  # the run's end after its last step event
     clients, dropped = (len(server.clients), server.dropped) if server is not None else (0, 0)
     await sup.shutdown()
     if server is not None:
@@ -627,6 +628,7 @@ def cpu_section(args: argparse.Namespace, tmp: Path) -> None:
              **({"now, MLflow + W&B": (ROOT, True, True)} if args.trackers else {}),
              **({"baseline": (base, True, False), "baseline, no TensorBoard": (base, False, False)} if base else {})}
     got: dict[tuple[str, int], list[float]] = {(t, n): [] for t in trees for n in (0, FAN)}
+    ends: list[float] = []  # seconds the trackers' runs ended after their last step event (their hosts catching up)
     for i in range(args.rounds):
         for clients in (0, FAN):
             for tree, (root, tensorboard, trackers) in trees.items():
@@ -634,6 +636,8 @@ def cpu_section(args: argparse.Namespace, tmp: Path) -> None:
                                  trackers=trackers)
                 if not r["short"]:  # a round that dropped a client is not the same work
                     got[tree, clients].append(1e6 * r["cpu"] / total)
+                if trackers:
+                    ends.append(r["published"].get("tail_s", math.nan))
         print(f"round {i + 1} (load {os.getloadavg()[0]:.1f}): " + "; ".join(
             f"{tree} {n} clients {got[tree, n][-1]:.1f} us" for tree in trees for n in (0, FAN) if got[tree, n]))
     for n in (0, FAN):
@@ -645,6 +649,9 @@ def cpu_section(args: argparse.Namespace, tmp: Path) -> None:
                 text += f"; {was}/{now} {statistics.median(line[was]) / statistics.median(line[now]):.2f}x"
         print(f"supervisor CPU per step event, {n} clients attached, {args.rounds} rounds of {FAN} x {args.count:,}: "
               f"{text} (goal <= 10 us)")
+    if ends:
+        print(f"  with MLflow + W&B the run ended {statistics.median(ends):.1f} s (median; {min(ends):.1f}-"
+              f"{max(ends):.1f}) after its last step event: the trackers taking what was left")
 
 
 # ============================================================ 4. training under the service

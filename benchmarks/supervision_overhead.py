@@ -224,9 +224,9 @@ def sink_cost(tmp: Path, events: int = 200_000, rounds: int = 3) -> None:
 
 
 async def _publish_with_trackers(path: Path, runs: list, trackers: bool) -> float:
-    """CPU of this process (every thread: the writer threads of the sinks' feed too) to publish `runs` on a bus
-    into a RunDirectory, with the MLflow and W&B sinks' feed tapped on it or not, until every line is in the
-    hosts' pipes. The hosts are started and have imported their trackers before the clock starts; they are ended
+    """CPU of this process (every thread) to publish `runs` on a bus into a RunDirectory, with the MLflow and W&B
+    sinks' feed tapped on it (step reports thinned to `[tracking] points_per_s`, its default) or not, until every
+    line it hands on is in the hosts' pipes. The hosts are started and have imported their trackers before the clock starts; they are ended
     without waiting after it stops."""
     from torchherd.engine.rundir.directory import RunDirectory
     from torchherd.engine.sinks.feed import SinkFeed
@@ -241,7 +241,8 @@ async def _publish_with_trackers(path: Path, runs: list, trackers: bool) -> floa
     bus.add_writer(out.write, out.write_steps)
     feed = None
     if trackers:
-        feed = SinkFeed(config.tracking.specs(), path, False, config.tracking.buffer, lambda text, level: None)
+        feed = SinkFeed(config.tracking.specs(), path, False, config.tracking.buffer, lambda text, level: None,
+                        config.tracking.points_per_s)
         while not all(h.ready or h.gone for h in feed.hosts):  # imported and connected: not the supervisor's CPU
             await asyncio.sleep(0.05)
         bus.add_tap(feed.on_event, feed.on_steps)

@@ -28,6 +28,11 @@ class TrackingConfig(BaseModel):
     sinks: list[str] = Field(default_factory=list, description=(
         "Sinks of your own, each 'file.py:Class' or 'package.module:Class' (a subclass of "
         "torchherd.engine.sinks.api.Sink); docs/guide/tracking.md has the recipe."))
+    points_per_s: float = Field(20.0, ge=0, description=(
+        "Step reports each tracker gets a second of a pipeline's training, at most, as TensorBoard's files do: "
+        "its first, then one every 1/N seconds of the worker's clock, and the newest before an epoch, an attempt "
+        "or the run ends; validation results, epochs and ends always go whole. 0: every step report (events.jsonl "
+        "keeps every one either way)."))
     buffer: int = Field(100_000, ge=100, description=(
         "Events held for a tracker that falls behind; past this, newer ones are dropped (one notice, counted at "
         "the end) and training never waits."))

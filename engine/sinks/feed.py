@@ -1,7 +1,7 @@
 """The supervisor's side of the sinks: `SinkFeed` starts a host process for each sink `[tracking]` names and hands
-each the run's events, as their events.jsonl lines, through a bounded backlog that a thread of its own writes to
-the host; a host that falls behind loses step reports (counted, said once), never holds the supervisor up, and is
-waited for at the run's end only while it makes progress."""
+each the run's events as their events.jsonl lines (step reports thinned as TensorBoard's are), written from the loop
+as far as its pipe takes them; a host that falls behind loses step reports (counted, said once), never holds the
+supervisor up, and is waited for at the run's end only while it makes progress."""
 from __future__ import annotations
 
 import asyncio
@@ -30,6 +30,7 @@ from ..protocol.messages import (
     StepMetrics,
 )
 from ..protocol.nolinks import make_dirs, open_file
+from ..rundir.tensorboard import StepThinning
 from .api import FOLDER, sink_name
 
 HAND_OVER = 0.2  # seconds lines wait on the loop before the writer threads get them (a step report's usual wait)
@@ -191,18 +192,34 @@ class SinkFeed:
                 notice(text, level)
             else:
                 loop.call_soon_threadsafe(notice, text, level)
-        return cls(specs, run_dir, resuming, tracking.buffer, say)
+        return cls(specs, run_dir, resuming, tracking.buffer, say, tracking.points_per_s)
 
-    def __init__(self, specs: list[str], run_dir: Path, resuming: bool, buffer: int, say: Say):
+    def __init__(self, specs: list[str], run_dir: Path, resuming: bool, buffer: int, say: Say,
+                 points_per_s: float = 0.0):
         self.hosts = [SinkHost(spec, run_dir, resuming, buffer, say) for spec in specs]
         self._say = say
         self._due = False  # a hand-over is scheduled
         self._lines: list[bytes] = []  # published since the last hand-over, in order
         self._kept: list[bytes] = []  # the same but step reports: what a host behind still gets
+        # Step reports thinned as TensorBoard's are (none when points_per_s is 0); per pipeline the line of the
+        # newest one held back, handed on before its epoch, attempt or the run ends.
+        self._thinning = StepThinning(1.0 / points_per_s) if points_per_s else None
+        self._held: dict[str, bytes] = {}
 
     def on_event(self, event: Event, line: bytes, kept: bool) -> None:
         if not kept or isinstance(event, SKIPPED):
             return
+        thinning = self._thinning
+        if thinning is not None:
+            if type(event) is StepMetrics:
+                if not thinning.keep(event):
+                    self._held[event.pipeline] = line
+                    return
+                self._held.pop(event.pipeline, None)
+            else:
+                for held in thinning.release(event):
+                    if (last := self._held.pop(held.pipeline, None)) is not None:
+                        self._lines.append(last)
         self._lines.append(line)
         self._kept.append(line)
         if isinstance(event, URGENT):
@@ -211,7 +228,20 @@ class SinkFeed:
             self._soon()
 
     def on_steps(self, steps: list[StepMetrics], lines: list[bytes]) -> None:
-        self._lines += lines
+        thinning = self._thinning
+        if thinning is None:
+            self._lines += lines
+        else:
+            keep, held, out = thinning.keep, self._held, self._lines
+            before = len(out)
+            for event, line in zip(steps, lines):
+                if keep(event):
+                    out.append(line)
+                    held.pop(event.pipeline, None)
+                else:
+                    held[event.pipeline] = line
+            if len(out) == before:
+                return
         self._soon()
 
     def _soon(self) -> None:
