@@ -111,6 +111,19 @@ def test_a_resize_is_one_line_saying_why_and_what_became_of_the_batch():
     assert "64 -> 32 samples an optimizer step (keep = per_rank_batch)" in printed(halved)
 
 
+
+def test_an_elastic_gangs_started_line_says_its_size_of_min_max_and_a_fixed_ones_is_as_it_was():
+    def started(**kw) -> str:
+        return printed(WorkerStarted(pipeline="g", attempt=1, **kw)).split("] ", 1)[-1].rstrip()
+
+    assert started(pid=7, device="cpu0,cpu1", pids=(7, 8), min_ranks=1, max_ranks=2) == \
+        "g: started 2 of 1:2 ranks, pids 7, 8, on cpu0,cpu1 (attempt 1)"
+    assert started(pid=9, device="cpu1", min_ranks=1, max_ranks=2) == \
+        "g: started 1 of 1:2 ranks, pid 9 on cpu1 (attempt 1)"
+    assert started(pid=7, device="cpu0,cpu1", pids=(7, 8)) == "g: started 2 ranks, pids 7, 8, on cpu0,cpu1 (attempt 1)"
+    assert started(pid=7, device="cpu0") == "g: started pid 7 on cpu0 (attempt 1)"
+
+
 # ------------------------------------------------------------ the supervisor over scripted ranks
 
 
@@ -163,6 +176,9 @@ async def test_an_elastic_gang_starts_on_the_slots_free_and_a_fixed_one_waits(tm
     [resized] = [e for e in seen if isinstance(e, GangResized)]
     assert (resized.from_ranks, resized.to_ranks, resized.why) == (2, 1, "1 of 2 CPU slots free: cpu0 held by this "
                                                                          "run (urgent)")
+    started = {e.pipeline: e for e in seen if isinstance(e, WorkerStarted)}
+    assert (started["g"].min_ranks, started["g"].max_ranks) == (1, 2)  # what the app and headless say of its size
+    assert (started["urgent"].min_ranks, started["urgent"].max_ranks) == (0, 0)
 
 
 # ------------------------------------------------------------ a real gang

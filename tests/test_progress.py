@@ -107,3 +107,18 @@ def test_a_completed_pipeline_reads_all_done_whatever_its_step_counts_say():
     assert p.fraction < 1.0
     done = fold(p, m.WorkerStateChanged(pipeline="a", state="completed", previous="running"))
     assert done.fraction == 1.0 and fmt_progress(done, 12).endswith(" 100%")
+
+
+def test_an_elastic_gangs_size_folds_from_its_starts_and_resizes_and_a_fixed_ones_stays_plain():
+    resized = [m.GangResized(pipeline="g", from_ranks=2 - i % 2, to_ranks=1 + i % 2, why=f"r{i}") for i in range(6)]
+    p = fold(PipelineProgress("g"), m.WorkerStarted(pipeline="g", pid=7, device="cpu0,cpu1", attempt=1, pids=(7, 8),
+                                                   min_ranks=1, max_ranks=2))
+    assert (p.ranks, p.min_ranks, p.max_ranks, p.elastic, p.resizes) == (2, 1, 2, True, ())
+    p = fold(p, resized[0], m.WorkerStarted(pipeline="g", pid=9, device="cpu1", attempt=2, min_ranks=1, max_ranks=2))
+    assert (p.ranks, p.resizes) == (1, (resized[0],))  # one rank: no pids, one process
+    assert fold(p, m.PipelineQueued(pipeline="g", priority=0, position=1)).ranks == 0  # it holds no device
+    p = fold(p, *resized[1:])
+    assert p.ranks == 2 and p.resizes == tuple(resized[1:])  # the newest five, oldest first
+    fixed = fold(PipelineProgress("f"), m.WorkerStarted(pipeline="f", pid=7, device="cpu0,cpu1", attempt=1,
+                                                        pids=(7, 8)))
+    assert (fixed.ranks, fixed.max_ranks, fixed.elastic) == (2, 0, False)

@@ -69,6 +69,15 @@ def fmt_device(device: str, width: int = 6) -> str:
     return f"{len(names)} slots"
 
 
+def gang_size(row: PipelineProgress, width: int = 9) -> str:
+    """An elastic gang's size, current of MAX, in `width` cells: '2/4 ranks', else '2/4'; "" for a fixed gang or
+    one process, and while it holds no device."""
+    if not row.elastic or not row.ranks:
+        return ""
+    size = f"{row.ranks}/{row.max_ranks}"
+    return f"{size} ranks" if len(size) + 6 <= width else size
+
+
 def fmt_duration(seconds: float | None) -> str:
     """'4:05' under an hour, '2h05m' under 100 hours, then '4d07h', then '123d': six cells at most."""
     if seconds is None:
@@ -141,9 +150,12 @@ def straggler_text(ev: Straggler) -> str:
 
 
 def gang_text(row: PipelineProgress) -> str:
-    """A gang's ranks as its row's detail line says them: the spread of their own time per batch, a straggler,
-    and while it is stalled the triage's verdict ("" for a pipeline with nothing of the kind to say)."""
+    """A gang's ranks as its row's detail line says them: an elastic gang's size and slots ('1/2 ranks of 1:2 on
+    cpu0'), the spread of their own time per batch, a straggler, and while it is stalled the triage's verdict
+    ("" for a pipeline with nothing of the kind to say)."""
     parts = []
+    if row.elastic and row.ranks:  # the table's device column gives its size instead of its slots
+        parts.append(f"{row.ranks}/{row.max_ranks} ranks of {row.min_ranks}:{row.max_ranks} on {row.device or '-'}")
     if (spread := row.spread) is not None:
         median, slowest, rank = spread
         parts.append(f"ranks: slowest rank {rank} {slowest * 1e3:.0f} ms/batch, its peers' median "

@@ -155,11 +155,13 @@ class LinePrinter:
 
     def _worker_started(self, ev: WorkerStarted) -> None:
         where = f"{ev.device} of node {ev.node}" if ev.node else ev.device
+        size = f"{len(ev.pids) or 1} of {ev.min_ranks}:{ev.max_ranks} ranks, " if ev.max_ranks else ""  # elastic
         if ev.pids:  # a gang: every rank
-            self.line(f"{ev.pipeline}: started {len(ev.pids)} ranks, pids {', '.join(map(str, ev.pids))}, "
+            size = size or f"{len(ev.pids)} ranks, "
+            self.line(f"{ev.pipeline}: started {size}pids {', '.join(map(str, ev.pids))}, "
                       f"on {where} (attempt {ev.attempt})")
         else:
-            self.line(f"{ev.pipeline}: started pid {ev.pid} on {where} (attempt {ev.attempt})")
+            self.line(f"{ev.pipeline}: started {size}pid {ev.pid} on {where} (attempt {ev.attempt})")
 
     def _resumed(self, ev: Resumed) -> None:
         note = f" ({ev.note})" if ev.note else ""

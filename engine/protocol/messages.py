@@ -113,6 +113,8 @@ class WorkerStarted(PipelineEvent):
     gpu_uuid: str = ""
     pids: tuple[int, ...] = ()  # of a gang: every rank's pid, rank 0 first
     node: str = ""  # the cluster node it runs on; "" for the supervisor's machine
+    min_ranks: int = 0  # an elastic gang's (ranks = "MIN:MAX") MIN; 0 for a fixed gang or one process
+    max_ranks: int = 0  # an elastic gang's MAX; 0 for a fixed gang or one process
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

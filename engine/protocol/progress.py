@@ -19,6 +19,8 @@ from . import health as h
 from . import messages as m
 from .states import WorkerState
 
+RESIZES_KEPT = 5  # an elastic gang's newest gang_resized events its progress keeps
+
 
 def better(value: float, best: float | None, mode: str) -> bool:
     """Whether `value` beats `best` when `mode` is "min" (lower is better) or "max"; NaN never does."""
@@ -107,6 +109,15 @@ class PipelineProgress:
     straggler: str = ""  # "r1 1.6x" while a rank of its gang is flagged as a straggler
     verdict: str = ""  # its newest triage: where each rank is, the odd one first
     rank_places: tuple[str, ...] = ()  # where each rank was at that triage
+    ranks: int = 0  # processes of its newest attempt (a gang's ranks, else 1); 0 while it holds no device
+    min_ranks: int = 0  # an elastic gang's (ranks = "MIN:MAX") MIN; 0 for a fixed gang or one process
+    max_ranks: int = 0  # an elastic gang's MAX; 0 for a fixed gang or one process
+    resizes: tuple[m.GangResized, ...] = ()  # an elastic gang's newest gang_resized events, oldest first
+
+    @property
+    def elastic(self) -> bool:
+        """Its gang may run at any size from `min_ranks` to `max_ranks` (ranks = "MIN:MAX")."""
+        return self.max_ranks > 0
 
     def peers_median(self, rank: int) -> float | None:
         """The median of a gang's other ranks' own seconds per batch; None before all have reported."""
@@ -169,7 +180,7 @@ def apply(progress: PipelineProgress, event: m.Event) -> PipelineProgress:
 def _queued(p: PipelineProgress, ev: m.PipelineQueued) -> PipelineProgress:
     # Queued (again) holds no device: a restarted pipeline may start on another slot.
     return replace(p, state=WorkerState.QUEUED, device="", node="", pid=None, finished_at=None, finish_reason="",
-                   rung=None, never_ran=False, rate_origin=None, step_rate=0.0, waiting="")
+                   rung=None, never_ran=False, rate_origin=None, step_rate=0.0, waiting="", ranks=0)
 
 
 def _waiting(p: PipelineProgress, ev: m.PipelineWaiting) -> PipelineProgress:
@@ -179,7 +190,12 @@ def _waiting(p: PipelineProgress, ev: m.PipelineWaiting) -> PipelineProgress:
 def _started(p: PipelineProgress, ev: m.WorkerStarted) -> PipelineProgress:
     return replace(p, device=ev.device, node=ev.node, pid=ev.pid, attempt=ev.attempt,
                    started_at=p.started_at or ev.time, finished_at=None, rate_origin=None, step_rate=0.0,
-                   stalled_since=None, waiting="", rank_times=(), straggler="", verdict="", rank_places=())
+                   stalled_since=None, waiting="", rank_times=(), straggler="", verdict="", rank_places=(),
+                   ranks=len(ev.pids) or 1, min_ranks=ev.min_ranks, max_ranks=ev.max_ranks)
+
+
+def _resized(p: PipelineProgress, ev: m.GangResized) -> PipelineProgress:
+    return replace(p, ranks=ev.to_ranks, resizes=(*p.resizes, ev)[-RESIZES_KEPT:])
 
 
 def _pace(p: PipelineProgress, ev: h.RankPace) -> PipelineProgress:
@@ -273,6 +289,7 @@ _FOLDS: dict[type[m.Event], Callable[[PipelineProgress, Any], PipelineProgress]]
     m.WorkerError: _error,
     m.WorkerExited: _exited,
     m.WorkerRestarting: _restarting,
+    m.GangResized: _resized,
     m.PipelineFinished: _finished,
     m.Stalled: _stalled,
     h.RankPace: _pace,

@@ -193,10 +193,13 @@ class Lifecycle:
             return
         attempt.announced = True
         gpu = pipe.slots[0].gpu if pipe.slots else None
+        config = pipe.plan.config
+        low, high = (config.min_ranks, config.max_ranks) if config.elastic else (0, 0)
         self._publish(WorkerStarted(pipeline=pipe.name, pid=pids[0] if pids else handle.pid,
                                     device=",".join(s.name for s in pipe.slots), attempt=attempt.number,
                                     gpu_uuid=gpu.uuid if gpu is not None else "",
-                                    pids=pids if len(pipe.slots) > 1 else (), node=handle.node))
+                                    pids=pids if len(pipe.slots) > 1 else (), node=handle.node,
+                                    min_ranks=low, max_ranks=high))
 
     # ------------------------------------------------------------ ending
 

@@ -69,3 +69,16 @@ def test_a_resumed_run_shows_a_fresh_restart_budget():
     state.apply(started)  # the resumed session
     state.apply(m.WorkerStarted(pipeline="a", pid=3, device="cpu0", attempt=3))
     assert fmt_try(state.rows["a"], 10) == "3"
+
+
+def test_an_elastic_gangs_size_fits_its_cell_and_the_line_under_the_table_names_its_slots():
+    from torchherd.engine.protocol.progress import PipelineProgress
+    from torchherd.tui.formats import gang_size, gang_text
+
+    gang = PipelineProgress("g", device="cpu1", ranks=1, min_ranks=1, max_ranks=2)
+    assert (gang_size(gang, 9), gang_size(gang, 6)) == ("1/2 ranks", "1/2")
+    assert gang_size(PipelineProgress("g", ranks=12, min_ranks=8, max_ranks=16), 9) == "12/16"
+    assert gang_text(gang) == "1/2 ranks of 1:2 on cpu1"
+    fixed = PipelineProgress("f", device="cpu0,cpu1", ranks=2)
+    assert (gang_size(fixed), gang_text(fixed)) == ("", "")  # a fixed gang's row says what it said before
+    assert gang_size(PipelineProgress("g", min_ranks=1, max_ranks=2)) == ""  # queued: no size, no slots

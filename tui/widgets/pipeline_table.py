@@ -24,7 +24,7 @@ from textual.widget import Widget
 
 from ...engine.protocol.progress import PipelineProgress
 from ...engine.protocol.states import WorkerState, ended_label
-from ..formats import fmt_count, fmt_device, fmt_duration, fmt_num, fmt_quiet, metric_label
+from ..formats import fmt_count, fmt_device, fmt_duration, fmt_num, fmt_quiet, gang_size, metric_label
 from . import WidgetOptions
 
 S = WorkerState
@@ -101,7 +101,7 @@ class Column:
 # progress bar, best, samples/s and elapsed go.
 COLUMNS = (
     Column("name", "pipeline", 14, lambda r, now, w: r.name, True),
-    Column("device", "device", 6, lambda r, now, w: fmt_device(r.device, w), True),
+    Column("device", "device", 6, lambda r, now, w: gang_size(r, w) or fmt_device(r.device, w), True),
     Column("state", "state", 10, lambda r, now, w: state_text(r, now, w), True),
     Column("attempt", "try", 7, lambda r, now, w: fmt_try(r, w), True),
     Column("step", "epoch step", 12, lambda r, now, w: fmt_epoch_step(r, w), True),
@@ -119,6 +119,10 @@ NODE = Column("node", "node", 10, lambda r, now, w: r.node or "-", False)
 OPTIONAL = ("node", "progress", "elapsed", "best", "rate")
 NAME_MAX = 32  # cells the name column may widen to, before those
 WAITING = "waiting"  # a row's value (no column): what a queued pipeline waits for, drawn from its epoch column on
+# An elastic gang's device cell gives its size, current of MAX: "2/4" in the device column's 6 cells, and
+# "2/4 ranks" where it widens to RANKS_WIDTH (only with an elastic gang in the table, so others look as they did).
+RANKS = "ranks"  # a row's value (no column): an elastic gang's size as a widened device column says it
+RANKS_WIDTH = 9  # "2/4 ranks": the device column's width, while some gang is elastic and the cells allow
 
 
 def _fit(text: str, width: int) -> str:
@@ -156,8 +160,10 @@ class PipelineTable(Widget, can_focus=True):
         self.top = 0  # first row shown
         self.compact = False  # the terminal is narrower than WIDE: not every column fits
         self.nodes = False  # some pipeline runs on another node: the node column is shown
+        self.elastic = False  # some gang is elastic: the device column widens to say its size where it fits
         self.longest = 0  # cells of the longest pipeline name
-        self._layout: tuple[tuple[object, ...], list[Column]] = ((), [])  # (width, nodes, longest, compact), columns
+        # (width, nodes, longest, compact, elastic), columns
+        self._layout: tuple[tuple[object, ...], list[Column]] = ((), [])
 
     # ------------------------------------------------------------ API
     @property
@@ -181,14 +187,16 @@ class PipelineTable(Widget, can_focus=True):
                     metric: str = "val_loss") -> None:
         """Take new values; repaint only the rows whose text changed."""
         nodes = self.nodes or any(r.node for r in rows)  # once shown it stays: no column jumping about
+        elastic = self.elastic or any(r.elastic for r in rows)
         compact = terminal_width < WIDE + (NODE.width + 1 if nodes else 0)
         relayout = compact != self.compact or len(rows) != len(self.names) or metric != self.metric or \
-            nodes != self.nodes
-        self.compact, self.metric, self.nodes = compact, metric, nodes
+            nodes != self.nodes or elastic != self.elastic
+        self.compact, self.metric, self.nodes, self.elastic = compact, metric, nodes, elastic
         first = not self.names
         for row in rows:
             values = {c.key: c.text(row, now, c.width) for c in (*COLUMNS, NODE)}
             values[WAITING] = row.waiting if row.state == WorkerState.QUEUED else ""
+            values[RANKS] = gang_size(row, RANKS_WIDTH)
             self.states[row.name] = row.state
             # flagged: no step for a while, or a straggler in its gang ("r1 1.6x")
             self.stalled[row.name] = values["state"].startswith("stall ") or values["state"] == (row.straggler or None)
@@ -249,12 +257,12 @@ class PipelineTable(Widget, can_focus=True):
     def visible_columns(self) -> list[Column]:
         """The columns shown at the current width, left to right: every one people act on, then those of
         OPTIONAL that fit; the name column widened into the cells left over, up to the longest name."""
-        key = (self.size.width, self.nodes, self.longest, self.compact)
+        key = (self.size.width, self.nodes, self.longest, self.compact, self.elastic)
         if key != self._layout[0]:
             self._layout = (key, self._lay_out(*key))
         return self._layout[1]
 
-    def _lay_out(self, width: int, nodes: bool, longest: int, compact: bool) -> list[Column]:
+    def _lay_out(self, width: int, nodes: bool, longest: int, compact: bool, elastic: bool) -> list[Column]:
         if not width:  # not laid out yet: as the terminal's width says
             return [c for c in (*COLUMNS[:2], *([NODE] if nodes else []), *COLUMNS[2:]) if c.compact or not compact]
         shown = {c.key for c in COLUMNS if c.compact}
@@ -270,6 +278,9 @@ class PipelineTable(Widget, can_focus=True):
                 shown.add(key)
                 used += by_key[key].width + 1
         columns = [name, *(c for c in COLUMNS[1:] if c.key in shown)]
+        widen = RANKS_WIDTH - by_key["device"].width  # the last of the spare cells: every other column comes first
+        if elastic and used + widen <= width:
+            columns = [replace(c, width=RANKS_WIDTH) if c.key == "device" else c for c in columns]
         if "node" in shown:
             columns.insert(2, NODE)  # after pipeline and device
         return columns
@@ -294,7 +305,8 @@ class PipelineTable(Widget, can_focus=True):
                 segments.append(Segment(_fit(values[WAITING], max(1, width - x - 1)), row_style + Style(dim=True)))
                 break
             x += column.width + 1
-            text = _fit(values[column.key], column.width)
+            wide = column.key == "device" and values.get(RANKS) and cell_len(values[RANKS]) <= column.width
+            text = _fit(values[RANKS] if wide else values[column.key], column.width)
             state_style = STALLED_STYLE if self.stalled.get(name) else STATE_STYLE.get(self.states[name], "")
             style = row_style + Style.parse(state_style) if column.key == "state" else row_style
             segments.append(Segment(text, style))
