@@ -62,7 +62,8 @@ def describe_plan(config: RunConfig, slots: list[Slot], inventory: Inventory,
             taken += leases_for(got, THIS_RUN, name, 0)
             where = " + ".join(s.label for s in got)
             if p.elastic:
-                where = f"an elastic gang of {len(got)} ranks ({p.min_ranks} to {p.max_ranks}) on {where}"
+                ranks = f"{len(got)} rank{'s' if len(got) != 1 else ''}"
+                where = f"an elastic gang of {ranks} ({p.min_ranks} to {p.max_ranks}) on {where}"
             elif p.max_ranks > 1:
                 where = f"a gang of {p.max_ranks} ranks on {where}"
         else:
