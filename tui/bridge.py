@@ -56,6 +56,18 @@ def check_config_file(path: Path, runs_dir: Path | None = None) -> ConfigCheck:
     return ConfigCheck(path, text, report.ok, list(report.lines), [str(p) for p in report.problems])
 
 
+def failed_check(path: Path, exc: BaseException) -> ConfigCheck:
+    """The verdict on a config whose check itself failed (a fault in torchherd, not in the config): nothing
+    launches, and the pane says where the traceback is to be had."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    return ConfigCheck(path, text, False, problems=[
+        f"{path}: torchherd could not check it: {type(exc).__name__}: {exc} (a fault in torchherd, not in the "
+        f"config; `torchherd check {path}` prints its traceback)"])
+
+
 FOLD_AT_ONCE = 50_000  # history events folded before the dashboard first draws (an attach's history in short
 # is a few thousand); a longer one goes on in the consumer, in bursts that leave keys and redraws their turn
 NOT_CONFIGS = {"pyproject.toml", "Cargo.toml", "poetry.toml", "ruff.toml", ".ruff.toml"}  # a project's own tools

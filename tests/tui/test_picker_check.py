@@ -144,3 +144,20 @@ async def test_a_config_written_while_the_picker_is_open_is_listed_and_the_curso
         await wait_for(pilot, lambda: [p.name for p in app.screen.configs] == ["a.toml", "b.toml", "c.toml"],
                        what="the new config listed")
         assert "c.toml" in str(choices.highlighted_option.prompt)  # the cursor stayed on its config
+
+
+# Regression: a fault in torchherd's own check (a SyntaxError in a module it imports lazily) left the pane
+# "checking…" for ever, with nothing to say why and enter doing nothing.
+async def test_a_check_that_fails_inside_torchherd_says_so_and_launches_nothing(tmp_path: Path, runs_dir, session,
+                                                                                monkeypatch):
+    def broken(path, runs_dir=None):
+        raise TypeError("a fault of torchherd's own")
+    monkeypatch.setattr("torchherd.tui.screens.picker.check_config_file", broken)
+    (tmp_path / "run.toml").write_text('[[pipelines]]\nname = "a"\ntask = "regression"\n')
+    app = TorchherdApp(tmp_path, runs_dir, factory=session)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.screen.checks, timeout=30, what="the check's verdict")
+        assert "torchherd could not check it: TypeError: a fault of torchherd's own" in verdict(app)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, PickerScreen) and session.sup is None

@@ -25,7 +25,7 @@ from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 from textual.worker import Worker, get_current_worker
 
-from ..bridge import ConfigCheck, PastRun, check_config_file, list_configs, list_past_runs
+from ..bridge import ConfigCheck, PastRun, check_config_file, failed_check, list_configs, list_past_runs
 from ..start import Attach, Launch, Open, Picked, Resume
 
 
@@ -274,6 +274,12 @@ class PickerScreen(Screen[Picked | None]):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="check")
     def _check(self, path: Path) -> None:
+        try:
+            self._check_now(path)
+        except Exception as exc:  # noqa: BLE001 (a fault in the check: said in its pane, never "checking…" for ever)
+            self.post_message(self.Checked(failed_check(path, exc)))
+
+    def _check_now(self, path: Path) -> None:
         worker = get_current_worker()
         fast = check_config_file(path, self.launch_runs_dir)
         if not fast.ok and self.launch and path == self.initial:
