@@ -96,6 +96,7 @@ def test_the_exporter_serves_each_live_runs_figures_and_follows_runs_coming_and_
         assert moving["torchherd_pipeline_state"][("p", runs[0].name, "queued")] == 0
         assert ("r", runs[1].name) in moving["torchherd_pipeline_train_loss"]
         assert moving["torchherd_pipeline_device"][("cpu0", "r", runs[1].name)] == 1
+        assert moving["torchherd_pipeline_ranks"][("r", runs[1].name)] == 1
         held = ("gpu3", "big", "1", "elsewhere")  # device, pipeline, rank, run
         assert moving["torchherd_ledger_lease"] == {held: 1}
         assert moving["torchherd_ledger_lease_memory_bytes"] == {held: 2 << 30}

@@ -167,6 +167,8 @@ def run_metrics(tails: list[RunTail]) -> Iterator[Metric]:
     val = _gauge("pipeline_validation", "the newest validation result, by metric", [*PIPE, "metric"])
     rate = _gauge("pipeline_samples_per_second", "training throughput at the newest step report", PIPE)
     device = _gauge("pipeline_device", "a device the pipeline's worker runs on (1)", [*PIPE, "device"])
+    ranks = _gauge("pipeline_ranks", "processes its running attempt trains in (a gang's ranks)", PIPE)
+    most = _gauge("pipeline_ranks_max", "an elastic gang's MAX ranks (ranks = \"MIN:MAX\")", PIPE)
     restarts = CounterMetricFamily("torchherd_pipeline_restarts", "restarts after a crash, from the budget",
                                    labels=PIPE)
     alerts = CounterMetricFamily("torchherd_alerts", "times an alert rule fired (pipeline \"\": the whole run)",
@@ -189,9 +191,12 @@ def run_metrics(tails: list[RunTail]) -> Iterator[Metric]:
             if p.pid is not None:  # a worker runs: the devices it holds
                 for one in filter(None, p.device.split(",")):
                     device.add_metric([run, name, one], 1)
+                ranks.add_metric([run, name], p.ranks or 1)
+            if p.elastic:
+                most.add_metric([run, name], p.max_ranks)
         for (name, rule), count in sorted(tail.alerts.items()):
             alerts.add_metric([run, name, rule], count)
-    yield from (runs, state, step, epoch, loss, val, rate, device, restarts, alerts)
+    yield from (runs, state, step, epoch, loss, val, rate, device, ranks, most, restarts, alerts)
 
 
 def ledger_metrics(holdings: list[Holding]) -> Iterator[Metric]:
