@@ -29,7 +29,7 @@ from ..protocol.messages import (
 from ..protocol.names import ExitReason, Intent
 from ..protocol.states import WorkerState, check_transition
 from .pipeline import Attempt, SupervisedPipeline
-from .resizing import resized_event
+from .resizing import failed_again, resized_event
 from .scheduler import Scheduler
 from .watched import WatchedClock
 
@@ -329,6 +329,8 @@ class Lifecycle:
         else:
             pipe.last_error, pipe.last_traceback = exit_desc, ""
             pipe.live.failure = None
+        if len(pipe.slots) == len(gang.ranks) > 1:  # rank k ran on the attempt's slot k (attempts.py)
+            pipe.live.failed_on = (pipe.slots[rank], rank)
         return rank, gang.ranks[rank].pid, exit_desc
 
     def _relaunch(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
@@ -363,7 +365,8 @@ class Lifecycle:
     def _crashed(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str) -> None:
         failure, previous = pipe.live.failure, pipe.last_failure
         pipe.last_failure = failure
-        if failure is not None and failure == previous:
+        # a gang that will start without the slot its rank kept failing on runs differently: no repeat to end it
+        if not self._avoid_failing_slot(pipe) and failure is not None and failure == previous:
             error, step = failure
             # `step` is the last it finished (the error line may name the next: "bad batch at step 30"); the
             # epoch as the table counts it, since a script's own step counter may start over each epoch
@@ -374,6 +377,29 @@ class Lifecycle:
             self.finish(pipe, S.FAILED, f"the same error {at} twice in a row, so a restart cannot fix it: {error}")
             return
         self.after_crash(pipe, uptime, exit_desc, stepped=pipe.live.stepped)
+
+    def _avoid_failing_slot(self, pipe: SupervisedPipeline) -> bool:
+        """An elastic gang whose first failing rank ran on the same slot in this crash and the one before: that
+        slot is granted to it no more this session (the scheduler's `avoid`), and a notice says so. True when
+        the gang can start without it; at a slot it cannot do without (its MIN) it is granted as before."""
+        now, before = pipe.live.failed_on, pipe.last_failed_on
+        pipe.last_failed_on = now
+        failed = failed_again(before, now) if pipe.plan.config.elastic else ""
+        if not failed or now is None:
+            return False
+        pipe.last_failed_on = None  # counted: two more in a row before it is said again
+        slot = now[0]
+        low = pipe.plan.config.min_ranks
+        refused = self._scheduler.avoid(pipe.name, slot, f"{failed}: not granted to this gang again",
+                                        pipe.plan.request)
+        if refused:
+            self._publish(Notice(pipeline=pipe.name, level="warning",
+                                 text=f"{failed}, but it may be granted {slot.name} again: {refused}"))
+            return False
+        self._publish(Notice(pipeline=pipe.name, level="warning", text=(
+            f"{failed}: not granted to this gang again (its later grants skip it, down to {low} "
+            f"rank{'s' if low != 1 else ''})")))
+        return True
 
     def after_crash(self, pipe: SupervisedPipeline, uptime: float, exit_desc: str, stepped: bool = True) -> None:
         """Restart under the policy (-> BACKOFF), or end the pipeline as failed."""

@@ -57,6 +57,7 @@ class Attempt:
     start_step: int | None = None  # the step it resumed at (from TrainingStarted)
     stepped: bool = False  # it completed an optimizer step: dying now is no failed start
     failure: tuple[str, int] | None = None  # (error, step) of the exception it reported
+    failed_on: tuple[Slot, int] | None = None  # a gang of 2+ ranks: (slot, rank) of the rank that failed first
     announced: bool = False  # its WorkerStarted is out (on Ray, once the actor knows the child's pid)
     slowest: float = 0.0  # the longest it went without news since its first step (seconds)
     stalled: bool = False  # flagged for making no step (Stalled), until it is heard from again
@@ -105,6 +106,7 @@ class SupervisedPipeline:
     last_traceback: str = ""
     finish_reason: str = ""
     last_failure: tuple[str, int] | None = None  # (error, step) the previous crashed attempt reported
+    last_failed_on: tuple[Slot, int] | None = None  # (slot, rank) that failed first in the previous crash, if known
     ranks_run: int = 0  # ranks its last attempt ran with; 0 before its first
     regrant_cause: str = ""  # an elastic gang that gave its slots back to restart: the failure that ended it
     resize_why: str = ""  # an elastic gang asked to stop and start again bigger: why (its gang_resized says it)

@@ -1,11 +1,13 @@
 """An elastic gang's batch at the size an attempt is granted: `sizing` keeps the samples of one optimizer step as
 at MAX ranks (the accumulation, else the per-rank batch, scaled up) unless `keep = "per_rank_batch"`, and
-`resized_event` says what changed between two sizes, as the `gang_resized` event."""
+`resized_event` says what changed between two sizes, as the `gang_resized` event; `failed_again` names a slot
+whose rank failed first in two crashes in a row, which the gang is then granted no more."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..config.schema import Pipeline
+from ..hardware.slots import Slot
 from ..protocol.messages import GangResized
 
 
@@ -51,3 +53,14 @@ def resized_event(pipe: Pipeline, before: int, after: int, why: str) -> GangResi
     return GangResized(pipeline=pipe.name, from_ranks=before, to_ranks=after, why=why, batch_size=new.batch_size,
                        accumulate_grad_batches=new.accumulate_grad_batches, samples_per_step=new.samples_per_step,
                        samples_per_step_before=old.samples_per_step, keep=pipe.keep)
+
+
+def failed_again(before: tuple[Slot, int] | None, now: tuple[Slot, int] | None) -> str:
+    """"cpu1 failed rank 1 twice in a row" when the rank that failed first ran on the same slot in a gang's crash
+    (`now`) and its crash before (`before`), each (slot, rank) or None when not known (a one-rank attempt, a
+    hang); else ""."""
+    if now is None or before is None or now[0].name != before[0].name:
+        return ""
+    ranks = f"rank {now[1]} twice in a row" if now[1] == before[1] else \
+        f"twice in a row (rank {before[1]}, then rank {now[1]})"
+    return f"{now[0].name} failed {ranks}"

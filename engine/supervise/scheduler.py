@@ -33,6 +33,11 @@ from ..launch.backend import Backend
 from .node_groups import kind_of, node_group, one_node
 
 
+def _devices(slot: Slot) -> set[str]:
+    """The devices a slot holds, named as the ledger's leases name them ("gpu0", "cpu1")."""
+    return {f"gpu{g.index}" for g in slot.gpus} or {slot.name}
+
+
 @dataclass(frozen=True)
 class _Waiting:
     priority: int
@@ -57,6 +62,7 @@ class Scheduler:
         self._grants: dict[str, list[Slot]] = {}  # the slots of each allocation
         self.waits: dict[str, str] = {}  # why each waiting pipeline waits, as of the last pass
         self.short: dict[str, str] = {}  # an elastic gang granted fewer ranks than its most: what held the rest
+        self._avoid: dict[str, dict[str, str]] = {}  # an elastic gang's devices granted to it no more, and why
         self._said: dict[str, str] = {}  # the waits changed_waits last handed out
         self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
         self._announced: tuple[Waiter, ...] | None = None
@@ -113,15 +119,16 @@ class Scheduler:
             for key in self.queued():
                 waiting = self._waiting[key]
                 first = ahead(waiting)
+                pool, avoided = self._pool_for(key, waiting.request)
                 got = Wait(f"waiting behind {first}") if first else \
-                    grant(waiting.request, self.slots, leases, self._run, occupancy, links, self._policy)
+                    grant(waiting.request, pool, leases, self._run, occupancy, links, self._policy)
                 if isinstance(got, Wait):
-                    self._wait_all(key, got)
+                    self._wait_all(key, replace(got, why="; ".join([got.why, *avoided])) if not first else got)
                     break  # strict order: the head waits for what it needs, nobody overtakes it
                 if len(got) < waiting.request.ranks:  # an elastic gang's smaller grant: say what held the rest
-                    whole = grant(waiting.request.sizes()[0], self.slots, leases, self._run, occupancy, links,
+                    whole = grant(waiting.request.sizes()[0], pool, leases, self._run, occupancy, links,
                                   self._policy)
-                    self.short[key] = self._short_of(waiting.request, len(got), whole)
+                    self.short[key] = self._short_of(waiting.request, len(got), whole, avoided)
                 taken = leases_for(got, self._run, str(key), os.getpid(), self._run_dir)
                 self._ledger.take(taken)
                 leases = leases + taken
@@ -146,15 +153,42 @@ class Scheduler:
                 return 0
             own = self._held.get(key, [])
             occupancy, links = self._readings()
-            got = grant(request, self.slots, [lease for lease in leases if lease not in own], self._run, occupancy,
-                        links, self._policy)
+            others = [lease for lease in leases if lease not in own]
+            got = grant(request, self._pool_for(key, request)[0], others, self._run, occupancy, links, self._policy)
         return 0 if isinstance(got, Wait) else len(got)
 
-    def _short_of(self, request: Request, got: int, whole: list[Slot] | Wait) -> str:
-        """"1 of 2 CPU slots free: cpu1 held by this run (urgent)": why an elastic grant is `got` ranks."""
+    def _short_of(self, request: Request, got: int, whole: list[Slot] | Wait, avoided: list[str]) -> str:
+        """"1 of 2 CPU slots free: cpu1 held by this run (urgent)": why an elastic grant is `got` ranks; what
+        holds the rest, then the devices it is granted no more and why, when it has any."""
         gpu_pool = any(s.gpu is not None for s in self.slots)
         held = whole.held if isinstance(whole, Wait) else ""
+        if avoided:
+            return "; ".join(w for w in (held, *avoided) if w)
         return f"{got} of {request.label(gpu_pool)} free" + (f": {held}" if held else "")
+
+    def avoid(self, key: str, slot: Slot, why: str, request: Request) -> str:
+        """Grant `key` (an elastic gang asking `request`) none of `slot`'s devices again this session, `why` said
+        where its grants are explained; "" when so, else why it may still be granted them: a gang the other
+        slots could never give its fewest ranks would never start again, so it is granted them as before."""
+        if self.cluster:
+            return "on a cluster a gang's grants are not kept off a slot"
+        before = self._avoid.get(key, {})
+        self._avoid[key] = {**before, **{name: why for name in _devices(slot)}}
+        if self._pool_for(key, request)[1]:
+            return ""
+        self._avoid[key] = before  # those it skipped already it goes on skipping
+        low = request.sizes()[-1].ranks
+        return f"the other slots cannot hold its {low} rank{'s' if low != 1 else ''} (its MIN)"
+
+    def _pool_for(self, key: str, request: Request) -> tuple[list[Slot], list[str]]:
+        """The slots `key` is granted from, and why any of the session's are left out: each once."""
+        avoided = self._avoid.get(key)
+        if not avoided:
+            return self.slots, []
+        pool = [s for s in self.slots if not avoided.keys() & _devices(s)]
+        if isinstance(grant(request.sizes()[-1], pool, [], self._run, policy=self._policy), Wait):
+            return self.slots, []  # even with all of them free it would wait for ever
+        return pool, list(dict.fromkeys(avoided.values()))
 
     def changed_waits(self) -> list[tuple[str, str]]:
         """(pipeline, why) for each whose reason to wait changed since the last call: "" once it has none

@@ -55,7 +55,11 @@ class Crashy(nn.Module):
 
 def build(params):
     torch.manual_seed(0)
-    model = Crashy(params.get("crash_at_step"), params.get("how", "raise"), params.get("crash_once_file"))
+    crash_at = params.get("crash_at_step")
+    for key, env in (("crash_rank", "RANK"), ("crash_world_size", "WORLD_SIZE")):  # only that rank / gang size
+        if params.get(key) is not None and int(os.environ.get(env, 0)) != int(params[key]):
+            crash_at = None
+    model = Crashy(crash_at, params.get("how", "raise"), params.get("crash_once_file"))
     delay = float(params.get("delay", 0.0))
     if params.get("slow_rank") is not None and int(os.environ.get("RANK", 0)) == int(params["slow_rank"]):
         delay = float(params.get("slow_delay", 0.01))  # one rank of a gang slow in its data path: a straggler
