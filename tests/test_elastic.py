@@ -1,4 +1,4 @@
-"""Elastic gangs (ranks = "MIN:MAX"): accepted for Task pipelines and refused for the others, granted as many ranks
+"""Elastic gangs (ranks = "MIN:MAX"): accepted for Task pipelines and refused for Lightning, granted as many ranks
 as are free (at least MIN), and shrunk on a restart when a pipeline that outranks it took a slot, keeping the
 samples of one optimizer step; then a real 2-rank gloo gang that loses a rank and finishes on one."""
 from __future__ import annotations
@@ -57,10 +57,8 @@ def _check(tmp_path: Path, pipeline: str) -> list:
     return check_config(toml, inventory=inventory()).problems
 
 
-def test_check_refuses_an_elastic_script_or_lightning_gang_saying_why(tmp_path):
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    [script] = _check(tmp_path, 'script = "train.py"')
-    assert script.key == "pipelines[0].ranks" and "WORLD_SIZE is the script's own" in script.message
+def test_check_refuses_an_elastic_lightning_gang_saying_why(tmp_path):
+    # a script's elastic gang: tests/test_elastic_scripts.py
     (tmp_path / "lit.py").write_text("class Lit: pass\n")
     [lit] = _check(tmp_path, 'task = "lightning:lit.py:Lit"')
     assert lit.key == "pipelines[0].ranks" and "Lightning's Trainer restores" in lit.message

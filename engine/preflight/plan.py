@@ -26,9 +26,8 @@ def gang_problems(config: RunConfig, slots: list[Slot]) -> list[Problem]:
         elif p.max_ranks > 1 and runner_for(p.kind).gang_problem:
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks",
                                     runner_for(p.kind).gang_problem))
-        elif p.elastic and runner_for(p.kind).elastic_problem:
-            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks",
-                                    runner_for(p.kind).elastic_problem))
+        elif p.elastic and (why := runner_for(p.kind).elastic_problem(p)):
+            problems.append(Problem(display_path(config.source), f"pipelines[{i}].ranks", why))
         elif p.max_ranks > 1 and (why := runner_for(p.kind).strategy_problem(p, any(s.device == "cuda"
                                                                                      for s in slots))):
             problems.append(Problem(display_path(config.source), f"pipelines[{i}].strategy", why))

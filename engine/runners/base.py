@@ -47,8 +47,6 @@ class Runner(ABC):
     kind: ClassVar[PipelineKind]
     checkpoint_suffix: ClassVar[str] = ".pt"  # of `last`, `prev` and `best` in the pipeline's checkpoints/
     gang_problem: ClassVar[str] = ""  # why this kind cannot train as a DDP gang (ranks > 1); "" when it can
-    # why this kind's gang cannot change size between attempts (ranks = "MIN:MAX"); "" when it can
-    elastic_problem: ClassVar[str] = ""
     plan_note: ClassVar[str] = ""  # said after the task in `torchherd check`'s plan, e.g. " (Lightning ...)"
 
     def scored_in_background(self, pipe: Pipeline) -> bool:
@@ -71,6 +69,11 @@ class Runner(ABC):
     def strategy_problem(self, pipe: Pipeline, gpus: bool) -> str:
         """Why this kind cannot train `pipe`'s gang (ranks > 1) by its `strategy` on this run's slots (`gpus`:
         whether any is a GPU); "" when it can (the default: a kind that reads no strategy ignores it)."""
+        return ""
+
+    def elastic_problem(self, pipe: Pipeline) -> str:
+        """Why `pipe`'s gang cannot change size between attempts (ranks = "MIN:MAX"); "" when it can (the
+        default)."""
         return ""
 
     def describe(self, pipe: Pipeline) -> str:

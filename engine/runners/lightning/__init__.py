@@ -47,10 +47,11 @@ class LightningRunner(Runner):
     kind = PipelineKind.LIGHTNING
     checkpoint_suffix = ".ckpt"  # Lightning's own checkpoints: LitModel.load_from_checkpoint reads them
     plan_note = " (Lightning Trainer.fit)"
-    elastic_problem = (
-        "an elastic gang ('MIN:MAX') resumes at another size from its checkpoint, and Lightning's Trainer "
-        "restores its loops and DDP state only at the world size that wrote them (its data position and "
-        "global batch would silently change): give a whole number of ranks")
+
+    def elastic_problem(self, pipe: Pipeline) -> str:
+        return ("an elastic gang ('MIN:MAX') resumes at another size from its checkpoint, and Lightning's Trainer "
+                "restores its loops and DDP state only at the world size that wrote them (its data position and "
+                "global batch would silently change): give a whole number of ranks")
 
     def check(self, pipe: Pipeline, validation_mode: str) -> list[tuple[str, str]]:
         """FSDP shards the weights over the gang: only rank 0's whole module can be handed off, which FSDP

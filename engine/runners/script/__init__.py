@@ -51,9 +51,6 @@ class ScriptRunner(Runner):
     """`script = "train.py"`: the script's own loop, steered by signals or by torchherd.client."""
 
     kind = PipelineKind.SCRIPT
-    elastic_problem = (
-        "an elastic gang ('MIN:MAX') resumes at another size from its checkpoint, and how a script reloads its "
-        "state at another WORLD_SIZE is the script's own, which torchherd cannot see: give a whole number of ranks")
 
     def scored_in_background(self, pipe: Pipeline) -> bool:
         """Only a `validate` factory gives the validator something to score; `val_metrics` are the script's own."""
@@ -71,6 +68,16 @@ class ScriptRunner(Runner):
             "add `import torchherd.client as herd` and `herd.hand_off(model)` after each epoch, "
             "or remove `validate`"))]
 
+    def elastic_problem(self, pipe: Pipeline) -> str:
+        """An elastic gang restarts at another size from the script's own checkpoint, told the new WORLD_SIZE: a
+        script that is never told to resume (no `resume_args`, no herd.resume_from()) would start over."""
+        if pipe.resume_args or calls(Path(pipe.script_ref), RESUME_FROM):
+            return ""
+        return ("an elastic gang ('MIN:MAX') restarts at another size from the script's own checkpoint, and nothing "
+                "tells this script to resume: add resume_args (e.g. [\"--resume\", \"{checkpoint_dir}/ckpt.pt\"]) "
+                "that load it at the WORLD_SIZE it is given (or call herd.resume_from() in the script), or give a "
+                "whole number of ranks")
+
     def describe(self, pipe: Pipeline) -> str:
         """'script train.py --lr 0.01, metrics from its output, validate val.py:build': its own loop, so
         torchherd's epochs and precision do not apply."""
@@ -83,6 +90,8 @@ class ScriptRunner(Runner):
             text += ", its own validation from its output"
         if pipe.resume_args:
             text += f", resumes with {shlex.join(pipe.resume_args)}"
+        if pipe.elastic:  # each new size is a new attempt (a grow stops it first, as `s` would)
+            text += ", restarted at each new size from its newest checkpoint"
         if pipe.stop_mode == "after_checkpoint":
             text += ", stops after its next save"
         if pipe.cwd is not None:
