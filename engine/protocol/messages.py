@@ -351,11 +351,12 @@ class GangResized(PipelineEvent):
     from_ranks: int
     to_ranks: int
     why: str = ""  # "rank 1 killed by SIGKILL; 1 of 2 CPU slots free: cpu1 held by this run (urgent)"
+    # the batch figures are 0 and keep "" for a script, whose batch is its own (unknown to torchherd)
     batch_size: int = 0  # per rank, at `to_ranks`
     accumulate_grad_batches: int = 1  # at `to_ranks`
     samples_per_step: int = 0  # samples of one optimizer step at `to_ranks` (batch_size x accumulation x ranks)
     samples_per_step_before: int = 0  # the same at `from_ranks`
-    keep: str = "global_batch"  # the pipeline's `keep`: "global_batch" or "per_rank_batch"
+    keep: str = "global_batch"  # the pipeline's `keep`: "global_batch" or "per_rank_batch"; "" for a script
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,7 +1,7 @@
 """An elastic gang's batch at the size an attempt is granted: `sizing` keeps the samples of one optimizer step as
-at MAX ranks (the accumulation, else the per-rank batch, scaled up) unless `keep = "per_rank_batch"`, and
-`resized_event` says what changed between two sizes, as the `gang_resized` event; `failed_again` names a slot
-whose rank failed first in two crashes in a row, which the gang is then granted no more."""
+at MAX ranks (the accumulation, else the per-rank batch, scaled up) unless `keep = "per_rank_batch"` (a script's
+batch is its own), and `resized_event` says what changed between two sizes, as the `gang_resized` event;
+`failed_again` names a slot whose rank failed first in two crashes in a row, which the gang is then granted no more."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..config.schema import Pipeline
 from ..hardware.slots import Slot
 from ..protocol.messages import GangResized
+from ..protocol.names import PipelineKind
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,11 @@ class Sizing:
 
 
 def sizing(pipe: Pipeline, ranks: int) -> Sizing:
-    """`pipe`'s batch at `ranks` ranks: as configured at MAX ranks (or for a fixed gang); else, keeping the global
-    batch, the accumulation scaled by MAX / ranks when that divides, else the per-rank batch; else as configured
-    (the event then says the global batch changed)."""
+    """`pipe`'s batch at `ranks` ranks: as configured at MAX ranks (or for a fixed gang, or a script, whose batch
+    is its own); else, keeping the global batch, the accumulation scaled by MAX / ranks when that divides, else the
+    per-rank batch; else as configured (the event then says the global batch changed)."""
     bs, acc, most = pipe.batch_size, pipe.accumulate_grad_batches, pipe.max_ranks
-    if not pipe.elastic or ranks == most or pipe.keep == "per_rank_batch":
+    if not pipe.elastic or ranks == most or pipe.keep == "per_rank_batch" or pipe.kind == PipelineKind.SCRIPT:
         return Sizing(ranks, bs, acc)
     if acc * most % ranks == 0:
         return Sizing(ranks, bs, acc * most // ranks)
@@ -48,7 +49,11 @@ def sized(pipe: Pipeline, ranks: int) -> Pipeline:
 
 
 def resized_event(pipe: Pipeline, before: int, after: int, why: str) -> GangResized:
-    """The `gang_resized` event of an attempt of `after` ranks following one of `before`."""
+    """The `gang_resized` event of an attempt of `after` ranks following one of `before`; a script's batch is its
+    own, which torchherd does not know: 0 (unknown) for its batch, accumulation and samples, and keep ""."""
+    if pipe.kind == PipelineKind.SCRIPT:
+        return GangResized(pipeline=pipe.name, from_ranks=before, to_ranks=after, why=why, batch_size=0,
+                           accumulate_grad_batches=0, samples_per_step=0, samples_per_step_before=0, keep="")
     old, new = sizing(pipe, before), sizing(pipe, after)
     return GangResized(pipeline=pipe.name, from_ranks=before, to_ranks=after, why=why, batch_size=new.batch_size,
                        accumulate_grad_batches=new.accumulate_grad_batches, samples_per_step=new.samples_per_step,

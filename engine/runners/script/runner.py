@@ -127,8 +127,9 @@ class ScriptAttempt(ClientFrames):
             extra[client_env.ENV_SNAPSHOT] = wire.SnapshotTarget(
                 dir=directory, mode=str(v.mode), slots=v.slots, policy=v.policy, checksum=v.checksum,
                 seq=self.spec.snapshot_seq, meta=meta, staging=v.handoff_staging).to_env()
+        # an elastic gang's script at one rank still runs as a rank of its gang: torchrun's variables, WORLD_SIZE=1
         return script_environment(self.spec.attempt, self.spec.device, self.spec.threads, extra,
-                                  self.spec.world_size, self.pipe.torchrun_env)
+                                  self.spec.world_size, self.pipe.torchrun_env or self.pipe.elastic)
 
     def run(self) -> int:
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
