@@ -89,7 +89,8 @@ class PipelineSettings(_Strict):
         "the only form on Ray (num_gpus). Shares pack on a GPU while they fit; a gang's ranks never share one."))
     ranks: int | str = Field(1, description=(
         "Processes of one DistributedDataParallel gang, one per device slot, started and restarted as a unit "
-        "(torchrun's --nproc-per-node); 1 trains in one process. A Task's gang may be elastic, 'MIN:MAX' like "
+        "(torchrun's --nproc-per-node); 1 trains in one process. A Task's gang, or a script's that resumes itself "
+        "(resume_args or herd.resume_from(); it is told each attempt's WORLD_SIZE), may be elastic, 'MIN:MAX' like "
         "'1:2': it starts with as many ranks as the slots granted (at least MIN; it waits for MIN), and when a rank "
         "fails and fewer slots are free than it had (another pipeline or run took one), it restarts from its "
         "checkpoint at the size it can get, down to MIN, instead of waiting; below MAX, it grows back while it "
@@ -98,11 +99,12 @@ class PipelineSettings(_Strict):
         "An elastic gang (ranks = 'MIN:MAX') at fewer ranks than MAX: 'global_batch' keeps the samples of one "
         "optimizer step as at MAX ranks (accumulate_grad_batches, else batch_size, scaled up; said in the "
         "gang_resized event, and so when neither divides evenly); 'per_rank_batch' keeps both, so a step trains "
-        "fewer samples."))
+        "fewer samples. Not for a script (refused): its batch is its own."))
     grow_after: float = Field(30.0, ge=0, description=(
         "Seconds an elastic gang (ranks = 'MIN:MAX') running below MAX waits while enough slots for more ranks stay "
         "free (slots no queued pipeline of any run waits for) before it stops at a checkpoint and starts again "
-        "from it at the larger size (gang_resized; no restart spent)."))
+        "from it at the larger size (gang_resized; no restart spent). A script is stopped as `s` stops it and "
+        "resumes from its newest checkpoint: steps since that save train again unless it saves as it stops."))
     nan_policy: Literal["warn", "stop", "restart"] = Field("stop", description=(
         "When the training loss is NaN or infinite: warn and carry on, stop the pipeline as failed, "
         "or restart it from its last checkpoint."))
@@ -127,7 +129,7 @@ class PipelineSettings(_Strict):
     torchrun_env: bool = Field(False, description=(
         "For a one-rank `script`: set torchrun's variables (RANK=0, WORLD_SIZE=1, MASTER_ADDR, ...) as a "
         "one-process torchrun would. Off, it sees the environment `python train.py` would; a gang "
-        "(ranks > 1) always gets them."))
+        "(ranks > 1, or 'MIN:MAX' at any size) always gets them."))
     stop_signal: Literal["SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT"] = Field(
         "SIGINT", description=(
             "For `script` without torchherd.client: the signal a graceful stop sends it (Ctrl-C's SIGINT by "
