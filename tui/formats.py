@@ -171,7 +171,7 @@ def resized_text(ev: GangResized) -> str:
     """A `gang_resized` event as the event log and headless say it: the sizes, why, and what became of the batch."""
     ranks = f"{ev.to_ranks} rank{'s' if ev.to_ranks != 1 else ''}"
     text = f"gang resized from {ev.from_ranks} to {ranks}" + (f" ({ev.why})" if ev.why else "")
-    if not ev.batch_size:  # a script: told WORLD_SIZE, it sizes its batch itself
+    if not ev.keep:  # a script (keep ""): told WORLD_SIZE, it sizes its batch itself
         return f"{text}: WORLD_SIZE={ev.to_ranks}; the script's batch is its own"
     batch = f"batch_size {ev.batch_size} x accumulate_grad_batches {ev.accumulate_grad_batches} a rank"
     if ev.samples_per_step == ev.samples_per_step_before:

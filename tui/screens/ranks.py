@@ -64,7 +64,7 @@ def resize_lines(resizes: tuple[GangResized, ...]) -> list[str]:
     for ev in resizes:
         when = time.strftime("%H:%M:%S", time.localtime(ev.time))
         ranks = f"{ev.from_ranks} -> {ev.to_ranks}"
-        samples = f"{ev.samples_per_step_before} -> {ev.samples_per_step}" if ev.batch_size else "script's own"
+        samples = f"{ev.samples_per_step_before} -> {ev.samples_per_step}" if ev.keep else "script's own"
         lines.append(f"{when}  {ranks:>7}  {samples:>13}  {escape(ev.why or '-')}")
     return lines
 
