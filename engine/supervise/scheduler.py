@@ -1,36 +1,26 @@
-"""The scheduler: a pool of device slots and a priority queue of pipelines waiting for some of them.
+"""The scheduler: a priority queue of pipelines waiting for device slots, and the grants that start them.
 
 A pipeline asks for a slot per rank (engine/hardware/grants.py: whole GPUs, a share of one, or a CPU slot)
-and gets them all at once or waits. The queue is served strictly in order (priority, then arrival):
-nothing starts ahead of a waiting pipeline that needs more than is free, so a big gang cannot be starved
-for ever by small pipelines slipping past it. On this machine every grant is a lease in the user's
-ledger (engine/hardware/ledger.py), so runs never double-book a device, and the order holds across them.
-
-On a cluster the pool follows the nodes (`resize`): a slot is then counted by its node
-and device, not by its name, since the names of a cluster's slots are renumbered as
-nodes come and go; an allocation on a node that left is swapped for a live slot when
-its pipeline starts again (`refit`). A gang's k slots come from one node when one has them
-free (its collectives then never cross the network: Ray's STRICT_PACK), else from as few
-nodes as hold them (Ray's PACK); on this machine every slot's node is "", so neither rule
-changes anything.
+and gets them all at once or waits, strictly in order (priority, then arrival), so a big gang is never
+starved by small pipelines slipping past it. On this machine every grant is a lease in the user's ledger
+(engine/hardware/ledger.py), so runs never double-book a device and the order holds across them; on a
+cluster the grants come from its pool (`ClusterPool` in pool.py), counted by node as nodes come and go.
 """
 from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from ..config.schema import DevicesConfig
-from ..hardware.grants import Holdings, Policy, Request, Wait, grant, leases_for, merge_gpus
+from ..hardware.grants import Holdings, Policy, Request, Wait, grant, leases_for
 from ..hardware.ledger import Lease, MemoryLedger, Presence, Waiter
 from ..hardware.occupancy import OccupancyReader
 from ..hardware.slots import Slot
 from ..launch.backend import Backend
-from .node_groups import kind_of, node_group, one_node
+from .pool import ClusterPool
 
 
 def _devices(slot: Slot) -> set[str]:
@@ -52,8 +42,8 @@ class Scheduler:
     def __init__(self, slots: list[Slot], ledger: MemoryLedger | None = None, run: str = "", run_dir: str = "",
                  occupancy: OccupancyReader | None = None, policy: Policy = Policy()):
         self.slots = list(slots)
-        self._free = list(slots)
-        self._taken: list[Slot] = []  # allocated now, possibly on a node no longer in the pool
+        self._free = list(slots)  # on this machine: the slots no lease of any run holds
+        self._pool = ClusterPool(slots)  # on a cluster: its accounting (this machine's grants are counted too)
         self._waiting: dict[str, _Waiting] = {}
         self._ledger = ledger if ledger is not None else MemoryLedger()
         self._run, self._run_dir, self._policy = run, run_dir, policy
@@ -66,7 +56,6 @@ class Scheduler:
         self._said: dict[str, str] = {}  # the waits changed_waits last handed out
         self._seen: list[Lease] = []  # every run's leases as of the last pass, with ours since
         self._announced: tuple[Waiter, ...] | None = None
-        self._shared: list[tuple[Slot, float]] = []  # a cluster's GPUs held for shares, and how full each is
 
     @classmethod
     def for_run(cls, backend: Backend, slots: list[Slot], run: str, run_dir: Path, devices: DevicesConfig) -> Scheduler:
@@ -77,7 +66,7 @@ class Scheduler:
 
     @property
     def free(self) -> list[Slot]:
-        return list(self._free)
+        return self._pool.free if self.cluster else list(self._free)
 
     @property
     def cluster(self) -> bool:
@@ -133,7 +122,7 @@ class Scheduler:
                 self._ledger.take(taken)
                 leases = leases + taken
                 self._held[key], self._grants[key] = taken, got
-                self._taken += got
+                self._pool.take(got)
                 del self._waiting[key]
                 self.waits.pop(key, None)
                 granted.append((key, got))
@@ -202,13 +191,9 @@ class Scheduler:
         """Give slots back to the pool (kept in the machine's order), and `key`'s leases to the ledger; a slot
         of a node that left is dropped."""
         if self.cluster:
-            for slot in slots:
-                self._pool_release(slot)
-            self._refree()
+            self._pool.release(slots)
             return
-        for slot in slots:
-            if slot in self._taken:
-                self._taken.remove(slot)
+        self._pool.give(slots)
         if key is None:  # the allocation these slots are
             key = next((k for k, got in self._grants.items() if got == list(slots)), None)
         if key is not None and key in self._held:
@@ -302,7 +287,7 @@ class Scheduler:
         gpu_pool = any(s.gpu is not None for s in self.slots)
         for key in self.queued():
             request = self._waiting[key].request
-            taken = self._pool_grant(request)
+            taken = self._pool.grant(request)
             if taken is None:
                 self._wait_all(key, Wait(f"waiting for {request.label(gpu_pool)}", outside=False))
                 break  # strict order: the head waits for its k slots, nobody overtakes it
@@ -311,131 +296,16 @@ class Scheduler:
             granted.append((key, taken))
         return granted
 
-    def _pool_grant(self, request: Request) -> list[Slot] | None:
-        """A cluster's slots for `request` (one per rank), taken from the pool; None when too few are free. An
-        elastic request takes as many ranks as are free, from its most down to its fewest."""
-        if request.min_ranks is not None:
-            for fixed in request.sizes():
-                taken = self._pool_grant(fixed)
-                if taken is not None:
-                    return taken
-            return None
-        if request.share is not None:
-            return self._pool_shares(request)
-        gpu_pool = any(s.gpu is not None for s in self.slots)
-        if request.gpus > 1 and gpu_pool:
-            return self._pool_gpus(request)
-        taken = one_node(self._free, request.ranks)
-        if taken is not None:
-            self._free = [s for s in self._free if s not in taken]
-            self._taken += taken
-        return taken
-
-    def _pool_gpus(self, request: Request) -> list[Slot] | None:
-        """Each rank's `request.gpus` GPUs from one node (Ray's num_gpus=N), the gang's ranks packed on as few
-        nodes as hold them. A rank's slot is counted once per GPU it holds."""
-        free, out = list(self._free), list[Slot]()
-        for _ in range(request.ranks):
-            group = node_group(free, request.gpus, prefer=out[-1].node if out else "")
-            if group is None:
-                return None
-            free = [s for s in free if s not in group]
-            out.append(merge_gpus(group))
-        self._free = free
-        for slot in out:
-            self._taken += [slot] * len(slot.gpus)
-        return out
-
-    def _pool_shares(self, request: Request) -> list[Slot] | None:
-        """A fraction of one GPU for each rank (Ray's fractional num_gpus): on the fullest GPU already shared
-        that has room, else on a whole free one, which is then held for shares until the last one ends."""
-        assert request.share is not None
-        shared: list[list[Any]] = [[slot, fill] for slot, fill in self._shared]  # [slot, fill]: fills grow in place
-        free, out = list(self._free), list[Slot]()
-        for _ in range(request.ranks):
-            fits = [entry for entry in shared if entry[1] + request.share <= 1 + 1e-9
-                    and all(entry[0] != replace(t, share=None) for t in out)]  # a GPU of its own for each rank
-            if not fits:
-                whole = next((s for s in free if s.gpu is not None), None)
-                if whole is None:
-                    return None
-                free.remove(whole)
-                # Counted by node, a free slot may bear the name of a GPU held for shares: take one that does not.
-                names = {held.name for held, _ in shared}
-                whole = next(s for s in self.slots if kind_of(s) == kind_of(whole) and s.name not in names)
-                fits = [[whole, 0.0]]
-                shared.append(fits[0])
-            entry = max(fits, key=lambda e: e[1])  # the tightest fit: whole GPUs stay whole
-            entry[1] += request.share
-            out.append(replace(entry[0], share=request.share))
-        self._taken += [s for s, _ in shared if all(s is not t for t, _ in self._shared)]
-        self._shared = [(slot, fill) for slot, fill in shared]
-        self._free = free
-        return out
-
-    def _pool_release(self, slot: Slot) -> None:
-        """Give one allocated cluster slot back: a share to its GPU (freed with its last share), else the
-        slot once for every GPU it holds."""
-        if slot.share is not None:
-            whole = replace(slot, share=None)
-            for i, (held, fill) in enumerate(self._shared):
-                if held == whole:
-                    fill -= slot.share
-                    self._shared[i] = (held, fill)
-                    if fill <= 1e-9:
-                        del self._shared[i]
-                        self._taken.remove(held)
-                    return
-            return
-        for _ in range(max(1, len(slot.gpus))):
-            if slot in self._taken:
-                self._taken.remove(slot)
-
     def resize(self, slots: list[Slot]) -> None:
         """The pool is now `slots` (a cluster's nodes joined or left); allocations stay as they are."""
         self.slots = list(slots)
-        if self.cluster or not self._held:
-            self._refree()
+        self._pool.resize(self.slots)
+        if not self.cluster and not self._held:
+            self._free = self._pool.free
 
     def refit(self, slots: list[Slot]) -> list[Slot] | None:
         """An allocation with each slot on a node that left swapped for a free live one; None if too few
         are free (the allocation is then left as it was)."""
         if not self.cluster:
             return slots  # this machine's devices never leave
-        live = {kind_of(s) for s in self.slots}
-        stale = [s for s in slots if kind_of(s) not in live]
-        if not stale:
-            return slots
-        if any(s.share is not None or s.peers for s in slots):  # ranks of several GPUs, or shares: asked again
-            for slot in slots:  # (held by nothing meanwhile when too few are free: the next try asks again)
-                self._pool_release(slot)
-            self._refree()
-            return self._pool_grant(Request(ranks=len(slots), gpus=len(slots[0].gpus), share=slots[0].share))
-        if len(slots) > 1:  # a gang: all of it moves, to one node with room for every rank or as few as hold it
-            for slot in slots:  # its own live slots are free for it to move to
-                self._taken.remove(slot)
-            self._refree()
-            out = one_node(self._free, len(slots))
-            self._taken += slots if out is None else out
-            self._refree()
-            return out
-        if len(stale) > len(self._free):
-            return None
-        fresh = iter(self._free[:len(stale)])
-        out = [next(fresh) if kind_of(s) not in live else s for s in slots]
-        for slot in stale:
-            self._taken.remove(slot)
-        self._taken += [s for s in out if s not in slots]
-        self._refree()
-        return out
-
-    def _refree(self) -> None:
-        """Free = the pool less what is allocated, counted per slot kind, in the pool's order."""
-        used = Counter(kind_of(s) for s in self._taken)
-        free = []
-        for slot in self.slots:
-            if used[kind_of(slot)] > 0:
-                used[kind_of(slot)] -= 1
-            else:
-                free.append(slot)
-        self._free = free
+        return self._pool.refit(slots)
