@@ -483,6 +483,10 @@ async def supervise(args: argparse.Namespace) -> None:
     subs = [asyncio.ensure_future(subscriber(sup.subscribe(replay=False)))
             for _ in range(FAN if args.mode == "inproc" else 0)]
     await sup.start()
+    sinks = getattr(sup, "_sinks", None)  # the trackers' hosts import and connect before the go, as the flood
+    deadline = time.monotonic() + 180  # workers' imports do: their start-up is not the cost of a step event
+    while sinks is not None and not all(h.ready or h.gone for h in sinks.hosts) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     server = sock = None
     if args.mode == "served":
         sock = socket_path(sup.run_dir)
